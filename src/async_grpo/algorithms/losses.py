@@ -1,0 +1,263 @@
+"""GRPO-family policy losses (grpo, bnpo, dr_grpo, dapo, cispo, sapo; GSPO via sequence-level ratios).
+
+Pure functions over tensors (no model, no config object). :func:`grpo_loss` mirrors TRL 1.16
+``GRPOTrainer._compute_loss`` expression for expression, so that loss values and gradients agree with
+TRL on the same inputs. The helpers it builds on live in :mod:`.off_policy` (importance sampling,
+OPSM) and :mod:`.logprobs` (log-softmax, entropy) and are re-exported here.
+
+Shapes: ``B`` completions in the micro-batch, ``T`` completion tokens (right padded), ``V`` vocab.
+``mask`` is the loss mask (completion mask times tool mask), 1 for trained tokens, 0 for padding;
+any dtype (bool / int / float). Log-probabilities are natural-log (nats) per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .logprobs import entropy_from_logits, selective_log_softmax
+from .off_policy import IS_MODES, importance_sampling_weights, off_policy_mask
+
+__all__ = [
+    "IS_MODES",
+    "LOSS_TYPES",
+    "LossOutput",
+    "entropy_from_logits",
+    "grpo_loss",
+    "importance_sampling_weights",
+    "off_policy_mask",
+    "selective_log_softmax",
+]
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+IS_LEVELS = ("token", "sequence")
+
+
+@dataclass
+class LossOutput:
+    """Result of :func:`grpo_loss`.
+
+    Attributes:
+        loss: 0-d tensor; call ``.backward()`` on it. Already divided for gradient accumulation.
+        metrics: floats over this micro-batch (local to the rank): ``kl`` (when ``beta != 0``),
+            ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (grpo, bnpo,
+            dr_grpo, dapo) or ``cispo_clip_ratio`` (cispo); sapo has no clip metric. Also
+            ``policy_loss``: the loss before the gradient-accumulation division.
+    """
+
+    loss: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# Policy loss
+# --------------------------------------------------------------------------------------------------
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> float:
+    """TRL ``global_masked_mean`` on one rank: (B, 1) -> plain mean over sequences; (B, T) -> token mean."""
+    if x.shape[1] == 1:
+        return (x.sum() / max(x.shape[0], 1)).item()
+    return ((x * mask).sum() / mask.sum().clamp(min=1.0)).item()
+
+
+def _masked_where(valid: Tensor, x: Tensor) -> Tensor:
+    """Zero ``x`` at padding so that NaN / inf there cannot leak into sums or gradients."""
+    return torch.where(valid, x, torch.zeros_like(x))
+
+
+def grpo_loss(
+    logps: Tensor,
+    old_logps: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    loss_type: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+    beta: float = 0.0,
+    ref_logps: Tensor | None = None,
+    use_bias_correction_kl: bool = False,
+    is_weights: Tensor | None = None,
+    off_policy_threshold: float | None = None,
+    sampling_logps: Tensor | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    max_completion_length: int | None = None,
+    num_items_in_batch: Tensor | float | int | None = None,
+    gradient_accumulation_steps: int = 1,
+    num_processes: int = 1,
+) -> LossOutput:
+    """GRPO-family clipped surrogate loss for one micro-batch, mirroring TRL ``GRPOTrainer._compute_loss``.
+
+    Ratio ``r = exp(logp - old_logp)`` per token (``importance_sampling_level="token"``) or
+    ``exp(mean_t(logp - old_logp))`` per sequence (``"sequence"``: GSPO, Zheng et al. 2025, arXiv 2507.18071).
+    Per-token loss by ``loss_type``:
+
+    - grpo / bnpo / dr_grpo / dapo: PPO clip ``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)``
+      (DeepSeekMath eq. 3; asymmetric "clip-higher" from DAPO); with ``delta`` the unclipped branch is
+      ``min(r, delta) A`` (two-sided clipping, INTELLECT-2).
+    - cispo: ``-sg(min(r, epsilon_high)) A logp`` (MiniMax-M1 / ScaleRL; ``epsilon_high`` is eps_max,
+      recommended 5.0).
+    - sapo: ``-(4 / tau) sigmoid(tau (r - 1)) A`` with ``tau = sapo_temperature_pos`` if ``A > 0``
+      else ``sapo_temperature_neg`` (SAPO, arXiv 2511.20347; TRL defaults 1.0 / 1.05).
+
+    Then, in TRL's order: times the OPSM mask (:func:`off_policy_mask`, when ``off_policy_threshold``),
+    times ``is_weights`` (stale-policy IS), plus ``beta * KL`` with the k3 estimator
+    ``exp(ref - logp) - (ref - logp) - 1`` (Schulman 2020), times ``r`` when
+    ``use_bias_correction_kl`` (DeepSeek-V3.2 unbiased KL; the un-``delta``-clamped ratio).
+
+    Aggregation over valid tokens (TRL ``loss_type``), then the gradient-accumulation scaling of TRL's
+    train mode with ``steps_per_generation == gradient_accumulation_steps``:
+
+    - grpo, sapo: mean over sequences of the per-sequence token mean, ``/ gradient_accumulation_steps``.
+    - bnpo: token mean over the micro-batch, ``/ gradient_accumulation_steps``.
+    - dr_grpo: token sum ``/ (B * max_completion_length)``, ``/ gradient_accumulation_steps``.
+    - dapo, cispo: token sum ``/ (num_items_in_batch / num_processes)``, i.e. after summing over the
+      accumulation window and averaging over ranks (DDP), a global token mean.
+
+    Args:
+        logps: ``(B, T)`` current policy log-probs of the sampled tokens, with grad.
+        old_logps: ``(B, T)`` log-probs under the policy before this optimisation step (constant), or
+            None for ``logps.detach()`` (on-policy: ratio 1, as TRL).
+        advantages: ``(B,)`` or ``(B, 1)`` advantages; must be finite.
+        mask: ``(B, T)`` loss mask.
+        loss_type: one of ``grpo``, ``bnpo``, ``dr_grpo``, ``dapo``, ``cispo``, ``sapo``.
+        epsilon_low, epsilon_high: clip range ``[1 - epsilon_low, 1 + epsilon_high]`` (cispo: cap).
+        delta: two-sided clipping upper bound on the ratio, or None.
+        importance_sampling_level: ``"token"`` or ``"sequence"``.
+        beta: KL coefficient; 0 disables the KL term (then ``ref_logps`` is unused).
+        ref_logps: ``(B, T)`` reference-model log-probs, required when ``beta != 0``.
+        use_bias_correction_kl: multiply the per-token KL by the ratio ``r``.
+        is_weights: ``(B, T)`` or ``(B, 1)`` stale-policy importance weights
+            (:func:`importance_sampling_weights`), or None.
+        off_policy_threshold: OPSM ``delta`` threshold, or None to disable OPSM.
+        sampling_logps: ``(B, T)`` sampler log-probs for OPSM; None falls back to ``old_logps``.
+        sapo_temperature_pos, sapo_temperature_neg: SAPO temperatures.
+        max_completion_length: ``L`` for dr_grpo's ``B * L`` denominator.
+        num_items_in_batch: active (mask) tokens in the whole accumulation window summed across ranks;
+            required for dapo / cispo.
+        gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
+        num_processes: data-parallel ranks (>= 1).
+
+    Returns:
+        :class:`LossOutput`.
+
+    Raises:
+        ValueError: unknown ``loss_type`` / ``importance_sampling_level``, shape mismatch, missing
+            ``ref_logps`` (beta != 0), ``max_completion_length`` (dr_grpo) or ``num_items_in_batch``
+            (dapo / cispo), non-positive accumulation / process counts, non-finite advantages.
+    """
+    # ---- validation --------------------------------------------------------------------------------
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"Unknown loss type: {loss_type!r}. Expected one of {LOSS_TYPES}.")
+    if importance_sampling_level not in IS_LEVELS:
+        raise ValueError(f"Unknown importance sampling level: {importance_sampling_level!r}. Expected {IS_LEVELS}.")
+    if logps.dim() != 2 or mask.shape != logps.shape:
+        raise ValueError(f"logps {tuple(logps.shape)} and mask {tuple(mask.shape)} must share one (B, T) shape")
+    batch = logps.shape[0]
+    for name, t in (("old_logps", old_logps), ("ref_logps", ref_logps), ("sampling_logps", sampling_logps)):
+        if t is not None and t.shape != logps.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != logps shape {tuple(logps.shape)}")
+    if beta != 0.0 and ref_logps is None:
+        raise ValueError("beta != 0 needs ref_logps")
+    if loss_type == "dr_grpo" and (max_completion_length is None or max_completion_length < 1):
+        raise ValueError("loss_type='dr_grpo' needs a positive max_completion_length")
+    if loss_type in ("dapo", "cispo") and num_items_in_batch is None:
+        raise ValueError(f"loss_type={loss_type!r} needs num_items_in_batch (active tokens in the accumulation window)")
+    if gradient_accumulation_steps < 1 or num_processes < 1:
+        raise ValueError("gradient_accumulation_steps and num_processes must be >= 1")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (B, 1)
+    if advantages.shape != (batch, 1):
+        raise ValueError(f"advantages must be (B,) or (B, 1) with B={batch}, got {tuple(advantages.shape)}")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages contain NaN or inf")
+    if is_weights is not None and (is_weights.dim() != 2 or is_weights.shape[0] != batch):
+        raise ValueError(f"is_weights must be (B, T) or (B, 1), got {tuple(is_weights.shape)}")
+
+    # ---- inputs, padding neutralised -----------------------------------------------------------------
+    valid = mask.bool()  # (B, T)
+    mask = mask.to(logps.dtype)  # (B, T) float
+    logps = _masked_where(valid, logps)  # (B, T); grad flows only through valid tokens
+    old_logps = logps.detach() if old_logps is None else _masked_where(valid, old_logps.detach())  # (B, T)
+
+    if off_policy_threshold is not None:
+        # OPSM reads the sampler's log-probs when available (trainer drift + sampler mismatch).
+        opsm_ref = old_logps if sampling_logps is None else sampling_logps
+        seq_keep = off_policy_mask(advantages, logps, opsm_ref, valid, off_policy_threshold)  # (B, 1)
+
+    log_ratio = logps - old_logps  # (B, T)
+    if importance_sampling_level == "token":
+        log_importance_weights = log_ratio  # (B, T)
+    else:
+        log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
+        log_importance_weights = log_importance_weights.unsqueeze(-1)  # (B, 1)
+    coef_1 = torch.exp(log_importance_weights)  # (B, T) or (B, 1)
+
+    if beta != 0.0:
+        ref = _masked_where(valid, ref_logps.detach())  # (B, T)
+        per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1  # (B, T), k3 estimator
+        if use_bias_correction_kl:
+            per_token_kl = per_token_kl * coef_1
+
+    # ---- per-token surrogate ---------------------------------------------------------------------
+    if loss_type == "cispo":
+        clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()
+        per_token_loss = -clamped_ratios * advantages * logps  # (B, T)
+    elif loss_type == "sapo":
+        temperatures = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
+        soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
+        per_token_loss = -soft_coef_1 * advantages  # (B, T) or (B, 1)
+    else:  # grpo, bnpo, dr_grpo, dapo
+        coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+        if delta is not None:
+            coef_1 = torch.clamp(coef_1, max=delta)
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)  # (B, T) or (B, 1)
+
+    if off_policy_threshold is not None:
+        per_token_loss = per_token_loss * seq_keep
+    if is_weights is not None:
+        per_token_loss = per_token_loss * _masked_where(valid, is_weights.detach().to(logps.dtype).expand_as(mask))
+    if beta != 0.0:
+        per_token_loss = per_token_loss + beta * per_token_kl  # (B, T)
+
+    # ---- aggregation and accumulation scaling --------------------------------------------------
+    if loss_type in ("grpo", "sapo"):
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        policy_loss = loss.detach()
+        loss = loss / gradient_accumulation_steps
+    elif loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        policy_loss = loss.detach()
+        loss = loss / gradient_accumulation_steps
+    elif loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+        policy_loss = loss.detach()
+        loss = loss / gradient_accumulation_steps
+    else:  # dapo, cispo: num_items spans the accumulation window (TRL: * GAS / steps_per_generation == 1)
+        num_items = torch.as_tensor(num_items_in_batch, dtype=logps.dtype, device=logps.device)
+        normalizer = num_items.clamp(min=1.0) / num_processes
+        loss = (per_token_loss * mask).sum() / normalizer
+        policy_loss = loss.detach()
+
+    # ---- metrics (local to this micro-batch) -----------------------------------------------------
+    with torch.no_grad():
+        metrics: dict[str, float] = {"policy_loss": policy_loss.item()}
+        if beta != 0.0:
+            metrics["kl"] = _masked_mean(per_token_kl, mask)
+        if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+            is_low_clipped = (coef_1 < 1 - epsilon_low) & (advantages < 0)
+            is_high_clipped = (coef_1 > 1 + epsilon_high) & (advantages > 0)
+            is_region_clipped = is_low_clipped | is_high_clipped
+            metrics["clip_ratio/low_mean"] = _masked_mean(is_low_clipped.to(logps.dtype), mask)
+            metrics["clip_ratio/high_mean"] = _masked_mean(is_high_clipped.to(logps.dtype), mask)
+            metrics["clip_ratio/region_mean"] = _masked_mean(is_region_clipped.to(logps.dtype), mask)
+        elif loss_type == "cispo":
+            is_cispo_clipped = (coef_1 > epsilon_high) & (advantages > 0)
+            metrics["cispo_clip_ratio"] = _masked_mean(is_cispo_clipped.to(logps.dtype), mask)
+    return LossOutput(loss=loss, metrics=metrics)

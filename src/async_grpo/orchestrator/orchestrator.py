@@ -1,0 +1,292 @@
+"""The orchestrator: keeps vLLM busy generating groups while the trainer trains on earlier ones.
+
+It runs an asyncio loop on a background thread. Each prompt becomes one `/v1/completions` request
+for `num_generations` samples; a finished group is scored by the reward pool, stamped with the
+policy version that generated it, and batched; advantages are computed over each step's batch (so
+`scale_rewards=batch` sees the whole batch) and the batch goes onto the bounded rollout queue.
+Bounded in-flight requests and the queue bound give backpressure; a failed group is dropped and
+counted, never retried silently; the stop event is checked at every wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import torch
+
+from async_grpo.algorithms import compute_advantages
+from async_grpo.inference.client import AsyncVLLMClient, GenerationError
+from async_grpo.rewards.pool import RewardError, RewardPool
+from async_grpo.transports.messages import RolloutGroup, TrainBatch
+from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+
+logger = logging.getLogger(__name__)
+
+STOP_POLL_S = 0.1
+THREAD_JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class PromptItem:
+    """One dataset row, tokenized. `columns` are the row's other fields (reward kwargs)."""
+
+    prompt: object
+    prompt_ids: list[int]
+    columns: dict
+
+
+@dataclass
+class SamplingSettings:
+    """Per-request sampling settings (TRL names)."""
+
+    num_generations: int
+    max_completion_length: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+class GenerationMeter:
+    """Thread-safe count of generated tokens, read as tokens/s between two reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens = 0
+        self._last = (time.monotonic(), 0)
+
+    def add(self, tokens: int) -> None:
+        """Count `tokens` generated tokens."""
+        with self._lock:
+            self._tokens += tokens
+
+    def rate(self) -> float:
+        """Tokens per second since the previous call."""
+        with self._lock:
+            now, total = time.monotonic(), self._tokens
+            t0, n0 = self._last
+            self._last = (now, total)
+        return (total - n0) / max(now - t0, 1e-9)
+
+
+class Orchestrator:
+    """Background rollout producer.
+
+    Args:
+        client_factory: builds an `AsyncVLLMClient` (called inside the orchestrator's event loop).
+        prompts: an endless iterator of `PromptItem`s (see `cycle_prompts`).
+        decode: token ids -> text.
+        sampling: sampling settings.
+        reward_pool: scores a group in worker processes.
+        reward_names: metric names of the reward functions, in order.
+        reward_weights: (F,) weights.
+        scale_rewards: "group" | "batch" | "none" (TRL).
+        groups_per_step: groups per TrainBatch.
+        max_inflight_groups: generation requests in flight at most.
+        queue: the rollout queue to fill.
+        version: shared policy version counter.
+        drops: shared drop counter.
+    """
+
+    def __init__(
+        self,
+        *,
+        client_factory: Callable[[], AsyncVLLMClient],
+        prompts: Iterator[PromptItem],
+        decode: Callable[[list[int]], str],
+        sampling: SamplingSettings,
+        reward_pool: RewardPool,
+        reward_names: list[str],
+        reward_weights: list[float],
+        scale_rewards: str,
+        groups_per_step: int,
+        max_inflight_groups: int,
+        queue: RolloutQueue,
+        version: PolicyVersion,
+        drops: DropCounter,
+    ):
+        self.client_factory = client_factory
+        self.prompts = prompts
+        self.decode = decode
+        self.sampling = sampling
+        self.reward_pool = reward_pool
+        self.reward_names = reward_names
+        self.reward_weights = reward_weights
+        self.scale_rewards = scale_rewards
+        self.groups_per_step = groups_per_step
+        self.max_inflight_groups = max_inflight_groups
+        self.queue = queue
+        self.version = version
+        self.drops = drops
+        self.meter = GenerationMeter()
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._pending: list[RolloutGroup] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the background thread."""
+        self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = THREAD_JOIN_TIMEOUT_S) -> None:
+        """Signal stop and join the thread (up to `timeout_s`)."""
+        self.stop_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            if self._thread.is_alive():
+                logger.error("orchestrator thread did not stop within %.0f s", timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """True while the background thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as err:  # surfaced to the trainer through .error
+            logger.exception("orchestrator failed")
+            self.error = err
+            self.stop_event.set()
+
+    # ------------------------------------------------------------------ main loop
+    async def _main(self) -> None:
+        client = self.client_factory()
+        inflight: set[asyncio.Task] = set()
+        slots = asyncio.Semaphore(self.max_inflight_groups)
+        try:
+            while not self.stop_event.is_set():
+                if self.queue.full() or not await _acquire(slots, self.stop_event):
+                    await asyncio.sleep(STOP_POLL_S)
+                    continue
+                item = next(self.prompts)
+                task = asyncio.create_task(self._one_group(client, item, slots))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+        finally:
+            for task in inflight:
+                task.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
+            if inflight:
+                self.drops.add("shutdown", len(inflight))
+            await client.aclose()
+
+    async def _one_group(self, client: AsyncVLLMClient, item: PromptItem, slots: asyncio.Semaphore) -> None:
+        try:
+            group = await self._generate(client, item)
+            if group is not None and await self._score(group):
+                await self._add_to_batch(group)
+        finally:
+            slots.release()
+
+    async def _generate(self, client: AsyncVLLMClient, item: PromptItem) -> RolloutGroup | None:
+        s = self.sampling
+        version = self.version.value
+        try:
+            completions = await client.generate(
+                item.prompt_ids, n=s.num_generations, max_tokens=s.max_completion_length,
+                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            )  # fmt: skip
+        except (httpx.HTTPError, GenerationError) as err:
+            if not self.stop_event.is_set():
+                self.drops.add("generation_error")
+                logger.warning("generation failed: %s", err)
+            return None
+        if any(c.finish_reason == "abort" for c in completions):
+            self.drops.add("aborted")
+            return None
+        self.meter.add(sum(len(c.token_ids) for c in completions))
+        return RolloutGroup(
+            prompt_ids=item.prompt_ids,
+            completion_ids=[c.token_ids for c in completions],
+            sampling_logprobs=[c.logprobs for c in completions],
+            truncated=[c.finish_reason == "length" for c in completions],
+            completions=[self.decode(c.token_ids) for c in completions],
+            prompt=item.prompt,
+            columns=item.columns,
+            policy_version=version,
+        )
+
+    async def _score(self, group: RolloutGroup) -> bool:
+        """Fill `group.rewards_per_func` in the reward pool; False (and counted) if it failed."""
+        g = group.size
+        columns = {k: [v] * g for k, v in group.columns.items()}
+        future = self.reward_pool.submit([group.prompt] * g, group.completions, group.completion_ids, columns)
+        try:
+            group.rewards_per_func = await asyncio.wrap_future(future)
+        except RewardError as err:
+            self.drops.add(err.reason)
+            logger.warning("reward failed, group dropped: %s", err)
+            return False
+        return True
+
+    async def _add_to_batch(self, group: RolloutGroup) -> None:
+        self._pending.append(group)
+        if len(self._pending) < self.groups_per_step:
+            return
+        groups, self._pending = self._pending[: self.groups_per_step], self._pending[self.groups_per_step :]
+        batch = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards)
+        batch.metrics["generation/tokens_per_s"] = self.meter.rate()
+        ok = await asyncio.to_thread(self.queue.put, batch, self.stop_event)
+        if not ok:
+            logger.info("orchestrator stopping; batch not enqueued")
+
+
+async def _acquire(sem: asyncio.Semaphore, stop: threading.Event) -> bool:
+    """Acquire `sem`, giving up (False) after one poll interval so the caller can re-check `stop`."""
+    try:
+        await asyncio.wait_for(sem.acquire(), timeout=STOP_POLL_S)
+        return True
+    except TimeoutError:
+        return False
+
+
+def make_train_batch(
+    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str
+) -> TrainBatch:
+    """Compute advantages over `groups` (in place) and wrap them with rollout metrics.
+
+    Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
+    `rewards/<func>/mean|std`, `completions/mean_length`, `completions/clipped_ratio`.
+    """
+    g = groups[0].size
+    rewards_per_func = torch.tensor(
+        [row for grp in groups for row in grp.rewards_per_func], dtype=torch.float32
+    )  # (B, F)
+    out = compute_advantages(rewards_per_func, torch.tensor(reward_weights, dtype=torch.float32), g, scale_rewards)
+    adv = out.advantages.tolist()
+    rewards = out.rewards.tolist()
+    for i, grp in enumerate(groups):
+        grp.advantages = adv[i * g : (i + 1) * g]
+        grp.rewards = rewards[i * g : (i + 1) * g]
+    metrics: dict[str, float] = {}
+    for key, value in out.metrics.items():
+        for idx, name in enumerate(reward_names):  # rewards/<i>/... -> rewards/<func name>/...
+            key = key.replace(f"rewards/{idx}/", f"rewards/{name}/")
+        metrics[key] = float(value)
+    lengths = [len(ids) for grp in groups for ids in grp.completion_ids]
+    truncated = [t for grp in groups for t in grp.truncated]
+    metrics["completions/mean_length"] = sum(lengths) / len(lengths)
+    metrics["completions/max_length"] = float(max(lengths))
+    metrics["completions/clipped_ratio"] = sum(truncated) / len(truncated)
+    return TrainBatch(groups=groups, metrics={k: v for k, v in metrics.items() if not math.isnan(v)})
+
+
+def cycle_prompts(items: list[PromptItem], seed: int) -> Iterator[PromptItem]:
+    """Endless iterator over `items`, reshuffled (deterministically from `seed`) every epoch."""
+    rng = random.Random(seed)
+    for epoch in itertools.count():
+        order = list(range(len(items)))
+        rng.shuffle(order)
+        for i in order:
+            yield items[i]

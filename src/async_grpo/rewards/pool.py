@@ -1,0 +1,299 @@
+"""Score completion groups with user reward functions in spawned worker processes, each call under a timeout.
+
+The process pool is pebble's, because it kills a worker whose task overruns and starts a fresh one, so a
+hung or crashing reward function costs one group, never the run. Workers receive spec strings, not
+functions, and resolve them once per process, so user code is never pickled and may hold unpicklable state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import math
+import multiprocessing
+import numbers
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from concurrent.futures import CancelledError, Future, InvalidStateError
+from pathlib import Path
+from typing import Any
+
+from pebble import ProcessExpired, ProcessPool
+
+from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func, reward_func_name
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 10.0
+_TRACEBACK_LINES = 12  # tail of the reward function's traceback kept in the error message
+
+
+class RewardError(RuntimeError):
+    """A group could not be scored; the caller drops the group and counts it under `reason`.
+
+    Attributes:
+        reason: short counter key: "reward_error" (the function raised, or its worker died).
+        function: the reward function's name, or None when the whole set is concerned.
+    """
+
+    reason = "reward_error"
+
+    def __init__(self, message: str, function: str | None = None):
+        super().__init__(message)
+        self.function = function
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep `function` across the process boundary
+        return type(self), (str(self), self.function)
+
+
+class RewardBadOutput(RewardError):
+    """A reward function returned something other than a list of G numbers or None (reason "reward_bad_output")."""
+
+    reason = "reward_bad_output"
+
+
+class RewardTimeout(RewardError):
+    """The reward functions did not finish within the timeout; the worker was killed (reason "reward_timeout")."""
+
+    reason = "reward_timeout"
+
+
+# ------------------------------------------------------------------ worker side (runs in spawned processes)
+@functools.lru_cache(maxsize=None)
+def _worker_func(spec: str) -> Any:
+    return resolve_reward_func(spec)
+
+
+def _check_output(name: str, out: Any, n: int) -> list[float]:
+    """Validate one function's return value; None and NaN become NaN. Raises RewardBadOutput."""
+    fix = f"Fix: make {name} return a list of {n} floats (or None to abstain), one per completion."
+    if not isinstance(out, (list, tuple)):
+        raise RewardBadOutput(f"reward function {name!r} returned a {type(out).__name__}, not a list. {fix}", name)
+    if len(out) != n:
+        raise RewardBadOutput(f"reward function {name!r} returned {len(out)} values for {n} completions. {fix}", name)
+    values = []
+    for i, v in enumerate(out):
+        if v is None:
+            values.append(math.nan)
+        elif isinstance(v, numbers.Real):
+            x = float(v)
+            if math.isinf(x):
+                raise RewardBadOutput(f"reward function {name!r} returned {x} at index {i}. {fix}", name)
+            values.append(x)
+        else:
+            raise RewardBadOutput(
+                f"reward function {name!r} returned a {type(v).__name__} ({v!r:.60}) at index {i}. {fix}", name
+            )
+    return values
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _call(spec: str, prompts: list, completions: list, completion_ids: list, columns: dict[str, list]) -> list[float]:
+    name = reward_func_name(spec)
+    try:
+        func = _worker_func(spec)
+    except RewardSpecError as err:
+        raise RewardError(f"reward worker could not resolve {spec!r}: {err}", name) from None
+    try:
+        out = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        if inspect.isawaitable(out):  # `async def` reward functions run to completion here
+            out = asyncio.run(_await(out))
+    except Exception as err:
+        tb = "".join(traceback.format_exc().splitlines(keepends=True)[-_TRACEBACK_LINES:])
+        raise RewardError(
+            f"reward function {name!r} ({spec}) raised {type(err).__name__}: {err}. "
+            f"Fix: make it handle every completion (return None to abstain).\n{tb}",
+            name,
+        ) from None
+    return _check_output(name, out, len(completions))
+
+
+def _score_group(
+    specs: tuple[str, ...], prompts: list, completions: list, completion_ids: list, columns: dict[str, list]
+) -> list[list[float]]:
+    """Worker entry point: run every reward function on one group; returns (G, F) floats, NaN for None."""
+    per_func = [_call(spec, prompts, completions, completion_ids, columns) for spec in specs]
+    return [list(row) for row in zip(*per_func, strict=True)]
+
+
+# ------------------------------------------------------------------ parent side
+def _absolute_spec(spec: str) -> str:
+    """File specs get an absolute path, so workers resolve them whatever their working directory."""
+    target, name = spec.rsplit(":", 1)
+    return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else spec
+
+
+class RewardPool:
+    """A pool of spawned reward workers that scores one group of G completions per `submit`.
+
+    Use as a context manager, or call `close()`. Thread-safe: `submit` may be called from any thread
+    (wrap the returned future with `asyncio.wrap_future` in async code).
+
+    Attributes:
+        specs: the reward-function specs as given.
+        names: each function's name, for metric names `rewards/<name>/mean`.
+        weights: one weight per function (all 1.0 when none were given); applying them is the caller's job.
+        timeout_s: per-group time limit (seconds) covering all functions together.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[str],
+        weights: Sequence[float] | None = None,
+        num_workers: int = 2,
+        timeout_s: float = 30.0,
+    ):
+        """Validate the specs in this process (importing each once), then create the pool.
+
+        Worker processes start on the first `submit`.
+
+        Raises:
+            RewardSpecError: a spec does not resolve (names the spec and the fix).
+            ValueError: empty specs, duplicate function names, weights of the wrong length or not
+                finite, num_workers < 1 or timeout_s <= 0.
+        """
+        if isinstance(specs, str) or not specs:
+            raise ValueError(f"reward_funcs={specs!r} must be a non-empty list of specs. Fix: e.g. ['builtin:reverse_exact_match'].")
+        self.specs = list(specs)
+        for spec in self.specs:
+            resolve_reward_func(spec)  # fail here, not in a worker, on typos
+        self.names = [reward_func_name(s) for s in self.specs]
+        duplicates = sorted({n for n in self.names if self.names.count(n) > 1})
+        if duplicates:
+            raise ValueError(
+                f"reward_funcs has several functions named {duplicates}; their metrics would collide. "
+                f"Fix: give each reward function a distinct name."
+            )
+        self.weights = [1.0] * len(self.specs) if weights is None else [float(w) for w in weights]
+        if len(self.weights) != len(self.specs):
+            raise ValueError(
+                f"reward_weights has {len(self.weights)} entries but reward_funcs has {len(self.specs)}. "
+                f"Fix: give one weight per reward function."
+            )
+        if not all(math.isfinite(w) for w in self.weights):
+            raise ValueError(f"reward_weights={self.weights} must be finite numbers. Fix: remove inf/nan weights.")
+        if num_workers < 1:
+            raise ValueError(f"reward_num_workers={num_workers} must be >= 1. Fix: use at least 1 worker.")
+        if not timeout_s > 0:
+            raise ValueError(f"reward_timeout_s={timeout_s} must be > 0. Fix: give a positive number of seconds.")
+        self.timeout_s = float(timeout_s)
+        self._worker_specs = tuple(_absolute_spec(s) for s in self.specs)
+        self._pool = ProcessPool(max_workers=num_workers, context=multiprocessing.get_context("spawn"))
+        self._lock = threading.Lock()
+        self._pending: set[Future] = set()
+        self._closed = False
+
+    def submit(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+    ) -> Future:
+        """Score one group of G completions with every reward function, in a worker process.
+
+        Args:
+            prompts: G prompts (the group's prompt repeated, as TRL passes it).
+            completions: G completions (strings, or message lists for conversational prompts).
+            completion_ids: G lists of completion token ids.
+            columns: the dataset's other columns, each a list of G values, passed as keyword arguments.
+
+        Returns:
+            A Future resolving to a (G, F) list of lists of floats, F = len(specs) in spec order, NaN
+            where a function returned None. It fails with `RewardTimeout` (the set overran timeout_s),
+            `RewardBadOutput` (a return value of the wrong type or length) or `RewardError` (a function
+            raised, a worker died, or the pool was closed); each carries a `reason` for counting.
+
+        Raises:
+            ValueError: inconsistent lengths (a caller bug), raised here rather than in the future.
+            RuntimeError: the pool is closed.
+        """
+        n = len(completions)
+        columns = {k: list(v) for k, v in (columns or {}).items()}
+        lengths = {"prompts": len(prompts), "completion_ids": len(completion_ids),
+                   **{f"columns[{k!r}]": len(v) for k, v in columns.items()}}
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if n == 0 or bad:
+            raise ValueError(f"RewardPool.submit: {n} completions but lengths {bad}. Fix: pass G >= 1 of everything.")
+        out: Future = Future()
+        out.set_running_or_notify_cancel()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardPool.submit: the pool is closed. Fix: create a new RewardPool.")
+            task = self._pool.schedule(
+                _score_group,
+                args=(self._worker_specs, list(prompts), list(completions), [list(c) for c in completion_ids], columns),
+                timeout=self.timeout_s,
+            )
+            self._pending.add(out)
+        task.add_done_callback(functools.partial(self._settle, out))
+        return out
+
+    def _settle(self, out: Future, task: Future) -> None:
+        """Copy the pebble task's outcome onto `out`, translating failures into RewardError types."""
+        with self._lock:
+            self._pending.discard(out)
+        error = CancelledError() if task.cancelled() else task.exception()  # task is done: never blocks
+        try:
+            if error is None:
+                out.set_result(task.result())
+            else:
+                out.set_exception(self._as_reward_error(error))
+        except InvalidStateError:  # already failed by close()
+            pass
+
+    def _as_reward_error(self, err: BaseException) -> RewardError:
+        if self._closed:  # pebble fails the tasks it abandons on stop()
+            return RewardError(f"the reward pool was closed before this group was scored ({type(err).__name__}).")
+        if isinstance(err, RewardError):
+            return err
+        if isinstance(err, TimeoutError):
+            return RewardTimeout(
+                f"reward functions {self.names} did not finish within reward_timeout_s={self.timeout_s:g} s; "
+                f"the worker was killed. Fix: make them faster, or raise reward_timeout_s."
+            )
+        if isinstance(err, ProcessExpired):
+            return RewardError(
+                f"a reward worker died (exit code {err.exitcode}) while running {self.names}. "
+                f"Fix: check the functions for crashes or excessive memory use."
+            )
+        if isinstance(err, CancelledError):
+            return RewardError("the group was cancelled before it was scored.")
+        # e.g. unpicklable arguments or results
+        return RewardError(f"scoring with {self.names} failed: {type(err).__name__}: {err}")
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the workers (running tasks are abandoned) and wait for them to exit; idempotent.
+
+        Futures still pending fail with `RewardError` ("pool was closed").
+
+        Args:
+            timeout_s: seconds to wait for the workers to exit.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending, self._pending = list(self._pending), set()
+        self._pool.stop()
+        try:
+            self._pool.join(timeout_s)
+        except TimeoutError:
+            logger.warning("reward workers did not exit within %.1f s of close()", timeout_s)
+        for out in pending:
+            try:
+                out.set_exception(RewardError("the reward pool was closed before this group was scored."))
+            except InvalidStateError:
+                pass
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,202 @@
+"""The trainer: one optimizer step per `TrainBatch`, with the stale-rollout correction.
+
+It is algorithm-blind where it can be: advantages arrive with the batch, and the loss, the
+importance-sampling weights and the KL are plain functions from `async_grpo.algorithms`. Per step it
+(1) packs the groups into padded tensors, (2) recomputes the policy's per-token logprobs of the
+sampled tokens, (3) weights tokens by rho = exp(trainer-old logp - vLLM sampling logp) bounded per
+`vllm_importance_sampling_mode`, (4) takes the clipped GRPO/DAPO loss (+ k3 KL when beta > 0) with
+gradient accumulation and one AdamW step.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from async_grpo.algorithms import entropy_from_logits, grpo_loss, importance_sampling_weights, selective_log_softmax
+from async_grpo.transports.messages import TrainBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LossSettings:
+    """Loss options (TRL names). See `async_grpo.config.GRPOConfig` for meanings."""
+
+    loss_type: str = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float = 0.2
+    beta: float = 0.0
+    max_completion_length: int = 16
+    mask_truncated_completions: bool = False
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "token_truncate"
+    vllm_importance_sampling_cap: float = 3.0
+    vllm_importance_sampling_clip_min: float | None = None
+
+
+@dataclass
+class PackedBatch:
+    """A batch as padded tensors. N = completions, P = longest prompt, T = longest completion.
+
+    Attributes:
+        input_ids: (N, P + T) left-padded prompt followed by right-padded completion.
+        attention_mask: (N, P + T) 1 on real tokens.
+        position_ids: (N, P + T) positions counted from each sequence's first real token.
+        completion_ids: (N, T) sampled tokens.
+        completion_mask: (N, T) 1 on tokens that enter the loss.
+        sampling_logps: (N, T) vLLM sampling logprobs (0 on padding).
+        advantages: (N,) per-completion advantages.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    sampling_logps: torch.Tensor
+    advantages: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.size(0)
+
+    def slice(self, start: int, end: int) -> PackedBatch:
+        """Rows [start, end) as a new PackedBatch (views)."""
+        return PackedBatch(*(getattr(self, f)[start:end] for f in self.__dataclass_fields__))
+
+
+def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = False) -> PackedBatch:
+    """Flatten the groups of `batch` into padded tensors (see `PackedBatch` for shapes)."""
+    rows = [
+        (grp.prompt_ids, ids, lps, trunc, adv)
+        for grp in batch.groups
+        for ids, lps, trunc, adv in zip(grp.completion_ids, grp.sampling_logprobs, grp.truncated, grp.advantages,
+                                        strict=True)
+    ]
+    n = len(rows)
+    p = max(len(r[0]) for r in rows)
+    t = max(max(len(r[1]) for r in rows), 1)
+    input_ids = torch.full((n, p + t), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, p + t), dtype=torch.long)
+    completion_mask = torch.zeros((n, t), dtype=torch.float32)
+    sampling_logps = torch.zeros((n, t), dtype=torch.float32)
+    for i, (prompt, comp, lps, trunc, _) in enumerate(rows):
+        input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
+        input_ids[i, p : p + len(comp)] = torch.tensor(comp, dtype=torch.long)
+        attention_mask[i, p - len(prompt) : p + len(comp)] = 1
+        if not (mask_truncated and trunc):
+            completion_mask[i, : len(comp)] = 1.0
+        sampling_logps[i, : len(lps)] = torch.tensor(lps)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    advantages = torch.tensor([r[4] for r in rows], dtype=torch.float32)
+    return PackedBatch(input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps,
+                       advantages)
+
+
+def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False):
+    """Per-token logprobs (N, T) of `mb.completion_ids` under `model`, and optionally entropies (N, T).
+
+    Only the last T+1 positions' logits are materialized (`logits_to_keep`).
+    """
+    t = mb.completion_ids.size(1)
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                logits_to_keep=t + 1, use_cache=False)
+    logits = out.logits[:, :-1, :].float()  # (N, T, V): position j predicts completion token j
+    logps = selective_log_softmax(logits, mb.completion_ids)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+    return logps, entropy
+
+
+class GRPOLearner:
+    """Holds the policy, the optional frozen reference, and the optimizer; `step(batch)` trains once.
+
+    Args:
+        model: a transformers causal LM in float32 (train mode is set here).
+        learning_rate, weight_decay, max_grad_norm: AdamW settings.
+        micro_batch_size: completions per forward/backward (TRL per_device_train_batch_size).
+        loss: loss settings.
+        pad_token_id: id used for padding.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, learning_rate: float, weight_decay: float, max_grad_norm: float,
+                 micro_batch_size: int, loss: LossSettings, pad_token_id: int):
+        self.model = model
+        self.model.train()
+        self.loss = loss
+        self.micro_batch_size = micro_batch_size
+        self.max_grad_norm = max_grad_norm
+        self.pad_token_id = pad_token_id
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+        self.ref_model = None
+        if loss.beta > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step over every completion in `batch`; returns loss metrics (TRL names)."""
+        cfg = self.loss
+        packed = pack_batch(batch, self.pad_token_id, cfg.mask_truncated_completions)
+        n = len(packed)
+        chunks = [(s, min(s + self.micro_batch_size, n)) for s in range(0, n, self.micro_batch_size)]
+        num_items = packed.completion_mask.sum()  # active tokens in this accumulation window (one rank)
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+
+        step_loss = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for start, end in chunks:
+            mb = packed.slice(start, end)
+            tokens = float(mb.completion_mask.sum())
+            logps, entropy = completion_logps(self.model, mb, with_entropy=True)
+            old_logps = logps.detach()  # one optimizer step per batch: the behaviour policy is the current one
+            is_weights = None
+            if cfg.vllm_importance_sampling_correction:
+                is_weights, is_metrics = importance_sampling_weights(
+                    old_logps, mb.sampling_logps, mb.completion_mask, cfg.vllm_importance_sampling_mode,
+                    cfg.vllm_importance_sampling_cap, cfg.vllm_importance_sampling_clip_min,
+                )
+                _accumulate(sums, weights, is_metrics, tokens)
+            ref_logps = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logps, _ = completion_logps(self.ref_model, mb)
+            out = grpo_loss(
+                logps, old_logps, mb.advantages, mb.completion_mask,
+                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                beta=cfg.beta, ref_logps=ref_logps, is_weights=is_weights,
+                max_completion_length=cfg.max_completion_length, num_items_in_batch=num_items,
+                gradient_accumulation_steps=len(chunks),
+            )  # fmt: skip
+            out.loss.backward()
+            step_loss += out.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
+            _accumulate(sums, weights, out.metrics, tokens)
+            mask = mb.completion_mask
+            _accumulate(sums, weights, {"entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}, tokens)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
+        metrics["loss"] = step_loss
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        metrics["num_tokens"] = float(num_items)
+        return metrics
+
+
+def _accumulate(sums: dict[str, float], weights: dict[str, float], metrics: dict[str, float], w: float) -> None:
+    """Token-weighted running means (min/max keys keep the extreme instead)."""
+    for k, v in metrics.items():
+        v = float(v)
+        if k.endswith("/min"):
+            sums[k] = min(sums.get(k, v), v)
+            weights[k] = 1.0
+        elif k.endswith("/max"):
+            sums[k] = max(sums.get(k, v), v)
+            weights[k] = 1.0
+        else:
+            sums[k] = sums.get(k, 0.0) + v * w
+            weights[k] = weights.get(k, 0.0) + w

@@ -1,0 +1,132 @@
+"""The bounded rollout queue between the orchestrator (producer) and the trainer (consumer).
+
+It is the only shared state between the two roles besides the policy-version counter. Bounding it
+gives backpressure; dropping groups older than `max_staleness` on the way out keeps the trainer
+near on-policy, and every drop is counted by reason so nothing disappears silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+
+from async_grpo.transports.messages import TrainBatch
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.1
+
+
+class PolicyVersion:
+    """Thread-safe policy version counter: the trainer bumps it at each weight push."""
+
+    def __init__(self, value: int = 0):
+        self._value = value
+        self._lock = threading.Lock()
+
+    @property
+    def value(self) -> int:
+        """Current version (the one vLLM is serving, or about to)."""
+        with self._lock:
+            return self._value
+
+    def bump(self) -> int:
+        """Increment and return the new version."""
+        with self._lock:
+            self._value += 1
+            return self._value
+
+
+class DropCounter:
+    """Thread-safe counts of dropped groups by reason (e.g. `stale`, `reward_timeout`)."""
+
+    def __init__(self) -> None:
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def add(self, reason: str, n: int = 1) -> None:
+        """Count `n` dropped groups under `reason` and log it."""
+        with self._lock:
+            self._counts[reason] += n
+            total = self._counts[reason]
+        logger.warning("dropped %d group(s): %s (total %d)", n, reason, total)
+
+    def snapshot(self) -> dict[str, int]:
+        """Copy of the counts."""
+        with self._lock:
+            return dict(self._counts)
+
+
+class RolloutQueue:
+    """Bounded FIFO of `TrainBatch`es.
+
+    Args:
+        maxsize: batches held at most; `put` blocks beyond it.
+        max_staleness: on `get`, groups whose policy version is more than this many versions behind
+            the current one are removed from the batch and counted as `stale`.
+        drops: shared drop counter.
+    """
+
+    def __init__(self, maxsize: int, max_staleness: int, drops: DropCounter):
+        self._q: queue.Queue[TrainBatch] = queue.Queue(maxsize=maxsize)
+        self.max_staleness = max_staleness
+        self.drops = drops
+
+    @property
+    def depth(self) -> int:
+        """Batches waiting."""
+        return self._q.qsize()
+
+    def full(self) -> bool:
+        """True when a `put` would block."""
+        return self._q.full()
+
+    def put(self, batch: TrainBatch, stop: threading.Event, timeout_s: float | None = None) -> bool:
+        """Enqueue, waiting for room until `stop` is set or `timeout_s` passes.
+
+        Returns:
+            True if enqueued; False if stopped or timed out (the batch's groups are then counted as
+            dropped with reason `shutdown` or `queue_timeout`).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not stop.is_set():
+            try:
+                self._q.put(batch, timeout=POLL_S)
+                return True
+            except queue.Full:
+                if deadline is not None and time.monotonic() > deadline:
+                    self.drops.add("queue_timeout", len(batch.groups))
+                    return False
+        self.drops.add("shutdown", len(batch.groups))
+        return False
+
+    def get(self, current_version: int, timeout_s: float, stop: threading.Event | None = None) -> TrainBatch:
+        """Next batch with stale groups removed (and counted); skips batches left empty.
+
+        Raises:
+            TimeoutError: no usable batch within `timeout_s` seconds.
+            InterruptedError: `stop` was set while waiting.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if stop is not None and stop.is_set():
+                raise InterruptedError("rollout queue: stop requested")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"no rollout batch arrived within {timeout_s:.0f} s; check the vLLM server log and reward "
+                    "workers, or raise rollout_timeout_s"
+                )
+            try:
+                batch = self._q.get(timeout=min(POLL_S, remaining))
+            except queue.Empty:
+                continue
+            fresh = [g for g in batch.groups if current_version - g.policy_version <= self.max_staleness]
+            if len(fresh) < len(batch.groups):
+                self.drops.add("stale", len(batch.groups) - len(fresh))
+            if fresh:
+                batch.groups = fresh
+                return batch

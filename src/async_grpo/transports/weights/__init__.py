@@ -1,0 +1,1 @@
+"""Trainer -> inference weight transport: vLLM's native control plane with an NCCL or gloo data plane."""

@@ -1,0 +1,99 @@
+"""Push trainer weights into a vLLM server through vLLM's native weight-transfer control plane.
+
+One round is: pause (mode=keep, so in-flight requests freeze instead of failing) -> start ->
+update (concurrent with the data-plane broadcast) -> finish(weight_version) -> resume. The data
+plane is vLLM's NCCL backend on GPU and our registered gloo backend on CPU; both are created
+through `WeightTransferTrainerFactory`, so the trainer never special-cases the medium.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+from async_grpo.inference.client import VersionedWeightSyncClient, VLLMControlClient
+from async_grpo.inference.server import free_port
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_backend(backend: str) -> str:
+    """`auto` -> `nccl` when CUDA is available, else `gloo`."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return backend
+
+
+class WeightPusher:
+    """Sends `model`'s parameters to one vLLM server each time `push(version)` is called.
+
+    Args:
+        model: the trainer's `torch.nn.Module` (HF parameter names, as vLLM's `load_weights` expects).
+        server_url: vLLM base URL (dev mode on).
+        backend: "gloo", "nccl" or "auto".
+        master_address: address of this trainer that the vLLM workers can reach for the rendezvous.
+        timeout_s: timeout for the rendezvous, each control-plane call and each broadcast (seconds).
+    """
+
+    def __init__(self, model: torch.nn.Module, server_url: str, *, backend: str = "auto",
+                 master_address: str = "127.0.0.1", timeout_s: float = 300.0):
+        self.model = model
+        self.backend = resolve_backend(backend)
+        self.control = VLLMControlClient(server_url, timeout_s=timeout_s)
+        self.client = VersionedWeightSyncClient(server_url, timeout=timeout_s)
+        self.master_address = master_address
+        self.timeout_s = timeout_s
+        self.engine = None
+
+    def setup(self) -> None:
+        """Rendezvous with the server's workers (once).
+
+        Raises:
+            ValueError: unknown backend.
+            requests.HTTPError / RuntimeError: the server rejected the handshake or timed out.
+        """
+        world_size = 1 + self.control.world_size()
+        port = free_port()
+        if self.backend == "gloo":
+            from async_grpo.transports.weights.gloo import GlooTrainerInitInfo
+
+            init_info = GlooTrainerInitInfo(master_address=self.master_address, master_port=port,
+                                            world_size=world_size, timeout_s=self.timeout_s, rank=0)
+        elif self.backend == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            init_info = NCCLTrainerInitInfo(master_address=self.master_address, master_port=port,
+                                            world_size=world_size, rank=0)
+        else:
+            raise ValueError(f"weight_sync_backend={self.backend!r} is not one of gloo, nccl, auto")
+        t0 = time.perf_counter()
+        self.engine = WeightTransferTrainerFactory.trainer_init(init_info, client=self.client,
+                                                                source=ModuleSource(self.model))
+        logger.info("weight transfer (%s) ready in %.2f s, world size %d", self.backend,
+                    time.perf_counter() - t0, world_size)
+
+    def push(self, version: int) -> float:
+        """Pause the server, send all weights tagged `version`, resume. Returns the seconds it took.
+
+        The server is resumed even when the send fails, so generation never stays paused.
+        """
+        if self.engine is None:
+            self.setup()
+        t0 = time.perf_counter()
+        self.control.pause(mode="keep")
+        try:
+            self.client.next_version = str(version)
+            with torch.no_grad():
+                self.engine.send_weights()
+        finally:
+            self.control.resume()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Tear down the transfer group."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

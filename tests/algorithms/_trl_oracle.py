@@ -1,0 +1,201 @@
+"""Run TRL's own GRPOTrainer code on hand-made tensors, as the oracle for parity tests.
+
+``GRPOTrainer._compute_loss`` and ``GRPOTrainer._generate_and_score_completions`` are called unbound
+with a ``SimpleNamespace`` standing in for ``self`` that provides exactly the attributes they read.
+Model forward passes are replaced by stubs that return given log-prob tensors, generation by a stub
+returning given token lists, and reward functions by a stub returning a given ``rewards_per_func``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from trl.trainer import utils as trl_utils
+        from trl.trainer.grpo_trainer import GRPOTrainer
+except ImportError:  # trl is a dev dependency; hand-computed tests still run without it
+    trl_utils = GRPOTrainer = None
+
+requires_trl = pytest.mark.skipif(GRPOTrainer is None, reason="trl (dev dependency) is not installed")
+
+
+def _accelerator(num_processes: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(
+        device=torch.device("cpu"),
+        num_processes=num_processes,
+        process_index=0,
+        sync_gradients=True,
+        gather=lambda t: t,
+        gather_for_metrics=lambda t: t,
+        reduce=lambda t, reduction="sum": t,
+    )
+
+
+def trl_compute_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+    beta: float = 0.0,
+    ref_logps: torch.Tensor | None = None,
+    use_bias_correction_kl: bool = False,
+    is_weights: torch.Tensor | None = None,
+    off_policy_threshold: float | None = None,
+    sampling_logps: torch.Tensor | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    max_completion_length: int | None = None,
+    num_items_in_batch: torch.Tensor | None = None,
+    gradient_accumulation_steps: int = 1,
+    num_processes: int = 1,
+):
+    """TRL ``_compute_loss`` in train mode; returns ``(loss, metrics)`` with metrics as floats."""
+    batch, length = logps.shape
+
+    def _get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        assert logits_to_keep == length
+        return logps, torch.zeros_like(logps), None
+
+    fake = SimpleNamespace(
+        loss_type=loss_type,
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        beta=beta,
+        args=SimpleNamespace(
+            delta=delta,
+            use_bias_correction_kl=use_bias_correction_kl,
+            sapo_temperature_pos=sapo_temperature_pos,
+            sapo_temperature_neg=sapo_temperature_neg,
+            steps_per_generation=gradient_accumulation_steps,
+        ),
+        importance_sampling_level=importance_sampling_level,
+        off_policy_mask_threshold=off_policy_threshold,
+        top_entropy_quantile=1.0,
+        use_vllm=is_weights is not None,
+        vllm_importance_sampling_correction=is_weights is not None,
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=gradient_accumulation_steps,
+        accelerator=_accelerator(num_processes),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        max_completion_length=max_completion_length,
+        _get_per_token_logps_and_entropies=_get_per_token_logps_and_entropies,
+        get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+    )
+    inputs = {
+        "prompt_ids": torch.zeros(batch, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(batch, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(batch, length, dtype=torch.long),
+        "completion_mask": mask.long(),
+        "advantages": advantages,
+    }
+    if old_logps is not None:
+        inputs["old_per_token_logps"] = old_logps
+    if ref_logps is not None:
+        inputs["ref_per_token_logps"] = ref_logps
+    if sampling_logps is not None:
+        inputs["sampling_per_token_logps"] = sampling_logps
+    if is_weights is not None:
+        inputs["importance_sampling_ratio"] = is_weights
+    if num_items_in_batch is not None:
+        inputs["num_items_in_batch"] = torch.as_tensor(num_items_in_batch)
+    loss = GRPOTrainer._compute_loss(fake, fake.model, inputs)
+    metrics = {k: v[-1] for k, v in fake._metrics["train"].items()}
+    return loss, metrics
+
+
+def trl_score(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str = "group",
+    multi_objective_aggregation: str = "sum_then_normalize",
+    *,
+    old_logps: torch.Tensor | None = None,
+    sampling_logps: torch.Tensor | None = None,
+    lengths: list[int] | None = None,
+    is_mode: str = "token_truncate",
+    is_cap: float | None = 3.0,
+    is_clip_min: float | None = None,
+):
+    """TRL ``_generate_and_score_completions`` in train mode.
+
+    Returns ``(output_dict, metrics)``. With ``old_logps``/``sampling_logps``/``lengths`` given, the vLLM
+    importance-sampling branch runs: completions have the given lengths (right padded), the sampler
+    reports ``sampling_logps[i, :lengths[i]]`` and the "model" recomputes ``old_logps``.
+    """
+    batch, num_funcs = rewards_per_func.shape
+    use_is = old_logps is not None
+    if lengths is None:
+        lengths = [2] * batch
+    completion_ids_list = [[5] * n for n in lengths]
+    sampling_list = [sampling_logps[i, :n].tolist() for i, n in enumerate(lengths)] if use_is else None
+
+    def _generate(prompts):
+        return ([[1, 2]] * batch, completion_ids_list, None, ["c"] * batch, sampling_list, {}, None, [])
+
+    def _get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        assert logits_to_keep == old_logps.shape[1]
+        return old_logps, None, None
+
+    fake = SimpleNamespace(
+        accelerator=_accelerator(),
+        model=SimpleNamespace(training=True, is_gradient_checkpointing=False),
+        environment_factories=None,
+        environments=[],
+        tools=None,
+        _generate=_generate,
+        _tokenizer=SimpleNamespace(pad_token_id=0),
+        pad_to_multiple_of=None,
+        mask_truncated_completions=False,
+        args=SimpleNamespace(
+            per_device_train_batch_size=batch,
+            steps_per_generation=1,
+            gradient_accumulation_steps=1,
+            gradient_checkpointing_kwargs=None,
+        ),
+        num_iterations=1,
+        use_vllm=use_is,
+        vllm_importance_sampling_correction=use_is,
+        vllm_importance_sampling_mode=is_mode,
+        vllm_importance_sampling_clip_max=is_cap,
+        vllm_importance_sampling_clip_min=is_clip_min,
+        _get_per_token_logps_and_entropies=_get_per_token_logps_and_entropies,
+        beta=0.0,
+        _calculate_rewards=lambda inputs, prompts, completions, ids: rewards_per_func.clone(),
+        num_generations=num_generations,
+        reward_weights=reward_weights,
+        reward_funcs=[None] * num_funcs,
+        reward_func_names=[str(i) for i in range(num_funcs)],
+        multi_objective_aggregation=multi_objective_aggregation,
+        scale_rewards=scale_rewards,
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        _logs={
+            "prompt": [],
+            "completion": [],
+            "rewards": defaultdict(list),
+            "advantages": [],
+            "extra": defaultdict(list),
+            "images": [],
+        },
+        _pending_extra_logs={},
+        _pending_metrics={},
+        log_multimodal=False,
+    )
+    output = GRPOTrainer._generate_and_score_completions(fake, [{"prompt": "p"} for _ in range(batch)])
+    metrics = {k: v[-1] for k, v in fake._metrics["train"].items()}
+    return output, metrics

@@ -1,0 +1,159 @@
+"""RewardPool with real spawned workers: scoring, async functions, failures, timeouts, clean shutdown."""
+
+import math
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from async_grpo.rewards.loading import RewardSpecError
+from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardPool, RewardTimeout
+
+FNS = Path(__file__).with_name("reward_fns.py")
+RESULT_TIMEOUT_S = 30
+
+
+def spec(name: str) -> str:
+    return f"{FNS}:{name}"
+
+
+def group(*completions: str) -> dict:
+    """submit() arguments for one group; the `answer` column matches the first completion only."""
+    g = len(completions)
+    return {
+        "prompts": ["p"] * g,
+        "completions": list(completions),
+        "completion_ids": [[ord(ch) for ch in c] for c in completions],
+        "columns": {"answer": [completions[0]] * g},
+    }
+
+
+GROUP = group("a", "bb", "ccc", "x")
+
+
+def pool_children() -> set[int]:
+    """Live child processes of this test process, except multiprocessing's shared resource tracker."""
+    kids = set()
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                kids.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return kids
+
+
+@pytest.fixture(scope="module")
+def flaky_pool():
+    """One worker running [length_reward, flaky_reward] with a 2 s timeout, shared by the failure tests."""
+    with RewardPool([spec("length_reward"), spec("flaky_reward")], num_workers=1, timeout_s=2) as pool:
+        assert pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)[0] == [1.0, 1.0]  # worker started
+        yield pool
+
+
+def assert_pool_works(pool: RewardPool) -> None:
+    assert pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S) == [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0], [1.0, 1.0]]
+
+
+def test_construction_validates_in_parent():
+    with pytest.raises(RewardSpecError, match="no builtin reward"):
+        RewardPool(["builtin:typo"])
+    with pytest.raises(ValueError, match="reward_weights has 1 entries but reward_funcs has 2"):
+        RewardPool([spec("length_reward"), spec("answer_reward")], weights=[1.0])
+    with pytest.raises(ValueError, match="distinct name"):
+        RewardPool([spec("length_reward"), spec("length_reward")])
+    with pytest.raises(ValueError, match="reward_timeout_s"):
+        RewardPool([spec("length_reward")], timeout_s=0)
+    with pytest.raises(ValueError, match="non-empty list"):
+        RewardPool([])
+
+
+def test_submit_rejects_inconsistent_lengths():
+    with RewardPool([spec("length_reward")], num_workers=1) as pool:  # nothing is scheduled, no worker starts
+        with pytest.raises(ValueError, match="columns\\['answer'\\]"):
+            pool.submit(["p"], ["a"], [[1]], {"answer": ["a", "b"]})
+        with pytest.raises(ValueError, match="G >= 1"):
+            pool.submit([], [], [])
+
+
+@pytest.mark.integration
+def test_scores_sync_async_builtin_and_none():
+    specs = [spec("length_reward"), spec("answer_reward"), spec("async_reward"), spec("abstain_odd"),
+             "builtin:reverse_exact_match"]
+    with RewardPool(specs, weights=[1, 2, 3, 4, 5], num_workers=2, timeout_s=20) as pool:
+        assert pool.names == ["length_reward", "answer_reward", "async_reward", "abstain_odd", "reverse_exact_match"]
+        assert pool.weights == [1.0, 2.0, 3.0, 4.0, 5.0]
+        futures = [pool.submit(**GROUP) for _ in range(3)]
+        for fut in futures:
+            rows = fut.result(timeout=RESULT_TIMEOUT_S)
+            assert len(rows) == 4 and all(len(r) == 5 for r in rows)
+            assert [r[0] for r in rows] == [1.0, 2.0, 3.0, 1.0]
+            assert [r[1] for r in rows] == [1.0, 0.0, 0.0, 0.0]
+            assert [r[2] for r in rows] == [0.5] * 4
+            assert rows[0][3] == 1.0 and math.isnan(rows[1][3])
+            assert [r[4] for r in rows] == [1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.integration
+def test_raising_function_fails_the_group_and_pool_keeps_working(flaky_pool):
+    with pytest.raises(RewardError) as info:
+        flaky_pool.submit(**group("RAISE", "a")).result(timeout=RESULT_TIMEOUT_S)
+    err = info.value
+    assert type(err) is RewardError and err.reason == "reward_error" and err.function == "flaky_reward"
+    assert "ZeroDivisionError: boom in the reward" in str(err) and "Fix:" in str(err)
+    assert_pool_works(flaky_pool)
+
+
+@pytest.mark.integration
+def test_hanging_function_times_out_and_pool_keeps_working(flaky_pool):
+    start = time.monotonic()
+    with pytest.raises(RewardTimeout, match=r"flaky_reward.*reward_timeout_s=2 s") as info:
+        flaky_pool.submit(**group("HANG", "a")).result(timeout=RESULT_TIMEOUT_S)
+    assert time.monotonic() - start < 6
+    assert info.value.reason == "reward_timeout"
+    assert_pool_works(flaky_pool)  # a fresh worker replaced the killed one
+
+
+@pytest.mark.integration
+def test_wrong_length_is_bad_output_and_pool_keeps_working(flaky_pool):
+    with pytest.raises(RewardBadOutput, match="returned 1 values for 2 completions") as info:
+        flaky_pool.submit(**group("SHORT", "a")).result(timeout=RESULT_TIMEOUT_S)
+    assert info.value.reason == "reward_bad_output" and info.value.function == "flaky_reward"
+    assert_pool_works(flaky_pool)
+
+
+@pytest.mark.integration
+def test_wrong_type_is_bad_output():
+    with RewardPool([spec("string_reward")], num_workers=1, timeout_s=20) as pool:
+        with pytest.raises(RewardBadOutput, match="returned a str .* at index 0"):
+            pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
+
+
+@pytest.mark.integration
+def test_crashing_worker_is_a_reward_error():
+    with RewardPool([spec("crashing_reward")], num_workers=1, timeout_s=20) as pool:
+        for _ in range(2):  # the pool replaces the dead worker
+            with pytest.raises(RewardError, match="worker died") as info:
+                pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
+            assert info.value.reason == "reward_error"
+
+
+@pytest.mark.integration
+def test_close_leaves_no_child_processes_and_fails_pending_groups():
+    before = pool_children()
+    pool = RewardPool([spec("hanging_reward")], num_workers=2, timeout_s=30)
+    pending = [pool.submit(**GROUP) for _ in range(3)]
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while len(pool_children() - before) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pool_children() - before) == 2
+    pool.close(timeout_s=10)
+    pool.close()  # idempotent
+    for fut in pending:
+        with pytest.raises(RewardError, match="closed"):
+            fut.result(timeout=5)
+    assert pool_children() - before == set()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(**GROUP)
