@@ -45,6 +45,13 @@ class GRPOConfig(BaseModel):
         "task's held-out split is used when this is None.",
     )
     eval_num_prompts: int = Field(64, ge=1, description="Held-out prompts scored per evaluation.")
+    num_generations_eval: int = Field(
+        4, ge=1, description="Completions sampled per held-out prompt (TRL name)."
+    )
+    eval_temperature: float | None = Field(
+        None, ge=0.0, description="Sampling temperature for evaluation; None uses `temperature` (the policy GRPO "
+        "optimizes), 0 gives greedy accuracy."
+    )
     max_prompt_length: int = Field(256, ge=1, description="Prompts longer than this (tokens) are dropped and counted.")
     max_completion_length: int = Field(16, ge=1, description="Max generated tokens per completion (TRL name).")
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt, i.e. the group size G (TRL name).")
@@ -66,6 +73,10 @@ class GRPOConfig(BaseModel):
     )
     max_steps: int = Field(50, ge=1, description="Optimizer steps to run.")
     seed: int = Field(0, description="Seed for data order, model init and sampling.")
+    torch_num_threads: int | None = Field(
+        None, ge=1, description="Intra-op threads for the trainer's torch (None: torch's default). On a small CPU "
+        "machine shared with the vLLM worker, 1 avoids contention."
+    )
 
     # ---------------------------------------------------------------- GRPO loss
     loss_type: LossType = Field("dapo", description="Loss aggregation, as TRL's `loss_type` (default dapo).")

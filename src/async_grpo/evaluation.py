@@ -1,7 +1,9 @@
-"""Held-out reward: greedy completions from vLLM, scored by the run's reward functions.
+"""Held-out reward: completions of held-out prompts from vLLM, scored by the run's reward functions.
 
-Greedy decoding (temperature 0, one sample per prompt) makes the number a property of the weights,
-not of sampling noise, so before/after comparisons are meaningful on a few dozen prompts.
+By default it samples like training does (the training temperature, `num_generations_eval` samples
+per prompt), because that is the policy GRPO optimizes; `temperature=0` gives greedy accuracy
+instead. Each prompt gets a fixed per-request seed, so a before/after comparison reuses the same
+random streams and differs only by the weights.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ from async_grpo.rewards.pool import RewardPool
 EVAL_CONCURRENCY = 32
 
 
-async def _generate_all(client: AsyncVLLMClient, items: list[PromptItem], max_tokens: int) -> list:
+async def _generate_all(client: AsyncVLLMClient, items: list[PromptItem], *, n: int, max_tokens: int,
+                         temperature: float, seed: int) -> list[list]:
     sem = asyncio.Semaphore(EVAL_CONCURRENCY)
 
-    async def one(item: PromptItem):
+    async def one(i: int, item: PromptItem):
         async with sem:
-            return (await client.generate(item.prompt_ids, n=1, max_tokens=max_tokens, temperature=0.0))[0]
+            return await client.generate(item.prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature,
+                                         seed=seed + i)
 
     try:
-        return await asyncio.gather(*(one(it) for it in items))
+        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
     finally:
         await client.aclose()
 
@@ -36,26 +40,31 @@ def evaluate_reward(
     reward_pool: RewardPool,
     *,
     max_tokens: int,
+    num_generations: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
     timeout_s: float = 600.0,
 ) -> tuple[dict[str, float], list[dict]]:
-    """Score greedy completions of `items`.
+    """Score `num_generations` completions of each of `items` (N prompts).
 
     Returns:
-        (metrics, rows): metrics `eval/reward` (weighted sum, mean over prompts) and
-        `eval/rewards/<func>/mean`; rows are (prompt, completion, reward) dicts for a sample table.
+        (metrics, rows): metrics `eval/reward` (weighted reward sum, mean over all N x num_generations
+        completions) and `eval/rewards/<func>/mean`; rows are (prompt, completion, reward) dicts.
 
     Raises:
         RewardError: the reward functions failed on the eval set.
         httpx.HTTPError / GenerationError: vLLM failed.
     """
-    completions = asyncio.run(_generate_all(client, items, max_tokens))
-    texts = [decode(c.token_ids) for c in completions]
+    groups = asyncio.run(_generate_all(client, items, n=num_generations, max_tokens=max_tokens,
+                                       temperature=temperature, seed=seed))
+    flat = [(it, c) for it, group in zip(items, groups, strict=True) for c in group]  # N x num_generations
+    texts = [decode(c.token_ids) for _, c in flat]
     columns: dict[str, list] = {}
-    for it in items:
+    for it, _ in flat:
         for k, v in it.columns.items():
             columns.setdefault(k, []).append(v)
-    per_func = reward_pool.submit([it.prompt for it in items], texts, [c.token_ids for c in completions],
-                                  columns).result(timeout=timeout_s)  # (N, F)
+    per_func = reward_pool.submit([it.prompt for it, _ in flat], texts, [c.token_ids for _, c in flat],
+                                  columns).result(timeout=timeout_s)  # (N x num_generations, F)
     weights = reward_pool.weights
     totals = [sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r)) for row in per_func]
     metrics = {"eval/reward": sum(totals) / len(totals)}
@@ -63,5 +72,6 @@ def evaluate_reward(
         vals = [row[j] for row in per_func if not math.isnan(row[j])]
         if vals:
             metrics[f"eval/rewards/{name}/mean"] = sum(vals) / len(vals)
-    rows = [{"prompt": str(it.prompt), "completion": t, "reward": r} for it, t, r in zip(items, texts, totals, strict=True)]
+    rows = [{"prompt": str(it.prompt), "completion": t, "reward": r}
+            for (it, _), t, r in zip(flat, texts, totals, strict=True)]
     return metrics, rows

@@ -28,6 +28,10 @@ class Tracker:
 
     def __init__(self, config: GRPOConfig, run_id: str | None = None):
         mlflow.set_tracking_uri(config.tracking_uri)
+        if config.mlflow_tracking_uri is None and mlflow.get_experiment_by_name(config.mlflow_experiment_name) is None:
+            # keep artifacts beside the sqlite store, not in ./mlruns of whatever folder we were started from
+            artifacts = (Path(config.output_dir).resolve() / "mlartifacts").as_uri()
+            mlflow.create_experiment(config.mlflow_experiment_name, artifact_location=artifacts)
         mlflow.set_experiment(config.mlflow_experiment_name)
         self.run = mlflow.start_run(run_id=run_id, run_name=config.run_name)
         self.run_id = self.run.info.run_id

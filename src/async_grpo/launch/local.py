@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import encode_prompt, load_prompt_dataset, prompt_columns
 from async_grpo.evaluation import evaluate_reward
-from async_grpo.inference.client import AsyncVLLMClient
+from async_grpo.inference.client import AsyncVLLMClient, VLLMControlClient
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.orchestrator.orchestrator import Orchestrator, PromptItem, SamplingSettings, cycle_prompts
 from async_grpo.rewards.pool import RewardPool
@@ -144,6 +144,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.resolved.yaml").write_text(dump_config(config))
     torch.manual_seed(config.seed)
+    if config.torch_num_threads:
+        torch.set_num_threads(config.torch_num_threads)
     _install_sigterm_handler()
 
     # ---- cheap validation first: model folder, tokenizer, datasets, reward functions
@@ -185,7 +187,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         sft_loss = _warm_start(config, model, tokenizer)
         if server is not None:
             server.wait_until_healthy()
-        served_name = str(model_path)
+        served_name = str(model_path) if server is not None else VLLMControlClient(url).models()[0]
 
         def make_client() -> AsyncVLLMClient:
             return AsyncVLLMClient(url, served_name, timeout_s=config.vllm_request_timeout_s)
@@ -198,13 +200,18 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         sync_times: list[float] = []
         if sft_loss is not None:
             tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
-            sync_times.append(pusher.push(version.value))  # serve the warm-started weights as version 0
+        if sft_loss is not None or server is None:
+            # serve exactly the trainer's starting weights as version 0 (warm-started, or an attached server
+            # whose current weights are unknown)
+            sync_times.append(pusher.push(version.value))
 
         # ---- held-out reward before training
+        eval_kwargs = dict(max_tokens=config.max_completion_length, num_generations=config.num_generations_eval,
+                           temperature=config.temperature if config.eval_temperature is None else config.eval_temperature,
+                           seed=config.seed)
         eval_before: dict[str, float] = {}
         if eval_items:
-            eval_before, rows = evaluate_reward(make_client(), eval_items, decode, reward_pool,
-                                                max_tokens=config.max_completion_length)
+            eval_before, rows = evaluate_reward(make_client(), eval_items, decode, reward_pool, **eval_kwargs)
             tracker.log_metrics(eval_before, step=0)
             tracker.log_completions(rows[: config.num_completions_to_print], step=0)
 
@@ -230,6 +237,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
                                       config.top_p, config.top_k),
             reward_pool=reward_pool, reward_names=reward_pool.names, reward_weights=reward_pool.weights,
             scale_rewards=config.scale_rewards, groups_per_step=config.groups_per_step,
+            max_staleness=config.max_staleness, vllm_sync_interval=config.vllm_sync_interval,
             max_inflight_groups=config.max_inflight_groups, queue=queue, version=version, drops=drops,
         )  # fmt: skip
         orchestrator.start()
@@ -253,6 +261,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             metrics.update({
                 "staleness/mean": sum(staleness) / len(staleness), "staleness/max": float(max(staleness)),
                 "queue/depth": float(depth), "trainer/idle_seconds": waited, "policy_version": float(version.value),
+                "dropped_groups/total": float(sum(drops.snapshot().values())),
                 **{f"dropped_groups/{k}": float(v) for k, v in drops.snapshot().items()},
             })  # fmt: skip
             if step % config.logging_steps == 0 or step == config.max_steps:
@@ -267,8 +276,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         # ---- held-out reward after training (vLLM already serves the final weights)
         eval_after: dict[str, float] = {}
         if eval_items:
-            eval_after, rows = evaluate_reward(make_client(), eval_items, decode, reward_pool,
-                                               max_tokens=config.max_completion_length)
+            eval_after, rows = evaluate_reward(make_client(), eval_items, decode, reward_pool, **eval_kwargs)
             tracker.log_metrics(eval_after, step=config.max_steps)
             tracker.log_completions(rows[: config.num_completions_to_print], step=config.max_steps)
         model_dir = None

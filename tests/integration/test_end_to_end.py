@@ -1,0 +1,67 @@
+"""A short real run (real vLLM, real reward workers, real MLflow store), then the store is queried."""
+
+from __future__ import annotations
+
+import os
+
+import mlflow
+import pytest
+
+from async_grpo.config import GRPOConfig
+from async_grpo.launch.local import run_training
+
+from .conftest import live_descendants
+
+pytestmark = pytest.mark.integration
+
+EXPECTED_METRICS = [
+    # TRL names
+    "reward", "reward_std", "rewards/reverse_exact_match/mean", "rewards/reverse_format/mean",
+    "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
+    "loss", "kl", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
+    "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/max",
+    # pipeline metrics
+    "staleness/mean", "staleness/max", "queue/depth", "trainer/idle_seconds", "generation/tokens_per_s",
+    "weight_sync/seconds", "dropped_groups/total",
+    # held-out reward
+    "eval/reward",
+]  # fmt: skip
+
+
+def test_short_run_logs_everything_to_mlflow(vllm_server, tiny_model_dir, tmp_path):
+    config = GRPOConfig(
+        model_name_or_path=str(tiny_model_dir), dataset="builtin:reverse", output_dir=str(tmp_path / "run"),
+        vllm_url=vllm_server.url, warmup_sft_steps=20, max_steps=4, vllm_sync_interval=2, beta=0.04,
+        per_device_train_batch_size=16, gradient_accumulation_steps=1, num_generations=4,
+        max_completion_length=8, eval_num_prompts=8, log_completions_steps=2, torch_num_threads=1,
+        learning_rate=1e-4,
+    )  # fmt: skip
+    before = {p.pid for p in live_descendants(os.getpid())}  # the shared vLLM server and its engine
+    summary = run_training(config, progress=False)
+
+    assert summary.steps == 4
+    assert summary.weight_syncs == 3  # version 0 (warm start) + steps 2 and 4
+    leftover = [p for p in live_descendants(os.getpid()) if p.pid not in before]
+    assert not leftover, f"processes left behind by the run: {leftover}"  # reward workers were ended
+
+    mlflow.set_tracking_uri(summary.tracking_uri)
+    client = mlflow.tracking.MlflowClient()
+    run = client.get_run(summary.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["loss_type"] == "dapo" and run.data.params["max_steps"] == "4"
+    missing = [m for m in EXPECTED_METRICS if m not in run.data.metrics]
+    assert not missing, f"metrics missing from MLflow: {missing}"
+    eval_steps = sorted(m.step for m in client.get_metric_history(summary.run_id, "eval/reward"))
+    assert eval_steps == [0, 4]
+    assert [m.step for m in client.get_metric_history(summary.run_id, "loss")] == [1, 2, 3, 4]
+    versions = [m.value for m in client.get_metric_history(summary.run_id, "policy_version")]
+    assert versions == [0, 1, 1, 2]
+
+    artifacts = {a.path for a in client.list_artifacts(summary.run_id)}
+    assert {"config.yaml", "model", "completions"} <= artifacts
+    model_files = {a.path.split("/")[-1] for a in client.list_artifacts(summary.run_id, "model")}
+    assert "config.json" in model_files and "model.safetensors" in model_files
+    tables = [a.path for a in client.list_artifacts(summary.run_id, "completions")]
+    assert any(p.endswith("step_000002.json") for p in tables)
+
