@@ -215,13 +215,21 @@ class GRPOConfig(BaseModel):
         return f"sqlite:///{Path(self.output_dir).resolve() / 'mlflow.db'}"
 
 
+ALIASES = {"vllm_importance_sampling_clip_max": "vllm_importance_sampling_cap"}  # TRL's newer name -> ours
+
+
 def _parse_override(item: str) -> tuple[str, Any]:
+    """`key=value` -> (field name, value). Values are parsed as YAML, except for string fields, which keep
+    the raw text (so `run_name=2024` stays the string "2024")."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not key=value. Fix: write e.g. learning_rate=1e-5.")
     key, raw = item.split("=", 1)
-    key = key.strip()
-    if key not in GRPOConfig.model_fields and key not in ("vllm_importance_sampling_clip_max",):
+    key = ALIASES.get(key.strip(), key.strip())
+    field = GRPOConfig.model_fields.get(key)
+    if field is None:
         raise ConfigError(f"override {key!r}: unknown config field. Fix: check the spelling (see `async-grpo train --help`).")
+    if field.annotation in (str, str | None) and raw not in ("", "null", "None", "~"):
+        return key, raw
     return key, yaml.safe_load(raw) if raw != "" else None
 
 
@@ -254,7 +262,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         loaded = yaml.safe_load(p.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a YAML mapping of field: value.")
-        data.update(loaded)
+        data.update({ALIASES.get(k, k): v for k, v in loaded.items()})
     for item in overrides or []:
         key, value = _parse_override(item)
         data[key] = value

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 STOP_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 30.0
+GENERATION_ERROR_BACKOFF_S = 1.0
 
 
 @dataclass
@@ -140,6 +141,7 @@ class Orchestrator:
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._pending: list[RolloutGroup] = []
+        self._launched = 0  # groups launched that did not fail (event-loop thread only)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -173,36 +175,48 @@ class Orchestrator:
         client = self.client_factory()
         inflight: set[asyncio.Task] = set()
         slots = asyncio.Semaphore(self.max_inflight_groups)
-        launched = 0
         try:
             while not self.stop_event.is_set():
-                if (self.version.value < self.required_version(launched) or self.queue.full()
+                if (self.version.value < self.required_version(self._launched) or self.queue.full()
                         or not await _acquire(slots, self.stop_event)):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
-                launched += 1
+                self._launched += 1
                 item = next(self.prompts)
                 task = asyncio.create_task(self._one_group(client, item, slots))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
         finally:
-            for task in inflight:
+            tasks = list(inflight)  # done-callbacks empty `inflight` while we wait
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*inflight, return_exceptions=True)
-            if inflight:
-                self.drops.add("shutdown", len(inflight))
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            cancelled = sum(isinstance(r, asyncio.CancelledError) for r in results)
+            if cancelled:
+                self.drops.add("shutdown", cancelled)
+            if self._pending:  # scored groups that never filled a batch
+                self.drops.add("shutdown", len(self._pending))
+                self._pending = []
             await client.aclose()
 
     def required_version(self, launched: int) -> int:
-        """Policy version needed before launching the group after `launched` earlier ones (see class doc)."""
+        """Policy version needed before launching the group after `launched` earlier ones (see class doc).
+
+        `launched` counts only groups that are in flight or reached a batch: dropped groups are taken
+        off again, so drops cannot push the requirement past what the trainer will ever reach.
+        """
         return (launched // self.groups_per_step) // self.vllm_sync_interval - self.max_staleness
 
     async def _one_group(self, client: AsyncVLLMClient, item: PromptItem, slots: asyncio.Semaphore) -> None:
+        batched = False
         try:
             group = await self._generate(client, item)
             if group is not None and await self._score(group):
+                batched = True
                 await self._add_to_batch(group)
         finally:
+            if not batched:
+                self._launched -= 1
             slots.release()
 
     async def _generate(self, client: AsyncVLLMClient, item: PromptItem) -> RolloutGroup | None:
@@ -217,6 +231,7 @@ class Orchestrator:
             if not self.stop_event.is_set():
                 self.drops.add("generation_error")
                 logger.warning("generation failed: %s", err)
+                await asyncio.sleep(GENERATION_ERROR_BACKOFF_S)  # no tight retry loop against a failing server
             return None
         if any(c.finish_reason == "abort" for c in completions):
             self.drops.add("aborted")
@@ -299,7 +314,13 @@ def make_train_batch(
 
 
 def cycle_prompts(items: list[PromptItem], seed: int) -> Iterator[PromptItem]:
-    """Endless iterator over `items`, reshuffled (deterministically from `seed`) every epoch."""
+    """Endless iterator over `items`, reshuffled (deterministically from `seed`) every epoch.
+
+    Raises:
+        ValueError: `items` is empty.
+    """
+    if not items:
+        raise ValueError("cycle_prompts: no prompts. Fix: check the dataset and max_prompt_length.")
     rng = random.Random(seed)
     for epoch in itertools.count():
         order = list(range(len(items)))

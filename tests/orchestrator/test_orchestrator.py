@@ -1,0 +1,434 @@
+"""Orchestrator: batch assembly math, prompt cycling, and background runs against a fake vLLM client.
+
+The fake clients stand in for `AsyncVLLMClient` only (same `generate`/`aclose` interface); the reward
+pool is the real one, with spawned workers running the functions in `orch_reward_fns.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from async_grpo.inference.client import Completion
+from async_grpo.orchestrator.orchestrator import (
+    Orchestrator,
+    PromptItem,
+    SamplingSettings,
+    cycle_prompts,
+    make_train_batch,
+)
+from async_grpo.rewards.pool import RewardPool
+from async_grpo.transports.messages import RolloutGroup
+from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+
+FNS = Path(__file__).with_name("orch_reward_fns.py")
+G = 4  # completions per group in the orchestrator runs
+MARKER = 100  # first completion token = MARKER + policy version the fake client saw at request time
+STD_EPS = 1e-4
+WAIT_S = 30.0  # upper bound of every wait on the background thread / workers
+STOP_TIMEOUT_S = 15.0
+PACED_GET_TIMEOUT_S = 5.0  # a batch per trainer step should arrive well within this with the fake client
+
+
+def spec(name: str) -> str:
+    return f"{FNS}:{name}"
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(chr(i) for i in ids)
+
+
+def wait_until(predicate, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def expected_advantages(rewards: list[float]) -> list[float]:
+    """Group-mean baseline over the finite rewards, divided by (sample std + 1e-4); 0 for NaN rows."""
+    finite = [r for r in rewards if not math.isnan(r)]
+    mean, std = statistics.fmean(finite), statistics.stdev(finite)
+    return [0.0 if math.isnan(r) else (r - mean) / (std + STD_EPS) for r in rewards]
+
+
+# ------------------------------------------------------------------ make_train_batch
+def hand_group(rewards_per_func, lengths, truncated, version=0) -> RolloutGroup:
+    return RolloutGroup(
+        prompt_ids=[1, 2, 3],
+        completion_ids=[[65] * n for n in lengths],
+        sampling_logprobs=[[-1.0] * n for n in lengths],
+        truncated=list(truncated),
+        completions=["A" * n for n in lengths],
+        prompt="p",
+        columns={},
+        policy_version=version,
+        rewards_per_func=[list(r) for r in rewards_per_func],
+    )
+
+
+def test_make_train_batch_advantages_and_metrics():
+    g1 = hand_group([[1, 0], [0, 1], [1, 1], [0, 0]], lengths=[1, 2, 3, 4], truncated=[False, False, False, True])
+    g2 = hand_group([[1, 0]] * 4, lengths=[2, 2, 2, 2], truncated=[True, False, False, False], version=3)
+    batch = make_train_batch([g1, g2], ["length", "format"], [1.0, 0.5], "group")
+
+    assert batch.groups == [g1, g2]
+    r1 = [1.0, 0.5, 1.5, 0.0]  # f1 + 0.5 f2
+    r2 = [1.0] * 4
+    assert g1.rewards == pytest.approx(r1)
+    assert g2.rewards == pytest.approx(r2)
+    assert g1.advantages == pytest.approx(expected_advantages(r1), abs=1e-6)
+    assert g1.advantages == pytest.approx([0.25 / (math.sqrt(1.25 / 3) + STD_EPS) * k for k in (1, -1, 3, -3)])
+    assert g2.advantages == [0.0] * 4  # zero-std group: no signal
+
+    m = batch.metrics
+    assert m["reward"] == pytest.approx(statistics.fmean(r1 + r2))
+    assert m["reward_std"] == pytest.approx(statistics.stdev(r1 + r2))
+    assert m["frac_reward_zero_std"] == pytest.approx(0.5)
+    assert m["rewards/length/mean"] == pytest.approx(6 / 8)
+    assert m["rewards/format/mean"] == pytest.approx(2 / 8)
+    assert m["rewards/length/std"] == pytest.approx(statistics.stdev([1, 0, 1, 0, 1, 1, 1, 1]))
+    assert m["completions/mean_length"] == pytest.approx((1 + 2 + 3 + 4 + 2 * 4) / 8)
+    assert m["completions/max_length"] == 4.0
+    assert m["completions/clipped_ratio"] == pytest.approx(2 / 8)
+    assert not any(k.startswith("rewards/0/") or k.startswith("rewards/1/") for k in m)  # renamed to func names
+
+
+def test_make_train_batch_none_rewards_and_no_scaling():
+    nan = math.nan
+    grp = hand_group([[1, nan], [nan, nan], [0, 0], [1, 1]], lengths=[1, 1, 1, 1], truncated=[False] * 4)
+    batch = make_train_batch([grp], ["a", "b"], [1.0, 0.5], "none")
+    assert grp.rewards[0] == pytest.approx(1.0)  # a None (NaN) reward counts as 0 beside a scored one
+    assert math.isnan(grp.rewards[1])  # every function abstained: unscorable
+    assert grp.rewards[2:] == pytest.approx([0.0, 1.5])
+    mean = (1.0 + 0.0 + 1.5) / 3
+    assert grp.advantages == pytest.approx([1.0 - mean, 0.0, -mean, 1.5 - mean])  # "none": no std division
+    assert batch.metrics["reward"] == pytest.approx(mean)
+    assert all(not math.isnan(v) for v in batch.metrics.values())
+
+
+# ------------------------------------------------------------------ cycle_prompts
+def items(n: int) -> list[PromptItem]:
+    return [PromptItem(prompt=f"p{i}", prompt_ids=[i], columns={"i": i}) for i in range(n)]
+
+
+def take(iterator, n: int) -> list:
+    return [next(iterator) for _ in range(n)]
+
+
+def test_cycle_prompts_covers_every_item_once_per_epoch():
+    data = items(7)
+    seq = take(cycle_prompts(data, seed=3), 7 * 4)
+    for epoch in range(4):
+        chunk = seq[epoch * 7 : (epoch + 1) * 7]
+        assert sorted(x.prompt_ids[0] for x in chunk) == list(range(7))
+        assert all(x is data[x.prompt_ids[0]] for x in chunk)
+
+
+def test_cycle_prompts_is_deterministic_per_seed():
+    data = items(7)
+    first = [x.prompt for x in take(cycle_prompts(data, seed=1), 21)]
+    again = [x.prompt for x in take(cycle_prompts(data, seed=1), 21)]
+    other = [x.prompt for x in take(cycle_prompts(data, seed=2), 21)]
+    assert first == again
+    assert first != other
+
+
+# ------------------------------------------------------------------ fake vLLM clients
+class FakeClient:
+    """Records each request; `aclose` marks it closed. Subclasses decide how `generate` answers."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class ScriptedClient(FakeClient):
+    """Answers every request with n completions of lengths 1..n; the last one hits max_tokens.
+
+    Completion tokens start with MARKER + the policy version seen at request time; then (if `bump`) the
+    version is bumped, as if the trainer pushed new weights while the request was in flight.
+    """
+
+    def __init__(self, version: PolicyVersion, answer_first_only: bool = False, bump: bool = True) -> None:
+        super().__init__()
+        self.version = version
+        self.answer_first_only = answer_first_only
+        self.bump = bump
+
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k):
+        seen = self.version.value
+        self.calls.append({"prompt_ids": list(prompt_ids), "n": n, "version": seen})
+        if self.answer_first_only and len(self.calls) > 1:
+            await asyncio.sleep(3600)  # vLLM stopped answering
+        if self.bump:
+            self.version.bump()
+        await asyncio.sleep(0.01)
+        out = []
+        for i in range(n):
+            ids = [MARKER + seen] + [97] * i
+            out.append(Completion(ids, [-0.5] * len(ids), decode(ids), "length" if len(ids) >= max_tokens else "stop"))
+        return out
+
+
+class RefusingClient(FakeClient):
+    """vLLM is down: every request fails to connect."""
+
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k):
+        self.calls.append({"prompt_ids": list(prompt_ids)})
+        await asyncio.sleep(0.01)
+        raise httpx.ConnectError("connection refused")
+
+
+class SilentClient(FakeClient):
+    """vLLM accepts requests but never answers."""
+
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k):
+        self.calls.append({"prompt_ids": list(prompt_ids)})
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------ orchestrator runs
+def pool_children() -> set[int]:
+    """Live child processes of this test process, except multiprocessing's resource tracker."""
+    kids = set()
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                kids.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return kids
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """Real reward workers scoring [length_reward, constant_reward]."""
+    with RewardPool([spec("length_reward"), spec("constant_reward")], num_workers=2, timeout_s=20) as p:
+        assert p.submit(["p"], ["ab"], [[97, 98]], {"answer": ["ok"]}).result(timeout=WAIT_S) == [[2.0, 1.0]]
+        yield p
+
+
+@pytest.fixture(scope="module")
+def idle_pool():
+    """A reward pool that is never asked to score, so it never starts a worker process."""
+    with RewardPool([spec("length_reward"), spec("constant_reward")], num_workers=1) as p:
+        yield p
+
+
+@pytest.fixture
+def started():
+    """Collects orchestrators a test starts and stops them at teardown, even when the test fails."""
+    running: list[Orchestrator] = []
+    yield running
+    for orch in running:
+        orch.stop(timeout_s=STOP_TIMEOUT_S)
+
+
+def make_orchestrator(client, reward_pool, answers, *, version=None, groups_per_step=2, max_inflight=4,
+                      queue_size=4, max_staleness=10**6, vllm_sync_interval=1) -> Orchestrator:
+    version = PolicyVersion() if version is None else version
+    drops = DropCounter()
+    prompts = [PromptItem(prompt=f"prompt {i}", prompt_ids=[10 + i, 20 + i], columns={"answer": a})
+               for i, a in enumerate(answers)]
+    return Orchestrator(
+        client_factory=lambda: client,
+        prompts=cycle_prompts(prompts, seed=0),
+        decode=decode,
+        sampling=SamplingSettings(num_generations=G, max_completion_length=G, temperature=1.0),
+        reward_pool=reward_pool,
+        reward_names=reward_pool.names,
+        reward_weights=reward_pool.weights,
+        scale_rewards="group",
+        groups_per_step=groups_per_step,
+        max_staleness=max_staleness,
+        vllm_sync_interval=vllm_sync_interval,
+        max_inflight_groups=max_inflight,
+        queue=RolloutQueue(maxsize=queue_size, max_staleness=max_staleness, drops=drops),
+        version=version,
+        drops=drops,
+    )
+
+
+def stop_and_check(orch: Orchestrator, client: FakeClient) -> None:
+    orch.stop(timeout_s=STOP_TIMEOUT_S)
+    assert not orch.alive, "orchestrator thread still running after stop()"
+    assert orch.error is None
+    assert client.closed
+
+
+@pytest.mark.integration
+def test_run_fills_queue_with_scored_versioned_batches(pool, started):
+    version = PolicyVersion(5)
+    client = ScriptedClient(version)
+    orch = make_orchestrator(client, pool, ["ok"] * 3, version=version)
+    started.append(orch)
+    orch.start()
+    batches = [orch.queue.get(current_version=version.value, timeout_s=WAIT_S) for _ in range(3)]
+    stop_and_check(orch, client)
+
+    versions = []
+    for batch in batches:
+        assert len(batch.groups) == 2
+        for grp in batch.groups:
+            assert grp.size == G
+            # stamped with the version current when the request was sent (the client bumped it right after)
+            assert {ids[0] - MARKER for ids in grp.completion_ids} == {grp.policy_version}
+            versions.append(grp.policy_version)
+            assert grp.prompt_ids in ([10, 20], [11, 21], [12, 22])
+            assert grp.columns == {"answer": "ok"}
+            assert grp.completions == [decode(ids) for ids in grp.completion_ids]
+            assert grp.truncated == [False, False, False, True]
+            assert grp.sampling_logprobs == [[-0.5] * (i + 1) for i in range(G)]
+            assert grp.rewards_per_func == [[float(i + 1), 1.0] for i in range(G)]
+            assert grp.rewards == pytest.approx([i + 2.0 for i in range(G)])
+            assert grp.advantages == pytest.approx(expected_advantages([i + 2.0 for i in range(G)]), abs=1e-6)
+        assert batch.metrics["reward"] == pytest.approx(3.5)
+        assert batch.metrics["rewards/length_reward/mean"] == pytest.approx(2.5)
+        assert batch.metrics["rewards/constant_reward/mean"] == pytest.approx(1.0)
+        assert batch.metrics["completions/clipped_ratio"] == pytest.approx(0.25)
+        assert batch.metrics["generation/tokens_per_s"] >= 0
+    assert len(set(versions)) == len(versions) and min(versions) >= 5
+    assert sum(b.metrics["generation/tokens_per_s"] for b in batches) > 0  # a rate since the previous batch
+    assert all(c["n"] == G for c in client.calls)
+    assert set(orch.drops.snapshot()) <= {"shutdown"}  # nothing failed; only in-flight work at stop
+
+
+@pytest.mark.integration
+def test_hanging_reward_groups_dropped_and_counted(started):
+    before = pool_children()
+    hang_pool = RewardPool([spec("length_reward")], num_workers=2, timeout_s=2)
+    try:
+        version = PolicyVersion()
+        client = ScriptedClient(version)
+        orch = make_orchestrator(client, hang_pool, ["hang", "ok", "ok", "ok"], version=version)
+        started.append(orch)
+        orch.start()
+        got = [orch.queue.get(current_version=version.value, timeout_s=WAIT_S) for _ in range(2)]
+        wait_until(lambda: orch.drops.snapshot().get("reward_timeout", 0) >= 1, "a reward_timeout drop")
+        stop_and_check(orch, client)
+    finally:
+        hang_pool.close()
+    assert all(grp.columns == {"answer": "ok"} for b in got for grp in b.groups)
+    assert set(orch.drops.snapshot()) <= {"reward_timeout", "shutdown"}
+    wait_until(lambda: not (pool_children() - before), "the reward workers to exit", timeout_s=15)
+
+
+@pytest.mark.integration
+def test_raising_reward_groups_counted_as_reward_error(pool, started):
+    version = PolicyVersion()
+    client = ScriptedClient(version)
+    orch = make_orchestrator(client, pool, ["raise", "ok"], version=version)
+    started.append(orch)
+    orch.start()
+    got = [orch.queue.get(current_version=version.value, timeout_s=WAIT_S) for _ in range(2)]
+    wait_until(lambda: orch.drops.snapshot().get("reward_error", 0) >= 1, "a reward_error drop")
+    stop_and_check(orch, client)
+    assert all(grp.columns == {"answer": "ok"} for b in got for grp in b.groups)
+    assert set(orch.drops.snapshot()) <= {"reward_error", "shutdown"}
+
+
+def test_connection_errors_counted_and_stop_returns(idle_pool, started):
+    client = RefusingClient()
+    orch = make_orchestrator(client, idle_pool, ["ok"])
+    started.append(orch)
+    orch.start()
+    wait_until(lambda: orch.drops.snapshot().get("generation_error", 0) >= 3, "generation_error drops")
+    stop_and_check(orch, client)
+    assert orch.queue.depth == 0
+    assert set(orch.drops.snapshot()) <= {"generation_error", "shutdown"}
+
+
+def test_stop_returns_when_vllm_never_answers(idle_pool, started):
+    client = SilentClient()
+    orch = make_orchestrator(client, idle_pool, ["ok"], max_inflight=3)
+    started.append(orch)
+    orch.start()
+    wait_until(lambda: len(client.calls) == 3, "max_inflight_groups requests")
+    time.sleep(0.3)
+    assert len(client.calls) == 3  # backpressure: no request beyond max_inflight_groups
+    stop_and_check(orch, client)
+    assert orch.queue.depth == 0
+
+
+def test_inflight_groups_counted_as_shutdown_on_stop(idle_pool, started):
+    client = SilentClient()
+    orch = make_orchestrator(client, idle_pool, ["ok"], max_inflight=3)
+    started.append(orch)
+    orch.start()
+    wait_until(lambda: len(client.calls) == 3, "max_inflight_groups requests")
+    stop_and_check(orch, client)
+    assert orch.drops.snapshot().get("shutdown", 0) == 3
+
+
+@pytest.mark.integration
+def test_every_requested_group_is_enqueued_or_counted_after_stop(pool, started):
+    version = PolicyVersion()
+    client = ScriptedClient(version, answer_first_only=True)  # first group scored, then vLLM goes silent
+    orch = make_orchestrator(client, pool, ["ok"], version=version, groups_per_step=2, max_inflight=1)
+    started.append(orch)
+    orch.start()
+    # with one slot, the second request is sent only after the first group was scored and batched
+    wait_until(lambda: len(client.calls) == 2, "the second request")
+    stop_and_check(orch, client)
+    enqueued = sum(len(orch.queue.get(0, 1.0).groups) for _ in range(orch.queue.depth))
+    assert enqueued + sum(orch.drops.snapshot().values()) == len(client.calls)
+
+
+@pytest.mark.integration
+def test_launches_wait_for_the_policy_version(pool, started):
+    """max_staleness=0, one version per batch of 2 groups: the orchestrator runs at most one batch ahead."""
+    version = PolicyVersion()
+    client = ScriptedClient(version, bump=False)
+    orch = make_orchestrator(client, pool, ["ok"], version=version, groups_per_step=2, max_inflight=8,
+                             queue_size=8, max_staleness=0, vllm_sync_interval=1)
+    started.append(orch)
+    orch.start()
+    wait_until(lambda: len(client.calls) == 2, "the first batch's requests")
+    time.sleep(0.5)
+    assert len(client.calls) == 2  # the third group needs version 1
+    version.bump()
+    wait_until(lambda: len(client.calls) == 4, "the second batch's requests")
+    time.sleep(0.5)
+    assert len(client.calls) == 4
+    assert [c["version"] for c in client.calls] == [0, 0, 1, 1]
+    stop_and_check(orch, client)
+
+
+@pytest.mark.integration
+def test_dropped_groups_do_not_stall_version_pacing(pool, started):
+    version = PolicyVersion()
+    client = ScriptedClient(version, bump=False)
+    orch = make_orchestrator(client, pool, ["raise", "ok"], version=version, groups_per_step=2, max_inflight=4,
+                             max_staleness=0, vllm_sync_interval=1)
+    started.append(orch)
+    orch.start()
+    for _ in range(2):  # the trainer: one step per batch, one policy version per step
+        orch.queue.get(current_version=version.value, timeout_s=PACED_GET_TIMEOUT_S)
+        version.bump()
+    assert orch.drops.snapshot().get("reward_error", 0) >= 2
+
+
+def test_client_factory_failure_is_surfaced(idle_pool):
+    def broken_factory():
+        raise RuntimeError("cannot reach vLLM")
+
+    orch = make_orchestrator(FakeClient(), idle_pool, ["ok"])
+    orch.client_factory = broken_factory
+    orch.start()
+    wait_until(lambda: not orch.alive, "the orchestrator thread to exit")
+    assert isinstance(orch.error, RuntimeError) and "cannot reach vLLM" in str(orch.error)
+    assert orch.stop_event.is_set()

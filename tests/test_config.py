@@ -1,0 +1,248 @@
+"""GRPOConfig and load_config: defaults, YAML + key=value overrides, and error messages that name the field and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from async_grpo.config import ConfigError, GRPOConfig, dump_config, load_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLI_TIMEOUT_S = 120
+
+
+def write_yaml(tmp_path: Path, data) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# ------------------------------------------------------------------ valid configs
+def test_defaults_validate_and_match_trl_names():
+    config = GRPOConfig()
+    assert config.loss_type == "dapo"
+    assert config.learning_rate == 1e-6
+    assert config.num_generations == 8
+    assert config.reward_funcs == ["builtin:reverse_exact_match", "builtin:reverse_format"]
+    assert load_config(None) == config
+
+
+def test_yaml_file_then_overrides_parsed_as_yaml_types(tmp_path):
+    path = write_yaml(tmp_path, {"learning_rate": 1.0e-4, "max_steps": 3, "run_name": "from-file", "epsilon": 0.3})
+    config = load_config(path, [
+        "max_steps=7",
+        "learning_rate=2.5e-5",
+        "mask_truncated_completions=true",
+        "reward_weights=[1, 0.5]",
+        "vllm_extra_args=[--enforce-eager, --seed=3]",
+        "run_name=null",
+        "eval_dataset=",
+        "temperature=0.7",
+    ])  # fmt: skip
+    assert config.max_steps == 7 and isinstance(config.max_steps, int)  # override wins over the file
+    assert config.learning_rate == pytest.approx(2.5e-5)
+    assert config.mask_truncated_completions is True
+    assert config.reward_weights == [1.0, 0.5]
+    assert config.vllm_extra_args == ["--enforce-eager", "--seed=3"]
+    assert config.run_name is None
+    assert config.eval_dataset is None
+    assert config.temperature == pytest.approx(0.7)
+    assert config.epsilon == pytest.approx(0.3)  # from the file, untouched by overrides
+
+
+def test_override_value_may_contain_equals_sign():
+    config = load_config(None, ["mlflow_tracking_uri=http://host:5000/?a=b"])
+    assert config.mlflow_tracking_uri == "http://host:5000/?a=b"
+
+
+def test_empty_yaml_file_gives_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(path) == GRPOConfig()
+
+
+def test_examples_tiny_cpu_yaml_loads():
+    raw = yaml.safe_load((REPO_ROOT / "examples" / "tiny_cpu.yaml").read_text())
+    config = load_config(REPO_ROOT / "examples" / "tiny_cpu.yaml")
+    for key, value in raw.items():
+        assert getattr(config, key) == value, key
+    assert config.groups_per_step * config.num_generations == (
+        config.per_device_train_batch_size * config.gradient_accumulation_steps
+    )
+
+
+def test_clip_max_alias_sets_the_cap(tmp_path):
+    assert load_config(None, ["vllm_importance_sampling_clip_max=5"]).vllm_importance_sampling_cap == 5.0
+    path = write_yaml(tmp_path, {"vllm_importance_sampling_clip_max": 4.5})
+    assert load_config(path).vllm_importance_sampling_cap == 4.5
+    assert GRPOConfig(vllm_importance_sampling_clip_max=2.0).vllm_importance_sampling_cap == 2.0
+    assert GRPOConfig(vllm_importance_sampling_cap=2.5).vllm_importance_sampling_cap == 2.5
+
+
+def test_groups_per_step():
+    config = load_config(None, ["per_device_train_batch_size=12", "gradient_accumulation_steps=2",
+                                "num_generations=4"])
+    assert config.groups_per_step == 6
+    assert GRPOConfig().groups_per_step == 1  # 8 x 1 / 8
+
+
+def test_epsilon_high_value_defaults_to_epsilon():
+    assert GRPOConfig(epsilon=0.25).epsilon_high_value == 0.25
+    assert GRPOConfig(epsilon=0.25, epsilon_high=0.28).epsilon_high_value == 0.28
+
+
+def test_tracking_uri_defaults_under_output_dir(tmp_path):
+    config = GRPOConfig(output_dir=str(tmp_path / "run"))
+    assert config.tracking_uri == f"sqlite:///{(tmp_path / 'run').resolve() / 'mlflow.db'}"
+    assert GRPOConfig(mlflow_tracking_uri="http://mlflow:5000").tracking_uri == "http://mlflow:5000"
+
+
+def test_dump_config_round_trips(tmp_path):
+    config = load_config(None, ["learning_rate=3e-5", "vllm_importance_sampling_clip_max=4", "epsilon_high=0.28"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(path) == config
+
+
+# ------------------------------------------------------------------ invalid configs
+def config_error(*overrides: str, path=None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    return str(info.value)
+
+
+def test_negative_learning_rate_names_field_and_fix():
+    msg = config_error("learning_rate=-1")
+    assert "learning_rate" in msg
+    assert "-1" in msg
+    assert "Fix" in msg
+
+
+def test_unknown_field_in_yaml_names_the_typo(tmp_path):
+    msg = config_error(path=write_yaml(tmp_path, {"learning_rat": 1.0e-5}))
+    assert "learning_rat" in msg
+    assert "unknown field" in msg
+    assert "Fix" in msg
+
+
+def test_unknown_field_as_override_names_the_typo():
+    msg = config_error("learning_rat=1e-5")
+    assert "'learning_rat'" in msg
+    assert "unknown" in msg
+    assert "Fix" in msg
+
+
+def test_loss_type_outside_the_list():
+    msg = config_error("loss_type=ppo")
+    assert "loss_type" in msg
+    assert "'ppo'" in msg
+    assert "dapo" in msg  # the allowed values are listed
+    assert "Fix" in msg
+
+
+def test_batch_not_a_multiple_of_num_generations():
+    msg = config_error("per_device_train_batch_size=6", "num_generations=4")
+    assert "per_device_train_batch_size" in msg
+    assert "num_generations=4" in msg
+    assert "Fix" in msg
+
+
+def test_reward_weights_length_mismatch():
+    msg = config_error("reward_weights=[1.0]")
+    assert "reward_weights has 1 entries but reward_funcs has 2" in msg
+    assert "Fix" in msg
+
+
+def test_clip_min_not_below_cap():
+    msg = config_error("vllm_importance_sampling_clip_min=3", "vllm_importance_sampling_cap=3")
+    assert "vllm_importance_sampling_clip_min" in msg
+    assert "Fix" in msg
+
+
+def test_completion_length_leaves_no_room_for_prompt():
+    msg = config_error("max_completion_length=100", "vllm_max_model_len=100")
+    assert "max_completion_length=100" in msg
+    assert "vllm_max_model_len" in msg
+    assert "Fix" in msg
+
+
+def test_wrong_type_names_field():
+    msg = config_error("num_generations=many")
+    assert "num_generations" in msg
+    assert "'many'" in msg
+    assert "Fix" in msg
+
+
+def test_override_without_equals():
+    msg = config_error("learning_rate")
+    assert "'learning_rate'" in msg
+    assert "key=value" in msg
+    assert "Fix" in msg
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    msg = config_error(path=missing)
+    assert str(missing) in msg
+    assert "does not exist" in msg
+    assert "Fix" in msg
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path):
+    msg = config_error(path=write_yaml(tmp_path, ["learning_rate", 1.0]))
+    assert "mapping" in msg
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_validate_assignment_rejects_bad_value():
+    config = GRPOConfig()
+    with pytest.raises(ValueError, match="learning_rate"):
+        config.learning_rate = -1.0
+
+
+# ------------------------------------------------------------------ CLI: validation happens before anything starts
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [("learning_rate=-1", "learning_rate"), ("learning_rat=1e-5", "learning_rat")],
+)
+def test_cli_rejects_bad_config_before_starting_anything(tmp_path, override, field):
+    out_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "async_grpo.cli", "train", "examples/tiny_cpu.yaml", override, f"output_dir={out_dir}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert field in proc.stderr
+    assert "Fix" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out_dir / "vllm.log").exists()
+    assert not out_dir.exists()  # not even the run folder: nothing expensive was started
+
+
+@pytest.mark.integration
+def test_cli_missing_config_file_exits_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "async_grpo.cli", "train", str(tmp_path / "missing.yaml")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "missing.yaml" in proc.stderr
+    assert "does not exist" in proc.stderr
+
+
+@pytest.mark.parametrize("override", ["run_name=2024", "run_name=yes"])
+def test_string_field_override_with_yaml_scalar_text(override):
+    assert load_config(None, [override]).run_name == override.split("=", 1)[1]
+
+
+def test_clip_max_override_replaces_cap_from_file(tmp_path):
+    path = write_yaml(tmp_path, {"vllm_importance_sampling_cap": 3.0})
+    assert load_config(path, ["vllm_importance_sampling_clip_max=5"]).vllm_importance_sampling_cap == 5.0
