@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+import requests
 import torch
 from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
@@ -88,8 +89,13 @@ class WeightPusher:
             self.client.next_version = str(version)
             with torch.no_grad():
                 self.engine.send_weights()
-        finally:
-            self.control.resume()
+        except BaseException:
+            try:  # best effort: never leave the server paused, but keep the original error
+                self.control.resume()
+            except requests.RequestException as err:
+                logger.warning("could not resume vLLM after a failed weight push: %s", err)
+            raise
+        self.control.resume()
         return time.perf_counter() - t0
 
     def close(self) -> None:
