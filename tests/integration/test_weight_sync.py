@@ -42,18 +42,19 @@ def test_weight_push_makes_vllm_logprobs_match_trainer(vllm_server, tiny_model_d
     url, served = vllm_server.url, str(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
-    before = _sample(url, served, seed=1)
-    assert _max_gap(model, before) < 1e-3  # same weights on both sides
-
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    stale = _sample(url, served, seed=1)
-    assert _max_gap(model, stale) > 0.1  # server still has the old weights: logprobs disagree
-
     pusher = WeightPusher(model, url, backend="gloo", timeout_s=120)
     try:
+        pusher.push(6)  # the shared server may hold another test's weights: start from the checkpoint's
+        before = _sample(url, served, seed=1)
+        assert _max_gap(model, before) < 1e-3  # same weights on both sides
+
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+        stale = _sample(url, served, seed=1)
+        assert _max_gap(model, stale) > 0.1  # server still has the old weights: logprobs disagree
+
         seconds = pusher.push(7)
     finally:
         pusher.close()
