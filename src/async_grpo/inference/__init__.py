@@ -1,0 +1,1 @@
+"""Inference role: launch a real `vllm serve` and talk to it over HTTP (generation and control plane)."""

@@ -1,0 +1,1 @@
+"""Launch backends: `local` runs every role on this machine (vLLM subprocess, reward pool, trainer)."""

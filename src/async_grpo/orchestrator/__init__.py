@@ -1,0 +1,1 @@
+"""Orchestrator role: generate groups on vLLM, score them, stamp policy versions, fill the rollout queue."""
