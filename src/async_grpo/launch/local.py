@@ -329,3 +329,18 @@ def _next_batch(queue: RolloutQueue, orchestrator: Orchestrator, version: int, t
                     f"no rollouts for {timeout_s:.0f} s (dropped so far: {queue.drops.snapshot()}); "
                     "check vllm.log and the reward functions, or raise rollout_timeout_s"
                 ) from None
+
+
+class LocalBackend:
+    """`LaunchBackend` that runs every role on this machine (`run_training`)."""
+
+    name = "local"
+
+    def launch(self, config: GRPOConfig, *, timeout_s: float | None = None) -> "LaunchResult":
+        """Run `config` here. `timeout_s` is not enforced beyond the run's own per-wait timeouts."""
+        from async_grpo.launch.base import LaunchResult
+
+        summary = run_training(config, progress=False)
+        metrics = {f"before/{k}": v for k, v in summary.eval_before.items()}
+        metrics.update({f"after/{k}": v for k, v in summary.eval_after.items()})
+        return LaunchResult(summary.run_id, summary.tracking_uri, summary.model_dir, metrics)
