@@ -85,6 +85,25 @@ class GRPOConfig(BaseModel):
     epsilon_high: float | None = Field(
         None, gt=0.0, description="Upper clip range (DAPO clip-higher); defaults to `epsilon`."
     )
+    delta: float | None = Field(
+        None, gt=1.0, description="Two-sided clipping: the unclipped ratio branch is capped at delta "
+        "(INTELLECT-2; TRL `delta`). None disables it."
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="Policy ratio per token, or one per sequence (GSPO, arXiv 2507.18071; TRL name)."
+    )
+    use_bias_correction_kl: bool = Field(
+        True, description="Multiply the k3 KL by the policy ratio pi_theta/pi_old (TRL name and default)."
+    )
+    off_policy_mask_threshold: float | None = Field(
+        None, gt=0.0, description="OPSM (DeepSeek-V3.2 eq. 9): drop a sequence when its advantage is negative "
+        "and mean_t(sampling logp - current logp) exceeds this (TRL name). None disables it."
+    )
+    sapo_temperature_pos: float = Field(1.0, gt=0.0, description="SAPO gate temperature for A > 0 (TRL name).")
+    sapo_temperature_neg: float = Field(1.05, gt=0.0, description="SAPO gate temperature for A <= 0 (TRL name).")
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = Field(
+        "sum_then_normalize", description="How several reward functions combine into one advantage (TRL name)."
+    )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="Advantage scaling: divide by the group std, the batch std, or not at all (TRL)."
     )

@@ -228,6 +228,10 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
                 vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
                 vllm_importance_sampling_cap=config.vllm_importance_sampling_cap,
                 vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
+                delta=config.delta, importance_sampling_level=config.importance_sampling_level,
+                use_bias_correction_kl=config.use_bias_correction_kl,
+                off_policy_mask_threshold=config.off_policy_mask_threshold,
+                sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
             ),
         )  # fmt: skip
         queue = RolloutQueue(max(1, config.rollout_queue_size // config.groups_per_step), config.max_staleness, drops)
@@ -236,7 +240,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             sampling=SamplingSettings(config.num_generations, config.max_completion_length, config.temperature,
                                       config.top_p, config.top_k),
             reward_pool=reward_pool, reward_names=reward_pool.names, reward_weights=reward_pool.weights,
-            scale_rewards=config.scale_rewards, groups_per_step=config.groups_per_step,
+            scale_rewards=config.scale_rewards, multi_objective_aggregation=config.multi_objective_aggregation,
+            groups_per_step=config.groups_per_step,
             max_staleness=config.max_staleness, vllm_sync_interval=config.vllm_sync_interval,
             max_inflight_groups=config.max_inflight_groups, queue=queue, version=version, drops=drops,
         )  # fmt: skip

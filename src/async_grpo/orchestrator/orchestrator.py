@@ -90,6 +90,7 @@ class Orchestrator:
         reward_names: metric names of the reward functions, in order.
         reward_weights: (F,) weights.
         scale_rewards: "group" | "batch" | "none" (TRL).
+        multi_objective_aggregation: "sum_then_normalize" | "normalize_then_sum" (TRL).
         groups_per_step: groups per TrainBatch.
         max_staleness: a group launched for the b-th batch waits until the policy version is at least
             b // vllm_sync_interval - max_staleness, i.e. the version the trainer will hold when it
@@ -114,6 +115,7 @@ class Orchestrator:
         reward_weights: list[float],
         scale_rewards: str,
         groups_per_step: int,
+        multi_objective_aggregation: str = "sum_then_normalize",
         max_staleness: int,
         vllm_sync_interval: int,
         max_inflight_groups: int,
@@ -129,6 +131,7 @@ class Orchestrator:
         self.reward_names = reward_names
         self.reward_weights = reward_weights
         self.scale_rewards = scale_rewards
+        self.multi_objective_aggregation = multi_objective_aggregation
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
         self.vllm_sync_interval = vllm_sync_interval
@@ -266,7 +269,8 @@ class Orchestrator:
         if len(self._pending) < self.groups_per_step:
             return
         groups, self._pending = self._pending[: self.groups_per_step], self._pending[self.groups_per_step :]
-        batch = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards)
+        batch = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards,
+                                 self.multi_objective_aggregation)
         batch.metrics["generation/tokens_per_s"] = self.meter.rate()
         ok = await asyncio.to_thread(self.queue.put, batch, self.stop_event)
         if not ok:
@@ -283,7 +287,8 @@ async def _acquire(sem: asyncio.Semaphore, stop: threading.Event) -> bool:
 
 
 def make_train_batch(
-    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str
+    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
+    multi_objective_aggregation: str = "sum_then_normalize",
 ) -> TrainBatch:
     """Compute advantages over `groups` (in place) and wrap them with rollout metrics.
 
@@ -294,7 +299,8 @@ def make_train_batch(
     rewards_per_func = torch.tensor(
         [row for grp in groups for row in grp.rewards_per_func], dtype=torch.float32
     )  # (B, F)
-    out = compute_advantages(rewards_per_func, torch.tensor(reward_weights, dtype=torch.float32), g, scale_rewards)
+    out = compute_advantages(rewards_per_func, torch.tensor(reward_weights, dtype=torch.float32), g, scale_rewards,
+                             multi_objective_aggregation)
     adv = out.advantages.tolist()
     rewards = out.rewards.tolist()
     for i, grp in enumerate(groups):

@@ -36,6 +36,12 @@ class LossSettings:
     vllm_importance_sampling_mode: str = "token_truncate"
     vllm_importance_sampling_cap: float = 3.0
     vllm_importance_sampling_clip_min: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    use_bias_correction_kl: bool = True
+    off_policy_mask_threshold: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
 
 
 @dataclass
@@ -167,8 +173,11 @@ class GRPOLearner:
                     ref_logps, _ = completion_logps(self.ref_model, mb)
             out = grpo_loss(
                 logps, old_logps, mb.advantages, mb.completion_mask,
-                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                beta=cfg.beta, ref_logps=ref_logps, is_weights=is_weights,
+                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
+                importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta, ref_logps=ref_logps,
+                use_bias_correction_kl=cfg.use_bias_correction_kl, is_weights=is_weights,
+                off_policy_threshold=cfg.off_policy_mask_threshold, sampling_logps=mb.sampling_logps,
+                sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
                 max_completion_length=cfg.max_completion_length, num_items_in_batch=num_items,
                 gradient_accumulation_steps=len(chunks),
             )  # fmt: skip
