@@ -62,6 +62,10 @@ class GRPOConfig(BaseModel):
     # ---------------------------------------------------------------- optimisation
     learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate (TRL name; TRL default 1e-6).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    logprob_chunk_size: int | None = Field(
+        None, ge=1, description="Apply the LM head this many completion positions at a time (with activation "
+        "checkpointing), so (batch, seq, vocab) logits are never materialized. None: full logits."
+    )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     per_device_train_batch_size: int = Field(
         8, ge=1, description="Completions per micro-batch on each trainer rank (TRL semantics)."

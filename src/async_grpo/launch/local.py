@@ -219,7 +219,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         learner = GRPOLearner(
             model, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm, micro_batch_size=config.per_device_train_batch_size,
-            pad_token_id=tokenizer.pad_token_id,
+            pad_token_id=tokenizer.pad_token_id, logprob_chunk_size=config.logprob_chunk_size,
             loss=LossSettings(
                 loss_type=config.loss_type, epsilon=config.epsilon, epsilon_high=config.epsilon_high_value,
                 beta=config.beta, max_completion_length=config.max_completion_length,

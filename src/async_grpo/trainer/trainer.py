@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from async_grpo.algorithms import entropy_from_logits, grpo_loss, importance_sampling_weights, selective_log_softmax
+from async_grpo.algorithms import grpo_loss, importance_sampling_weights
+from async_grpo.trainer.logprobs import completion_logps_from_model
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -102,21 +103,15 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
                        advantages)
 
 
-def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False):
+def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False,
+                     chunk_size: int | None = None):
     """Per-token logprobs (N, T) of `mb.completion_ids` under `model`, and optionally entropies (N, T).
 
-    Only the last T+1 positions' logits are materialized (`logits_to_keep`).
+    `chunk_size=None` materializes only the last T+1 positions' logits (`logits_to_keep`); an int applies
+    the LM head `chunk_size` positions at a time (see `trainer.logprobs`).
     """
-    t = mb.completion_ids.size(1)
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                logits_to_keep=t + 1, use_cache=False)
-    logits = out.logits[:, :-1, :].float()  # (N, T, V): position j predicts completion token j
-    logps = selective_log_softmax(logits, mb.completion_ids)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
-    return logps, entropy
+    return completion_logps_from_model(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.completion_ids,
+                                       chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 class GRPOLearner:
@@ -128,16 +123,18 @@ class GRPOLearner:
         micro_batch_size: completions per forward/backward (TRL per_device_train_batch_size).
         loss: loss settings.
         pad_token_id: id used for padding.
+        logprob_chunk_size: LM-head positions per block, or None for full logits (see `trainer.logprobs`).
     """
 
     def __init__(self, model: torch.nn.Module, *, learning_rate: float, weight_decay: float, max_grad_norm: float,
-                 micro_batch_size: int, loss: LossSettings, pad_token_id: int):
+                 micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None):
         self.model = model
         self.model.train()
         self.loss = loss
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
         self.pad_token_id = pad_token_id
+        self.logprob_chunk_size = logprob_chunk_size
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
         self.ref_model = None
         if loss.beta > 0:
@@ -158,7 +155,7 @@ class GRPOLearner:
         for start, end in chunks:
             mb = packed.slice(start, end)
             tokens = float(mb.completion_mask.sum())
-            logps, entropy = completion_logps(self.model, mb, with_entropy=True)
+            logps, entropy = completion_logps(self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size)
             old_logps = logps.detach()  # one optimizer step per batch: the behaviour policy is the current one
             is_weights = None
             if cfg.vllm_importance_sampling_correction:
@@ -170,7 +167,7 @@ class GRPOLearner:
             ref_logps = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref_logps, _ = completion_logps(self.ref_model, mb)
+                    ref_logps, _ = completion_logps(self.ref_model, mb, chunk_size=self.logprob_chunk_size)
             out = grpo_loss(
                 logps, old_logps, mb.advantages, mb.completion_mask,
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
