@@ -111,6 +111,18 @@ class GRPOConfig(BaseModel):
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="Advantage scaling: divide by the group std, the batch std, or not at all (TRL)."
     )
+    dynamic_sampling: bool = Field(
+        False, description="Drop groups whose rewards all tie (std 0) and keep generating until the step's batch "
+        "is full (DAPO dynamic sampling). Drops are counted as dropped_groups/zero_std."
+    )
+    max_gen_batches: int = Field(
+        10, ge=1, description="With dynamic_sampling: fail with a clear error after this many batches' worth of "
+        "groups did not fill one batch."
+    )
+    skip_zero_advantage_batches: bool = Field(
+        False, description="Skip the forward/backward of micro-batches whose advantages are all 0 (they carry no "
+        "policy gradient). Needs beta=0, since a skipped micro-batch would also lose its KL term."
+    )
     mask_truncated_completions: bool = Field(
         False, description="Exclude completions that hit max_completion_length from the loss (DAPO, TRL name)."
     )
@@ -211,6 +223,11 @@ class GRPOConfig(BaseModel):
             raise ValueError(
                 "vllm_importance_sampling_clip_min must be below vllm_importance_sampling_cap. "
                 "Fix: lower clip_min or raise the cap."
+            )
+        if self.skip_zero_advantage_batches and self.beta > 0:
+            raise ValueError(
+                "skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL term. "
+                "Fix: set beta=0 or skip_zero_advantage_batches=false."
             )
         if self.max_completion_length + 8 > self.vllm_max_model_len:
             raise ValueError(

@@ -220,6 +220,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             model, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm, micro_batch_size=config.per_device_train_batch_size,
             pad_token_id=tokenizer.pad_token_id, logprob_chunk_size=config.logprob_chunk_size,
+            skip_zero_advantage_batches=config.skip_zero_advantage_batches,
             loss=LossSettings(
                 loss_type=config.loss_type, epsilon=config.epsilon, epsilon_high=config.epsilon_high_value,
                 beta=config.beta, max_completion_length=config.max_completion_length,
@@ -241,6 +242,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
                                       config.top_p, config.top_k),
             reward_pool=reward_pool, reward_names=reward_pool.names, reward_weights=reward_pool.weights,
             scale_rewards=config.scale_rewards, multi_objective_aggregation=config.multi_objective_aggregation,
+            dynamic_sampling=config.dynamic_sampling, max_gen_batches=config.max_gen_batches,
             groups_per_step=config.groups_per_step,
             max_staleness=config.max_staleness, vllm_sync_interval=config.vllm_sync_interval,
             max_inflight_groups=config.max_inflight_groups, queue=queue, version=version, drops=drops,

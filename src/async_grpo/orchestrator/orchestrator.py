@@ -91,6 +91,10 @@ class Orchestrator:
         reward_weights: (F,) weights.
         scale_rewards: "group" | "batch" | "none" (TRL).
         multi_objective_aggregation: "sum_then_normalize" | "normalize_then_sum" (TRL).
+        dynamic_sampling: drop groups whose weighted rewards all tie (std 0, no learning signal) and keep
+            generating until the batch is full (DAPO dynamic sampling); drops count as `zero_std`.
+        max_gen_batches: with dynamic sampling, give up (DynamicSamplingError) after this many
+            batches' worth of groups failed to fill one batch.
         groups_per_step: groups per TrainBatch.
         max_staleness: a group launched for the b-th batch waits until the policy version is at least
             b // vllm_sync_interval - max_staleness, i.e. the version the trainer will hold when it
@@ -116,6 +120,8 @@ class Orchestrator:
         scale_rewards: str,
         groups_per_step: int,
         multi_objective_aggregation: str = "sum_then_normalize",
+        dynamic_sampling: bool = False,
+        max_gen_batches: int = 10,
         max_staleness: int,
         vllm_sync_interval: int,
         max_inflight_groups: int,
@@ -132,6 +138,8 @@ class Orchestrator:
         self.reward_weights = reward_weights
         self.scale_rewards = scale_rewards
         self.multi_objective_aggregation = multi_objective_aggregation
+        self.dynamic_sampling = dynamic_sampling
+        self.max_gen_batches = max_gen_batches
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
         self.vllm_sync_interval = vllm_sync_interval
@@ -145,6 +153,7 @@ class Orchestrator:
         self._thread: threading.Thread | None = None
         self._pending: list[RolloutGroup] = []
         self._launched = 0  # groups launched that did not fail (event-loop thread only)
+        self._generated_for_batch = 0  # scored groups seen while building the current batch
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -215,8 +224,10 @@ class Orchestrator:
         try:
             group = await self._generate(client, item)
             if group is not None and await self._score(group):
-                batched = True
-                await self._add_to_batch(group)
+                batched = await self._add_to_batch(group)
+        except DynamicSamplingError as err:
+            self.error = err
+            self.stop_event.set()
         finally:
             if not batched:
                 self._launched -= 1
@@ -264,17 +275,55 @@ class Orchestrator:
             return False
         return True
 
-    async def _add_to_batch(self, group: RolloutGroup) -> None:
+    async def _add_to_batch(self, group: RolloutGroup) -> bool:
+        """Add a scored group to the batch being built; returns False if dynamic sampling dropped it.
+
+        Raises:
+            DynamicSamplingError: `max_gen_batches` generation batches did not yield a full batch.
+        """
+        self._generated_for_batch += 1
+        if self.dynamic_sampling and weighted_reward_std(group.rewards_per_func, self.reward_weights) == 0.0:
+            self.drops.add("zero_std")
+            if self._generated_for_batch >= self.max_gen_batches * self.groups_per_step:
+                raise DynamicSamplingError(
+                    f"dynamic sampling: only {len(self._pending)} of {self.groups_per_step} groups had reward std > 0 "
+                    f"after max_gen_batches={self.max_gen_batches} generation batches "
+                    f"({self._generated_for_batch} groups). Fix: raise max_gen_batches, use a task whose rewards vary "
+                    "within a group, or set dynamic_sampling=false."
+                )
+            return False
         self._pending.append(group)
         if len(self._pending) < self.groups_per_step:
-            return
+            return True
         groups, self._pending = self._pending[: self.groups_per_step], self._pending[self.groups_per_step :]
         batch = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards,
                                  self.multi_objective_aggregation)
         batch.metrics["generation/tokens_per_s"] = self.meter.rate()
+        if self.dynamic_sampling:
+            batch.metrics["dynamic_sampling/gen_batches"] = float(math.ceil(self._generated_for_batch / self.groups_per_step))
+        self._generated_for_batch = len(self._pending)
         ok = await asyncio.to_thread(self.queue.put, batch, self.stop_event)
         if not ok:
             logger.info("orchestrator stopping; batch not enqueued")
+        return True
+
+
+class DynamicSamplingError(RuntimeError):
+    """Dynamic sampling could not fill a batch within `max_gen_batches` generation batches."""
+
+
+def weighted_reward_std(rewards_per_func: list[list[float]], weights: list[float]) -> float:
+    """Std (torch.std convention, Bessel) of the weighted reward nansum over a group's rows; 0.0 when all tie.
+
+    Args:
+        rewards_per_func: G rows of F rewards (NaN for None).
+        weights: (F,) reward weights.
+    """
+    totals = [sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r)) for row in rewards_per_func]
+    if len(totals) < 2:
+        return 0.0
+    mean = sum(totals) / len(totals)
+    return math.sqrt(sum((t - mean) ** 2 for t in totals) / (len(totals) - 1))
 
 
 async def _acquire(sem: asyncio.Semaphore, stop: threading.Event) -> bool:

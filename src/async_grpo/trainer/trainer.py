@@ -123,11 +123,13 @@ class GRPOLearner:
         micro_batch_size: completions per forward/backward (TRL per_device_train_batch_size).
         loss: loss settings.
         pad_token_id: id used for padding.
+        skip_zero_advantage_batches: skip micro-batches whose advantages are all 0 (requires beta == 0).
         logprob_chunk_size: LM-head positions per block, or None for full logits (see `trainer.logprobs`).
     """
 
     def __init__(self, model: torch.nn.Module, *, learning_rate: float, weight_decay: float, max_grad_norm: float,
-                 micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None):
+                 micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None,
+                 skip_zero_advantage_batches: bool = False):
         self.model = model
         self.model.train()
         self.loss = loss
@@ -135,6 +137,8 @@ class GRPOLearner:
         self.max_grad_norm = max_grad_norm
         self.pad_token_id = pad_token_id
         self.logprob_chunk_size = logprob_chunk_size
+        self.skip_zero_advantage_batches = skip_zero_advantage_batches
+        self.skipped_zero_adv_microbatches = 0  # cumulative count, logged as a metric
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
         self.ref_model = None
         if loss.beta > 0:
@@ -154,6 +158,11 @@ class GRPOLearner:
         self.optimizer.zero_grad(set_to_none=True)
         for start, end in chunks:
             mb = packed.slice(start, end)
+            if self.skip_zero_advantage_batches and not bool((mb.advantages != 0).any()):
+                # no policy gradient here (and beta == 0, checked by the config): skip the forward/backward;
+                # the loss normalizer still counts these tokens, so the step equals the unskipped one
+                self.skipped_zero_adv_microbatches += 1
+                continue
             tokens = float(mb.completion_mask.sum())
             logps, entropy = completion_logps(self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size)
             old_logps = logps.detach()  # one optimizer step per batch: the behaviour policy is the current one
@@ -187,6 +196,7 @@ class GRPOLearner:
         self.optimizer.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
         metrics["loss"] = step_loss
+        metrics["skipped_zero_adv_microbatches"] = float(self.skipped_zero_adv_microbatches)
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         metrics["num_tokens"] = float(num_items)
