@@ -7,6 +7,7 @@ KFP components and the CLI validate a config before anything expensive starts.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -126,6 +127,35 @@ class GRPOConfig(BaseModel):
     mask_truncated_completions: bool = Field(
         False, description="Exclude completions that hit max_completion_length from the loss (DAPO, TRL name)."
     )
+    top_entropy_quantile: float = Field(
+        1.0, ge=0.0, le=1.0, description="rho of 'Beyond the 80/20 Rule' (arXiv 2506.01939; TRL name): keep the "
+        "policy term only on tokens whose entropy is at or above the (1 - rho) quantile of the micro-batch's valid "
+        "tokens. 1.0 keeps all tokens, 0.0 only the highest-entropy one; the paper uses 0.2. The KL term and the "
+        "loss denominators are not masked (TRL)."
+    )
+
+    # ---------------------------------------------------------------- batch shaping (orchestrator)
+    replay_buffer_size: int = Field(
+        0, ge=0, description="Keep the best this-many groups with reward std > 0 in a min-heap scored by "
+        "sum_i |A_i| x std(rewards); a batch's zero-std groups are replaced by groups drawn from it in proportion "
+        "to score (TRL experimental GRPOWithReplayBuffer). Replayed groups are exempt from max_staleness. Counted "
+        "as the cumulative metric replayed_groups. 0 disables it. Needs dynamic_sampling=false."
+    )
+    replay_recompute_logps: bool = Field(
+        True, description="For replayed rows, replace vLLM's (stale) sampling logprobs by the trainer's own old "
+        "logprobs, so their stale-policy IS weight is exactly 1 and OPSM sees no drift: the row is treated as "
+        "on-policy. False keeps vLLM's logprobs, so IS truncates/masks the row by its real staleness (axolotl name)."
+    )
+    reroll_start_fraction: float = Field(
+        1.0, ge=0.0, le=1.0, description="Deferred re-roll (axolotl name): prompts whose whole group scored ~0 "
+        "(every weighted reward within 1e-6 of 0) wait in a FIFO and are generated again, before fresh prompts, "
+        "once the trainer reaches ceil(reroll_start_fraction x max_steps) steps (read from the policy version x "
+        "vllm_sync_interval). Counted as the cumulative metric rerolled_groups. 1.0 disables it."
+    )
+    reroll_max_groups: int = Field(
+        1, ge=1, description="Deferred re-roll: at most this many re-rolled prompts per batch's worth "
+        "(groups_per_step) of generation requests (axolotl name)."
+    )
 
     # ---------------------------------------------------------------- stale-rollout correction
     vllm_importance_sampling_correction: bool = Field(
@@ -229,6 +259,12 @@ class GRPOConfig(BaseModel):
                 "skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL term. "
                 "Fix: set beta=0 or skip_zero_advantage_batches=false."
             )
+        if self.replay_buffer_size > 0 and self.dynamic_sampling:
+            raise ValueError(
+                "replay_buffer_size > 0 has no effect with dynamic_sampling=true: dynamic sampling never lets a "
+                "zero-std group into a batch, so there is nothing to replace. Fix: set replay_buffer_size=0 or "
+                "dynamic_sampling=false."
+            )
         if self.max_completion_length + 8 > self.vllm_max_model_len:
             raise ValueError(
                 f"max_completion_length={self.max_completion_length} leaves no room for a prompt within "
@@ -241,6 +277,14 @@ class GRPOConfig(BaseModel):
     def groups_per_step(self) -> int:
         """Prompt groups consumed per optimizer step (single trainer rank)."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps // self.num_generations
+
+    @property
+    def reroll_start_step(self) -> int | None:
+        """Trainer step from which deferred re-roll runs, ceil(reroll_start_fraction x max_steps); None when off
+        (fraction 1.0: the run would end first)."""
+        if self.reroll_start_fraction >= 1.0:
+            return None
+        return math.ceil(self.reroll_start_fraction * self.max_steps)
 
     @property
     def epsilon_high_value(self) -> float:

@@ -35,6 +35,7 @@ def _accelerator(num_processes: int = 1) -> SimpleNamespace:
         gather=lambda t: t,
         gather_for_metrics=lambda t: t,
         reduce=lambda t, reduction="sum": t,
+        pad_across_processes=lambda t, dim=0, pad_index=0: t,
     )
 
 
@@ -61,13 +62,20 @@ def trl_compute_loss(
     num_items_in_batch: torch.Tensor | None = None,
     gradient_accumulation_steps: int = 1,
     num_processes: int = 1,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
 ):
-    """TRL ``_compute_loss`` in train mode; returns ``(loss, metrics)`` with metrics as floats."""
+    """TRL ``_compute_loss`` in train mode; returns ``(loss, metrics)`` with metrics as floats.
+
+    ``entropies`` (B, T) is what the stubbed forward pass reports (zeros when None); with
+    ``top_entropy_quantile < 1`` TRL's own ``get_high_entropy_mask`` selects tokens from it.
+    """
     batch, length = logps.shape
+    entropies = torch.zeros_like(logps) if entropies is None else entropies
 
     def _get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
         assert logits_to_keep == length
-        return logps, torch.zeros_like(logps), None
+        return logps, entropies, None
 
     fake = SimpleNamespace(
         loss_type=loss_type,
@@ -83,7 +91,7 @@ def trl_compute_loss(
         ),
         importance_sampling_level=importance_sampling_level,
         off_policy_mask_threshold=off_policy_threshold,
-        top_entropy_quantile=1.0,
+        top_entropy_quantile=top_entropy_quantile,
         use_vllm=is_weights is not None,
         vllm_importance_sampling_correction=is_weights is not None,
         _entropy_bonus_enabled=False,
@@ -96,6 +104,7 @@ def trl_compute_loss(
         _get_per_token_logps_and_entropies=_get_per_token_logps_and_entropies,
         get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
     )
+    fake.get_high_entropy_mask = lambda e, m, threshold: GRPOTrainer.get_high_entropy_mask(fake, e, m, threshold)
     inputs = {
         "prompt_ids": torch.zeros(batch, 1, dtype=torch.long),
         "prompt_mask": torch.ones(batch, 1, dtype=torch.long),
@@ -116,6 +125,12 @@ def trl_compute_loss(
     loss = GRPOTrainer._compute_loss(fake, fake.model, inputs)
     metrics = {k: v[-1] for k, v in fake._metrics["train"].items()}
     return loss, metrics
+
+
+def trl_high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """TRL ``GRPOTrainer.get_high_entropy_mask`` on one rank (``threshold = 1 - top_entropy_quantile``)."""
+    fake = SimpleNamespace(accelerator=_accelerator())
+    return GRPOTrainer.get_high_entropy_mask(fake, entropies, mask, threshold)
 
 
 def trl_score(

@@ -11,12 +11,13 @@ import torch
 from async_grpo.algorithms import (
     entropy_from_logits,
     grpo_loss,
+    high_entropy_mask,
     importance_sampling_weights,
     off_policy_mask,
     selective_log_softmax,
 )
 
-from ._trl_oracle import GRPOTrainer, requires_trl, trl_compute_loss, trl_score, trl_utils
+from ._trl_oracle import GRPOTrainer, requires_trl, trl_compute_loss, trl_high_entropy_mask, trl_score, trl_utils
 
 NAN, INF = float("nan"), float("inf")
 LN = math.log
@@ -430,6 +431,100 @@ def test_parity_cases_exercise_clipping_and_opsm():
     assert out.metrics["clip_ratio/low_mean"] > 0 and out.metrics["clip_ratio/high_mean"] > 0
     keep = off_policy_mask(advantages, base, sampling, mask, 0.1)
     assert 0 < keep.sum() < B
+
+
+# ------------------------------------------------------------------------------------------------
+# top_entropy_quantile: hand-computed cases and parity with TRL's get_high_entropy_mask / _compute_loss
+# ------------------------------------------------------------------------------------------------
+
+# valid entropies (row-major) 0.1, 0.5, 0.9 | 0.3, 0.7; sorted 0.1 0.3 0.5 0.7 0.9; padding holds 5.0
+ENT = torch.tensor([[0.1, 0.5, 0.9, 5.0], [0.3, 0.7, 5.0, 5.0]])
+ENT_MASK = _mask([3, 2], 4)
+
+
+@pytest.mark.parametrize(
+    "rho, kept",
+    [
+        (1.0, [[1, 1, 1, 0], [1, 1, 0, 0]]),  # quantile 0 = min 0.1: every valid token
+        (0.5, [[0, 1, 1, 0], [0, 1, 0, 0]]),  # quantile 0.5: position 2 of 0..4 -> 0.5; keep >= 0.5
+        (0.2, [[0, 0, 1, 0], [0, 0, 0, 0]]),  # quantile 0.8: position 3.2 -> 0.7 + 0.2 * 0.2 = 0.74
+        (0.0, [[0, 0, 1, 0], [0, 0, 0, 0]]),  # quantile 1 = max: only the highest-entropy token
+    ],
+)
+def test_high_entropy_mask_quantile(rho, kept):
+    out = high_entropy_mask(ENT, ENT_MASK, rho)
+    assert out.dtype == torch.bool
+    assert out.int().tolist() == kept  # padding (entropy 5.0) is never kept
+
+
+def test_high_entropy_mask_ties_empty_and_errors():
+    ties = torch.tensor([[0.9, 0.2, 0.9]])
+    assert high_entropy_mask(ties, torch.ones(1, 3), 0.0).tolist() == [[True, False, True]]  # ties at the max
+    assert not high_entropy_mask(ENT, torch.zeros(2, 4), 0.5).any()  # no valid token
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        high_entropy_mask(ENT, ENT_MASK, 1.5)
+    with pytest.raises(ValueError, match="shape"):
+        high_entropy_mask(ENT, ENT_MASK[:, :2], 0.5)
+
+
+def test_entropy_mask_scales_policy_term_not_kl():
+    # on-policy (ratio 1), A = +1, bnpo over 2 tokens: policy term -1 per kept token; KL 1 - ln 2 on every token
+    logps = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    ref = torch.full((1, 2), LN(2.0), dtype=torch.float64)
+    keep = torch.tensor([[True, False]])
+    out = grpo_loss(logps, logps.detach(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
+                    loss_type="bnpo", epsilon_low=0.2, epsilon_high=0.2, beta=0.1, ref_logps=ref, entropy_mask=keep)
+    assert out.loss.item() == pytest.approx((-1.0 + 0.0) / 2 + 0.1 * (1 - LN(2.0)))  # denominator still 2 tokens
+    out.loss.backward()  # policy grad -A/2 on the kept token only; KL grad d/dlogp k3 = 1 - 2 = -1, times 0.1 / 2
+    _close(logps.grad, [[-0.5 - 0.05, -0.05]])
+    with pytest.raises(ValueError, match="entropy_mask"):
+        grpo_loss(logps, None, torch.tensor([1.0]), torch.ones(1, 2), loss_type="grpo", epsilon_low=0.2,
+                  epsilon_high=0.2, entropy_mask=keep[:, :1])
+
+
+def _parity_entropies():
+    gen = torch.Generator().manual_seed(99)
+    return torch.rand(B, T, generator=gen) * 4  # (B, T) entropies in nats
+
+
+@requires_trl
+@pytest.mark.parametrize("rho", [0.0, 0.2, 0.5, 0.8, 1.0])
+def test_high_entropy_mask_matches_trl(rho):
+    mask, *_ = _parity_inputs()
+    ent = _parity_entropies()
+    ours = high_entropy_mask(ent, mask, rho)
+    theirs = trl_high_entropy_mask(ent, mask, 1 - rho)
+    assert torch.equal(ours, theirs)
+    assert 0 < int(ours.sum()) <= int(mask.sum())
+
+
+@requires_trl
+@pytest.mark.parametrize(
+    "loss_type, level, rho",
+    list(itertools.product(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"], ["token", "sequence"],
+                           [0.0, 0.2, 0.7])),
+)
+def test_entropy_mask_loss_matches_trl(loss_type, level, rho):
+    # everything on at once (OPSM, stale-policy IS, KL with bias correction), so the order of the masks matters
+    mask, base, old, ref, sampling, advantages, is_w = _parity_inputs()
+    ent = _parity_entropies()
+    kwargs = dict(
+        loss_type=loss_type, epsilon_low=0.2, epsilon_high=3.0 if loss_type == "cispo" else 0.28,
+        importance_sampling_level=level, beta=0.05, ref_logps=ref, use_bias_correction_kl=True, is_weights=is_w,
+        off_policy_threshold=0.1, sampling_logps=sampling, max_completion_length=T + 3,
+        num_items_in_batch=torch.tensor(3 * int(mask.sum())), gradient_accumulation_steps=3, num_processes=2,
+    )  # fmt: skip
+    ours_leaf = base.clone().requires_grad_(True)
+    trl_leaf = base.clone().requires_grad_(True)
+    ours = grpo_loss(ours_leaf, old, advantages, mask, entropy_mask=high_entropy_mask(ent, mask, rho), **kwargs)
+    trl_loss, _ = trl_compute_loss(trl_leaf, old, advantages, mask, entropies=ent, top_entropy_quantile=rho, **kwargs)
+    ours.loss.backward()
+    trl_loss.backward()
+    torch.testing.assert_close(ours.loss, trl_loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ours_leaf.grad, trl_leaf.grad, atol=1e-6, rtol=1e-6)
+    # the mask matters: the unmasked loss differs
+    unmasked = grpo_loss(base.clone(), old, advantages, mask, **kwargs)
+    assert not torch.allclose(unmasked.loss, ours.loss, atol=1e-6)
 
 
 @requires_trl

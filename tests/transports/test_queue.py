@@ -54,6 +54,16 @@ def test_max_staleness_zero_keeps_only_current_version():
     assert q.drops.snapshot() == {"stale": 1}
 
 
+def test_replayed_groups_are_exempt_from_the_staleness_drop():
+    q = make_queue(max_staleness=1)
+    b = batch(0, 0, 5)
+    b.groups[0].replayed = True  # drawn from the replay buffer: old on purpose
+    q.put(b, threading.Event())
+    out = q.get(current_version=5, timeout_s=GET_TIMEOUT_S)
+    assert [(g.policy_version, g.replayed) for g in out.groups] == [(0, True), (5, False)]
+    assert q.drops.snapshot() == {"stale": 1}  # only the non-replayed version-0 group
+
+
 def test_batch_with_all_groups_stale_is_skipped():
     q = make_queue(max_staleness=1)
     stop = threading.Event()

@@ -5,6 +5,7 @@ Plain functions over torch tensors (CPU-testable, no model, no config object), e
 """
 
 from .advantages import AdvantageOutput, compute_advantages, nanstd
+from .entropy import high_entropy_mask
 from .logprobs import entropy_from_logits, selective_log_softmax
 from .losses import LOSS_TYPES, LossOutput, grpo_loss
 from .off_policy import IS_MODES, importance_sampling_weights, off_policy_mask
@@ -17,6 +18,7 @@ __all__ = [
     "compute_advantages",
     "entropy_from_logits",
     "grpo_loss",
+    "high_entropy_mask",
     "importance_sampling_weights",
     "nanstd",
     "off_policy_mask",

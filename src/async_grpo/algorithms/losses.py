@@ -85,6 +85,7 @@ def grpo_loss(
     is_weights: Tensor | None = None,
     off_policy_threshold: float | None = None,
     sampling_logps: Tensor | None = None,
+    entropy_mask: Tensor | None = None,
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
     max_completion_length: int | None = None,
@@ -107,6 +108,7 @@ def grpo_loss(
       else ``sapo_temperature_neg`` (SAPO, arXiv 2511.20347; TRL defaults 1.0 / 1.05).
 
     Then, in TRL's order: times the OPSM mask (:func:`off_policy_mask`, when ``off_policy_threshold``),
+    times ``entropy_mask`` (``top_entropy_quantile``, :func:`~async_grpo.algorithms.high_entropy_mask`),
     times ``is_weights`` (stale-policy IS), plus ``beta * KL`` with the k3 estimator
     ``exp(ref - logp) - (ref - logp) - 1`` (Schulman 2020), times ``r`` when
     ``use_bias_correction_kl`` (DeepSeek-V3.2 unbiased KL; the un-``delta``-clamped ratio).
@@ -137,6 +139,9 @@ def grpo_loss(
             (:func:`importance_sampling_weights`), or None.
         off_policy_threshold: OPSM ``delta`` threshold, or None to disable OPSM.
         sampling_logps: ``(B, T)`` sampler log-probs for OPSM; None falls back to ``old_logps``.
+        entropy_mask: ``(B, T)`` bool / 0-1 mask of the tokens whose policy term is kept
+            (:func:`~async_grpo.algorithms.high_entropy_mask`), or None for all. It multiplies the policy
+            term only, not the KL, and not the aggregation denominators (TRL ``top_entropy_quantile``).
         sapo_temperature_pos, sapo_temperature_neg: SAPO temperatures.
         max_completion_length: ``L`` for dr_grpo's ``B * L`` denominator.
         num_items_in_batch: active (mask) tokens in the whole accumulation window summed across ranks;
@@ -148,7 +153,8 @@ def grpo_loss(
         :class:`LossOutput`.
 
     Raises:
-        ValueError: unknown ``loss_type`` / ``importance_sampling_level``, shape mismatch, missing
+        ValueError: unknown ``loss_type`` / ``importance_sampling_level``, shape mismatch (also of
+            ``entropy_mask``), missing
             ``ref_logps`` (beta != 0), ``max_completion_length`` (dr_grpo) or ``num_items_in_batch``
             (dapo / cispo), non-positive accumulation / process counts, non-finite advantages.
     """
@@ -179,6 +185,8 @@ def grpo_loss(
         raise ValueError("advantages contain NaN or inf")
     if is_weights is not None and (is_weights.dim() != 2 or is_weights.shape[0] != batch):
         raise ValueError(f"is_weights must be (B, T) or (B, 1), got {tuple(is_weights.shape)}")
+    if entropy_mask is not None and entropy_mask.shape != logps.shape:
+        raise ValueError(f"entropy_mask shape {tuple(entropy_mask.shape)} != logps shape {tuple(logps.shape)}")
 
     # ---- inputs, padding neutralised -----------------------------------------------------------------
     valid = mask.bool()  # (B, T)
@@ -221,6 +229,8 @@ def grpo_loss(
 
     if off_policy_threshold is not None:
         per_token_loss = per_token_loss * seq_keep
+    if entropy_mask is not None:
+        per_token_loss = per_token_loss * entropy_mask.detach().to(logps.dtype)  # (B, T)
     if is_weights is not None:
         per_token_loss = per_token_loss * _masked_where(valid, is_weights.detach().to(logps.dtype).expand_as(mask))
     if beta != 0.0:

@@ -10,6 +10,7 @@ Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import logging
+import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from async_grpo.data import encode_prompt, load_prompt_dataset, prompt_columns
 from async_grpo.evaluation import evaluate_reward
 from async_grpo.inference.client import AsyncVLLMClient, VLLMControlClient
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.orchestrator.orchestrator import Orchestrator, PromptItem, SamplingSettings, cycle_prompts
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.tracking import Tracker
@@ -233,6 +235,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
                 use_bias_correction_kl=config.use_bias_correction_kl,
                 off_policy_mask_threshold=config.off_policy_mask_threshold,
                 sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
+                top_entropy_quantile=config.top_entropy_quantile,
+                replay_recompute_logps=config.replay_recompute_logps,
             ),
         )  # fmt: skip
         queue = RolloutQueue(max(1, config.rollout_queue_size // config.groups_per_step), config.max_staleness, drops)
@@ -246,6 +250,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             groups_per_step=config.groups_per_step,
             max_staleness=config.max_staleness, vllm_sync_interval=config.vllm_sync_interval,
             max_inflight_groups=config.max_inflight_groups, queue=queue, version=version, drops=drops,
+            **setup_batch_shaping(config),
         )  # fmt: skip
         orchestrator.start()
         t_train = time.perf_counter()
@@ -320,6 +325,17 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             server.stop()
         if tracker is not None:
             tracker.end(status)
+
+
+def setup_batch_shaping(config: GRPOConfig) -> dict:
+    """The orchestrator's optional batch-shaping state from `config`: keyword arguments `replay`
+    (a seeded `ReplayBuffer` when replay_buffer_size > 0) and `reroll` (a `RerollQueue` when
+    reroll_start_fraction < 1), each None when off."""
+    replay = (ReplayBuffer(config.replay_buffer_size, random.Random(config.seed))
+              if config.replay_buffer_size > 0 else None)
+    start = config.reroll_start_step
+    reroll = RerollQueue(start_step=start, max_per_batch=config.reroll_max_groups) if start is not None else None
+    return {"replay": replay, "reroll": reroll}
 
 
 def _next_batch(queue: RolloutQueue, orchestrator: Orchestrator, version: int, timeout_s: float):

@@ -5,7 +5,9 @@ for `num_generations` samples; a finished group is scored by the reward pool, st
 policy version that generated it, and batched; advantages are computed over each step's batch (so
 `scale_rewards=batch` sees the whole batch) and the batch goes onto the bounded rollout queue.
 Bounded in-flight requests and the queue bound give backpressure; a failed group is dropped and
-counted, never retried silently; the stop event is checked at every wait.
+counted, never retried silently; the stop event is checked at every wait. Batch shaping (dynamic
+sampling here; the replay buffer and deferred re-roll in `batch_shaping`) decides which groups make up
+a batch; the trainer only ever sees the result.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from async_grpo.algorithms import compute_advantages
 from async_grpo.inference.client import AsyncVLLMClient, GenerationError
+from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
 from async_grpo.rewards.pool import RewardError, RewardPool
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
@@ -105,6 +108,14 @@ class Orchestrator:
         queue: the rollout queue to fill.
         version: shared policy version counter.
         drops: shared drop counter.
+        replay: optional replay buffer (`replay_buffer_size`): each emitted batch's zero-std groups are
+            replaced by buffered groups (`ReplayBuffer.fill`); metrics `replayed_groups` (cumulative) and
+            `replay_buffer/size`.
+        reroll: optional deferred re-roll FIFO (`reroll_start_fraction`, `reroll_max_groups`): scored
+            groups whose weighted rewards are all ~0 queue their prompt; from its start step (trainer step
+            = policy version x vllm_sync_interval) queued prompts are launched before fresh ones; metrics
+            `rerolled_groups` (cumulative, re-rolled groups that reached a batch), `reroll/pending` and
+            `reroll/overflowed` (candidates refused by a full FIFO).
     """
 
     def __init__(
@@ -128,6 +139,8 @@ class Orchestrator:
         queue: RolloutQueue,
         version: PolicyVersion,
         drops: DropCounter,
+        replay: ReplayBuffer | None = None,
+        reroll: RerollQueue[PromptItem] | None = None,
     ):
         self.client_factory = client_factory
         self.prompts = prompts
@@ -147,6 +160,8 @@ class Orchestrator:
         self.queue = queue
         self.version = version
         self.drops = drops
+        self.replay = replay
+        self.reroll = reroll
         self.meter = GenerationMeter()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -193,9 +208,9 @@ class Orchestrator:
                         or not await _acquire(slots, self.stop_event)):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
+                item, rerolled = self._next_prompt()
                 self._launched += 1
-                item = next(self.prompts)
-                task = asyncio.create_task(self._one_group(client, item, slots))
+                task = asyncio.create_task(self._one_group(client, item, slots, rerolled))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
         finally:
@@ -219,11 +234,23 @@ class Orchestrator:
         """
         return (launched // self.groups_per_step) // self.vllm_sync_interval - self.max_staleness
 
-    async def _one_group(self, client: AsyncVLLMClient, item: PromptItem, slots: asyncio.Semaphore) -> None:
+    def _next_prompt(self) -> tuple[PromptItem, bool]:
+        """The prompt for the next launch and whether it is a re-roll (re-rolls take precedence)."""
+        if self.reroll is not None:
+            step = self.version.value * self.vllm_sync_interval  # steps done at the last weight push
+            item = self.reroll.take(step, batch_index=self._launched // self.groups_per_step)
+            if item is not None:
+                return item, True
+        return next(self.prompts), False
+
+    async def _one_group(self, client: AsyncVLLMClient, item: PromptItem, slots: asyncio.Semaphore,
+                         rerolled: bool = False) -> None:
         batched = False
         try:
-            group = await self._generate(client, item)
+            group = await self._generate(client, item, rerolled)
             if group is not None and await self._score(group):
+                if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
+                    self.reroll.offer(item, group.rewards_per_func, self.reward_weights)
                 batched = await self._add_to_batch(group)
         except DynamicSamplingError as err:
             self.error = err
@@ -233,7 +260,7 @@ class Orchestrator:
                 self._launched -= 1
             slots.release()
 
-    async def _generate(self, client: AsyncVLLMClient, item: PromptItem) -> RolloutGroup | None:
+    async def _generate(self, client: AsyncVLLMClient, item: PromptItem, rerolled: bool = False) -> RolloutGroup | None:
         s = self.sampling
         version = self.version.value
         try:
@@ -260,6 +287,7 @@ class Orchestrator:
             prompt=item.prompt,
             columns=item.columns,
             policy_version=version,
+            rerolled=rerolled,
         )
 
     async def _score(self, group: RolloutGroup) -> bool:
@@ -282,7 +310,7 @@ class Orchestrator:
             DynamicSamplingError: `max_gen_batches` generation batches did not yield a full batch.
         """
         self._generated_for_batch += 1
-        if self.dynamic_sampling and weighted_reward_std(group.rewards_per_func, self.reward_weights) == 0.0:
+        if self.dynamic_sampling and is_zero_std(weighted_reward_std(group.rewards_per_func, self.reward_weights)):
             self.drops.add("zero_std")
             if self._generated_for_batch >= self.max_gen_batches * self.groups_per_step:
                 raise DynamicSamplingError(
@@ -299,6 +327,7 @@ class Orchestrator:
         batch = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards,
                                  self.multi_objective_aggregation)
         batch.metrics["generation/tokens_per_s"] = self.meter.rate()
+        self._shape(batch)
         if self.dynamic_sampling:
             batch.metrics["dynamic_sampling/gen_batches"] = float(math.ceil(self._generated_for_batch / self.groups_per_step))
         self._generated_for_batch = len(self._pending)
@@ -307,23 +336,21 @@ class Orchestrator:
             logger.info("orchestrator stopping; batch not enqueued")
         return True
 
+    def _shape(self, batch: TrainBatch) -> None:
+        """Count the batch's re-rolls and swap its zero-std groups for replayed ones (after advantages and
+        rollout metrics were computed, so `frac_reward_zero_std` still describes what was generated)."""
+        if self.reroll is not None:
+            batch.metrics["rerolled_groups"] = float(self.reroll.count_batched(batch.groups))
+            batch.metrics["reroll/pending"] = float(len(self.reroll))
+            batch.metrics["reroll/overflowed"] = float(self.reroll.overflowed)
+        if self.replay is not None:
+            batch.groups = self.replay.fill(batch.groups)
+            batch.metrics["replayed_groups"] = float(self.replay.replayed_total)
+            batch.metrics["replay_buffer/size"] = float(len(self.replay))
+
 
 class DynamicSamplingError(RuntimeError):
     """Dynamic sampling could not fill a batch within `max_gen_batches` generation batches."""
-
-
-def weighted_reward_std(rewards_per_func: list[list[float]], weights: list[float]) -> float:
-    """Std (torch.std convention, Bessel) of the weighted reward nansum over a group's rows; 0.0 when all tie.
-
-    Args:
-        rewards_per_func: G rows of F rewards (NaN for None).
-        weights: (F,) reward weights.
-    """
-    totals = [sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r)) for row in rewards_per_func]
-    if len(totals) < 2:
-        return 0.0
-    mean = sum(totals) / len(totals)
-    return math.sqrt(sum((t - mean) ** 2 for t in totals) / (len(totals) - 1))
 
 
 async def _acquire(sem: asyncio.Semaphore, stop: threading.Event) -> bool:

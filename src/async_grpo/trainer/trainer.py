@@ -6,6 +6,13 @@ importance-sampling weights and the KL are plain functions from `async_grpo.algo
 sampled tokens, (3) weights tokens by rho = exp(trainer-old logp - vLLM sampling logp) bounded per
 `vllm_importance_sampling_mode`, (4) takes the clipped GRPO/DAPO loss (+ k3 KL when beta > 0) with
 gradient accumulation and one AdamW step.
+
+Old logprobs are always the trainer's own (one optimizer step per batch, so `old = logp.detach()`);
+vLLM's sampling logprobs enter only the stale-policy IS weight and OPSM. Rows of replayed groups
+(`RolloutGroup.replayed`) were sampled by a policy many versions back: with `replay_recompute_logps`
+their sampling logprobs are replaced by the trainer's old logprobs, so their IS weight is exactly 1 and
+OPSM sees no drift (they are trained as if on-policy); without it they keep vLLM's logprobs and the IS
+correction truncates or masks them by their real staleness.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from async_grpo.algorithms import grpo_loss, importance_sampling_weights
+from async_grpo.algorithms import grpo_loss, high_entropy_mask, importance_sampling_weights
 from async_grpo.trainer.logprobs import completion_logps_from_model
 from async_grpo.transports.messages import TrainBatch
 
@@ -43,6 +50,8 @@ class LossSettings:
     off_policy_mask_threshold: float | None = None
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    top_entropy_quantile: float = 1.0
+    replay_recompute_logps: bool = True
 
 
 @dataclass
@@ -57,6 +66,7 @@ class PackedBatch:
         completion_mask: (N, T) 1 on tokens that enter the loss.
         sampling_logps: (N, T) vLLM sampling logprobs (0 on padding).
         advantages: (N,) per-completion advantages.
+        replayed: (N,) bool, True on rows of replayed groups.
     """
 
     input_ids: torch.Tensor
@@ -66,6 +76,7 @@ class PackedBatch:
     completion_mask: torch.Tensor
     sampling_logps: torch.Tensor
     advantages: torch.Tensor
+    replayed: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
@@ -78,7 +89,7 @@ class PackedBatch:
 def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = False) -> PackedBatch:
     """Flatten the groups of `batch` into padded tensors (see `PackedBatch` for shapes)."""
     rows = [
-        (grp.prompt_ids, ids, lps, trunc, adv)
+        (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed)
         for grp in batch.groups
         for ids, lps, trunc, adv in zip(grp.completion_ids, grp.sampling_logprobs, grp.truncated, grp.advantages,
                                         strict=True)
@@ -90,7 +101,7 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     attention_mask = torch.zeros((n, p + t), dtype=torch.long)
     completion_mask = torch.zeros((n, t), dtype=torch.float32)
     sampling_logps = torch.zeros((n, t), dtype=torch.float32)
-    for i, (prompt, comp, lps, trunc, _) in enumerate(rows):
+    for i, (prompt, comp, lps, trunc, _, _) in enumerate(rows):
         input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
         input_ids[i, p : p + len(comp)] = torch.tensor(comp, dtype=torch.long)
         attention_mask[i, p - len(prompt) : p + len(comp)] = 1
@@ -99,8 +110,9 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
         sampling_logps[i, : len(lps)] = torch.tensor(lps)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([r[4] for r in rows], dtype=torch.float32)
+    replayed = torch.tensor([r[5] for r in rows], dtype=torch.bool)
     return PackedBatch(input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps,
-                       advantages)
+                       advantages, replayed)
 
 
 def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False,
@@ -166,10 +178,16 @@ class GRPOLearner:
             tokens = float(mb.completion_mask.sum())
             logps, entropy = completion_logps(self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size)
             old_logps = logps.detach()  # one optimizer step per batch: the behaviour policy is the current one
+            sampling_logps = mb.sampling_logps
+            if cfg.replay_recompute_logps and bool(mb.replayed.any()):  # replayed rows count as on-policy
+                sampling_logps = torch.where(mb.replayed.unsqueeze(1), old_logps, sampling_logps)
+            entropy_mask = None
+            if cfg.top_entropy_quantile < 1.0:  # quantile over this micro-batch's valid tokens (TRL, one rank)
+                entropy_mask = high_entropy_mask(entropy, mb.completion_mask, cfg.top_entropy_quantile)
             is_weights = None
             if cfg.vllm_importance_sampling_correction:
                 is_weights, is_metrics = importance_sampling_weights(
-                    old_logps, mb.sampling_logps, mb.completion_mask, cfg.vllm_importance_sampling_mode,
+                    old_logps, sampling_logps, mb.completion_mask, cfg.vllm_importance_sampling_mode,
                     cfg.vllm_importance_sampling_cap, cfg.vllm_importance_sampling_clip_min,
                 )
                 _accumulate(sums, weights, is_metrics, tokens)
@@ -182,7 +200,8 @@ class GRPOLearner:
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
                 importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta, ref_logps=ref_logps,
                 use_bias_correction_kl=cfg.use_bias_correction_kl, is_weights=is_weights,
-                off_policy_threshold=cfg.off_policy_mask_threshold, sampling_logps=mb.sampling_logps,
+                off_policy_threshold=cfg.off_policy_mask_threshold, sampling_logps=sampling_logps,
+                entropy_mask=entropy_mask,
                 sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
                 max_completion_length=cfg.max_completion_length, num_items_in_batch=num_items,
                 gradient_accumulation_steps=len(chunks),
@@ -192,6 +211,9 @@ class GRPOLearner:
             _accumulate(sums, weights, out.metrics, tokens)
             mask = mb.completion_mask
             _accumulate(sums, weights, {"entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}, tokens)
+            if entropy_mask is not None:
+                kept = float(entropy_mask.sum() / mask.sum().clamp(min=1))
+                _accumulate(sums, weights, {"entropy_mask/kept_fraction": kept}, tokens)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}

@@ -32,6 +32,11 @@ class RolloutGroup:
         advantages: (G,) per-completion advantage (filled by the orchestrator's batcher).
         policy_version: trainer policy version whose weights generated this group.
         created_at: wall time (s since epoch) when generation was requested.
+        replayed: True for a copy drawn from the orchestrator's replay buffer (`replay_buffer_size`) in
+            place of a zero-std group. It is deliberately old: the rollout queue never drops it as stale,
+            and with `replay_recompute_logps` the trainer treats its rows as on-policy.
+        rerolled: True when the prompt was generated again by deferred re-roll (`reroll_start_fraction`)
+            after an earlier group of it scored ~0. Informational.
     """
 
     prompt_ids: list[int]
@@ -46,6 +51,8 @@ class RolloutGroup:
     rewards: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
+    replayed: bool = False
+    rerolled: bool = False
 
     @property
     def size(self) -> int:

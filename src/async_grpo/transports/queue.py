@@ -70,7 +70,8 @@ class RolloutQueue:
     Args:
         maxsize: batches held at most; `put` blocks beyond it.
         max_staleness: on `get`, groups whose policy version is more than this many versions behind
-            the current one are removed from the batch and counted as `stale`.
+            the current one are removed from the batch and counted as `stale`; replayed groups
+            (`RolloutGroup.replayed`) are exempt, since the replay buffer serves old groups on purpose.
         drops: shared drop counter.
     """
 
@@ -108,7 +109,7 @@ class RolloutQueue:
         return False
 
     def get(self, current_version: int, timeout_s: float, stop: threading.Event | None = None) -> TrainBatch:
-        """Next batch with stale groups removed (and counted); skips batches left empty.
+        """Next batch with stale groups (other than replayed ones) removed and counted; skips batches left empty.
 
         Raises:
             TimeoutError: no usable batch within `timeout_s` seconds.
@@ -128,7 +129,8 @@ class RolloutQueue:
                 batch = self._q.get(timeout=min(POLL_S, remaining))
             except queue.Empty:
                 continue
-            fresh = [g for g in batch.groups if current_version - g.policy_version <= self.max_staleness]
+            fresh = [g for g in batch.groups
+                     if g.replayed or current_version - g.policy_version <= self.max_staleness]
             if len(fresh) < len(batch.groups):
                 self.drops.add("stale", len(batch.groups) - len(fresh))
             if fresh:
