@@ -1,0 +1,100 @@
+"""Where and how a run executes on a cluster: the knobs the run config does not hold.
+
+Kept apart from the object builders (`k8s_objects.py`) so KFP components and the CLI can validate
+cluster settings without importing anything else; like `GRPOConfig` it is one pydantic model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from async_grpo import __version__
+from async_grpo.config import ConfigError, format_validation_error
+
+
+class ClusterSettings(BaseModel):
+    """Where and how a run executes on the cluster (everything the run config does not say).
+
+    Sizes carry their unit in the name (`_gib`, `_s`); `cpu` fields are cores.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str = Field("async-grpo", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                           description="Namespace of the run.")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: CUDA images + NCCL; cpu: the CPU image + gloo.")
+    image_registry: str = Field("ghcr.io/async-grpo", description="Registry prefix of our images.")
+    image_tag: str = Field(__version__, description="Tag of our images (the package version they hold).")
+    trainer_image: str | None = Field(None, description="Override the trainer image reference.")
+    vllm_image: str | None = Field(None, description="Override the vLLM image reference.")
+    reward_image: str | None = Field(None, description="Override the reward-worker image reference.")
+    trainer_nodes: int = Field(1, ge=1, description="PyTorchJob pods: one Master plus trainer_nodes - 1 Workers.")
+    nproc_per_node: int = Field(1, ge=1, description="Trainer processes per pod (GPUs per pod on gpu).")
+    trainer_cpu: float = Field(8.0, gt=0, description="CPU cores requested per trainer pod.")
+    trainer_memory_gib: int = Field(64, ge=1, description="Memory per trainer pod (GiB).")
+    vllm_gpus: int = Field(1, ge=1, description="GPUs of the vLLM pod (its tensor-parallel size).")
+    vllm_cpu: float = Field(8.0, gt=0, description="CPU cores requested by the vLLM pod.")
+    vllm_memory_gib: int = Field(64, ge=1, description="Memory of the vLLM pod (GiB).")
+    reward_replicas: int = Field(0, ge=0, description="Reward-worker pods behind the reward Service; 0 (default "
+                                 "until the HTTP reward service ships) scores in the trainer pod's process pool.")
+    reward_cpu: float = Field(2.0, gt=0, description="CPU cores requested per reward pod.")
+    reward_memory_gib: int = Field(4, ge=1, description="Memory per reward pod (GiB).")
+    shm_size_gib: int = Field(16, ge=1, description="Size limit of the /dev/shm emptyDir (GiB).")
+    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name of a GPU.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of the GPU/compute pods.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of the compute pods.")
+    pvc_name: str = Field("async-grpo-workspace", description="PVC holding models, datasets and run folders "
+                          "(the pipeline's workspace volume).")
+    data_mount_path: str = Field("/workspace", pattern=r"^/.+", description="Where that PVC is mounted in every "
+                                 "pod: the same path as in the pipeline's steps, so paths mean the same everywhere.")
+    mlflow_tracking_uri: str = Field("http://mlflow:5000", description="MLflow tracking server as pods see it, "
+                                     "used when the run config sets none.")
+    mlflow_secret: str | None = Field("mlflow-tracking", description="Secret loaded as env into trainer pods "
+                                      "(MLFLOW_TRACKING_USERNAME/PASSWORD, AWS_* for S3 artifacts).")
+    hf_token_secret: str | None = Field("hf-token", description="Secret with key HF_TOKEN (optional).")
+    service_account: str = Field("async-grpo-workload", description="ServiceAccount of run pods (no API rights).")
+    nccl_socket_ifname: str = Field("eth0", description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the pod NIC.")
+    nccl_env: dict[str, str] = Field(default_factory=dict, description="Extra NCCL_* env for trainer and vLLM.")
+    vllm_port: int = Field(8000, ge=1, le=65535, description="vLLM HTTP port.")
+    reward_port: int = Field(8080, ge=1, le=65535, description="Reward service HTTP port.")
+    weight_transfer_ports: tuple[int, int] = Field(
+        (40000, 41999), description="Inclusive TCP port range of the weight-transfer rendezvous and NCCL sockets. "
+        "Pods get it as their ephemeral range (sysctl net.ipv4.ip_local_port_range); NetworkPolicies open it.")
+    restart_policy: Literal["Never", "OnFailure", "ExitCode", "Always"] = Field(
+        "Never", description="PyTorchJob restart policy (a restarted trainer would start the run over).")
+    ttl_after_finished_s: int = Field(7 * 24 * 3600, ge=0, description="Finished PyTorchJob kept this long (s).")
+    run_as_user: int = Field(1000, ge=1, description="UID (and GID, fsGroup) of every container; never root.")
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> ClusterSettings:
+        """The weight-transfer range must be ordered, wide enough, and clear of the HTTP ports."""
+        lo, hi = self.weight_transfer_ports
+        if not 1024 < lo < hi <= 65535 or hi - lo < 255:
+            raise ValueError(f"weight_transfer_ports={self.weight_transfer_ports} must be an ordered range of "
+                             "at least 256 ports within 1025-65535. Fix: e.g. (40000, 41999).")
+        if lo <= self.vllm_port <= hi or lo <= self.reward_port <= hi:
+            raise ValueError("vllm_port/reward_port fall inside weight_transfer_ports. Fix: move one of them.")
+        return self
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> ClusterSettings:
+        """Validate a mapping of fields (YAML, CLI `--set`, the pipeline's `kubernetes_options`).
+
+        Raises:
+            ConfigError: unknown or invalid fields; the message names each and the fix.
+        """
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            text = format_validation_error(err).replace("invalid config", "invalid cluster settings")
+            raise ConfigError(text.replace("against GRPOConfig", "against ClusterSettings")) from None
+
+    def image(self, role: Literal["trainer", "vllm", "reward"]) -> str:
+        """Image reference of `role`: the override, else `<registry>/<name>:<tag>` (cpu: one image for all)."""
+        override = {"trainer": self.trainer_image, "vllm": self.vllm_image, "reward": self.reward_image}[role]
+        if override:
+            return override
+        name = "cpu" if self.device == "cpu" and role != "reward" else role
+        return f"{self.image_registry}/{name}:{self.image_tag}"

@@ -1,0 +1,230 @@
+"""The objects the kubernetes backend builds: schema-valid, and wired the way the run needs."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from async_grpo.config import GRPOConfig
+from async_grpo.launch.k8s_objects import (
+    ClusterSettings,
+    build_run_objects,
+    owner_reference,
+    trainer_config,
+    vllm_url,
+)
+from ._k8s_validate import validate_any, validate_builtin, validate_pytorchjob
+from .conftest import RUN
+
+
+def _by_kind(objs: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def _env(container: dict) -> dict[str, object]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+# ids avoid the bare word "gpu": tests/conftest.py skips items with a `gpu` keyword when there is no CUDA
+SETUPS = pytest.mark.parametrize("setup", ["gpu", "cpu"], ids=["2x8-gpus", "cpu-only"])
+
+
+@SETUPS
+def test_every_object_validates_against_its_schema(setup, request):
+    config = request.getfixturevalue(f"{setup}_config")
+    settings = request.getfixturevalue(f"{setup}_settings")
+    objs = build_run_objects(config, settings, RUN, mlflow_run_id="0123abcd",
+                             owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "u-1"})
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
+                     "PyTorchJob", "Service", "Service"]
+    for obj in objs:
+        validate_any(obj)
+
+
+def test_schema_checks_reject_unknown_fields(gpu_config, gpu_settings):
+    """The validators are strict: a misspelt field fails (the API server would silently drop it)."""
+    import jsonschema
+
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+
+    objs = _by_kind(build_run_objects(gpu_config, gpu_settings, RUN))
+    job = copy.deepcopy(objs[("PyTorchJob", RUN)])
+    job["spec"]["nprocsPerNode"] = "8"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_pytorchjob(job)
+    job = copy.deepcopy(objs[("PyTorchJob", RUN)])
+    job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "x"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_pytorchjob(job)
+    dep = copy.deepcopy(objs[("Deployment", f"{RUN}-vllm")])
+    dep["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_builtin(dep)
+
+
+def test_vllm_deployment_and_headless_service(gpu_config, gpu_settings):
+    objs = _by_kind(build_run_objects(gpu_config, gpu_settings, RUN))
+    svc = objs[("Service", f"{RUN}-vllm")]
+    assert svc["spec"]["clusterIP"] == "None"
+    dep = objs[("Deployment", f"{RUN}-vllm")]
+    pod = dep["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (c,) = pod["spec"]["containers"]
+    cmd = c["command"]
+    assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert cmd[cmd.index("--model") + 1] == "/workspace/models/Qwen2.5-7B-Instruct"
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "8"
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[-2:] == ["--gpu-memory-utilization", "0.85"]
+    assert "--enforce-eager" not in cmd and "--worker-extension-cls" not in cmd
+    env = _env(c)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_DISABLE"] == "1"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": "http"}
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert vols[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert vols[mounts["/workspace"]]["persistentVolumeClaim"] == {"claimName": "async-grpo-workspace",
+                                                                   "readOnly": True}
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # vLLM's startup probe covers the run's startup timeout
+    probe = c["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= gpu_config.vllm_startup_timeout_s
+
+
+def test_cpu_vllm_uses_gloo_and_builds_the_tiny_model(cpu_config, cpu_settings):
+    objs = _by_kind(build_run_objects(cpu_config, cpu_settings, RUN))
+    pod = objs[("Deployment", f"{RUN}-vllm")]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/async-grpo/cpu:0.1.0"
+    cmd = c["command"]
+    assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
+    assert cmd[cmd.index("--worker-extension-cls") + 1] == "async_grpo.transports.weights.gloo.GlooWorkerExtension"
+    assert "--enforce-eager" in cmd and "nvidia.com/gpu" not in json.dumps(pod)
+    assert _env(c)["VLLM_CPU_KVCACHE_SPACE"] == str(cpu_config.vllm_kv_cache_gib)
+    (init,) = pod["initContainers"]
+    model = cmd[cmd.index("--model") + 1]
+    assert init["command"][:3] == ["async-grpo", "make-tiny-model", model]
+    assert {m["name"] for m in init["volumeMounts"]} >= {"model"}
+
+
+def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
+    objs = _by_kind(build_run_objects(gpu_config, gpu_settings, RUN, mlflow_run_id="run-42"))
+    job = objs[("PyTorchJob", RUN)]
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    assert job["spec"]["nprocPerNode"] == "8"
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in specs.items()} == {"Master": 1, "Worker": 1}
+    assert {v["restartPolicy"] for v in specs.values()} == {"Never"}
+    assert specs["Master"]["template"] is not specs["Worker"]["template"]  # independent dicts, no YAML aliases
+    pod = specs["Master"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["name"] == "pytorch"
+    assert c["command"][:3] == ["torchrun", "--module", "async_grpo.cli"]
+    env = _env(c)
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["MLFLOW_RUN_ID"] == "run-42"
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert c["envFrom"] == [{"secretRef": {"name": "mlflow-tracking", "optional": True}}]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols[mounts["/workspace"]]["persistentVolumeClaim"]["claimName"] == "async-grpo-workspace"
+    assert vols[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    # the config the trainer reads points at the vLLM Service DNS name, MLflow and the PVC
+    cm = objs[("ConfigMap", f"{RUN}-config")]
+    assert vols[mounts["/etc/async-grpo"]]["configMap"]["name"] == cm["metadata"]["name"]
+    trainer_cfg = GRPOConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+    assert trainer_cfg.vllm_url == f"http://{RUN}-vllm.team-a.svc.cluster.local:8000" == vllm_url(RUN, gpu_settings)
+    assert trainer_cfg.weight_sync_backend == "nccl"
+    assert trainer_cfg.output_dir == f"/workspace/runs/{RUN}"
+    assert trainer_cfg.mlflow_tracking_uri == "http://mlflow:5000"
+    # ranks wait for vLLM before starting
+    (wait,) = pod["initContainers"]
+    assert trainer_cfg.vllm_url in wait["command"]
+
+
+def test_single_node_job_has_no_workers(cpu_config, cpu_settings):
+    job = _by_kind(build_run_objects(cpu_config, cpu_settings, RUN))[("PyTorchJob", RUN)]
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+
+
+@SETUPS
+def test_pods_run_non_root_read_only_without_escalation(setup, request):
+    objs = build_run_objects(request.getfixturevalue(f"{setup}_config"), request.getfixturevalue(f"{setup}_settings"),
+                             RUN)
+    templates = [o["spec"]["template"] for o in objs if o["kind"] == "Deployment"]
+    templates += [r["template"] for o in objs if o["kind"] == "PyTorchJob"
+                  for r in o["spec"]["pytorchReplicaSpecs"].values()]
+    assert len(templates) == (4 if setup == "gpu" else 3)
+    for tpl in templates:
+        spec = tpl["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+        assert spec["automountServiceAccountToken"] is False
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            if c["name"] != "wait-for-vllm":  # the readiness poller writes nothing
+                assert {"/tmp", "/cache"} <= {m["mountPath"] for m in c["volumeMounts"]}
+
+
+def test_labels_and_owner_references_tie_the_run_together(gpu_config, gpu_settings):
+    job_live = {"metadata": {"name": RUN, "uid": "1234-uid"}}
+    owner = owner_reference(job_live)
+    objs = build_run_objects(gpu_config, gpu_settings, RUN, owner=owner)
+    for obj in objs:
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "async-grpo"
+        assert obj["metadata"]["labels"]["async-grpo/run"] == RUN
+        assert obj["metadata"]["namespace"] == "team-a"
+        if obj["kind"] == "PyTorchJob":
+            assert "ownerReferences" not in obj["metadata"]
+        else:
+            assert obj["metadata"]["ownerReferences"] == [
+                {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "1234-uid"}]
+
+
+def test_reward_service_is_left_out_by_default(gpu_config):
+    objs = build_run_objects(gpu_config, ClusterSettings(), RUN)
+    assert not [o for o in objs if o["metadata"]["labels"]["app.kubernetes.io/component"] == "reward"]
+    job = _by_kind(objs)[("PyTorchJob", RUN)]
+    assert "ASYNC_GRPO_REWARD_URL" not in json.dumps(job)
+
+
+def test_model_outside_the_volume_is_rejected_with_a_fix(gpu_settings):
+    config = GRPOConfig(model_name_or_path="Qwen/Qwen2.5-7B-Instruct")
+    with pytest.raises(ValueError, match="Fix: copy it onto PVC"):
+        trainer_config(config, gpu_settings, RUN)
+
+
+@pytest.mark.parametrize("name", ["Bad_Name", "9starts-with-digit", "x" * 41, "ends-with-"])
+def test_bad_run_names_are_rejected(name, cpu_config, cpu_settings):
+    with pytest.raises(ValueError, match="DNS-1123"):
+        build_run_objects(cpu_config, cpu_settings, name)
+
+
+def test_settings_reject_overlapping_ports():
+    with pytest.raises(ValueError, match="inside weight_transfer_ports"):
+        ClusterSettings(vllm_port=40100)
+    with pytest.raises(ValueError, match="at least 256 ports"):
+        ClusterSettings(weight_transfer_ports=(40000, 40010))
+
+
+def test_pipeline_paths_and_tracking_uri_are_kept(gpu_settings):
+    """The pipeline sets output_dir under the workspace mount and the MLflow URI from its secret: both stay."""
+    config = GRPOConfig(model_name_or_path="/workspace/models/m", output_dir="/workspace/my-run",
+                        mlflow_tracking_uri="http://mlflow.team-a.svc:5000")
+    cfg = trainer_config(config, gpu_settings, RUN)
+    assert cfg.output_dir == "/workspace/my-run" and cfg.mlflow_tracking_uri == "http://mlflow.team-a.svc:5000"
+    # a path off the volume (the local default runs/tiny) moves onto it
+    assert trainer_config(GRPOConfig(), gpu_settings, RUN).output_dir == f"/workspace/runs/{RUN}"

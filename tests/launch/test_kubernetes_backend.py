@@ -1,0 +1,274 @@
+"""KubernetesBackend's create / wait / cleanup logic against a recording Kubernetes API double."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+from kubernetes.client import ApiException
+
+from async_grpo.config import ConfigError, GRPOConfig
+from async_grpo.launch.kubernetes import (
+    LAUNCHER_RBAC_RULES,
+    KubernetesBackend,
+    k8s_run_name,
+    latest_condition,
+    make_run_name,
+)
+
+from async_grpo.launch.k8s_objects import build_run_objects
+
+from ._api_double import FakeClock, FakeCluster, FakeTracking, condition, status
+from .conftest import RUN
+
+RUN_POD = f"{RUN}-master-0"
+VLLM_POD = f"{RUN}-vllm-5d9c-x2"
+TIMEOUT_S = 600.0
+POLL_S = 10.0
+
+
+def make_backend(cluster: FakeCluster, settings, clock: FakeClock | None = None,
+                 tracking: FakeTracking | None = None) -> tuple[KubernetesBackend, FakeClock, FakeTracking]:
+    clock = clock or FakeClock()
+    tracking = tracking or FakeTracking()
+    cluster.add_pod(RUN_POD, {"training.kubeflow.org/job-name": RUN, "training.kubeflow.org/replica-type": "master"})
+    cluster.add_pod(VLLM_POD, {"async-grpo/run": RUN, "app.kubernetes.io/component": "vllm"})
+    cluster.add_pod("unrelated", {"app": "other"})
+    backend = KubernetesBackend(settings, **cluster.kwargs(), tracking=tracking, run_name=RUN,
+                                poll_interval_s=POLL_S, clock=clock, sleep=clock.sleep)
+    return backend, clock, tracking
+
+
+def kinds_left(cluster: FakeCluster) -> set[str]:
+    return {kind for kind, _ in cluster.objects}
+
+
+def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_settings, caplog):
+    cluster = FakeCluster([{}, status(condition("Created")), status(condition("Created"), condition("Running")),
+                           status(condition("Created"), condition("Running"), condition("Succeeded"))])
+    backend, clock, tracking = make_backend(cluster, gpu_settings)
+    with caplog.at_level(logging.INFO, logger="async_grpo.launch.kubernetes"):
+        result = backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+
+    assert result.mlflow_run_id == "mlflow-run-1" and result.tracking_uri == "http://mlflow:5000"
+    assert result.model_dir == f"/workspace/runs/{RUN}/final-model"
+    assert tracking.created == [("http://mlflow:5000", "async-grpo", RUN)] and tracking.ended == []
+    # what stays: the finished job and its config (owned by the job, removed with it by its TTL)
+    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config")}
+    # every object but the job is owned by the job, so deleting the job deletes the run
+    job_uid = cluster.objects[("PyTorchJob", RUN)]["metadata"]["uid"]
+    creates = [c.args[-1] for c in cluster.calls if c.method.startswith("create_")]
+    assert [o["kind"] for o in creates] == ["ConfigMap", "PyTorchJob", "NetworkPolicy", "NetworkPolicy",
+                                            "NetworkPolicy", "Deployment", "Service", "Service", "Deployment"]
+    for obj in creates[2:]:
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    assert cluster.objects[("ConfigMap", f"{RUN}-config")]["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    # the vLLM Deployment (dev-mode endpoints) is created last and deleted first
+    deletes = [(c.method, c.args[0]) for c in cluster.calls if c.method.startswith("delete_")]
+    assert deletes[0] == ("delete_namespaced_deployment", f"{RUN}-vllm")
+    assert {name for _, name in deletes} == {f"{RUN}-vllm", f"{RUN}-reward", f"{RUN}-trainer"}
+    assert all(c.kwargs.get("propagation_policy") == "Background" for c in cluster.calls
+               if c.method.startswith("delete_"))
+    # the trainer logs into the pre-created MLflow run
+    job = cluster.objects[("PyTorchJob", RUN)]
+    env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "MLFLOW_RUN_ID", "value": "mlflow-run-1"} in env
+    # status changes are streamed, once each
+    text = caplog.text
+    assert text.count("PyTorchJob agrpo-test-abc123: Running") == 1 and "Succeeded" in text
+    assert clock.sleeps == [POLL_S] * 3
+
+
+def test_failed_job_surfaces_reason_and_logs_and_cleans_up(gpu_config, gpu_settings):
+    failed = condition("Failed", "PyTorchJobFailed", f"PyTorchJob {RUN} is failed because 1 Master replica(s) failed.")
+    cluster = FakeCluster([status(condition("Created")), status(condition("Running")),
+                           status(condition("Running"), failed)],
+                          logs={RUN_POD: "step 3\nRuntimeError: CUDA out of memory", VLLM_POD: "INFO vLLM ready"})
+    backend, _, tracking = make_backend(cluster, gpu_settings)
+    with pytest.raises(RuntimeError) as info:
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    msg = str(info.value)
+    assert "PyTorchJobFailed" in msg and "1 Master replica(s) failed" in msg
+    assert "CUDA out of memory" in msg and "INFO vLLM ready" in msg
+    log_calls = [c for c in cluster.calls if c.method == "read_namespaced_pod_log"]
+    assert [(c.args[0], c.kwargs["container"]) for c in log_calls] == [(RUN_POD, "pytorch"), (VLLM_POD, "vllm")]
+    assert cluster.objects == {}  # a failed run leaves nothing behind
+    assert tracking.ended == [("mlflow-run-1", "FAILED")]
+
+
+def test_timeout_raises_and_cleans_up(gpu_config, gpu_settings):
+    cluster = FakeCluster([status(condition("Created")), status(condition("Running"))])
+    backend, clock, tracking = make_backend(cluster, gpu_settings)
+    with pytest.raises(TimeoutError, match=r"did not finish within 60 s \(last condition: Running\)"):
+        backend.launch(gpu_config, timeout_s=60)
+    assert cluster.objects == {}
+    assert clock.now == pytest.approx(60.0) and cluster.reads == 7  # polled every 10 s, then gave up
+    assert tracking.ended == [("mlflow-run-1", "FAILED")]
+
+
+def test_error_while_creating_deletes_what_was_created(gpu_config, gpu_settings):
+    cluster = FakeCluster(fail_on_create="Deployment")
+    backend, _, tracking = make_backend(cluster, gpu_settings)
+    with pytest.raises(ApiException) as info:
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert info.value.status == 403
+    assert cluster.objects == {}
+    created = [c.args[-1]["metadata"]["name"] for c in cluster.calls if c.method.startswith("create_")]
+    deleted = [c.args[0] if c.api != "custom" else c.args[4] for c in cluster.calls if c.method.startswith("delete_")]
+    assert sorted(deleted) == sorted(created[:-1])  # everything but the refused Deployment
+    assert "get_namespaced_custom_object" not in cluster.methods()  # never started waiting
+    assert tracking.ended == [("mlflow-run-1", "FAILED")]
+
+
+def test_cleanup_goes_on_when_one_delete_fails(gpu_config, gpu_settings, caplog):
+    cluster = FakeCluster([status(condition("Failed", "Boom"))], fail_on_delete="Deployment")
+    backend, _, _ = make_backend(cluster, gpu_settings)
+    with pytest.raises(RuntimeError, match="Boom"):  # the run's error, not the cleanup's
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert kinds_left(cluster) == {"Deployment"}
+    assert "could not delete Deployment" in caplog.text and "kubectl delete -n team-a -l async-grpo/run=" in caplog.text
+
+
+def test_interrupt_while_waiting_cleans_up_and_marks_the_run_killed(gpu_config, gpu_settings):
+    cluster = FakeCluster([status(condition("Running"))])
+    clock = FakeClock()
+
+    def interrupted(_seconds):
+        raise KeyboardInterrupt
+
+    clock.sleep = interrupted
+    backend, _, tracking = make_backend(cluster, gpu_settings, clock=clock)
+    with pytest.raises(KeyboardInterrupt):
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert cluster.objects == {}
+    assert tracking.ended == [("mlflow-run-1", "KILLED")]
+
+
+def test_bad_config_fails_before_any_api_call(gpu_settings):
+    cluster = FakeCluster()
+    backend, _, tracking = make_backend(cluster, gpu_settings)
+    with pytest.raises(ValueError, match="on Kubernetes the model must be a folder on the shared volume"):
+        backend.launch(GRPOConfig(model_name_or_path="Qwen/Qwen2.5-7B"), timeout_s=TIMEOUT_S)
+    assert cluster.calls == [] and tracking.created == []
+
+
+def test_job_deleted_behind_our_back_is_an_error(gpu_config, gpu_settings):
+    cluster = FakeCluster([status(condition("Running"))])
+    backend, clock, _ = make_backend(cluster, gpu_settings)
+    clock_sleep = clock.sleep
+
+    def delete_job_then_sleep(seconds):
+        cluster.objects.pop(("PyTorchJob", RUN), None)
+        clock_sleep(seconds)
+
+    backend.sleep = delete_job_then_sleep
+    with pytest.raises(RuntimeError, match="was deleted while the run was in progress"):
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert cluster.objects == {}
+
+
+def test_backend_calls_need_exactly_the_launcher_role(gpu_config, gpu_settings):
+    """The union of what the backend calls over success and failure is exactly LAUNCHER_RBAC_RULES."""
+    used: set[tuple[str, str, str]] = set()
+    for statuses in ([status(condition("Succeeded"))], [status(condition("Failed"))]):
+        cluster = FakeCluster(statuses)
+        backend, _, _ = make_backend(cluster, gpu_settings)
+        try:
+            backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+        except RuntimeError:
+            pass
+        used |= cluster.rbac_used()
+    granted = {(group, res, verb) for (group, res), verbs in LAUNCHER_RBAC_RULES.items() for verb in verbs}
+    assert used == granted
+
+
+def test_latest_condition_prefers_terminal_states():
+    st = {"conditions": [condition("Created"), dict(condition("Running"), status="False"), condition("Succeeded")]}
+    assert latest_condition(st)["type"] == "Succeeded"
+    assert latest_condition({"conditions": [condition("Created"), condition("Running")]})["type"] == "Running"
+    assert latest_condition({}) == {}
+
+
+@pytest.mark.parametrize("run_name", [None, "Qwen 7B / GSM8K — ünïcode run name that is far too long for k8s"])
+def test_run_names_are_dns_labels(run_name):
+    config = GRPOConfig(run_name=run_name)
+    names = {make_run_name(config) for _ in range(5)}
+    assert len(names) == 5
+    for name in names | {make_run_name(config, unique=False)}:
+        assert re.fullmatch(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?", name), name
+
+
+def test_options_dict_becomes_settings(gpu_settings, tmp_path, monkeypatch):
+    """The pipeline passes `kubernetes_options` as keyword arguments; no cluster is contacted to build it."""
+    monkeypatch.setattr("async_grpo.launch.kubernetes.SA_NAMESPACE_FILE", tmp_path / "not-in-a-pod")
+    backend = KubernetesBackend(gpu_settings, namespace="ml", trainer_nodes=4)
+    assert backend.settings.namespace == "ml" and backend.settings.trainer_nodes == 4
+    assert backend.settings.nproc_per_node == 8  # the rest from `settings`
+    assert KubernetesBackend(**{"device": "cpu"}).settings.device == "cpu"
+    assert KubernetesBackend().settings.namespace == "async-grpo"
+
+
+def test_in_a_pod_the_namespace_defaults_to_the_pods(tmp_path, monkeypatch):
+    ns_file = tmp_path / "namespace"
+    ns_file.write_text("kubeflow-user-example-com\n")
+    monkeypatch.setattr("async_grpo.launch.kubernetes.SA_NAMESPACE_FILE", ns_file)
+    assert KubernetesBackend().settings.namespace == "kubeflow-user-example-com"
+    assert KubernetesBackend(namespace="ml").settings.namespace == "ml"
+
+
+def test_bad_options_fail_early():
+    with pytest.raises(ConfigError, match=r"cluster settings:\n  trainer_nodez: unknown field.*ClusterSettings"):
+        KubernetesBackend(trainer_nodez=2)
+
+
+def test_named_runs_use_their_name_and_cleanup_finds_them(gpu_config, gpu_settings):
+    """launch(config with run_name) and cleanup(run_name) agree on object names, whatever the name."""
+    for run_name in ("my-run-1", "Nightly GSM8K run for the Qwen2.5 7B model, take 2"):
+        cluster = FakeCluster([status(condition("Succeeded"))])
+        backend = KubernetesBackend(gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), sleep=lambda s: None)
+        result = backend.launch(gpu_config.model_copy(update={"run_name": run_name}), timeout_s=TIMEOUT_S)
+        name = k8s_run_name(run_name)
+        assert ("PyTorchJob", name) in cluster.objects
+        assert result.model_dir == f"/workspace/runs/{name}/final-model"
+        assert backend.cleanup(run_name) == [f"PyTorchJob/{name}", f"ConfigMap/{name}-config"]
+        assert cluster.objects == {}
+    assert k8s_run_name("my-run-1") == "my-run-1"
+
+
+def test_cleanup_of_a_killed_launch_deletes_every_object(gpu_config, gpu_settings):
+    cluster = FakeCluster()
+    backend, _, _ = make_backend(cluster, gpu_settings)
+    for obj in build_run_objects(gpu_config, gpu_settings, RUN):  # what a killed launcher left behind
+        cluster.objects[(obj["kind"], obj["metadata"]["name"])] = obj
+    removed = backend.cleanup(RUN)
+    assert len(removed) == 9 and cluster.objects == {}
+    assert removed[0] == f"Deployment/{RUN}-vllm"  # the dev-mode endpoints go first
+    assert backend.cleanup(RUN) == []  # idempotent
+
+
+def test_a_run_name_in_use_is_a_clear_error(gpu_config, gpu_settings):
+    cluster = FakeCluster([status(condition("Succeeded"))])
+    backend, _, _ = make_backend(cluster, gpu_settings)
+    backend.launch(gpu_config, timeout_s=TIMEOUT_S)  # leaves the finished job
+    with pytest.raises(RuntimeError, match=f"a run named '{RUN}' is there.*delete pytorchjob {RUN}"):
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config")}  # the old run is untouched
+
+
+def test_mlflow_run_tracking_creates_the_run_the_trainer_resumes(tmp_path):
+    """Against a real (sqlite) MLflow store: the experiment is created once, the run ends as told."""
+    from mlflow import MlflowClient
+
+    from async_grpo.launch.kubernetes import MlflowRunTracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = MlflowRunTracking()
+    first = tracking.create_run(uri, "exp-k8s", "run-a")
+    second = tracking.create_run(uri, "exp-k8s", "run-b")
+    client = MlflowClient(uri)
+    runs = {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name("exp-k8s").experiment_id])}
+    assert set(runs) == {first, second} and runs[first].info.run_name == "run-a"
+    assert runs[first].data.tags["async_grpo.backend"] == "kubernetes"
+    tracking.end_run(uri, first, "FAILED")
+    assert client.get_run(first).info.status == "FAILED" and client.get_run(second).info.status == "RUNNING"
