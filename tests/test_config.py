@@ -246,3 +246,12 @@ def test_string_field_override_with_yaml_scalar_text(override):
 def test_clip_max_override_replaces_cap_from_file(tmp_path):
     path = write_yaml(tmp_path, {"vllm_importance_sampling_cap": 3.0})
     assert load_config(path, ["vllm_importance_sampling_clip_max=5"]).vllm_importance_sampling_cap == 5.0
+
+
+def test_rendezvous_address_is_loopback_for_local_servers_and_pod_ip_otherwise(monkeypatch):
+    from async_grpo.launch.local import rendezvous_address
+
+    assert rendezvous_address("http://127.0.0.1:8000") == "127.0.0.1"
+    assert rendezvous_address("http://localhost:8000") == "127.0.0.1"
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    assert rendezvous_address("http://vllm-0.vllm.ns.svc:8000") == "10.1.2.3"

@@ -118,6 +118,22 @@ def _completion_rows(batch, decode_prompt, n: int) -> list[dict]:
     return rows
 
 
+def rendezvous_address(vllm_url: str) -> str:
+    """Address the vLLM workers use to reach this trainer's weight-transfer rendezvous.
+
+    For a server on this host (loopback URL) it is 127.0.0.1. Otherwise it is the pod IP (`POD_IP`,
+    set from the downward API in the PyTorchJob) or, failing that, this host's resolved hostname.
+    """
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(vllm_url).hostname or ""
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return "127.0.0.1"
+    return os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
+
+
 def _install_sigterm_handler() -> None:
     """Turn SIGTERM (pod eviction, KFP cancel) into KeyboardInterrupt so `finally` blocks clean up."""
 
@@ -197,7 +213,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         tracker = Tracker(config)
         tracker.log_text(dump_config(config), "config.resolved.yaml")
         version = PolicyVersion(0)
-        pusher = WeightPusher(model, url, backend=config.weight_sync_backend, timeout_s=config.weight_sync_timeout_s)
+        pusher = WeightPusher(model, url, backend=config.weight_sync_backend, timeout_s=config.weight_sync_timeout_s,
+                              master_address=rendezvous_address(url))
         pusher.setup()
         sync_times: list[float] = []
         if sft_loss is not None:
