@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml scripts/install.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
+# The KFP pipeline (prepare_dataset -> train_grpo -> evaluate -> register_model) on this machine through
+# kfp.local, with the local launch backend: real vLLM server, reward workers, trainer and MLflow registry.
 demo: install
-	$(BIN)/async-grpo train examples/tiny_cpu.yaml
+	$(BIN)/async-grpo pipeline run-local --config examples/tiny_cpu.yaml
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

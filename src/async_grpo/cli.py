@@ -1,4 +1,4 @@
-"""The `async-grpo` command line: `train CONFIG.yaml [key=value ...]` and `make-tiny-model DIR`."""
+"""The `async-grpo` command line: `train`, `make-tiny-model`, `render` (Kubernetes objects) and `pipeline` (KFP)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_make_tiny_model)
+    from async_grpo import cli_pipeline, cli_render
+
+    cli_render.register(sub)  # async-grpo render CONFIG --backend kubernetes -o DIR
+    cli_pipeline.register(sub)  # async-grpo pipeline compile|submit|schedule|run-local
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

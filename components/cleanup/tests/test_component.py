@@ -1,0 +1,75 @@
+"""cleanup through `python_func`: the staging folder goes, outputs stay, and the kubernetes backend is asked by run name."""
+
+import sys
+import types
+
+import pytest
+from kfp import dsl
+
+from components.cleanup.component import cleanup
+from components.train_grpo.component import train_grpo
+
+
+def _status(state: str = "FAILED") -> dsl.PipelineTaskFinalStatus:
+    return dsl.PipelineTaskFinalStatus(state=state, pipeline_job_resource_name="jobs/42", pipeline_task_name="grpo-run",
+                                       error_code=None, error_message="train-grpo failed")
+
+
+def test_local_removes_only_the_staging_folder(tmp_path):
+    run = tmp_path / "demo-1"
+    (run / "staging" / "dataset").mkdir(parents=True)
+    (run / "final-model").mkdir()
+    (run / "final-model" / "config.json").write_text("{}")
+
+    summary = cleanup.python_func(pipeline_status=_status(), launch_backend="local", run_name="demo-1",
+                                  work_dir=str(tmp_path))
+
+    assert not (run / "staging").exists()
+    assert (run / "final-model" / "config.json").is_file()
+    assert summary == f"run demo-1 (FAILED): {run / 'staging'}"
+
+
+def test_nothing_to_remove_is_not_an_error(tmp_path):
+    summary = cleanup.python_func(pipeline_status=_status("SUCCEEDED"), launch_backend="local",
+                                  pipeline_job_name="job-7", work_dir=str(tmp_path))
+    assert summary == "run job-7 (SUCCEEDED): nothing to remove"
+
+
+def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp_path, monkeypatch):
+    calls = []
+
+    class Backend:
+        def __init__(self, **options):
+            calls.append(("init", options))
+
+        def cleanup(self, run_name):
+            calls.append(("cleanup", run_name))
+            return [f"deployment/{run_name}-vllm", f"pytorchjob/{run_name}"]
+
+    module = types.ModuleType("async_grpo.launch.kubernetes")
+    module.KubernetesBackend = Backend
+    monkeypatch.setitem(sys.modules, "async_grpo.launch.kubernetes", module)
+
+    summary = cleanup.python_func(pipeline_status=_status(), launch_backend="kubernetes", run_name="Nightly Run_3!",
+                                  backend_options={"namespace": "ml"})
+
+    # train_grpo names the run identically (its resolved run_name output); compare with a real call
+    class Stop(Exception):
+        pass
+
+    def stop(self, config, timeout_s):
+        raise Stop(config.run_name)
+
+    module.KubernetesBackend.launch = stop
+    with pytest.raises(Stop) as trained_as:
+        train_grpo.python_func(dataset=dsl.Dataset(uri=str(tmp_path / "d"), name="d", metadata={"source": "builtin:add"}),
+                               model=dsl.Model(uri=str(tmp_path / "m"), name="m"), launch_backend="kubernetes",
+                               run_name="Nightly Run_3!", mlflow_tracking_uri="sqlite:///unused.db")
+    assert calls == [("init", {"namespace": "ml"}), ("cleanup", "nightly-run-3"), ("init", {})]
+    assert str(trained_as.value) == "nightly-run-3"
+    assert summary == "run nightly-run-3 (FAILED): deployment/nightly-run-3-vllm, pytorchjob/nightly-run-3"
+
+
+def test_unknown_backend_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="launch_backend='nomad'"):
+        cleanup.python_func(pipeline_status=_status(), launch_backend="nomad", run_name="x")

@@ -1,0 +1,73 @@
+"""evaluate through `python_func` with a real vLLM server, real reward workers and a real MLflow store and registry.
+
+The checkpoint is the untrained tiny model and the registry already has a champion scored 0.99, so
+the gate must say no; the metrics must still land in the given MLflow run. The "yes" path runs in
+tests/pipelines/test_local_pipeline.py.
+"""
+
+import os
+import shutil
+
+import mlflow
+import psutil
+import pytest
+from kfp import dsl
+from mlflow import MlflowClient
+
+from async_grpo.config import GRPOConfig, dump_config
+from async_grpo.tiny_model import build_tiny_model
+from components.evaluate.component import evaluate
+from components.prepare_dataset.component import prepare_dataset
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+NAME = "tiny-reverser"
+
+
+def _children() -> set[int]:
+    out = set()
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and not any("resource_tracker" in a for a in p.cmdline()):
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_scores_with_vllm_logs_to_the_run_and_refuses_to_beat_a_better_champion(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    exp_id = mlflow.create_experiment("eval-test", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=exp_id) as run:
+        pass
+    client = MlflowClient(uri)
+    client.create_registered_model(NAME)
+    champion = client.create_model_version(NAME, source=str(tmp_path), run_id=run.info.run_id,
+                                           tags={"eval_reward": "0.99"})
+    client.set_registered_model_alias(NAME, "champion", champion.version)
+
+    model = dsl.Model(uri=str(tmp_path / "model-artifact"), name="model")
+    shutil.copytree(build_tiny_model(tmp_path / "tiny", seed=0), model.path)
+    data = dsl.Dataset(uri=str(tmp_path / "dataset-artifact"), name="dataset", metadata={})
+    prepare_dataset.python_func(dataset_uri="builtin:reverse", dataset=data)
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=3, eval_num_prompts=8, num_generations_eval=2,
+                        max_completion_length=8, reward_num_workers=1, mlflow_tracking_uri=uri)
+    metrics = dsl.Metrics(uri=str(tmp_path / "metrics"), name="metrics", metadata={})
+    before = _children()
+
+    passed = evaluate.python_func(model=model, dataset=data, mlflow_run_id=run.info.run_id, tracking_uri=uri,
+                                  resolved_config=dump_config(config), metrics=metrics,
+                                  registered_model_name=NAME, min_eval_reward=0.0, require_improvement=True)
+
+    assert passed is False
+    assert _children() - before == set(), "vLLM or reward workers left running"
+    reward = metrics.metadata["eval_reward"]
+    assert 0.0 <= reward < 0.99
+    assert metrics.metadata["previous_eval_reward"] == 0.99
+    assert "does not beat the champion" in metrics.metadata["decision"]
+    logged = client.get_run(run.info.run_id)
+    assert logged.data.metrics["final_eval/reward"] == pytest.approx(reward)
+    assert "final_eval/rewards/reverse_format/mean" in logged.data.metrics
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "final_eval/reward")] == [3]
+    assert logged.data.tags["final_eval.decision"] == metrics.metadata["decision"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "final_eval")] == ["final_eval/completions.json"]

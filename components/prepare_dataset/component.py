@@ -1,0 +1,120 @@
+"""`prepare_dataset`: load the prompts once, validate them, split off held-out prompts, write one Dataset artifact.
+
+Validating here, in a cheap step, means a bad column or a missing chat template fails the run before
+any GPU or vLLM server is requested; the artifact (a `datasets.save_to_disk` DatasetDict with
+`train` and `eval` splits) is what training and evaluation both read, so they see the same split.
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Dataset, Output
+
+from components import ASYNC_GRPO_IMAGE
+
+
+@dsl.component(base_image=ASYNC_GRPO_IMAGE, install_kfp_package=False)
+def prepare_dataset(
+    dataset_uri: str,
+    dataset: Output[Dataset],
+    eval_dataset_uri: str = "",
+    eval_fraction: float = 0.05,
+    model_name_or_path: str = "",
+    max_prompt_length: int = 0,
+    seed: int = 0,
+) -> NamedTuple("PrepareOutputs", [("train_rows", int), ("eval_rows", int), ("prompt_format", str)]):
+    """Load, validate and split the prompt dataset into a `train`/`eval` DatasetDict artifact.
+
+    Args:
+        dataset_uri: a `.jsonl`/`.json`/`.parquet` file, a `datasets.save_to_disk` folder (a `file://`
+            URI is accepted), or `builtin:<task>`. On a cluster, put files on the workspace volume.
+        dataset: output Dataset artifact; metadata records `source`, `eval_source`, row counts and
+            `prompt_format`.
+        eval_dataset_uri: held-out prompts in the same formats. Empty: a builtin task's own held-out
+            split, or else `eval_fraction` of the training rows (seeded).
+        eval_fraction: share of training rows held out when no eval set is given, in (0, 0.5].
+        model_name_or_path: the policy model (a folder, a hub id, or `builtin:tiny`); its tokenizer must
+            have a chat template when prompts are conversational. Empty skips tokenizer checks.
+        max_prompt_length: when > 0, count prompts longer than this many tokens (training drops them)
+            and fail if none is short enough.
+        seed: seeds a builtin task's training rows and the held-out split.
+
+    Returns:
+        train_rows, eval_rows, and prompt_format ("standard" or "conversational").
+
+    Raises:
+        FileNotFoundError: the dataset path does not exist.
+        ValueError: unsupported spec, bad `prompt` column, no chat template for conversational
+            prompts, an impossible split, or every prompt too long; each message names the fix.
+    """
+    import logging
+    from collections import namedtuple
+
+    from async_grpo.data import encode_prompt, load_prompt_dataset
+
+    log = logging.getLogger("prepare_dataset")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def local_spec(uri: str) -> str:
+        return uri[len("file://"):] if uri.startswith("file://") else uri
+
+    source = local_spec(dataset_uri)
+    train = load_prompt_dataset(source, split="train", seed=seed)
+    if eval_dataset_uri:
+        eval_source = local_spec(eval_dataset_uri)
+        held_out = load_prompt_dataset(eval_source, split="eval", seed=seed)
+    elif source.startswith("builtin:"):
+        eval_source = source
+        held_out = load_prompt_dataset(source, split="eval", seed=seed)
+    else:
+        if not 0.0 < eval_fraction <= 0.5:
+            raise ValueError(
+                f"eval_fraction={eval_fraction} must be in (0, 0.5] when no eval_dataset_uri is given. "
+                "Fix: set eval_fraction (e.g. 0.05) or pass eval_dataset_uri."
+            )
+        if len(train) < 2:
+            raise ValueError(f"dataset {source!r} has {len(train)} row(s); cannot hold any out. Fix: add prompts.")
+        parts = train.train_test_split(test_size=eval_fraction, seed=seed, shuffle=True)
+        train, held_out = parts["train"], parts["test"]
+        eval_source = f"{source} (held-out {eval_fraction:g})"
+
+    conversational = any(not isinstance(p, str) for p in train[:64]["prompt"] + held_out[:64]["prompt"])
+    prompt_format = "conversational" if conversational else "standard"
+    too_long = 0
+    if model_name_or_path and (conversational or max_prompt_length > 0):
+        if model_name_or_path == "builtin:tiny":
+            from async_grpo.tiny_model import build_tiny_tokenizer
+
+            tokenizer = build_tiny_tokenizer()
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        if conversational and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"dataset {source!r} has conversational prompts but the tokenizer of {model_name_or_path!r} has no "
+                "chat_template. Fix: use a chat model, or give string prompts."
+            )
+        lengths = [len(encode_prompt(tokenizer, p)) for p in list(train["prompt"])]
+        if max_prompt_length > 0:
+            too_long = sum(n > max_prompt_length for n in lengths)
+            if too_long == len(lengths):
+                raise ValueError(
+                    f"every prompt of {source!r} is longer than max_prompt_length={max_prompt_length} tokens "
+                    f"(shortest: {min(lengths)}). Fix: raise max_prompt_length or shorten the prompts."
+                )
+            if too_long:
+                log.warning("%d of %d training prompts exceed %d tokens; training drops them",
+                            too_long, len(lengths), max_prompt_length)
+
+    import datasets
+
+    datasets.DatasetDict({"train": train, "eval": held_out}).save_to_disk(dataset.path)
+    dataset.metadata.update({
+        "source": source, "eval_source": eval_source, "train_rows": len(train), "eval_rows": len(held_out),
+        "prompt_format": prompt_format, "columns": list(train.column_names), "too_long_prompts": too_long,
+    })  # fmt: skip
+    log.info("dataset %s: %d train / %d held-out prompts (%s) -> %s", source, len(train), len(held_out),
+             prompt_format, dataset.path)
+    outputs = namedtuple("PrepareOutputs", ["train_rows", "eval_rows", "prompt_format"])
+    return outputs(len(train), len(held_out), prompt_format)

@@ -1,0 +1,79 @@
+"""register_model through `python_func`, against a real MLflow sqlite store and registry."""
+
+import mlflow
+import pytest
+from kfp import dsl
+from mlflow import MlflowClient
+
+from components.register_model.component import register_model
+
+NAME = "tiny-reverser"
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A tracking URI and an experiment whose artifacts live in tmp_path."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    exp_id = mlflow.create_experiment("test", artifact_location=(tmp_path / "artifacts").as_uri())
+    return uri, exp_id
+
+
+def _training_run(tmp_path, store, with_model: bool = True) -> str:
+    uri, exp_id = store
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(experiment_id=exp_id) as run:
+        if with_model:
+            folder = tmp_path / f"model-{run.info.run_id}"
+            folder.mkdir()
+            (folder / "config.json").write_text("{}")
+            mlflow.log_artifacts(str(folder), artifact_path="model")
+    return run.info.run_id
+
+
+def _metrics(tmp_path, reward: float | None) -> dsl.Metrics:
+    m = dsl.Metrics(uri=str(tmp_path / "metrics"), name="metrics", metadata={})
+    if reward is not None:
+        m.log_metric("eval_reward", reward)
+    return m
+
+
+def _model(tmp_path) -> dsl.Model:
+    return dsl.Model(uri=str(tmp_path / "model"), name="model",
+                     metadata={"run_name": "run-a", "base_model": "builtin:tiny"})
+
+
+def test_registers_versions_and_moves_the_champion_alias(tmp_path, store):
+    uri, _ = store
+    first_run, second_run = _training_run(tmp_path, store), _training_run(tmp_path, store)
+
+    first = register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.25),
+                                       mlflow_run_id=first_run, tracking_uri=uri, registered_model_name=NAME)
+    second = register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.5),
+                                        mlflow_run_id=second_run, tracking_uri=uri, registered_model_name=NAME)
+
+    assert (first.model_version, second.model_version) == ("1", "2")
+    assert second.model_uri == f"models:/{NAME}/2"
+    client = MlflowClient(uri)
+    champion = client.get_model_version_by_alias(NAME, "champion")
+    assert str(champion.version) == "2" and champion.run_id == second_run
+    assert float(champion.tags["eval_reward"]) == 0.5 and champion.tags["kfp.run_name"] == "run-a"
+    assert champion.source.endswith(f"{second_run}/artifacts/model")
+    assert client.get_run(first_run).data.tags["registered_model_version"] == f"{NAME}/1"
+
+
+def test_a_run_without_model_artifact_is_refused(tmp_path, store):
+    uri, _ = store
+    run_id = _training_run(tmp_path, store, with_model=False)
+    with pytest.raises(FileNotFoundError, match="no `model` artifact"):
+        register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.5), mlflow_run_id=run_id,
+                                   tracking_uri=uri, registered_model_name=NAME)
+    assert MlflowClient(uri).search_model_versions(f"name = '{NAME}'") == []
+
+
+def test_metrics_without_eval_reward_are_refused(tmp_path, store):
+    uri, _ = store
+    with pytest.raises(ValueError, match="no eval_reward"):
+        register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, None),
+                                   mlflow_run_id=_training_run(tmp_path, store), tracking_uri=uri,
+                                   registered_model_name=NAME)

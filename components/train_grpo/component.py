@@ -1,0 +1,191 @@
+"""`train_grpo`: resolve one GRPOConfig and run it to completion through a launch backend.
+
+The component is only glue: config precedence, staging the dataset where the job can read it, and
+turning the backend's `LaunchResult` into KFP outputs. The work happens behind `LaunchBackend`
+(`local`: subprocesses in this pod or on this machine; `kubernetes`: a PyTorchJob plus vLLM and reward
+Deployments), so the same component drives a laptop run and a multi-node cluster run.
+"""
+
+from typing import List, NamedTuple, Optional
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Model, Output
+
+from components import ASYNC_GRPO_IMAGE
+
+
+@dsl.component(base_image=ASYNC_GRPO_IMAGE, install_kfp_package=False)
+def train_grpo(
+    dataset: Input[Dataset],
+    model: Output[Model],
+    config_yaml: str = "",
+    model_name_or_path: Optional[str] = None,
+    reward_funcs: Optional[List[str]] = None,
+    reward_weights: Optional[List[float]] = None,
+    num_generations: Optional[int] = None,
+    max_completion_length: Optional[int] = None,
+    max_prompt_length: Optional[int] = None,
+    temperature: Optional[float] = None,
+    learning_rate: Optional[float] = None,
+    per_device_train_batch_size: Optional[int] = None,
+    gradient_accumulation_steps: Optional[int] = None,
+    max_steps: Optional[int] = None,
+    seed: Optional[int] = None,
+    loss_type: Optional[str] = None,
+    beta: Optional[float] = None,
+    epsilon: Optional[float] = None,
+    epsilon_high: Optional[float] = None,
+    scale_rewards: Optional[str] = None,
+    vllm_importance_sampling_mode: Optional[str] = None,
+    vllm_importance_sampling_cap: Optional[float] = None,
+    max_staleness: Optional[int] = None,
+    vllm_sync_interval: Optional[int] = None,
+    warmup_sft_steps: Optional[int] = None,
+    eval_num_prompts: Optional[int] = None,
+    num_generations_eval: Optional[int] = None,
+    mlflow_experiment_name: Optional[str] = None,
+    extra_overrides: Optional[List[str]] = None,
+    launch_backend: str = "local",
+    launch_timeout_s: float = 86400.0,
+    backend_options: Optional[dict] = None,
+    work_dir: str = "",
+    run_name: str = "",
+    pipeline_job_name: str = "",
+    mlflow_tracking_uri: str = "",
+) -> NamedTuple(
+    "TrainOutputs", [("mlflow_run_id", str), ("tracking_uri", str), ("resolved_config", str), ("run_name", str)]
+):
+    """Build the run's GRPOConfig, launch it through `launch_backend`, wait, and output the trained model.
+
+    Config precedence (later wins): `config_yaml`; each named knob that is not None (the names are
+    GRPOConfig fields); the dataset from the `dataset` artifact, `run_name`, `output_dir` and the
+    MLflow URI set by this component; then `extra_overrides` (`key=value`, values parsed as YAML).
+    A builtin training set is kept as `builtin:<task>` (the job regenerates it with the same seed,
+    and the warm start needs the task); held-out prompts always come from the artifact.
+
+    Args:
+        dataset: the `prepare_dataset` artifact (DatasetDict with `train` and `eval`).
+        model: output Model artifact: a copy of the final HF checkpoint; metadata holds the MLflow run
+            id, tracking URI, run name and the backend's headline metrics.
+        config_yaml: a GRPOConfig YAML document (may be empty).
+        launch_backend: "local" (every role as a subprocess here) or "kubernetes" (PyTorchJob trainer,
+            vLLM and reward Deployments; `async_grpo.launch.kubernetes` is imported only then).
+        launch_timeout_s: seconds the backend may run before it must give up and clean up.
+        backend_options: keyword arguments for the backend's constructor (kubernetes only).
+        work_dir: shared folder (on a cluster, the workspace volume's mount path, mounted at the same
+            path in the trainer pods). When set, the run's output_dir is `<work_dir>/<run name>` and
+            the dataset is staged under `<work_dir>/<run name>/staging/`.
+        run_name: MLflow run name and the run's object/folder name; empty uses `pipeline_job_name`.
+            Lower-cased, with characters outside [a-z0-9-] turned into "-", at most 63 characters.
+        pipeline_job_name: the KFP job name (the pipeline passes its placeholder).
+        mlflow_tracking_uri: overrides the config's URI; when both are empty, the MLFLOW_TRACKING_URI
+            environment variable (the cluster secret) is used, else sqlite under output_dir.
+
+    Returns:
+        mlflow_run_id, tracking_uri, resolved_config (YAML of every field) and run_name.
+
+    Raises:
+        ConfigError (a ValueError): the merged config is invalid, or save_model is false (evaluation
+            and registration need the checkpoint); raised before anything starts.
+        ValueError: unknown launch_backend.
+        TimeoutError: the backend ran past `launch_timeout_s` (it cleans up first).
+        RuntimeError: the run failed, or finished without a checkpoint.
+    """
+    import logging
+    import os
+    import re
+    import shutil
+    import tempfile
+    from collections import namedtuple
+    from pathlib import Path
+
+    import yaml
+
+    from async_grpo.config import ConfigError, dump_config, load_config
+
+    log = logging.getLogger("train_grpo")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    knobs = {
+        "model_name_or_path": model_name_or_path, "reward_funcs": reward_funcs, "reward_weights": reward_weights,
+        "num_generations": num_generations, "max_completion_length": max_completion_length,
+        "max_prompt_length": max_prompt_length, "temperature": temperature, "learning_rate": learning_rate,
+        "per_device_train_batch_size": per_device_train_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps, "max_steps": max_steps, "seed": seed,
+        "loss_type": loss_type, "beta": beta, "epsilon": epsilon, "epsilon_high": epsilon_high,
+        "scale_rewards": scale_rewards, "vllm_importance_sampling_mode": vllm_importance_sampling_mode,
+        "vllm_importance_sampling_cap": vllm_importance_sampling_cap, "max_staleness": max_staleness,
+        "vllm_sync_interval": vllm_sync_interval, "warmup_sft_steps": warmup_sft_steps,
+        "eval_num_prompts": eval_num_prompts, "num_generations_eval": num_generations_eval,
+        "mlflow_experiment_name": mlflow_experiment_name,
+    }  # fmt: skip
+    base = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
+    if not isinstance(base, dict):
+        raise ConfigError("config_yaml must be a YAML mapping of GRPOConfig field: value.")
+    base.update({k: v for k, v in knobs.items() if v is not None})
+
+    name = re.sub(r"[^a-z0-9-]+", "-", (run_name or pipeline_job_name or "async-grpo").lower())
+    name = name.strip("-")[:63].rstrip("-") or "async-grpo"
+    base["run_name"] = name
+    if work_dir:
+        base["output_dir"] = str(Path(work_dir) / name)
+    if mlflow_tracking_uri:
+        base["mlflow_tracking_uri"] = mlflow_tracking_uri
+    elif not base.get("mlflow_tracking_uri") and os.environ.get("MLFLOW_TRACKING_URI"):
+        base["mlflow_tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
+
+    staged = Path(dataset.path)
+    if work_dir:
+        staged = Path(work_dir) / name / "staging" / "dataset"
+        if staged.exists():
+            shutil.rmtree(staged)
+        shutil.copytree(dataset.path, staged)
+    source = str(dataset.metadata.get("source", ""))
+    base["dataset"] = source if source.startswith("builtin:") else str(staged)
+    base["eval_dataset"] = str(staged)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(yaml.safe_dump(base, sort_keys=False))
+        config = load_config(path, list(extra_overrides or []))
+    if not config.save_model:
+        raise ConfigError("save_model is false, but the pipeline evaluates and registers the checkpoint. "
+                          "Fix: drop save_model=false.")
+
+    if launch_backend == "local":
+        from async_grpo.launch.local import LocalBackend
+
+        if backend_options:
+            log.warning("backend_options %s are ignored by the local backend", sorted(backend_options))
+        backend = LocalBackend()
+    elif launch_backend == "kubernetes":
+        from async_grpo.launch.kubernetes import KubernetesBackend
+
+        backend = KubernetesBackend(**(backend_options or {}))
+    else:
+        raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
+
+    log.info("launching run %r with the %s backend (timeout %.0f s): model=%s dataset=%s max_steps=%d output_dir=%s",
+             name, launch_backend, launch_timeout_s, config.model_name_or_path, config.dataset, config.max_steps,
+             config.output_dir)
+    result = backend.launch(config, timeout_s=launch_timeout_s)
+    log.info("run %r finished: MLflow run %s at %s; metrics %s", name, result.mlflow_run_id, result.tracking_uri,
+             result.metrics)
+
+    if not result.model_dir or not (Path(result.model_dir) / "config.json").is_file():
+        raise RuntimeError(f"run {name!r} finished but left no HF checkpoint at {result.model_dir!r}. "
+                           "Fix: check the trainer logs; save_model must stay true.")
+    shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
+    model.metadata.update({
+        "mlflow_run_id": result.mlflow_run_id, "tracking_uri": result.tracking_uri, "run_name": name,
+        "model_dir": str(result.model_dir), "base_model": config.model_name_or_path, "launch_backend": launch_backend,
+        **{k: float(v) for k, v in result.metrics.items()},
+    })  # fmt: skip
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=result.tracking_uri)
+    client.set_tag(result.mlflow_run_id, "kfp.run_name", name)
+    client.set_tag(result.mlflow_run_id, "kfp.launch_backend", launch_backend)
+    outputs = namedtuple("TrainOutputs", ["mlflow_run_id", "tracking_uri", "resolved_config", "run_name"])
+    return outputs(result.mlflow_run_id, result.tracking_uri, dump_config(config), name)

@@ -1,0 +1,152 @@
+"""train_grpo through `python_func`, against a recording launch backend.
+
+The backend double stands in for `async_grpo.launch.kubernetes` (the component imports it lazily, by
+name), records the GRPOConfig it is handed, and finishes like a real run: an MLflow run in a real
+sqlite store and an HF-style checkpoint folder. The local backend's real run is covered by
+tests/pipelines/test_local_pipeline.py.
+"""
+
+import sys
+import types
+from pathlib import Path
+
+import datasets
+import mlflow
+import pytest
+import yaml
+from kfp import dsl
+
+from async_grpo.config import ConfigError, GRPOConfig
+from async_grpo.launch.base import LaunchResult
+from components.train_grpo.component import train_grpo
+
+BASE_YAML = "max_steps: 5\nlearning_rate: 0.1\ntorch_num_threads: 1\nnum_generations: 4\nper_device_train_batch_size: 8\n"
+
+
+class RecordingBackend:
+    """Records constructor options and launches; each launch makes a real MLflow run and a checkpoint folder."""
+
+    instances: list["RecordingBackend"] = []
+    save_checkpoint = True
+
+    def __init__(self, **options):
+        self.options = options
+        self.launches: list[tuple[GRPOConfig, float]] = []
+        RecordingBackend.instances.append(self)
+
+    def launch(self, config: GRPOConfig, *, timeout_s: float) -> LaunchResult:
+        self.launches.append((config, timeout_s))
+        mlflow.set_tracking_uri(config.tracking_uri)
+        with mlflow.start_run(run_name=config.run_name) as run:
+            mlflow.log_param("max_steps", config.max_steps)
+        model_dir = Path(config.output_dir) / "final-model"
+        if self.save_checkpoint:
+            model_dir.mkdir(parents=True)
+            (model_dir / "config.json").write_text("{}")
+            (model_dir / "model.safetensors").write_bytes(b"weights")
+        return LaunchResult(run.info.run_id, config.tracking_uri, str(model_dir) if self.save_checkpoint else None,
+                            {"after/eval/reward": 0.5})
+
+
+@pytest.fixture
+def backend_module(monkeypatch):
+    RecordingBackend.instances.clear()
+    module = types.ModuleType("async_grpo.launch.kubernetes")
+    module.KubernetesBackend = RecordingBackend
+    monkeypatch.setitem(sys.modules, "async_grpo.launch.kubernetes", module)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return RecordingBackend.instances
+
+
+def _dataset(tmp_path, source: str) -> dsl.Dataset:
+    art = dsl.Dataset(uri=str(tmp_path / "artifacts" / "dataset"), name="dataset", metadata={"source": source})
+    rows = {"prompt": ["reverse: abc\n", "reverse: hello\n"], "answer": ["cba", "olleh"]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
+                          "eval": datasets.Dataset.from_dict(rows)}).save_to_disk(art.path)
+    return art
+
+
+def _model(tmp_path) -> dsl.Model:
+    return dsl.Model(uri=str(tmp_path / "artifacts" / "model"), name="model", metadata={})
+
+
+def test_precedence_staging_and_outputs(tmp_path, backend_module):
+    work = tmp_path / "work"
+    model = _model(tmp_path)
+    out = train_grpo.python_func(
+        dataset=_dataset(tmp_path, "builtin:reverse"), model=model, config_yaml=BASE_YAML, max_steps=7,
+        extra_overrides=["learning_rate=0.01"], launch_backend="kubernetes", launch_timeout_s=123.0,
+        backend_options={"namespace": "ml"}, work_dir=str(work), run_name="My Run_1",
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )  # fmt: skip
+
+    (backend,) = backend_module
+    (config, timeout_s), = backend.launches
+    assert backend.options == {"namespace": "ml"} and timeout_s == 123.0
+    assert config.max_steps == 7  # the typed knob beats config_yaml
+    assert config.learning_rate == 0.01  # extra_overrides beat both
+    assert config.torch_num_threads == 1 and config.num_generations == 4  # config_yaml fills the rest
+    assert config.run_name == "my-run-1" and out.run_name == "my-run-1"
+    assert config.output_dir == str(work / "my-run-1")
+    assert config.dataset == "builtin:reverse"  # kept for the warm start
+    staged = work / "my-run-1" / "staging" / "dataset"
+    assert config.eval_dataset == str(staged)
+    assert len(datasets.load_from_disk(str(staged))["eval"]) == 2
+
+    assert GRPOConfig.model_validate(yaml.safe_load(out.resolved_config)) == config
+    assert (Path(model.path) / "model.safetensors").read_bytes() == b"weights"
+    assert model.metadata["mlflow_run_id"] == out.mlflow_run_id
+    assert model.metadata["after/eval/reward"] == 0.5 and model.metadata["launch_backend"] == "kubernetes"
+    run = mlflow.MlflowClient(out.tracking_uri).get_run(out.mlflow_run_id)
+    assert run.data.tags["kfp.run_name"] == "my-run-1"
+
+
+def test_a_file_dataset_is_trained_from_the_staged_copy(tmp_path, backend_module):
+    work = tmp_path / "work"
+    train_grpo.python_func(dataset=_dataset(tmp_path, "/data/prompts.jsonl"), model=_model(tmp_path),
+                           config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(work),
+                           pipeline_job_name="grpo-pipeline-20260101",
+                           mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    (config, _), = backend_module[0].launches
+    staged = str(work / "grpo-pipeline-20260101" / "staging" / "dataset")
+    assert config.dataset == staged and config.eval_dataset == staged
+
+
+def test_cluster_secret_uri_applies_only_when_nothing_else_is_set(tmp_path, backend_module, monkeypatch):
+    secret_uri = f"sqlite:///{tmp_path / 'from-secret.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", secret_uri)
+    out = train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path),
+                                 config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w"))
+    assert backend_module[0].launches[0][0].mlflow_tracking_uri == secret_uri and out.tracking_uri == secret_uri
+
+    explicit = f"sqlite:///{tmp_path / 'explicit.db'}"
+    train_grpo.python_func(dataset=_dataset(tmp_path / "2", "builtin:reverse"), model=_model(tmp_path / "2"),
+                           config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w2"),
+                           mlflow_tracking_uri=explicit)
+    assert backend_module[1].launches[0][0].mlflow_tracking_uri == explicit
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"num_generations": 1}, ConfigError, "num_generations"),
+        ({"extra_overrides": ["save_model=false"]}, ConfigError, "save_model"),
+        ({"extra_overrides": ["no_such_field=1"]}, ConfigError, "unknown config field"),
+        ({"config_yaml": "- a list"}, ConfigError, "YAML mapping"),
+        ({"launch_backend": "slurm"}, ValueError, "launch_backend='slurm'"),
+    ],
+)
+def test_bad_inputs_fail_before_anything_launches(tmp_path, backend_module, kwargs, error, match):
+    args = {"config_yaml": BASE_YAML, "launch_backend": "kubernetes", "work_dir": str(tmp_path / "w"), **kwargs}
+    with pytest.raises(error, match=match):
+        train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path), **args)
+    assert all(not b.launches for b in backend_module)
+
+
+def test_a_run_without_checkpoint_is_an_error(tmp_path, backend_module, monkeypatch):
+    monkeypatch.setattr(RecordingBackend, "save_checkpoint", False)
+    with pytest.raises(RuntimeError, match="no HF checkpoint"):
+        train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path),
+                               config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w"),
+                               mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -1,0 +1,131 @@
+"""The compiled pipeline: committed IR is current, every knob is a parameter with the demo default, the DAG and the
+Kubernetes wiring are what the issue asks for."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from async_grpo.config import GRPOConfig, load_config
+from async_grpo.pipeline_local import find_repo_root, import_pipeline_module
+
+REPO = find_repo_root()
+module = import_pipeline_module()
+PACKAGES = {"grpo_pipeline.yaml": True, "grpo_pipeline_cpu.yaml": False}
+
+
+def _load(path: Path) -> tuple[dict, dict]:
+    ir, platform = yaml.safe_load_all(path.read_text())
+    return ir, platform
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    out = tmp_path_factory.mktemp("ir")
+    return {name: _load(module.compile_pipeline(out / name, gpu=gpu)) for name, gpu in PACKAGES.items()}
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_committed_ir_is_up_to_date(compiled, name):
+    # compared as data: the compiler's header comment orders dict defaults differently from run to run
+    assert _load(REPO / "pipelines" / name) == compiled[name], (
+        f"pipelines/{name} is stale. Fix: run `async-grpo pipeline compile` and commit the result.")
+
+
+def test_module_and_packages_agree():
+    assert module.PACKAGES == PACKAGES
+
+
+def test_every_knob_is_a_typed_parameter_defaulting_to_the_demo_config(compiled):
+    ir, _ = compiled["grpo_pipeline.yaml"]
+    params = ir["root"]["inputDefinitions"]["parameters"]
+    demo = yaml.safe_load((REPO / "examples" / "tiny_cpu.yaml").read_text())
+    ir_types = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "BOOLEAN": bool, "LIST": list}
+    for knob in (*module.TYPED_KNOBS, "dataset"):
+        spec = params[knob]
+        field_type = type(getattr(GRPOConfig.model_validate(demo), knob))
+        assert ir_types[spec["parameterType"]] in (field_type, float if field_type is int else field_type), knob
+        assert spec["defaultValue"] == demo.get(knob, GRPOConfig.model_fields[knob].default), knob
+    # the typed defaults plus the config_yaml default rebuild the demo config exactly
+    rebuilt = yaml.safe_load(params["config_yaml"]["defaultValue"])
+    rebuilt.update({k: params[k]["defaultValue"] for k in (*module.TYPED_KNOBS, "dataset")})
+    assert "output_dir" not in rebuilt  # the pipeline sets it from work_dir
+    assert GRPOConfig.model_validate(rebuilt) == load_config(REPO / "examples" / "tiny_cpu.yaml").model_copy(
+        update={"output_dir": GRPOConfig.model_fields["output_dir"].default})
+    for name in ("launch_backend", "launch_timeout_s", "registered_model_name", "min_eval_reward",
+                 "require_improvement", "extra_overrides", "kubernetes_options", "work_dir", "mlflow_secret_name",
+                 "hf_token_secret_name", "workspace_pvc_name", "gpu_node_selector", "gpu_tolerations"):
+        assert "defaultValue" in params[name], name
+    assert params["launch_backend"]["defaultValue"] == "kubernetes"
+
+
+def test_dag_is_dataset_train_evaluate_register_inside_an_exit_handler(compiled):
+    ir, _ = compiled["grpo_pipeline.yaml"]
+    root = ir["root"]["dag"]["tasks"]
+    assert set(root) == {"exit-handler-1", "cleanup"}
+    assert root["cleanup"]["dependentTasks"] == ["exit-handler-1"]
+    assert root["cleanup"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert "taskFinalStatus" in root["cleanup"]["inputs"]["parameters"]["pipeline_status"]
+
+    body = ir["components"][root["exit-handler-1"]["componentRef"]["name"]]["dag"]["tasks"]
+    assert set(body) == {"prepare-dataset", "train-grpo", "evaluate", "condition-2"}
+    assert "dependentTasks" not in body["prepare-dataset"]
+    assert body["train-grpo"]["dependentTasks"] == ["prepare-dataset"]
+    assert sorted(body["evaluate"]["dependentTasks"]) == ["prepare-dataset", "train-grpo"]
+    assert body["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
+        "outputArtifactKey": "model", "producerTask": "train-grpo"}
+    condition = body["condition-2"]
+    assert "evaluate" in condition["dependentTasks"]
+    assert condition["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--evaluate-Output'] == true"
+    inner = ir["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
+    assert set(inner) == {"register-model"}
+    assert inner["register-model"]["inputs"]["artifacts"]["metrics"]["componentInputArtifact"] == (
+        "pipelinechannel--evaluate-metrics")
+    for task in ("prepare-dataset", "train-grpo", "evaluate"):
+        assert body[task]["cachingOptions"] == {}, f"{task} must not be cached (enableCache false)"
+
+
+def test_kubernetes_wiring_lives_in_the_pipeline(compiled):
+    _, platform = compiled["grpo_pipeline.yaml"]
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+    def secret_envs(executor):
+        return {kv["envVar"]: entry["secretNameParameter"]["componentInputParameter"].removeprefix("pipelinechannel--")
+                for entry in executors[executor].get("secretAsEnv", []) for kv in entry["keyToEnv"]}
+
+    for executor in ("exec-train-grpo", "exec-evaluate", "exec-register-model"):
+        assert secret_envs(executor)["MLFLOW_TRACKING_URI"] == "mlflow_secret_name", executor
+    for executor in ("exec-prepare-dataset", "exec-train-grpo", "exec-evaluate"):
+        assert secret_envs(executor)["HF_TOKEN"] == "hf_token_secret_name", executor
+    for executor in ("exec-prepare-dataset", "exec-train-grpo", "exec-evaluate", "exec-cleanup"):
+        (mount,) = executors[executor]["pvcMount"]
+        assert mount["mountPath"] == module.WORKSPACE_MOUNT_PATH, executor
+        assert mount["pvcNameParameter"]["componentInputParameter"].endswith("workspace_pvc_name")
+    evaluate = executors["exec-evaluate"]
+    assert evaluate["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("gpu_node_selector")
+    assert evaluate["tolerations"][0]["tolerationJson"]["componentInputParameter"].endswith("gpu_tolerations")
+    assert evaluate["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
+                                           "volumeName": "dshm"}]
+
+
+def test_only_the_gpu_flavour_asks_for_a_gpu(compiled):
+    for name, gpu in PACKAGES.items():
+        ir, _ = compiled[name]
+        container = ir["deploymentSpec"]["executors"]["exec-evaluate"]["container"]
+        accelerator = container.get("resources", {}).get("accelerator", {})
+        assert accelerator.get("resourceType") == ("nvidia.com/gpu" if gpu else None), name
+        params = ir["root"]["inputDefinitions"]["parameters"]
+        assert bool(params["gpu_tolerations"]["defaultValue"]) is gpu, name
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_every_step_runs_the_project_image_and_installs_nothing(compiled, name):
+    from components import ASYNC_GRPO_CPU_IMAGE, ASYNC_GRPO_IMAGE
+
+    ir, _ = compiled[name]
+    executors = ir["deploymentSpec"]["executors"]
+    assert len(executors) == 5
+    for executor_name, executor in executors.items():
+        container = executor["container"]
+        assert container["image"] == (ASYNC_GRPO_IMAGE if PACKAGES[name] else ASYNC_GRPO_CPU_IMAGE), executor_name
+        assert "pip install" not in " ".join(container["command"]), executor_name
