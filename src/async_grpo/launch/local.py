@@ -157,6 +157,13 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        raise ValueError(
+            f"WORLD_SIZE={world_size}: the trainer is single-process for now, so torchrun / a PyTorchJob with "
+            "several ranks would start independent trainers against one vLLM. Fix: run with one node and "
+            "nproc_per_node=1 until multi-rank (FSDP) training lands."
+        )
     t_start = time.perf_counter()
     out_dir = Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
