@@ -10,6 +10,7 @@ Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import time
