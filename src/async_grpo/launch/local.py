@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 from async_grpo.transports.weights.sync import WeightPusher
 
 logger = logging.getLogger(__name__)
+
+PROGRESS_LOG_INTERVAL_S = 15.0  # progress-bar refresh when stderr is a log file or a pipeline step, not a terminal
 
 
 @dataclass
@@ -281,7 +284,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         t_train = time.perf_counter()
         idle_s = 0.0
         tokens_per_s: list[float] = []
-        bar = tqdm(range(1, config.max_steps + 1), desc="GRPO", unit="step", disable=not progress)
+        bar = tqdm(range(1, config.max_steps + 1), desc="GRPO", unit="step", disable=not progress,
+                   mininterval=0.5 if sys.stderr.isatty() else PROGRESS_LOG_INTERVAL_S)  # sparse lines in logs
         for step in bar:
             t_wait = time.perf_counter()
             depth = queue.depth
@@ -388,7 +392,7 @@ class LocalBackend:
         """Run `config` here. `timeout_s` is not enforced beyond the run's own per-wait timeouts."""
         from async_grpo.launch.base import LaunchResult
 
-        summary = run_training(config, progress=False)
+        summary = run_training(config, progress=True)
         metrics = {f"before/{k}": v for k, v in summary.eval_before.items()}
         metrics.update({f"after/{k}": v for k, v in summary.eval_after.items()})
         return LaunchResult(summary.run_id, summary.tracking_uri, summary.model_dir, metrics)
