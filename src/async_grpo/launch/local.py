@@ -168,6 +168,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             "several ranks would start independent trainers against one vLLM. Fix: run with one node and "
             "nproc_per_node=1 until multi-rank (FSDP) training lands."
         )
+    for noisy in ("httpx", "urllib3"):  # one INFO line per generation request would drown the run's own logs
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
     t_start = time.perf_counter()
     out_dir = Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
