@@ -37,6 +37,7 @@ class RecordingBackend:
     def launch(self, config: GRPOConfig, *, timeout_s: float) -> LaunchResult:
         self.launches.append((config, timeout_s))
         mlflow.set_tracking_uri(config.tracking_uri)
+        mlflow.set_experiment(config.mlflow_experiment_name)  # not whatever experiment an earlier test left active
         with mlflow.start_run(run_name=config.run_name) as run:
             mlflow.log_param("max_steps", config.max_steps)
         model_dir = Path(config.output_dir) / "final-model"
