@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import threading
 import sys
 import time
 from dataclasses import dataclass, field
@@ -138,14 +139,22 @@ def rendezvous_address(vllm_url: str) -> str:
     return os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
 
 
-def _install_sigterm_handler() -> None:
-    """Turn SIGTERM (pod eviction, KFP cancel) into KeyboardInterrupt so `finally` blocks clean up."""
+_INTERRUPTED = threading.Event()  # set by our SIGINT/SIGTERM handler
+
+
+def _install_signal_handlers() -> None:
+    """Turn SIGINT (Ctrl-C) and SIGTERM (pod eviction, KFP cancel) into KeyboardInterrupt so `finally`
+    blocks clean up, and remember that it happened: a terminal's Ctrl-C also reaches the vLLM server,
+    which may die first and make the in-flight call fail with a secondary error (e.g. connection refused)
+    before the KeyboardInterrupt surfaces; `run_training` reports such a run as interrupted, not failed."""
 
     def handler(signum, frame):
+        _INTERRUPTED.set()
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
-        signal.signal(signal.SIGTERM, handler)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
     except ValueError:  # not the main thread
         pass
 
@@ -177,7 +186,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
     torch.manual_seed(config.seed)
     if config.torch_num_threads:
         torch.set_num_threads(config.torch_num_threads)
-    _install_sigterm_handler()
+    _INTERRUPTED.clear()
+    _install_signal_handlers()
 
     # ---- cheap validation first: model folder, tokenizer, datasets, reward functions
     model_path = _resolve_model_path(config)
@@ -345,6 +355,11 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         return summary
     except KeyboardInterrupt:
         status = "KILLED"
+        raise
+    except Exception as err:
+        if _INTERRUPTED.is_set():  # a secondary failure caused by the interrupt (see _install_signal_handlers)
+            status = "KILLED"
+            raise KeyboardInterrupt("interrupted") from err
         raise
     finally:
         if orchestrator is not None:
