@@ -322,7 +322,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             if step % config.log_completions_steps == 0:
                 tracker.log_completions(_completion_rows(batch, lambda g: decode(g.prompt_ids),
                                                          config.num_completions_to_print), step=step)
-            bar.set_postfix(reward=f"{metrics.get('reward', float('nan')):.3f}", v=version.value)
+            bar.set_postfix(reward=f"{metrics.get('reward', float('nan')):.3f}", v=version.value, refresh=False)
         train_s = time.perf_counter() - t_train
         orchestrator.stop()
 
