@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psutil
 import pytest
 
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
@@ -35,22 +34,3 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     server.start()
     yield server
     server.stop()
-
-
-def live_descendants(pid: int) -> list[psutil.Process]:
-    """Live (non-zombie) descendants of `pid`, ignoring multiprocessing's resource tracker."""
-    out = []
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return out
-    for p in children:
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if any("resource_tracker" in part for part in p.cmdline()):
-                continue
-            out.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return out

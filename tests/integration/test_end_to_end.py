@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import mlflow
 import pytest
@@ -10,7 +9,6 @@ import pytest
 from async_grpo.config import GRPOConfig
 from async_grpo.launch.local import run_training
 
-from .conftest import live_descendants
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +27,7 @@ EXPECTED_METRICS = [
 ]  # fmt: skip
 
 
-def test_short_run_logs_everything_to_mlflow(vllm_server, tiny_model_dir, tmp_path):
+def test_short_run_logs_everything_to_mlflow(child_pids, vllm_server, tiny_model_dir, tmp_path):
     config = GRPOConfig(
         model_name_or_path=str(tiny_model_dir), dataset="builtin:reverse", output_dir=str(tmp_path / "run"),
         vllm_url=vllm_server.url, warmup_sft_steps=20, max_steps=4, vllm_sync_interval=2, beta=0.04,
@@ -37,12 +35,12 @@ def test_short_run_logs_everything_to_mlflow(vllm_server, tiny_model_dir, tmp_pa
         max_completion_length=8, eval_num_prompts=8, log_completions_steps=2, torch_num_threads=1,
         learning_rate=1e-4,
     )  # fmt: skip
-    before = {p.pid for p in live_descendants(os.getpid())}  # the shared vLLM server and its engine
+    before = child_pids()  # the shared vLLM server and its engine
     summary = run_training(config, progress=False)
 
     assert summary.steps == 4
     assert summary.weight_syncs == 3  # version 0 (warm start) + steps 2 and 4
-    leftover = [p for p in live_descendants(os.getpid()) if p.pid not in before]
+    leftover = child_pids() - before
     assert not leftover, f"processes left behind by the run: {leftover}"  # reward workers were ended
 
     mlflow.set_tracking_uri(summary.tracking_uri)

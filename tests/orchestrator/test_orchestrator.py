@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import statistics
 import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from async_grpo.inference.client import Completion
@@ -202,18 +200,6 @@ class SilentClient(FakeClient):
 
 
 # ------------------------------------------------------------------ orchestrator runs
-def pool_children() -> set[int]:
-    """Live child processes of this test process, except multiprocessing's resource tracker."""
-    kids = set()
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                kids.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return kids
-
-
 @pytest.fixture(scope="module")
 def pool():
     """Real reward workers scoring [length_reward, constant_reward]."""
@@ -308,8 +294,8 @@ def test_run_fills_queue_with_scored_versioned_batches(pool, started):
 
 
 @pytest.mark.integration
-def test_hanging_reward_groups_dropped_and_counted(started):
-    before = pool_children()
+def test_hanging_reward_groups_dropped_and_counted(child_pids, started):
+    before = child_pids()
     hang_pool = RewardPool([spec("length_reward")], num_workers=2, timeout_s=2)
     try:
         version = PolicyVersion()
@@ -324,7 +310,7 @@ def test_hanging_reward_groups_dropped_and_counted(started):
         hang_pool.close()
     assert all(grp.columns == {"answer": "ok"} for b in got for grp in b.groups)
     assert set(orch.drops.snapshot()) <= {"reward_timeout", "shutdown"}
-    wait_until(lambda: not (pool_children() - before), "the reward workers to exit", timeout_s=15)
+    wait_until(lambda: not (child_pids() - before), "the reward workers to exit", timeout_s=15)
 
 
 @pytest.mark.integration

@@ -2,10 +2,8 @@
 real reward workers and a real MLflow store; the store is queried afterwards."""
 
 import argparse
-import os
 from pathlib import Path
 
-import psutil
 import pytest
 from mlflow import MlflowClient
 
@@ -15,22 +13,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SHORT = ("max_steps=20", "warmup_sft_steps=300", "eval_num_prompts=16")  # about 2 minutes on 2 cores
 
 
-def _children() -> set[int]:
-    out = set()
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not any("resource_tracker" in a for a in p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def test_run_local_ends_with_a_registered_model(tmp_path, capsys):
+def test_run_local_ends_with_a_registered_model(child_pids, tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="async-grpo")
     cli_pipeline.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["pipeline", "run-local", "--output-dir", str(tmp_path), "run_name=ci-short", *SHORT])
-    before = _children()
+    before = child_pids()
 
     assert args.func(args) == 0
 
@@ -38,7 +25,7 @@ def test_run_local_ends_with_a_registered_model(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert f"mlflow ui --backend-store-uri {uri}" in printed
     assert "async-grpo-tiny version 1 (models:/async-grpo-tiny/1)" in printed
-    assert _children() - before == set(), "processes left behind by the pipeline"
+    assert child_pids() - before == set(), "processes left behind by the pipeline"
 
     # every task ran through kfp.local, the exit handler included
     (job,) = (tmp_path / "kfp-local").iterdir()

@@ -1,11 +1,9 @@
 """RewardPool with real spawned workers: scoring, async functions, failures, timeouts, clean shutdown."""
 
 import math
-import os
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from async_grpo.rewards.loading import RewardSpecError
@@ -31,18 +29,6 @@ def group(*completions: str) -> dict:
 
 
 GROUP = group("a", "bb", "ccc", "x")
-
-
-def pool_children() -> set[int]:
-    """Live child processes of this test process, except multiprocessing's shared resource tracker."""
-    kids = set()
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                kids.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return kids
 
 
 @pytest.fixture(scope="module")
@@ -141,19 +127,19 @@ def test_crashing_worker_is_a_reward_error():
 
 
 @pytest.mark.integration
-def test_close_leaves_no_child_processes_and_fails_pending_groups():
-    before = pool_children()
+def test_close_leaves_no_child_processes_and_fails_pending_groups(child_pids):
+    before = child_pids()
     pool = RewardPool([spec("hanging_reward")], num_workers=2, timeout_s=30)
     pending = [pool.submit(**GROUP) for _ in range(3)]
     deadline = time.monotonic() + RESULT_TIMEOUT_S
-    while len(pool_children() - before) < 2 and time.monotonic() < deadline:
+    while len(child_pids() - before) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(pool_children() - before) == 2
+    assert len(child_pids() - before) == 2
     pool.close(timeout_s=10)
     pool.close()  # idempotent
     for fut in pending:
         with pytest.raises(RewardError, match="closed"):
             fut.result(timeout=5)
-    assert pool_children() - before == set()
+    assert child_pids() - before == set()
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit(**GROUP)

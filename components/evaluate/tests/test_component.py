@@ -5,11 +5,9 @@ the gate must say no; the metrics must still land in the given MLflow run. The "
 tests/pipelines/test_local_pipeline.py.
 """
 
-import os
 import shutil
 
 import mlflow
-import psutil
 import pytest
 from kfp import dsl
 from mlflow import MlflowClient
@@ -23,18 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NAME = "tiny-reverser"
 
 
-def _children() -> set[int]:
-    out = set()
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not any("resource_tracker" in a for a in p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def test_scores_with_vllm_logs_to_the_run_and_refuses_to_beat_a_better_champion(tmp_path):
+def test_scores_with_vllm_logs_to_the_run_and_refuses_to_beat_a_better_champion(child_pids, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     exp_id = mlflow.create_experiment("eval-test", artifact_location=(tmp_path / "artifacts").as_uri())
@@ -53,14 +40,14 @@ def test_scores_with_vllm_logs_to_the_run_and_refuses_to_beat_a_better_champion(
     config = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=3, eval_num_prompts=8, num_generations_eval=2,
                         max_completion_length=8, reward_num_workers=1, mlflow_tracking_uri=uri)
     metrics = dsl.Metrics(uri=str(tmp_path / "metrics"), name="metrics", metadata={})
-    before = _children()
+    before = child_pids()
 
     passed = evaluate.python_func(model=model, dataset=data, mlflow_run_id=run.info.run_id, tracking_uri=uri,
                                   resolved_config=dump_config(config), metrics=metrics,
                                   registered_model_name=NAME, min_eval_reward=0.0, require_improvement=True)
 
     assert passed is False
-    assert _children() - before == set(), "vLLM or reward workers left running"
+    assert child_pids() - before == set(), "vLLM or reward workers left running"
     reward = metrics.metadata["eval_reward"]
     assert 0.0 <= reward < 0.99
     assert metrics.metadata["previous_eval_reward"] == 0.99
