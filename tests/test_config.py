@@ -257,11 +257,13 @@ def test_rendezvous_address_is_loopback_for_local_servers_and_pod_ip_otherwise(m
     assert rendezvous_address("http://vllm-0.vllm.ns.svc:8000") == "10.1.2.3"
 
 
-def test_multi_rank_launch_is_refused_before_anything_starts(monkeypatch, tmp_path):
+def test_multi_rank_launch_without_torchrun_env_is_refused_before_anything_starts(monkeypatch, tmp_path):
     from async_grpo.config import GRPOConfig
     from async_grpo.launch.local import run_training
 
     monkeypatch.setenv("WORLD_SIZE", "16")
-    with pytest.raises(ValueError, match="nproc_per_node=1"):
+    for key in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=16 but \['RANK', 'MASTER_ADDR', 'MASTER_PORT'\].*torchrun"):
         run_training(GRPOConfig(output_dir=str(tmp_path / "run")), progress=False)
     assert not (tmp_path / "run").exists()

@@ -36,7 +36,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted; all child processes stopped", file=sys.stderr)
         return 130
-    _print_summary(summary)
+    if summary is not None:  # None on trainer ranks > 0: rank 0 reports the run
+        _print_summary(summary)
     return 0
 
 

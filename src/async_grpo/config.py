@@ -189,13 +189,62 @@ class GRPOConfig(BaseModel):
     )
     reward_num_workers: int = Field(2, ge=1, description="Reward worker processes.")
     reward_timeout_s: float = Field(30.0, gt=0.0, description="Per-group reward call timeout (seconds).")
+    reward_url: str | None = Field(
+        None, pattern=r"^https?://[^\s/]+", description="Base URL of a running reward service "
+        "(`python -m async_grpo.rewards.server`, e.g. http://reward:8080): groups are scored there instead of in "
+        "a local process pool. None: the env ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher when "
+        "reward_replicas > 0), else a local pool of reward_num_workers processes."
+    )
 
     # ---------------------------------------------------------------- async pipeline
     vllm_sync_interval: int = Field(1, ge=1, description="Push weights to vLLM every this many optimizer steps.")
     max_inflight_groups: int = Field(
         8, ge=1, description="Generation requests (one per group) in flight at once; gives backpressure."
     )
-    rollout_queue_size: int = Field(16, ge=1, description="Scored groups buffered between orchestrator and trainer.")
+    streaming_min_groups: int | None = Field(
+        None, ge=1, description="Streaming group scoring (axolotl name): the orchestrator emits a step's groups to "
+        "the trainer in chunks of this many scored groups, and the trainer runs the forward/backward of a chunk "
+        "while later groups of the same step are still being generated and scored. The optimizer step equals the "
+        "unstreamed one (losses are normalized once the step's last chunk arrived). Needs groups_per_step and "
+        "per_device_train_batch_size to be multiples of it (in groups / completions), scale_rewards != batch, "
+        "multi_objective_aggregation=sum_then_normalize and no rollout reuse (steps_per_generation = mini_epochs "
+        "= num_iterations = 1). None: whole steps."
+    )
+
+    # ---------------------------------------------------------------- data producer (ProducerConfig)
+    data_producer: str | None = Field(
+        None, description="Bring your own rollout source: `pkg.module:factory` or `path/file.py:factory`, called "
+        "as factory(config, tokenizer) and returning an object with the DataProducer protocol "
+        "(`async_grpo.orchestrator.producer`). None: the builtin vLLM orchestrator."
+    )
+    steps_per_generation: int = Field(
+        1, ge=1, description="Optimizer steps per produced rollout (TRL name): one rollout holds this many steps' "
+        "batches, generated together."
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="Optimizer steps on each step batch before moving on (TRL `num_iterations`, the mu of "
+        "GRPO, arXiv 2402.03300 Alg. 1). Above 1 the old logprobs are computed once, before the rollout's first "
+        "update, so the clipped ratio pi_theta/pi_old is no longer identically 1."
+    )
+    mini_epochs: int = Field(
+        1, ge=1, description="Passes over a whole rollout (all its step batches, in order) before the next one "
+        "(axolotl ProducerConfig name). Old logprobs are computed once per rollout, as for num_iterations."
+    )
+    max_rollouts: int | None = Field(
+        None, ge=1, description="Stop after this many produce-then-train rounds even if max_steps is not reached "
+        "(axolotl ProducerConfig name). None: no limit."
+    )
+    prefetch_depth: int = Field(
+        2, ge=1, description="Rollouts produced ahead of training at most (axolotl ProducerConfig name): the "
+        "builtin orchestrator's queue holds prefetch_depth x steps_per_generation step batches. Deeper keeps "
+        "vLLM busier at the cost of staleness (bounded separately by max_staleness)."
+    )
+    sync_warmup_rollouts: int = Field(
+        0, ge=0, description="The first this-many rollouts are generated strictly on-policy (axolotl "
+        "ProducerConfig name): the orchestrator waits for the weights of the step that will consume them "
+        "(staleness 0) before launching, so a cold policy bootstraps from fresh samples; later rollouts run ahead "
+        "up to max_staleness."
+    )
     rollout_timeout_s: float = Field(
         300.0, gt=0.0, description="The trainer fails if no rollout group arrives within this many seconds."
     )
@@ -265,6 +314,33 @@ class GRPOConfig(BaseModel):
                 "zero-std group into a batch, so there is nothing to replace. Fix: set replay_buffer_size=0 or "
                 "dynamic_sampling=false."
             )
+        if self.streaming_min_groups is not None:
+            k, g = self.streaming_min_groups, self.num_generations
+            problems = []
+            if self.groups_per_step % k:
+                problems.append(f"groups_per_step={self.groups_per_step} is not a multiple of it")
+            if (k * g) % self.per_device_train_batch_size:
+                problems.append(f"a chunk of {k * g} completions is not a multiple of per_device_train_batch_size="
+                                f"{self.per_device_train_batch_size} (micro-batches would straddle chunks)")
+            if self.scale_rewards == "batch":
+                problems.append("scale_rewards=batch needs the whole step's rewards before any advantage")
+            if self.multi_objective_aggregation == "normalize_then_sum":
+                problems.append("normalize_then_sum z-scores across the whole step")
+            if self.rollout_reuse > 1:
+                problems.append("steps_per_generation/mini_epochs/num_iterations > 1 reuse a complete rollout")
+            if problems:
+                raise ValueError(
+                    f"streaming_min_groups={k}: " + "; ".join(problems) + ". Fix: pick a divisor of groups_per_step "
+                    "whose completions fill whole micro-batches, and group scaling without reuse, or unset "
+                    "streaming_min_groups."
+                )
+        if self.data_producer is not None and (self.dynamic_sampling or self.replay_buffer_size or
+                                               self.reroll_start_fraction < 1.0 or self.streaming_min_groups):
+            raise ValueError(
+                "data_producer replaces the builtin orchestrator, which is where dynamic_sampling, "
+                "replay_buffer_size, reroll_start_fraction and streaming_min_groups live. Fix: turn those off or "
+                "implement them in your producer."
+            )
         if self.max_completion_length + 8 > self.vllm_max_model_len:
             raise ValueError(
                 f"max_completion_length={self.max_completion_length} leaves no room for a prompt within "
@@ -277,6 +353,11 @@ class GRPOConfig(BaseModel):
     def groups_per_step(self) -> int:
         """Prompt groups consumed per optimizer step (single trainer rank)."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps // self.num_generations
+
+    @property
+    def rollout_reuse(self) -> int:
+        """Optimizer steps taken per step batch produced: mini_epochs x num_iterations."""
+        return self.mini_epochs * self.num_iterations
 
     @property
     def reroll_start_step(self) -> int | None:

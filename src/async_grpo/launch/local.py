@@ -29,9 +29,13 @@ from async_grpo.inference.client import AsyncVLLMClient, VLLMControlClient
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.orchestrator.orchestrator import Orchestrator, PromptItem, SamplingSettings, cycle_prompts
+from async_grpo.orchestrator.producer import ProducerConfig, VLLMProducer, load_data_producer
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.tracking import Tracker
+from async_grpo.trainer.distributed import (DataParallelLearner, broadcast_parameters, check_env,
+                                            close_distributed, follow, init_distributed)
 from async_grpo.trainer.trainer import GRPOLearner, LossSettings
+from async_grpo.transports.messages import TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 from async_grpo.transports.weights.sync import WeightPusher
 
@@ -170,13 +174,12 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
-        raise ValueError(
-            f"WORLD_SIZE={world_size}: the trainer is single-process for now, so torchrun / a PyTorchJob with "
-            "several ranks would start independent trainers against one vLLM. Fix: run with one node and "
-            "nproc_per_node=1 until multi-rank (FSDP) training lands."
-        )
+    world_size = check_env()
+    if world_size > 1 and config.streaming_min_groups is not None:
+        raise ValueError(f"streaming_min_groups needs a single trainer rank (WORLD_SIZE={world_size}). "
+                         "Fix: unset streaming_min_groups.")
+    if world_size > 1 and int(os.environ.get("RANK", "0")) > 0:
+        return _run_follower(config)
     for noisy in ("httpx", "urllib3"):  # one INFO line per generation request would drown the run's own logs
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
     t_start = time.perf_counter()
@@ -206,8 +209,11 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
     server = None
     tracker = None
     orchestrator = None
+    queue = None
     pusher = None
+    learner = None
     status = "FAILED"
+    info = init_distributed(_collective_timeout_s(config))
     try:
         # ---- start vLLM (or attach), overlapping its startup with the warm start
         if config.vllm_url:
@@ -226,6 +232,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             server.launch()
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         sft_loss = _warm_start(config, model, tokenizer)
+        model.to(info.device)
+        broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
         if server is not None:
             server.wait_until_healthy()
         served_name = str(model_path) if server is not None else VLLMControlClient(url).models()[0]
@@ -258,80 +266,109 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             tracker.log_completions(rows[: config.num_completions_to_print], step=0)
 
         # ---- the async loop
-        learner = GRPOLearner(
-            model, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-            max_grad_norm=config.max_grad_norm, micro_batch_size=config.per_device_train_batch_size,
-            pad_token_id=tokenizer.pad_token_id, logprob_chunk_size=config.logprob_chunk_size,
-            skip_zero_advantage_batches=config.skip_zero_advantage_batches,
-            loss=LossSettings(
-                loss_type=config.loss_type, epsilon=config.epsilon, epsilon_high=config.epsilon_high_value,
-                beta=config.beta, max_completion_length=config.max_completion_length,
-                mask_truncated_completions=config.mask_truncated_completions,
-                vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
-                vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
-                vllm_importance_sampling_cap=config.vllm_importance_sampling_cap,
-                vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
-                delta=config.delta, importance_sampling_level=config.importance_sampling_level,
-                use_bias_correction_kl=config.use_bias_correction_kl,
-                off_policy_mask_threshold=config.off_policy_mask_threshold,
-                sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
-                top_entropy_quantile=config.top_entropy_quantile,
-                replay_recompute_logps=config.replay_recompute_logps,
-            ),
-        )  # fmt: skip
-        queue = RolloutQueue(max(1, config.rollout_queue_size // config.groups_per_step), config.max_staleness, drops)
-        orchestrator = Orchestrator(
-            client_factory=make_client, prompts=cycle_prompts(train_items, config.seed), decode=decode,
-            sampling=SamplingSettings(config.num_generations, config.max_completion_length, config.temperature,
-                                      config.top_p, config.top_k),
-            reward_pool=reward_pool, reward_names=reward_pool.names, reward_weights=reward_pool.weights,
-            scale_rewards=config.scale_rewards, multi_objective_aggregation=config.multi_objective_aggregation,
-            dynamic_sampling=config.dynamic_sampling, max_gen_batches=config.max_gen_batches,
-            groups_per_step=config.groups_per_step,
-            max_staleness=config.max_staleness, vllm_sync_interval=config.vllm_sync_interval,
-            max_inflight_groups=config.max_inflight_groups, queue=queue, version=version, drops=drops,
-            **setup_batch_shaping(config),
-        )  # fmt: skip
-        orchestrator.start()
+        learner = build_learner(config, model, tokenizer.pad_token_id)
+        if info.world_size > 1:
+            learner = DataParallelLearner(learner, info)
+        producer_config = ProducerConfig.from_config(config)
+        groups_per_step = config.groups_per_step * info.world_size  # TRL: per-device batch x accumulation x ranks
+        if config.data_producer:
+            producer = load_data_producer(config.data_producer, config, tokenizer)
+            producer_config = producer.config
+        else:
+            chunks_per_step = groups_per_step // (config.streaming_min_groups or groups_per_step)
+            queue = RolloutQueue(config.prefetch_depth * config.steps_per_generation * chunks_per_step,
+                                 config.max_staleness, drops)
+            orchestrator = Orchestrator(
+                client_factory=make_client, prompts=cycle_prompts(train_items, config.seed), decode=decode,
+                sampling=SamplingSettings(config.num_generations, config.max_completion_length, config.temperature,
+                                          config.top_p, config.top_k),
+                reward_pool=reward_pool, reward_names=reward_pool.names, reward_weights=reward_pool.weights,
+                scale_rewards=config.scale_rewards, multi_objective_aggregation=config.multi_objective_aggregation,
+                dynamic_sampling=config.dynamic_sampling, max_gen_batches=config.max_gen_batches,
+                groups_per_step=groups_per_step, streaming_min_groups=config.streaming_min_groups,
+                steps_per_generation=config.steps_per_generation, rollout_reuse=config.rollout_reuse,
+                sync_warmup_rollouts=config.sync_warmup_rollouts,
+                max_staleness=config.max_staleness, vllm_sync_interval=config.vllm_sync_interval,
+                max_inflight_groups=config.max_inflight_groups, queue=queue, version=version, drops=drops,
+                **setup_batch_shaping(config),
+            )  # fmt: skip
+            producer = VLLMProducer(orchestrator, queue, version, producer_config,
+                                    streaming=config.streaming_min_groups is not None)
+        if orchestrator is not None:
+            orchestrator.start()
         t_train = time.perf_counter()
         idle_s = 0.0
         tokens_per_s: list[float] = []
-        bar = tqdm(range(1, config.max_steps + 1), desc="GRPO", unit="step", disable=not progress,
+        bar = tqdm(total=config.max_steps, desc="GRPO", unit="step", disable=not progress,
                    mininterval=0.5 if sys.stderr.isatty() else PROGRESS_LOG_INTERVAL_S)  # sparse lines in logs
-        for step in bar:
+        step = 0
+        rollouts = 0
+        while step < config.max_steps:
+            if producer_config.max_rollouts is not None and rollouts >= producer_config.max_rollouts:
+                logger.info("max_rollouts=%d reached after %d steps", producer_config.max_rollouts, step)
+                break
             t_wait = time.perf_counter()
-            depth = queue.depth
-            batch = _next_batch(queue, orchestrator, version.value, config.rollout_timeout_s)
+            depth = queue.depth if queue is not None else 0
+            producer.on_rollout_begin(step)
+            rollout = producer.produce(model, step, timeout_s=config.rollout_timeout_s)
+            producer.on_rollout_end(rollout, step)
+            rollouts += 1
             waited = time.perf_counter() - t_wait
             idle_s += waited
-            staleness = [version.value - g.policy_version for g in batch.groups]
-            metrics = dict(batch.metrics)
-            metrics.update(learner.step(batch))
-            if step % config.vllm_sync_interval == 0 or step == config.max_steps:
-                sync_times.append(pusher.push(version.bump()))
-                metrics["weight_sync/seconds"] = sync_times[-1]
-            tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
-            metrics.update({
-                "staleness/mean": sum(staleness) / len(staleness), "staleness/max": float(max(staleness)),
-                "queue/depth": float(depth), "trainer/idle_seconds": waited, "policy_version": float(version.value),
-                "dropped_groups/total": float(sum(drops.snapshot().values())),
-                **{f"dropped_groups/{k}": float(v) for k, v in drops.snapshot().items()},
-            })  # fmt: skip
-            if step % config.logging_steps == 0 or step == config.max_steps:
-                tracker.log_metrics(metrics, step=step)
-            if step % config.log_completions_steps == 0:
-                tracker.log_completions(_completion_rows(batch, lambda g: decode(g.prompt_ids),
-                                                         config.num_completions_to_print), step=step)
-            bar.set_postfix(reward=f"{metrics.get('reward', float('nan')):.3f}", v=version.value, refresh=False)
+            reuse = producer_config.mini_epochs * producer_config.num_iterations
+            cache = rollout_old_logps(learner, rollout) if reuse * len(rollout) > 1 else None
+            for epoch in range(producer_config.mini_epochs):
+                for index, item in enumerate(rollout):
+                    for _ in range(producer_config.num_iterations):
+                        if step >= config.max_steps:
+                            break
+                        t0 = time.perf_counter()
+                        metrics = dict(item.metrics)
+                        metrics.update(learner.step(item, old_logps=cache[index] if cache else None))
+                        if not isinstance(item, TrainBatch):  # streamed: chunk count and waits are known now
+                            metrics.update(item.metrics)
+                            waited += item.wait_s
+                            idle_s += item.wait_s
+                        step += 1
+                        staleness = [version.value - g.policy_version for g in item.groups]
+                        if step % config.vllm_sync_interval == 0 or step == config.max_steps:
+                            sync_times.append(pusher.push(version.bump()))
+                            metrics["weight_sync/seconds"] = sync_times[-1]
+                        tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
+                        metrics.update({
+                            "staleness/mean": sum(staleness) / max(len(staleness), 1),
+                            "staleness/max": float(max(staleness, default=0)),
+                            "queue/depth": float(depth), "trainer/idle_seconds": waited,
+                            "trainer/step_seconds": time.perf_counter() - t0,
+                            "policy_version": float(version.value), "rollouts": float(rollouts),
+                            "dropped_groups/total": float(sum(drops.snapshot().values())),
+                            **{f"dropped_groups/{k}": float(v) for k, v in drops.snapshot().items()},
+                        })  # fmt: skip
+                        waited = 0.0
+                        if step % config.logging_steps == 0 or step == config.max_steps:
+                            tracker.log_metrics(metrics, step=step)
+                        if step % config.log_completions_steps == 0:
+                            tracker.log_completions(_completion_rows(item, lambda g: decode(g.prompt_ids),
+                                                                     config.num_completions_to_print), step=step)
+                        bar.update(1)
+                        bar.set_postfix(reward=f"{metrics.get('reward', float('nan')):.3f}", v=version.value,
+                                        refresh=False)
+            if isinstance(learner, DataParallelLearner):
+                for item in rollout:
+                    learner.forget(item)
+        bar.close()
         train_s = time.perf_counter() - t_train
-        orchestrator.stop()
+        if orchestrator is not None:
+            orchestrator.stop()
+        if isinstance(learner, DataParallelLearner):
+            learner.stop()
 
         # ---- held-out reward after training (vLLM already serves the final weights)
         eval_after: dict[str, float] = {}
         if eval_items:
             eval_after, rows = evaluate_reward(make_client(), eval_items, decode, reward_pool, **eval_kwargs)
-            tracker.log_metrics(eval_after, step=config.max_steps)
-            tracker.log_completions(rows[: config.num_completions_to_print], step=config.max_steps)
+            tracker.log_metrics(eval_after, step=step)
+            tracker.log_completions(rows[: config.num_completions_to_print], step=step)
         model_dir = None
         if config.save_model:
             model_dir = out_dir / "final-model"
@@ -340,8 +377,8 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             tracker.log_model_dir(model_dir)
         summary = RunSummary(
             run_id=tracker.run_id, tracking_uri=tracker.tracking_uri, output_dir=str(out_dir),
-            eval_before=eval_before, eval_after=eval_after, steps=config.max_steps,
-            wall_s=time.perf_counter() - t_start, train_s=train_s, steps_per_s=config.max_steps / train_s,
+            eval_before=eval_before, eval_after=eval_after, steps=step,
+            wall_s=time.perf_counter() - t_start, train_s=train_s, steps_per_s=step / train_s,
             generation_tokens_per_s=sum(tokens_per_s) / max(len(tokens_per_s), 1),
             weight_sync_s_mean=sum(sync_times) / max(len(sync_times), 1), weight_syncs=len(sync_times),
             trainer_idle_fraction=idle_s / train_s, dropped_groups=drops.snapshot(),
@@ -350,7 +387,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         tracker.log_metrics({"summary/steps_per_s": summary.steps_per_s,
                              "summary/trainer_idle_fraction": summary.trainer_idle_fraction,
                              "summary/weight_sync_s_mean": summary.weight_sync_s_mean,
-                             "summary/wall_s": summary.wall_s}, step=config.max_steps)
+                             "summary/wall_s": summary.wall_s}, step=step)
         status = "FINISHED"
         return summary
     except KeyboardInterrupt:
@@ -364,6 +401,12 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
     finally:
         if orchestrator is not None:
             orchestrator.stop()
+        if isinstance(learner, DataParallelLearner) and status == "FAILED" and not _INTERRUPTED.is_set():
+            try:  # release the followers so torchrun sees rank 0's real error, not their collective timeout
+                learner.stop()
+            except Exception:  # noqa: BLE001 - best effort while failing
+                pass
+        close_distributed()
         if pusher is not None:
             pusher.close()
         reward_pool.close()
@@ -384,20 +427,71 @@ def setup_batch_shaping(config: GRPOConfig) -> dict:
     return {"replay": replay, "reroll": reroll}
 
 
-def _next_batch(queue: RolloutQueue, orchestrator: Orchestrator, version: int, timeout_s: float):
-    """Wait for the next batch, failing fast if the orchestrator died."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if orchestrator.error is not None:
-            raise RuntimeError("orchestrator failed") from orchestrator.error
-        try:
-            return queue.get(version, timeout_s=min(1.0, max(deadline - time.monotonic(), 0.01)))
-        except TimeoutError:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"no rollouts for {timeout_s:.0f} s (dropped so far: {queue.drops.snapshot()}); "
-                    "check vllm.log and the reward functions, or raise rollout_timeout_s"
-                ) from None
+def build_learner(config: GRPOConfig, model, pad_token_id: int) -> GRPOLearner:
+    """The `GRPOLearner` for `config` (every rank builds the same one)."""
+    return GRPOLearner(
+        model, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm, micro_batch_size=config.per_device_train_batch_size,
+        pad_token_id=pad_token_id, logprob_chunk_size=config.logprob_chunk_size,
+        skip_zero_advantage_batches=config.skip_zero_advantage_batches,
+        loss=LossSettings(
+            loss_type=config.loss_type, epsilon=config.epsilon, epsilon_high=config.epsilon_high_value,
+            beta=config.beta, max_completion_length=config.max_completion_length,
+            mask_truncated_completions=config.mask_truncated_completions,
+            vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
+            vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
+            vllm_importance_sampling_cap=config.vllm_importance_sampling_cap,
+            vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
+            delta=config.delta, importance_sampling_level=config.importance_sampling_level,
+            use_bias_correction_kl=config.use_bias_correction_kl,
+            off_policy_mask_threshold=config.off_policy_mask_threshold,
+            sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
+            top_entropy_quantile=config.top_entropy_quantile,
+            replay_recompute_logps=config.replay_recompute_logps,
+        ),
+    )  # fmt: skip
+
+
+def rollout_old_logps(learner, rollout: list) -> list:
+    """pi_old for every step batch of a reused rollout, computed before its first update (see
+    `GRPOLearner.old_logps`).
+
+    Raises:
+        ValueError: a step batch is a stream of chunks (streaming cannot be reused; the config forbids it).
+    """
+    if not all(isinstance(item, TrainBatch) for item in rollout):
+        raise ValueError("a streamed rollout cannot be reused (mini_epochs/num_iterations/steps_per_generation > 1). "
+                         "Fix: unset streaming_min_groups.")
+    return [learner.old_logps(item) for item in rollout]
+
+
+def _collective_timeout_s(config: GRPOConfig) -> float:
+    """How long trainer ranks > 0 wait on rank 0 in one collective (rank 0 may be starting vLLM, warm-starting,
+    evaluating or waiting for rollouts meanwhile)."""
+    return max(1800.0, 2 * (config.vllm_startup_timeout_s + config.rollout_timeout_s))
+
+
+def _run_follower(config: GRPOConfig) -> None:
+    """A trainer rank > 0: join the process group, take rank 0's weights, then train on the shards rank 0
+    broadcasts until it says stop (see `trainer.distributed`). Returns None; rank 0 reports the run."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(config.seed)
+    if config.torch_num_threads:
+        torch.set_num_threads(config.torch_num_threads)
+    info = init_distributed(_collective_timeout_s(config))
+    try:
+        model_path = Path(config.output_dir) / "tiny-model" if config.model_name_or_path == "builtin:tiny" \
+            else Path(config.model_name_or_path)  # rank 0 built the tiny model before joining the group
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
+        model.to(info.device)
+        broadcast_parameters(model)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        steps = follow(build_learner(config, model, tokenizer.pad_token_id), info)
+        logger.info("trainer rank %d: %d steps", info.rank, steps)
+        return None
+    finally:
+        close_distributed()
 
 
 class LocalBackend:

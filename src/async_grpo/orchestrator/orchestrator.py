@@ -111,6 +111,13 @@ class Orchestrator:
         replay: optional replay buffer (`replay_buffer_size`): each emitted batch's zero-std groups are
             replaced by buffered groups (`ReplayBuffer.fill`); metrics `replayed_groups` (cumulative) and
             `replay_buffer/size`.
+        streaming_min_groups: streaming group scoring (axolotl name): emit each step's groups in chunks of this
+            many (advantages per chunk, group scaling), the last one `final` and carrying the step's metrics;
+            None emits whole steps. Must divide groups_per_step (checked by the config).
+        steps_per_generation: step batches per rollout (pacing: a rollout is consumed from one trainer step on).
+        rollout_reuse: optimizer steps per step batch (mini_epochs x num_iterations; pacing).
+        sync_warmup_rollouts: the first this-many rollouts launch only once the policy version equals the one
+            the trainer will hold when consuming them (strictly on-policy, no max_staleness slack).
         reroll: optional deferred re-roll FIFO (`reroll_start_fraction`, `reroll_max_groups`): scored
             groups whose weighted rewards are all ~0 queue their prompt; from its start step (trainer step
             = policy version x vllm_sync_interval) queued prompts are launched before fresh ones; metrics
@@ -141,6 +148,10 @@ class Orchestrator:
         drops: DropCounter,
         replay: ReplayBuffer | None = None,
         reroll: RerollQueue[PromptItem] | None = None,
+        streaming_min_groups: int | None = None,
+        steps_per_generation: int = 1,
+        rollout_reuse: int = 1,
+        sync_warmup_rollouts: int = 0,
     ):
         self.client_factory = client_factory
         self.prompts = prompts
@@ -162,6 +173,13 @@ class Orchestrator:
         self.drops = drops
         self.replay = replay
         self.reroll = reroll
+        self.chunk_groups = streaming_min_groups or groups_per_step
+        if groups_per_step % self.chunk_groups:
+            raise ValueError(f"streaming_min_groups={streaming_min_groups} must divide groups_per_step={groups_per_step}")
+        self.streaming = streaming_min_groups is not None
+        self.steps_per_generation = steps_per_generation
+        self.rollout_reuse = rollout_reuse
+        self.sync_warmup_rollouts = sync_warmup_rollouts
         self.meter = GenerationMeter()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -169,6 +187,8 @@ class Orchestrator:
         self._pending: list[RolloutGroup] = []
         self._launched = 0  # groups launched that did not fail (event-loop thread only)
         self._generated_for_batch = 0  # scored groups seen while building the current batch
+        self._step_groups: list[RolloutGroup] = []  # groups already emitted for the step being built
+        self._emit_lock: asyncio.Lock | None = None  # created inside the event loop; keeps chunks in order
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -200,6 +220,7 @@ class Orchestrator:
     # ------------------------------------------------------------------ main loop
     async def _main(self) -> None:
         client = self.client_factory()
+        self._emit_lock = asyncio.Lock()
         inflight: set[asyncio.Task] = set()
         slots = asyncio.Semaphore(self.max_inflight_groups)
         try:
@@ -232,7 +253,10 @@ class Orchestrator:
         `launched` counts only groups that are in flight or reached a batch: dropped groups are taken
         off again, so drops cannot push the requirement past what the trainer will ever reach.
         """
-        return (launched // self.groups_per_step) // self.vllm_sync_interval - self.max_staleness
+        rollout = (launched // self.groups_per_step) // self.steps_per_generation
+        first_step = rollout * self.steps_per_generation * self.rollout_reuse  # trainer steps done when it is consumed
+        slack = 0 if rollout < self.sync_warmup_rollouts else self.max_staleness
+        return first_step // self.vllm_sync_interval - slack
 
     def _next_prompt(self) -> tuple[PromptItem, bool]:
         """The prompt for the next launch and whether it is a re-roll (re-rolls take precedence)."""
@@ -304,7 +328,8 @@ class Orchestrator:
         return True
 
     async def _add_to_batch(self, group: RolloutGroup) -> bool:
-        """Add a scored group to the batch being built; returns False if dynamic sampling dropped it.
+        """Add a scored group to the step being built and emit whatever became complete; returns False if
+        dynamic sampling dropped the group.
 
         Raises:
             DynamicSamplingError: `max_gen_batches` generation batches did not yield a full batch.
@@ -314,39 +339,53 @@ class Orchestrator:
             self.drops.add("zero_std")
             if self._generated_for_batch >= self.max_gen_batches * self.groups_per_step:
                 raise DynamicSamplingError(
-                    f"dynamic sampling: only {len(self._pending)} of {self.groups_per_step} groups had reward std > 0 "
-                    f"after max_gen_batches={self.max_gen_batches} generation batches "
+                    f"dynamic sampling: only {len(self._step_groups) + len(self._pending)} of {self.groups_per_step} "
+                    f"groups had reward std > 0 after max_gen_batches={self.max_gen_batches} generation batches "
                     f"({self._generated_for_batch} groups). Fix: raise max_gen_batches, use a task whose rewards vary "
                     "within a group, or set dynamic_sampling=false."
                 )
             return False
         self._pending.append(group)
-        if len(self._pending) < self.groups_per_step:
-            return True
-        groups, self._pending = self._pending[: self.groups_per_step], self._pending[self.groups_per_step :]
-        batch = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards,
-                                 self.multi_objective_aggregation)
-        batch.metrics["generation/tokens_per_s"] = self.meter.rate()
-        self._shape(batch)
-        if self.dynamic_sampling:
-            batch.metrics["dynamic_sampling/gen_batches"] = float(math.ceil(self._generated_for_batch / self.groups_per_step))
-        self._generated_for_batch = len(self._pending)
-        ok = await asyncio.to_thread(self.queue.put, batch, self.stop_event)
-        if not ok:
-            logger.info("orchestrator stopping; batch not enqueued")
+        async with self._emit_lock:  # one emitter at a time, so a step's chunks reach the queue in order
+            while (chunk := self._take_chunk()) is not None:
+                if not await asyncio.to_thread(self.queue.put, chunk, self.stop_event):
+                    logger.info("orchestrator stopping; batch not enqueued")
+                    break
         return True
 
-    def _shape(self, batch: TrainBatch) -> None:
-        """Count the batch's re-rolls and swap its zero-std groups for replayed ones (after advantages and
-        rollout metrics were computed, so `frac_reward_zero_std` still describes what was generated)."""
+    def _take_chunk(self) -> TrainBatch | None:
+        """The next chunk (`chunk_groups` groups, or the whole step without streaming) when enough groups are
+        pending, else None. The step's last chunk is `final` and carries the metrics of the whole step."""
+        if len(self._pending) < self.chunk_groups:
+            return None
+        groups, self._pending = self._pending[: self.chunk_groups], self._pending[self.chunk_groups :]
+        chunk = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards,
+                                 self.multi_objective_aggregation)
         if self.reroll is not None:
-            batch.metrics["rerolled_groups"] = float(self.reroll.count_batched(batch.groups))
-            batch.metrics["reroll/pending"] = float(len(self.reroll))
-            batch.metrics["reroll/overflowed"] = float(self.reroll.overflowed)
+            self.reroll.count_batched(groups)
         if self.replay is not None:
-            batch.groups = self.replay.fill(batch.groups)
-            batch.metrics["replayed_groups"] = float(self.replay.replayed_total)
-            batch.metrics["replay_buffer/size"] = float(len(self.replay))
+            chunk.groups = self.replay.fill(chunk.groups)  # after the metrics: they describe what was generated
+        self._step_groups.extend(groups)
+        chunk.final = len(self._step_groups) >= self.groups_per_step
+        if not chunk.final:
+            chunk.metrics = {}
+            return chunk
+        if self.streaming:  # the whole step's rollout metrics (advantages are per group: nothing is reassigned)
+            chunk.metrics = rollout_metrics(self._step_groups, self.reward_names, self.reward_weights,
+                                            self.scale_rewards, self.multi_objective_aggregation)
+        chunk.metrics["generation/tokens_per_s"] = self.meter.rate()
+        if self.reroll is not None:
+            chunk.metrics["rerolled_groups"] = float(self.reroll.rerolled_total)
+            chunk.metrics["reroll/pending"] = float(len(self.reroll))
+            chunk.metrics["reroll/overflowed"] = float(self.reroll.overflowed)
+        if self.replay is not None:
+            chunk.metrics["replayed_groups"] = float(self.replay.replayed_total)
+            chunk.metrics["replay_buffer/size"] = float(len(self.replay))
+        if self.dynamic_sampling:
+            chunk.metrics["dynamic_sampling/gen_batches"] = float(math.ceil(self._generated_for_batch / self.groups_per_step))
+        self._generated_for_batch = len(self._pending)
+        self._step_groups = []
+        return chunk
 
 
 class DynamicSamplingError(RuntimeError):
@@ -362,6 +401,15 @@ async def _acquire(sem: asyncio.Semaphore, stop: threading.Event) -> bool:
         return False
 
 
+def rollout_metrics(
+    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
+    multi_objective_aggregation: str = "sum_then_normalize",
+) -> dict[str, float]:
+    """The rollout metrics `make_train_batch` would attach to `groups`, without touching the groups."""
+    return _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
+                                   assign=False)
+
+
 def make_train_batch(
     groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
     multi_objective_aggregation: str = "sum_then_normalize",
@@ -371,17 +419,25 @@ def make_train_batch(
     Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
     `rewards/<func>/mean|std`, `completions/mean_length`, `completions/clipped_ratio`.
     """
+    metrics = _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards,
+                                      multi_objective_aggregation, assign=True)
+    return TrainBatch(groups=groups, metrics=metrics)
+
+
+def _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
+                            assign: bool) -> dict[str, float]:
     g = groups[0].size
     rewards_per_func = torch.tensor(
         [row for grp in groups for row in grp.rewards_per_func], dtype=torch.float32
     )  # (B, F)
     out = compute_advantages(rewards_per_func, torch.tensor(reward_weights, dtype=torch.float32), g, scale_rewards,
                              multi_objective_aggregation)
-    adv = out.advantages.tolist()
-    rewards = out.rewards.tolist()
-    for i, grp in enumerate(groups):
-        grp.advantages = adv[i * g : (i + 1) * g]
-        grp.rewards = rewards[i * g : (i + 1) * g]
+    if assign:
+        adv = out.advantages.tolist()
+        rewards = out.rewards.tolist()
+        for i, grp in enumerate(groups):
+            grp.advantages = adv[i * g : (i + 1) * g]
+            grp.rewards = rewards[i * g : (i + 1) * g]
     metrics: dict[str, float] = {}
     for key, value in out.metrics.items():
         for idx, name in enumerate(reward_names):  # rewards/<i>/... -> rewards/<func name>/...
@@ -392,7 +448,7 @@ def make_train_batch(
     metrics["completions/mean_length"] = sum(lengths) / len(lengths)
     metrics["completions/max_length"] = float(max(lengths))
     metrics["completions/clipped_ratio"] = sum(truncated) / len(truncated)
-    return TrainBatch(groups=groups, metrics={k: v for k, v in metrics.items() if not math.isnan(v)})
+    return {k: v for k, v in metrics.items() if not math.isnan(v)}
 
 
 def cycle_prompts(items: list[PromptItem], seed: int) -> Iterator[PromptItem]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,10 @@ class PackedBatch:
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same tensors on `device` (no copy when already there)."""
+        return PackedBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
     def slice(self, start: int, end: int) -> PackedBatch:
         """Rows [start, end) as a new PackedBatch (views)."""
@@ -151,43 +156,99 @@ class GRPOLearner:
         self.logprob_chunk_size = logprob_chunk_size
         self.skip_zero_advantage_batches = skip_zero_advantage_batches
         self.skipped_zero_adv_microbatches = 0  # cumulative count, logged as a metric
+        self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
         self.ref_model = None
         if loss.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step over every completion in `batch`; returns loss metrics (TRL names)."""
+    def _micro_batches(self, chunks: Iterable[TrainBatch]) -> Iterator[PackedBatch]:
+        """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches of
+        `micro_batch_size` completions, in order."""
+        for chunk in chunks:
+            if not chunk.groups:
+                continue
+            packed = pack_batch(chunk, self.pad_token_id, self.loss.mask_truncated_completions).to(self.device)
+            for start in range(0, len(packed), self.micro_batch_size):
+                yield packed.slice(start, min(start + self.micro_batch_size, len(packed)))
+
+    @torch.no_grad()
+    def old_logps(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """The current policy's per-token logprobs of `batch`, one (n_i, T) tensor per micro-batch of `step`.
+
+        Pass them to `step(batch, old_logps=...)` when the same batch is trained on more than once
+        (`num_iterations`, `mini_epochs`, `steps_per_generation` > 1): pi_old must stay the policy from before
+        the rollout's first update (GRPO, arXiv 2402.03300 Alg. 1; TRL computes them at generation time).
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size)[0].detach()
+                    for mb in self._micro_batches([batch])]
+        finally:
+            self.model.train(was_training)
+
+    def step(self, batch: TrainBatch | Iterable[TrainBatch], *,
+             old_logps: list[torch.Tensor] | None = None) -> dict[str, float]:
+        """One optimizer step over every completion of `batch`; returns loss metrics (TRL names).
+
+        Args:
+            batch: the step's `TrainBatch`, or an iterable of chunks of it (streaming group scoring, e.g. a
+                `StepStream`), consumed as they arrive: each chunk's forward/backward runs before the next
+                chunk is awaited, and the loss normalizers (token count, micro-batch count) are applied to the
+                gradients once the last chunk is in, so the update equals the unstreamed one.
+            old_logps: per-micro-batch pi_old logprobs from `old_logps(batch)` (rollout reuse); None uses the
+                current policy (one optimizer step per batch: ratio 1, gradient of the clipped objective).
+
+        Raises:
+            ValueError: `old_logps` does not match the batch's micro-batches, or a streamed step with several
+                ranks (not supported).
+        """
         cfg = self.loss
-        packed = pack_batch(batch, self.pad_token_id, cfg.mask_truncated_completions)
-        n = len(packed)
-        chunks = [(s, min(s + self.micro_batch_size, n)) for s in range(0, n, self.micro_batch_size)]
-        num_items = packed.completion_mask.sum()  # active tokens in this accumulation window (one rank)
+        streamed = not isinstance(batch, TrainBatch)
+        if streamed and self.world_size > 1:
+            raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
+        micro: Iterable[PackedBatch] = self._micro_batches([batch] if not streamed else batch)
+        if streamed:  # normalizers unknown until the last chunk: unnormalized losses, gradients rescaled below
+            num_items: torch.Tensor | float = 1.0
+            accumulation = 1
+        else:
+            micro = list(micro)
+            local_items = sum((mb.completion_mask.sum() for mb in micro), torch.tensor(0.0, device=self.device))
+            num_items = self._all_reduce_sum(local_items)  # TRL: tokens of the accumulation window across ranks
+            accumulation = len(micro)
+            if old_logps is not None and len(old_logps) != len(micro):
+                raise ValueError(f"old_logps has {len(old_logps)} micro-batches, the batch {len(micro)}. "
+                                 "Fix: compute them with old_logps(batch) on the same batch.")
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
-
         step_loss = 0.0
+        seen_items = 0.0
+        seen_micro = 0
         self.optimizer.zero_grad(set_to_none=True)
-        for start, end in chunks:
-            mb = packed.slice(start, end)
+        for index, mb in enumerate(micro):
+            seen_micro += 1
+            tokens = float(mb.completion_mask.sum())
+            seen_items += tokens
             if self.skip_zero_advantage_batches and not bool((mb.advantages != 0).any()):
                 # no policy gradient here (and beta == 0, checked by the config): skip the forward/backward;
                 # the loss normalizer still counts these tokens, so the step equals the unskipped one
                 self.skipped_zero_adv_microbatches += 1
                 continue
-            tokens = float(mb.completion_mask.sum())
             logps, entropy = completion_logps(self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size)
-            old_logps = logps.detach()  # one optimizer step per batch: the behaviour policy is the current one
+            # one optimizer step per batch: the behaviour policy is the current one; with reuse, the cached pi_old
+            old = logps.detach() if old_logps is None else old_logps[index]
             sampling_logps = mb.sampling_logps
             if cfg.replay_recompute_logps and bool(mb.replayed.any()):  # replayed rows count as on-policy
-                sampling_logps = torch.where(mb.replayed.unsqueeze(1), old_logps, sampling_logps)
+                sampling_logps = torch.where(mb.replayed.unsqueeze(1), old, sampling_logps)
             entropy_mask = None
             if cfg.top_entropy_quantile < 1.0:  # quantile over this micro-batch's valid tokens (TRL, one rank)
                 entropy_mask = high_entropy_mask(entropy, mb.completion_mask, cfg.top_entropy_quantile)
             is_weights = None
             if cfg.vllm_importance_sampling_correction:
                 is_weights, is_metrics = importance_sampling_weights(
-                    old_logps, sampling_logps, mb.completion_mask, cfg.vllm_importance_sampling_mode,
+                    old, sampling_logps, mb.completion_mask, cfg.vllm_importance_sampling_mode,
                     cfg.vllm_importance_sampling_cap, cfg.vllm_importance_sampling_clip_min,
                 )
                 _accumulate(sums, weights, is_metrics, tokens)
@@ -196,7 +257,7 @@ class GRPOLearner:
                 with torch.no_grad():
                     ref_logps, _ = completion_logps(self.ref_model, mb, chunk_size=self.logprob_chunk_size)
             out = grpo_loss(
-                logps, old_logps, mb.advantages, mb.completion_mask,
+                logps, old, mb.advantages, mb.completion_mask,
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
                 importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta, ref_logps=ref_logps,
                 use_bias_correction_kl=cfg.use_bias_correction_kl, is_weights=is_weights,
@@ -204,7 +265,7 @@ class GRPOLearner:
                 entropy_mask=entropy_mask,
                 sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
                 max_completion_length=cfg.max_completion_length, num_items_in_batch=num_items,
-                gradient_accumulation_steps=len(chunks),
+                gradient_accumulation_steps=accumulation, num_processes=self.world_size,
             )  # fmt: skip
             out.loss.backward()
             step_loss += out.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
@@ -214,6 +275,14 @@ class GRPOLearner:
             if entropy_mask is not None:
                 kept = float(entropy_mask.sum() / mask.sum().clamp(min=1))
                 _accumulate(sums, weights, {"entropy_mask/kept_fraction": kept}, tokens)
+        if streamed:
+            num_items = seen_items
+            scale = 1.0 / max(seen_items, 1.0) if cfg.loss_type in ("dapo", "cispo") else 1.0 / max(seen_micro, 1)
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+            step_loss *= scale
+        self._all_reduce_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
@@ -223,6 +292,34 @@ class GRPOLearner:
         metrics["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         metrics["num_tokens"] = float(num_items)
         return metrics
+
+    # ------------------------------------------------------------------ several ranks (data parallel)
+    def _all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """`value` summed over the trainer ranks (itself with one rank)."""
+        if self.world_size == 1:
+            return value
+        value = value.clone().to(self.device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.SUM)
+        return value
+
+    def _all_reduce_grads(self) -> None:
+        """Average the gradients over the ranks in one flat buffer, as DDP does (so each rank's loss uses TRL's
+        per-process normalizers: num_items_in_batch / num_processes for dapo/cispo, a per-rank mean otherwise).
+        Parameters without a gradient on this rank contribute zeros, so every rank joins the same collective."""
+        if self.world_size == 1:
+            return
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
+        flat /= self.world_size
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
 
 
 def _accumulate(sums: dict[str, float], weights: dict[str, float], metrics: dict[str, float], w: float) -> None:

@@ -72,16 +72,20 @@ class RolloutGroup:
 # Orchestrator -> Trainer
 @dataclass
 class TrainBatch:
-    """The groups for one optimizer step, with advantages already computed over this batch.
+    """The groups for one optimizer step, with advantages already computed over this batch, or one chunk
+    of them (streaming group scoring, `streaming_min_groups`).
 
     Attributes:
         groups: the rollout groups (each with `advantages` filled).
-        metrics: rollout metrics for this batch (reward means, lengths, zero-std fraction...),
-            logged by the trainer at the step that consumes it.
+        metrics: rollout metrics for this step (reward means, lengths, zero-std fraction...), logged by
+            the trainer at the step that consumes it. With streaming, the final chunk carries the whole
+            step's metrics and earlier chunks carry none.
+        final: True on the last (or only) chunk of a step.
     """
 
     groups: list[RolloutGroup]
     metrics: dict[str, float] = field(default_factory=dict)
+    final: bool = True
 
     @property
     def num_samples(self) -> int:

@@ -108,8 +108,10 @@ class RolloutQueue:
         self.drops.add("shutdown", len(batch.groups))
         return False
 
-    def get(self, current_version: int, timeout_s: float, stop: threading.Event | None = None) -> TrainBatch:
-        """Next batch with stale groups (other than replayed ones) removed and counted; skips batches left empty.
+    def get(self, current_version: int, timeout_s: float, stop: threading.Event | None = None,
+            keep_empty_final: bool = False) -> TrainBatch:
+        """Next batch with stale groups (other than replayed ones) removed and counted; skips batches left empty,
+        except, with `keep_empty_final`, a step's final chunk (its `final` flag ends the step for the reader).
 
         Raises:
             TimeoutError: no usable batch within `timeout_s` seconds.
@@ -133,6 +135,6 @@ class RolloutQueue:
                      if g.replayed or current_version - g.policy_version <= self.max_staleness]
             if len(fresh) < len(batch.groups):
                 self.drops.add("stale", len(batch.groups) - len(fresh))
-            if fresh:
+            if fresh or (keep_empty_final and batch.final):
                 batch.groups = fresh
                 return batch

@@ -1,0 +1,259 @@
+"""The DataProducer protocol: where the trainer's rollouts come from.
+
+The training loop (`launch.local.run_training`) asks a producer for one *rollout* at a time,
+`producer.produce(model, global_step)`, and trains on it: a rollout holds `steps_per_generation`
+step batches, each trained `num_iterations` times in a row, the whole rollout `mini_epochs` times.
+`on_rollout_begin` / `on_rollout_end` bracket every `produce` call. This mirrors axolotl's async GRPO
+`DataProducer` / `ProducerConfig` (itself a proposal for TRL), so a user who brings their own rollout
+source (an environment, a different server, offline data) implements three methods and keeps the
+rest: advantages travel with the batch, and the trainer's loss, stale-rollout correction, weight sync
+and MLflow logging are unchanged.
+
+The builtin implementation is `VLLMProducer`: the asynchronous vLLM `Orchestrator` fills the bounded
+rollout queue in the background (its prefetch), and `produce` takes the next `steps_per_generation`
+step batches off it. With `streaming_min_groups` a step batch arrives as a `StepStream` of chunks that
+the trainer consumes while the orchestrator is still scoring the step's later groups.
+
+A user producer is configured as `data_producer: pkg.module:factory` (or `path/file.py:factory`);
+`factory(config, tokenizer)` returns the producer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from async_grpo.transports.messages import TrainBatch
+from async_grpo.transports.queue import RolloutQueue
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """How rollouts are produced and reused (axolotl `ProducerConfig` names; TRL names where TRL has them).
+
+    Attributes:
+        mini_epochs: passes over each whole rollout (>= 1).
+        max_rollouts: stop after this many rollouts; None for no limit (the run still ends at max_steps).
+        steps_per_generation: step batches per rollout (TRL `steps_per_generation`, >= 1).
+        num_iterations: consecutive optimizer steps on each step batch (TRL `num_iterations`, GRPO's mu, >= 1).
+        prefetch_depth: rollouts produced ahead of training at most (>= 1).
+        sync_warmup_rollouts: leading rollouts generated strictly on-policy (>= 0).
+
+    Raises:
+        ValueError: a field is out of range (the message names it).
+    """
+
+    mini_epochs: int = 1
+    max_rollouts: int | None = None
+    steps_per_generation: int = 1
+    num_iterations: int = 1
+    prefetch_depth: int = 1
+    sync_warmup_rollouts: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("mini_epochs", "steps_per_generation", "num_iterations", "prefetch_depth"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ProducerConfig.{name}={getattr(self, name)} must be >= 1.")
+        if self.max_rollouts is not None and self.max_rollouts < 1:
+            raise ValueError(f"ProducerConfig.max_rollouts={self.max_rollouts} must be >= 1 or None.")
+        if self.sync_warmup_rollouts < 0:
+            raise ValueError(f"ProducerConfig.sync_warmup_rollouts={self.sync_warmup_rollouts} must be >= 0.")
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps one rollout feeds: steps_per_generation x num_iterations x mini_epochs."""
+        return self.steps_per_generation * self.num_iterations * self.mini_epochs
+
+    @classmethod
+    def from_config(cls, config: Any) -> ProducerConfig:
+        """The producer settings of a `GRPOConfig`."""
+        return cls(mini_epochs=config.mini_epochs, max_rollouts=config.max_rollouts,
+                   steps_per_generation=config.steps_per_generation, num_iterations=config.num_iterations,
+                   prefetch_depth=config.prefetch_depth, sync_warmup_rollouts=config.sync_warmup_rollouts)
+
+
+class StepStream:
+    """One optimizer step's batch, delivered as chunks (`TrainBatch.final` marks the step's last chunk).
+
+    Iterating yields the chunks as they come off the rollout queue; every chunk is kept, so a second
+    iteration replays them from memory. The trainer treats a `TrainBatch` and a `StepStream` alike.
+
+    Args:
+        queue: the rollout queue.
+        version: callable returning the current policy version (for the queue's staleness check).
+        timeout_s: longest wait for one chunk (seconds).
+        check: called before each wait; raises if the producer side failed.
+    """
+
+    def __init__(self, queue: RolloutQueue, version, timeout_s: float, check=lambda: None):
+        self._queue, self._version, self._timeout_s, self._check = queue, version, timeout_s, check
+        self._chunks: list[TrainBatch] = []
+        self._done = False
+        self.wait_s = 0.0  # seconds spent blocked on the queue (trainer idle time)
+
+    def __iter__(self) -> Iterator[TrainBatch]:
+        yield from list(self._chunks)
+        while not self._done:
+            t0 = time.perf_counter()
+            chunk = _get(self._queue, self._version(), self._timeout_s, self._check, keep_empty_final=True)
+            self.wait_s += time.perf_counter() - t0
+            if chunk.final:
+                self._done = True
+            self._chunks.append(chunk)
+            if chunk.groups:
+                yield chunk
+
+    @property
+    def chunks(self) -> list[TrainBatch]:
+        """The chunks received so far."""
+        return list(self._chunks)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The step's rollout metrics (carried by its final chunk), plus `streaming/chunks`."""
+        out: dict[str, float] = {}
+        for chunk in self._chunks:
+            out.update(chunk.metrics)
+        out["streaming/chunks"] = float(sum(1 for c in self._chunks if c.groups))
+        return out
+
+    @property
+    def groups(self):
+        """Every group received so far, in arrival order."""
+        return [g for c in self._chunks for g in c.groups]
+
+
+StepInput = TrainBatch | StepStream  # what one optimizer step consumes
+
+
+@runtime_checkable
+class DataProducer(Protocol):
+    """Anything that can hand the trainer rollouts.
+
+    Attributes:
+        config: its `ProducerConfig`.
+    """
+
+    config: ProducerConfig
+
+    def produce(self, model: Any, global_step: int, **kwargs: Any) -> list[StepInput]:
+        """The next rollout: `config.steps_per_generation` step batches with advantages filled in.
+
+        Args:
+            model: the trainer's policy (a transformers model; read-only: a producer that generates with it
+                must not step it).
+            global_step: optimizer steps completed so far.
+            kwargs: `timeout_s` (float seconds, the longest the caller will wait) and future extensions.
+
+        Raises:
+            TimeoutError: nothing could be produced within `timeout_s`.
+        """
+
+    def on_rollout_begin(self, global_step: int) -> None:
+        """Called before each `produce`."""
+
+    def on_rollout_end(self, rollout: list[StepInput], global_step: int) -> None:
+        """Called after each `produce` with what it returned."""
+
+
+class BaseDataProducer:
+    """Convenience base: holds a `ProducerConfig` (default settings when None) and no-op hooks."""
+
+    def __init__(self, config: ProducerConfig | None = None):
+        self.config = config or ProducerConfig()
+
+    def on_rollout_begin(self, global_step: int) -> None:
+        """No-op."""
+
+    def on_rollout_end(self, rollout: list[StepInput], global_step: int) -> None:
+        """No-op."""
+
+
+class VLLMProducer(BaseDataProducer):
+    """The builtin producer: the asynchronous vLLM `Orchestrator` behind the bounded rollout queue.
+
+    The orchestrator generates in the background (that is the prefetch); `produce` only dequeues.
+
+    Args:
+        orchestrator: a started (or about to be started) `Orchestrator` filling `queue`.
+        queue: its rollout queue.
+        version: the shared `PolicyVersion`.
+        config: producer settings.
+        streaming: True when the orchestrator emits chunks (`streaming_min_groups`).
+    """
+
+    def __init__(self, orchestrator, queue: RolloutQueue, version, config: ProducerConfig, streaming: bool = False):
+        super().__init__(config)
+        self.orchestrator = orchestrator
+        self.queue = queue
+        self.version = version
+        self.streaming = streaming
+
+    def _check(self) -> None:
+        if self.orchestrator.error is not None:
+            raise RuntimeError("orchestrator failed") from self.orchestrator.error
+
+    def produce(self, model: Any, global_step: int, **kwargs: Any) -> list[StepInput]:
+        """The next `steps_per_generation` step batches off the queue (see `DataProducer.produce`).
+
+        Raises:
+            TimeoutError: no batch within `timeout_s` (default 300 s).
+            RuntimeError: the orchestrator died (its error is chained).
+        """
+        timeout_s = float(kwargs.get("timeout_s", 300.0))
+        out: list[StepInput] = []
+        for _ in range(self.config.steps_per_generation):
+            if self.streaming:
+                out.append(StepStream(self.queue, lambda: self.version.value, timeout_s, self._check))
+            else:
+                out.append(_get(self.queue, self.version.value, timeout_s, self._check))
+        return out
+
+
+def _get(queue: RolloutQueue, version: int, timeout_s: float, check, keep_empty_final: bool = False) -> TrainBatch:
+    """Next batch off `queue`, polling `check` (which raises if the producer died) every second.
+
+    Raises:
+        TimeoutError: nothing within `timeout_s` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        check()
+        try:
+            return queue.get(version, timeout_s=min(1.0, max(deadline - time.monotonic(), 0.01)),
+                             keep_empty_final=keep_empty_final)
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"no rollouts for {timeout_s:.0f} s (dropped so far: {queue.drops.snapshot()}); "
+                    "check vllm.log and the reward functions, or raise rollout_timeout_s"
+                ) from None
+
+
+def load_data_producer(spec: str, config: Any, tokenizer: Any) -> DataProducer:
+    """Build a user producer from `data_producer: module:factory` (same spec forms as reward functions).
+
+    Raises:
+        ValueError: the spec does not resolve, or the factory's result lacks `produce`/`config`
+            (the message names `data_producer` and the fix).
+    """
+    from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func
+
+    try:
+        factory = resolve_reward_func(spec)
+    except RewardSpecError as err:
+        raise ValueError(f"data_producer={spec!r}: {err}") from None
+    producer = factory(config, tokenizer)
+    if not isinstance(producer, DataProducer) or not isinstance(getattr(producer, "config", None), ProducerConfig):
+        raise ValueError(
+            f"data_producer={spec!r} returned {type(producer).__name__}, which lacks the DataProducer protocol. "
+            "Fix: return an object with a `config: ProducerConfig` attribute and produce(model, global_step, "
+            "**kwargs), on_rollout_begin(global_step), on_rollout_end(rollout, global_step) methods "
+            "(subclass async_grpo.orchestrator.producer.BaseDataProducer)."
+        )
+    return producer

@@ -1,0 +1,184 @@
+"""The learner's three ways of receiving a step: streamed chunks, reused rollouts, and several ranks.
+
+Each must give the update a single process computes on the whole batch (hand-checkable reference:
+`GRPOLearner.step(TrainBatch)`, itself checked against TRL's loss in tests/algorithms).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from async_grpo.trainer.distributed import DataParallelLearner, DistInfo, follow, shard
+from async_grpo.trainer.trainer import GRPOLearner, LossSettings
+from async_grpo.transports.messages import TrainBatch
+
+from .test_trainer import PAD, make_group
+
+PROMPTS = [[72, 105, 58], [65, 66], [90, 91, 92, 93], [48, 49]]
+
+
+def batch_of_four_groups(seed: int = 0) -> TrainBatch:
+    """4 groups x 2 completions with ragged prompts/completions, nonzero advantages and off-policy sampling
+    logprobs (so the IS weights differ from 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = []
+    for i, prompt in enumerate(PROMPTS):
+        comps = [[int(t) for t in torch.randint(60, 120, (n,), generator=gen)] for n in (3 + i % 2, 2 + i)]
+        logps = [[float(-0.5 - torch.rand(1, generator=gen)) for _ in c] for c in comps]
+        groups.append(make_group(prompt, comps, [1.0 - 0.5 * i, -1.0 + 0.25 * i], logprobs=logps))
+    return TrainBatch(groups=groups, metrics={"reward": 0.5})
+
+
+def learner(model, micro_batch_size: int, **loss_kw) -> GRPOLearner:
+    return GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9,
+                       micro_batch_size=micro_batch_size, loss=LossSettings(max_completion_length=8, **loss_kw),
+                       pad_token_id=PAD)
+
+
+def grads(model) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+# ------------------------------------------------------------------ streaming group scoring
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo", "cispo"])
+def test_streamed_chunks_give_the_same_update_as_the_whole_batch(tiny_model, loss_type):
+    """Chunks of 2 groups (= one 4-completion micro-batch each) streamed in: same loss, same gradients, same
+    parameters after the step, although the loss normalizers were unknown until the last chunk."""
+    other = copy.deepcopy(tiny_model)
+    batch = batch_of_four_groups()
+    whole = learner(tiny_model, 4, loss_type=loss_type).step(copy.deepcopy(batch))
+    b = copy.deepcopy(batch)
+    chunks = [TrainBatch(b.groups[:2], {}, final=False), TrainBatch(b.groups[2:], dict(b.metrics), final=True)]
+    streamed = learner(other, 4, loss_type=loss_type).step(iter(chunks))
+    assert streamed["loss"] == pytest.approx(whole["loss"], rel=1e-5, abs=1e-7)
+    assert streamed["num_tokens"] == whole["num_tokens"]
+    # the step leaves the normalized gradients in .grad; compare those, not the Adam update (which turns a
+    # 1e-9 gradient into a +-lr step and so amplifies float rounding)
+    for a, c in zip(grads(tiny_model), grads(other), strict=True):
+        torch.testing.assert_close(c, a, atol=1e-6, rtol=1e-5)
+
+
+def test_streamed_step_runs_each_chunk_before_the_next_arrives(tiny_model):
+    """The trainer pulls chunk 2 only after chunk 1's forward/backward left gradients behind: that is the
+    overlap with reward scoring that streaming exists for."""
+    batch = batch_of_four_groups()
+    seen: list[bool] = []
+
+    def chunks():
+        yield TrainBatch(batch.groups[:2], {}, final=False)
+        seen.append(all(p.grad is not None for p in tiny_model.parameters() if p.requires_grad))
+        yield TrainBatch(batch.groups[2:], {}, final=True)
+
+    learner(tiny_model, 4).step(chunks())
+    assert seen == [True]
+
+
+# ------------------------------------------------------------------ rollout reuse (num_iterations / mini_epochs)
+def test_first_reuse_step_equals_a_plain_step_and_later_ones_see_the_old_policy(tiny_model):
+    """pi_old cached before the first update: the first step is the plain one (ratio 1); the second step's
+    ratio pi_theta/pi_old moves away from 1, so PPO clipping can act (it never can without reuse)."""
+    other = copy.deepcopy(tiny_model)
+    batch = batch_of_four_groups()
+    plain = learner(other, 4, epsilon=1e-4, epsilon_high=1e-4).step(copy.deepcopy(batch))
+    reuse = learner(tiny_model, 4, epsilon=1e-4, epsilon_high=1e-4)
+    old = reuse.old_logps(batch)
+    assert len(old) == 2 and all(not t.requires_grad for t in old)
+    first = reuse.step(batch, old_logps=old)
+    assert first["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    for a, c in zip(grads(tiny_model), grads(other), strict=True):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-5)
+    assert first["clip_ratio/region_mean"] == 0.0
+    second = reuse.step(batch, old_logps=old)
+    assert second["clip_ratio/region_mean"] > 0.0  # lr 1e-3 moved the policy beyond a 1e-4 trust region
+    with pytest.raises(ValueError, match="old_logps has 1 micro-batches"):
+        reuse.step(batch, old_logps=old[:1])
+
+
+# ------------------------------------------------------------------ several ranks
+def test_shard_splits_groups_contiguously_and_evenly():
+    batch = TrainBatch(groups=list(range(5)), metrics={"m": 1.0}, final=True)  # type: ignore[arg-type]
+    parts = [shard(batch, r, 2).groups for r in range(2)]
+    assert parts == [[0, 1, 2], [3, 4]]
+    assert shard(batch, 1, 2).metrics == {"m": 1.0}
+    assert [len(shard(batch, r, 4).groups) for r in range(4)] == [2, 1, 1, 1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str, out_dir: str) -> None:
+    """One trainer rank: rank 0 drives two steps (the second with reused pi_old), rank 1 follows."""
+    from transformers import AutoModelForCausalLM
+
+    from async_grpo.trainer.distributed import broadcast_parameters, close_distributed, init_distributed
+
+    os.environ.update({"WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    info = init_distributed(timeout_s=120)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if rank == 1:  # different weights on purpose: rank 0's must win
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1)
+    broadcast_parameters(model)
+    local = learner(model, 4, loss_type=loss_type)
+    if rank == 0:
+        dp = DataParallelLearner(local, info)
+        batch = batch_of_four_groups()
+        metrics = [dp.step(batch)]
+        step_grads = [grads(model)]
+        old = dp.old_logps(batch)
+        metrics.append(dp.step(batch, old_logps=old))
+        step_grads.append(grads(model))
+        dp.forget(batch)
+        dp.stop()
+        torch.save({"metrics": metrics, "grads": step_grads, "params": [p.detach() for p in model.parameters()]},
+                   os.path.join(out_dir, "rank0.pt"))
+    else:
+        steps = follow(local, DistInfo(rank=1, world_size=world))
+        torch.save({"steps": steps, "params": [p.detach() for p in model.parameters()]},
+                   os.path.join(out_dir, "rank1.pt"))
+    close_distributed()
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_two_gloo_ranks_train_like_one_process_on_the_whole_batch(tiny_model_path, tiny_model, tmp_path, loss_type):
+    """2 ranks x 1 micro-batch of 4 completions == 1 process x 2 micro-batches of 4 (TRL's DDP semantics:
+    dapo divides by the global token count / num_processes, grpo averages per-rank means), two steps."""
+    from transformers import AutoModelForCausalLM
+
+    mp.start_processes(_rank_main, args=(2, _free_port(), str(tiny_model_path), loss_type, str(tmp_path)),
+                       nprocs=2, join=True, start_method="spawn")
+    rank0 = torch.load(tmp_path / "rank0.pt")
+    rank1 = torch.load(tmp_path / "rank1.pt")
+    assert rank1["steps"] == 2
+
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    single = learner(reference, 4, loss_type=loss_type)
+    batch = batch_of_four_groups()
+    expected = [single.step(batch)]
+    expected_grads = [grads(reference)]
+    old = single.old_logps(batch)
+    expected.append(single.step(batch, old_logps=old))
+    expected_grads.append(grads(reference))
+    for got, want in zip(rank0["metrics"], expected, strict=True):
+        assert got["num_tokens"] == want["num_tokens"]  # global count, all ranks
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    # first step: same weights, so the averaged gradient equals the single-process one to float rounding;
+    # second step: Adam's first update amplifies rounding on near-zero gradients, hence the looser bound
+    for step, atol in ((0, 1e-6), (1, 1e-5)):
+        for a, c in zip(rank0["grads"][step], expected_grads[step], strict=True):
+            torch.testing.assert_close(a, c, atol=atol, rtol=1e-4)
+    assert any(not torch.equal(a, b) for a, b in zip(rank0["params"], tiny_model.parameters(), strict=True))
+    for a, b in zip(rank0["params"], rank1["params"], strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)  # replicas stay bit-identical
