@@ -341,6 +341,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
                             "queue/depth": float(depth), "trainer/idle_seconds": waited,
                             "trainer/step_seconds": time.perf_counter() - t0,
                             "policy_version": float(version.value), "rollouts": float(rollouts),
+                            "groups": float(len(item.groups)), "trainer/ranks": float(info.world_size),
                             "dropped_groups/total": float(sum(drops.snapshot().values())),
                             **{f"dropped_groups/{k}": float(v) for k, v in drops.snapshot().items()},
                         })  # fmt: skip
