@@ -303,6 +303,13 @@ class GRPOConfig(BaseModel):
                 "vllm_importance_sampling_clip_min must be below vllm_importance_sampling_cap. "
                 "Fix: lower clip_min or raise the cap."
             )
+        if self.loss_type == "cispo" and self.epsilon_high_value < 1.0:
+            raise ValueError(
+                f"loss_type=cispo caps the importance ratio itself at epsilon_high (epsilon_max of ScaleRL, "
+                f"arXiv 2510.13786), but epsilon_high is {self.epsilon_high_value}: every on-policy ratio of 1 would "
+                "be clamped, which only shrinks the learning rate. Fix: set epsilon_high, e.g. 5.0 (ScaleRL's and "
+                "TRL's recommendation)."
+            )
         if self.skip_zero_advantage_batches and self.beta > 0:
             raise ValueError(
                 "skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL term. "
