@@ -267,3 +267,11 @@ def test_multi_rank_launch_without_torchrun_env_is_refused_before_anything_start
     with pytest.raises(ValueError, match=r"WORLD_SIZE=16 but \['RANK', 'MASTER_ADDR', 'MASTER_PORT'\].*torchrun"):
         run_training(GRPOConfig(output_dir=str(tmp_path / "run")), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_cispo_with_a_ratio_cap_below_one_is_refused_with_the_fix():
+    from async_grpo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"loss_type=cispo caps the importance ratio.*Fix: set epsilon_high, e.g. 5.0"):
+        load_config(None, ["loss_type=cispo", "epsilon_high=0.28"])
+    assert load_config(None, ["loss_type=cispo", "epsilon_high=5.0"]).epsilon_high_value == 5.0

@@ -56,9 +56,14 @@ class GRPOConfig(BaseModel):
     max_prompt_length: int = Field(256, ge=1, description="Prompts longer than this (tokens) are dropped and counted.")
     max_completion_length: int = Field(16, ge=1, description="Max generated tokens per completion (TRL name).")
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt, i.e. the group size G (TRL name).")
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for rollouts (TRL name).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold (TRL name).")
-    top_k: int = Field(-1, description="Top-k sampling; -1 (or 0) disables it (TRL name).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for rollouts (TRL name). The trainer "
+                               "divides its logits by it too (TRL), so its logprobs compare with vLLM's processed "
+                               "sampling logprobs in the IS ratio and OPSM.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold (TRL name). The trainer scores "
+                         "the untruncated distribution (as TRL does), so below 1 the vLLM IS ratio and OPSM also "
+                         "measure the truncation.")
+    top_k: int = Field(-1, description="Top-k sampling; -1 (or 0) disables it (TRL name). Above 0 the vLLM IS ratio "
+                       "also measures the truncation, as for top_p.")
 
     # ---------------------------------------------------------------- optimisation
     learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate (TRL name; TRL default 1e-6).")
@@ -66,6 +71,13 @@ class GRPOConfig(BaseModel):
     logprob_chunk_size: int | None = Field(
         None, ge=1, description="Apply the LM head this many completion positions at a time (with activation "
         "checkpointing), so (batch, seq, vocab) logits are never materialized. None: full logits."
+    )
+    use_liger_kernel: bool = Field(
+        False, description="Compute the GRPO loss with liger-kernel's fused linear GRPO loss (LigerFusedLinearGRPOLoss, "
+        "the `gpu` extra): the LM head, log-softmax and loss run chunk by chunk, so (batch, seq, vocab) logits "
+        "never exist; OPSM, the entropy mask and the vLLM IS weights enter as its per-token weight. Same loss as the "
+        "unfused path (tests/trainer/test_liger_loss.py). Not with importance_sampling_level=sequence for cispo/sapo "
+        "(axolotl / TRL name)."
     )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     per_device_train_batch_size: int = Field(
@@ -302,6 +314,11 @@ class GRPOConfig(BaseModel):
             raise ValueError(
                 "vllm_importance_sampling_clip_min must be below vllm_importance_sampling_cap. "
                 "Fix: lower clip_min or raise the cap."
+            )
+        if self.use_liger_kernel and self.importance_sampling_level == "sequence" and self.loss_type in ("cispo", "sapo"):
+            raise ValueError(
+                f"use_liger_kernel: liger-kernel 0.8.5 has no sequence-level importance sampling for "
+                f"loss_type={self.loss_type}. Fix: set use_liger_kernel=false or importance_sampling_level=token."
             )
         if self.loss_type == "cispo" and self.epsilon_high_value < 1.0:
             raise ValueError(

@@ -4,12 +4,16 @@
 with a ``SimpleNamespace`` standing in for ``self`` that provides exactly the attributes they read.
 Model forward passes are replaced by stubs that return given log-prob tensors, generation by a stub
 returning given token lists, and reward functions by a stub returning a given ``rewards_per_func``.
+``GRPOTrainer._get_per_token_logps_and_entropies`` runs for real, on a copy of a model patched with
+TRL's own fused LM head (``trl_fused_model``), as the oracle for per-token logprobs and entropies.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import defaultdict
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +24,9 @@ try:
         warnings.simplefilter("ignore")
         from trl.trainer import utils as trl_utils
         from trl.trainer.grpo_trainer import GRPOTrainer
+        from trl.trainer.utils import add_fused_lm_head
 except ImportError:  # trl is a dev dependency; hand-computed tests still run without it
-    trl_utils = GRPOTrainer = None
+    trl_utils = GRPOTrainer = add_fused_lm_head = None
 
 requires_trl = pytest.mark.skipif(GRPOTrainer is None, reason="trl (dev dependency) is not installed")
 
@@ -214,3 +219,43 @@ def trl_score(
     output = GRPOTrainer._generate_and_score_completions(fake, [{"prompt": "p"} for _ in range(batch)])
     metrics = {k: v[-1] for k, v in fake._metrics["train"].items()}
     return output, metrics
+
+
+def trl_fused_model(model: torch.nn.Module, temperature: float = 1.0) -> torch.nn.Module:
+    """A deep copy of ``model`` patched as ``GRPOTrainer.__init__`` patches the policy.
+
+    TRL 1.16 calls ``add_fused_lm_head(model, temperature=args.temperature, outputs=("log_probs", "entropy"))``;
+    afterwards ``model(..., labels=..., fused_lm_head=True)`` returns temperature-scaled per-token log-probs
+    and entropies without materialising the (B, L, V) logits. ``model`` itself is left unpatched.
+    """
+    trl_model = copy.deepcopy(model)
+    add_fused_lm_head(trl_model, temperature=temperature, outputs=("log_probs", "entropy"))
+    return trl_model
+
+
+def trl_per_token_logps_and_entropies(
+    trl_model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    compute_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """TRL ``GRPOTrainer._get_per_token_logps_and_entropies`` on a model from :func:`trl_fused_model`.
+
+    Args:
+        trl_model: the patched copy.
+        input_ids: ``(B, P + T)`` prompt + completion ids, as TRL builds them (prompt left padded,
+            completion right padded).
+        attention_mask: ``(B, P + T)`` 1 on real tokens.
+        logits_to_keep: ``T``, the completion length.
+
+    Returns:
+        ``(logps, entropies)``, each ``(B, T)`` (entropies None unless ``compute_entropy``); 0 where
+        ``attention_mask`` is 0. Gradients flow to ``trl_model``'s parameters.
+    """
+    accelerator = SimpleNamespace(**vars(_accelerator()), autocast=nullcontext, is_main_process=True)
+    fake = SimpleNamespace(accelerator=accelerator)  # no `state`/`args`: the profiling decorator just calls through
+    logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        fake, trl_model, input_ids, attention_mask, logits_to_keep, compute_entropy=compute_entropy
+    )
+    return logps, entropies

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 import yaml
 
@@ -152,4 +153,46 @@ def test_two_trainer_ranks_under_torchrun(vllm_server, tiny_model_dir, tmp_path,
     assert [m.value for m in client.get_metric_history(run_id, "trainer/ranks")] == [2.0] * 3
     assert [m.value for m in client.get_metric_history(run_id, "groups")] == [4.0] * 3  # 2 per rank
     assert len(client.get_metric_history(run_id, "num_tokens")) == 3
+    assert child_pids() == before
+
+
+def test_run_scores_through_the_reward_service(vllm_server, tiny_model_dir, tmp_path, child_pids):
+    """reward_url: every group is scored by a real `python -m async_grpo.rewards.server` (as the reward
+    Deployment runs it), and the run's reward metrics come from it."""
+    import signal
+    import time
+
+    import httpx
+
+    before = child_pids()
+    cfg = {**BASE, "model_name_or_path": str(tiny_model_dir), "vllm_url": vllm_server.url,
+           "output_dir": str(tmp_path / "run"), "max_steps": 2}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (tmp_path / "reward.log").open("w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "async_grpo.rewards.server", "--config", str(path),
+                                   "--host", "127.0.0.1", "--port", str(port), "--num-workers", "1"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "reward.log").read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "reward service did not come up"
+            time.sleep(0.2)
+        summary = run_training(GRPOConfig(**cfg, reward_url=url), progress=False)
+        assert history(summary, "rewards/reverse_format/mean")  # scored remotely, logged per step
+        assert summary.eval_before and summary.eval_after
+        assert not summary.dropped_groups.get("reward_error")
+        # the service's worker pool starts on its first /v1/score request: it did the scoring
+        assert psutil.Process(server.pid).children(recursive=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
     assert child_pids() == before

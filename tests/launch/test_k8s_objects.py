@@ -194,11 +194,26 @@ def test_labels_and_owner_references_tie_the_run_together(gpu_config, gpu_settin
                 {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "1234-uid"}]
 
 
-def test_reward_service_is_left_out_by_default(gpu_config):
+def test_reward_service_runs_by_default_and_is_left_out_with_zero_replicas(gpu_config):
     objs = build_run_objects(gpu_config, ClusterSettings(), RUN)
+    reward = [o for o in objs if o["metadata"]["labels"]["app.kubernetes.io/component"] == "reward"]
+    assert sorted(o["kind"] for o in reward) == ["Deployment", "NetworkPolicy", "Service"]
+    job = _by_kind(objs)[("PyTorchJob", RUN)]
+    assert f"http://{RUN}-reward.async-grpo.svc.cluster.local:8080" in json.dumps(job)
+    objs = build_run_objects(gpu_config, ClusterSettings(reward_replicas=0), RUN)
     assert not [o for o in objs if o["metadata"]["labels"]["app.kubernetes.io/component"] == "reward"]
     job = _by_kind(objs)[("PyTorchJob", RUN)]
     assert "ASYNC_GRPO_REWARD_URL" not in json.dumps(job)
+
+
+def test_reward_pods_mount_the_volume_only_for_reward_files(gpu_config, gpu_settings):
+    def mounts(config: GRPOConfig) -> list[str]:
+        dep = _by_kind(build_run_objects(config, gpu_settings, RUN))[("Deployment", f"{RUN}-reward")]
+        return [m["mountPath"] for m in dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]]
+
+    assert "/workspace" not in mounts(gpu_config)  # builtin rewards
+    files = gpu_config.model_copy(update={"reward_funcs": ["/workspace/rewards/math.py:accuracy"]})
+    assert "/workspace" in mounts(files)
 
 
 def test_model_outside_the_volume_is_rejected_with_a_fix(gpu_settings):

@@ -182,3 +182,39 @@ def test_two_gloo_ranks_train_like_one_process_on_the_whole_batch(tiny_model_pat
     assert any(not torch.equal(a, b) for a, b in zip(rank0["params"], tiny_model.parameters(), strict=True))
     for a, b in zip(rank0["params"], rank1["params"], strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)  # replicas stay bit-identical
+
+
+# ------------------------------------------------------------------ sampling temperature and the fused loss
+def test_logprobs_are_those_of_the_tempered_sampling_distribution(tiny_model):
+    """TRL divides the logits by the sampling temperature; vLLM's processed logprobs are tempered too."""
+    from async_grpo.trainer.trainer import completion_logps, pack_batch
+
+    mb = pack_batch(batch_of_four_groups(), PAD)
+    with torch.no_grad():
+        logits = tiny_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                            position_ids=mb.position_ids).logits[:, -mb.completion_ids.size(1) - 1 : -1]
+        want = torch.log_softmax(logits / 0.7, -1).gather(-1, mb.completion_ids.unsqueeze(-1)).squeeze(-1)
+        for chunk in (None, 2):
+            got, _ = completion_logps(tiny_model, mb, chunk_size=chunk, temperature=0.7)
+            torch.testing.assert_close(got * mb.completion_mask, want * mb.completion_mask, atol=1e-5, rtol=1e-5)
+        plain, _ = completion_logps(tiny_model, mb)
+        assert not torch.allclose(plain * mb.completion_mask, want * mb.completion_mask, atol=1e-3)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_liger_fused_loss_gives_the_unfused_step(tiny_model, loss_type):
+    """use_liger_kernel: the learner's fused path (OPSM + IS weights as liger's per-token weight, temperature)
+    yields the unfused gradients, on-policy and with a cached pi_old."""
+    pytest.importorskip("liger_kernel.chunked_loss")
+    other = copy.deepcopy(tiny_model)
+    batch = batch_of_four_groups()
+    kw = dict(loss_type=loss_type, off_policy_mask_threshold=0.3, temperature=0.9)
+    plain, fused = learner(tiny_model, 4, **kw), learner(other, 4, use_liger_kernel=True, **kw)
+    for step in range(2):
+        old = None if step == 0 else plain.old_logps(batch)
+        old_fused = None if step == 0 else fused.old_logps(batch)
+        a = plain.step(copy.deepcopy(batch), old_logps=old)
+        b = fused.step(copy.deepcopy(batch), old_logps=old_fused)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+        for x, y in zip(grads(tiny_model), grads(other), strict=True):
+            torch.testing.assert_close(y, x, atol=1e-5 if step else 1e-6, rtol=1e-4)

@@ -351,10 +351,16 @@ def build_vllm_service(settings: ClusterSettings, run_name: str, owner: dict[str
 # ------------------------------------------------------------------------------------------------ rewards
 def build_reward_deployment(config: GRPOConfig, settings: ClusterSettings, run_name: str,
                             owner: dict[str, Any] | None = None) -> Manifest:
-    """Reward-worker Deployment serving the run's reward functions over HTTP (`REWARD_SERVER_MODULE`)."""
+    """Reward-worker Deployment serving the run's reward functions over HTTP (`REWARD_SERVER_MODULE`).
+
+    The shared volume is mounted read-only when a reward function is a file (`/workspace/rewards/x.py:fn`)."""
     vols, mounts = _scratch_volumes(settings, shm=False)
     vols.append({"name": "config", "configMap": {"name": f"{run_name}-config"}})
     mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+    if any(spec.rsplit(":", 1)[0].endswith(".py") for spec in config.reward_funcs):
+        data_vol, data_mount = _data_volume(settings, read_only=True)
+        vols.append(data_vol)
+        mounts.append(data_mount)
     container = {
         "name": "reward", "image": settings.image("reward"),
         "command": ["python", "-m", REWARD_SERVER_MODULE, "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",

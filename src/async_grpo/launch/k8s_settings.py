@@ -37,8 +37,9 @@ class ClusterSettings(BaseModel):
     vllm_gpus: int = Field(1, ge=1, description="GPUs of the vLLM pod (its tensor-parallel size).")
     vllm_cpu: float = Field(8.0, gt=0, description="CPU cores requested by the vLLM pod.")
     vllm_memory_gib: int = Field(64, ge=1, description="Memory of the vLLM pod (GiB).")
-    reward_replicas: int = Field(0, ge=0, description="Reward-worker pods behind the reward Service; 0 (default "
-                                 "until the HTTP reward service ships) scores in the trainer pod's process pool.")
+    reward_replicas: int = Field(1, ge=0, description="Reward-service pods (`python -m async_grpo.rewards.server`, "
+                                 "reward_num_workers processes each) behind the reward Service; the trainer gets "
+                                 "its URL in ASYNC_GRPO_REWARD_URL. 0 scores in a process pool in the trainer pod.")
     reward_cpu: float = Field(2.0, gt=0, description="CPU cores requested per reward pod.")
     reward_memory_gib: int = Field(4, ge=1, description="Memory per reward pod (GiB).")
     shm_size_gib: int = Field(16, ge=1, description="Size limit of the /dev/shm emptyDir (GiB).")

@@ -30,7 +30,7 @@ from async_grpo.inference.server import VLLMServer, build_server_command, free_p
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.orchestrator.orchestrator import Orchestrator, PromptItem, SamplingSettings, cycle_prompts
 from async_grpo.orchestrator.producer import ProducerConfig, VLLMProducer, load_data_producer
-from async_grpo.rewards.pool import RewardPool
+from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import (DataParallelLearner, broadcast_parameters, check_env,
                                             close_distributed, follow, init_distributed)
@@ -200,8 +200,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
     eval_spec = config.eval_dataset or (config.dataset if config.dataset.startswith("builtin:") else None)
     eval_items = (_load_items(tokenizer, eval_spec, "eval", config.seed, config.max_prompt_length, drops,
                               limit=config.eval_num_prompts) if eval_spec else [])
-    reward_pool = RewardPool(config.reward_funcs, config.reward_weights, config.reward_num_workers,
-                             config.reward_timeout_s)
+    reward_pool = make_reward_pool(config)  # the reward service when reward_url / $ASYNC_GRPO_REWARD_URL is set
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
@@ -449,6 +448,7 @@ def build_learner(config: GRPOConfig, model, pad_token_id: int) -> GRPOLearner:
             sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
             top_entropy_quantile=config.top_entropy_quantile,
             replay_recompute_logps=config.replay_recompute_logps,
+            temperature=config.temperature, use_liger_kernel=config.use_liger_kernel,
         ),
     )  # fmt: skip
 

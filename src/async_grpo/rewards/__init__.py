@@ -2,6 +2,10 @@
 
 Reward functions use TRL's signature f(prompts, completions, completion_ids, **columns) -> list[float | None],
 so functions written for TRL's GRPOTrainer work unchanged.
+
+The same pool also runs behind HTTP: `rewards.server` is the reward service (the reward Deployment),
+`rewards.remote` its client with the pool's interface (`make_reward_pool` picks local or remote). They are
+not imported here, so the reward image needs no client code and the trainer no server code.
 """
 
 from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func, reward_func_name

@@ -189,6 +189,11 @@ class RewardPool:
         self._pending: set[Future] = set()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called: `submit` then raises RuntimeError."""
+        return self._closed
+
     def submit(
         self,
         prompts: Sequence[Any],

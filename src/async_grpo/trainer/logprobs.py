@@ -15,8 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from async_grpo.algorithms import entropy_from_logits, selective_log_softmax
 
 
-def _block(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor) -> Tensor:
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (N, C, V)
+def _block(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature  # (N, C, V)
     return selective_log_softmax(logits, targets)
 
 
@@ -26,6 +26,7 @@ def chunked_token_logps(
     targets: Tensor,
     chunk_size: int,
     with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor | None]:
     """Logprobs of `targets` under `lm_head(hidden)`, `chunk_size` positions at a time.
 
@@ -35,6 +36,8 @@ def chunked_token_logps(
         targets: (N, T) token ids.
         chunk_size: positions per block (>= 1).
         with_entropy: also return per-token entropies (N, T), computed without gradient.
+        temperature: the logits are divided by it first, so the logprobs are those of the sampling
+            distribution vLLM reports (`processed_logprobs`) and TRL scores (`logits / temperature`).
 
     Returns:
         (logps (N, T) float32 with gradient to `hidden` and `lm_head`, entropy (N, T) or None).
@@ -51,28 +54,29 @@ def chunked_token_logps(
         h = hidden[:, start : start + chunk_size]
         t = targets[:, start : start + chunk_size]
         if torch.is_grad_enabled() and (h.requires_grad or lm_head.weight.requires_grad):
-            logps.append(checkpoint(_block, h, lm_head.weight, lm_head.bias, t, use_reentrant=False))
+            logps.append(checkpoint(_block, h, lm_head.weight, lm_head.bias, t, temperature, use_reentrant=False))
         else:
-            logps.append(_block(h, lm_head.weight, lm_head.bias, t))
+            logps.append(_block(h, lm_head.weight, lm_head.bias, t, temperature))
         if with_entropy:
             with torch.no_grad():
-                entropies.append(entropy_from_logits(lm_head(h.detach()).float()))
+                entropies.append(entropy_from_logits(lm_head(h.detach()).float() / temperature))
     return torch.cat(logps, dim=1), (torch.cat(entropies, dim=1) if with_entropy else None)
 
 
 def completion_logps_from_model(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                                 position_ids: Tensor, completion_ids: Tensor, *, chunk_size: int | None = None,
-                                with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                                with_entropy: bool = False, temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs (N, T) of `completion_ids`, the last T tokens of `input_ids` (N, P + T).
 
     With `chunk_size=None` the model's own head runs on the last T+1 positions (`logits_to_keep`);
-    otherwise the decoder body runs once and `chunked_token_logps` applies the head in blocks.
+    otherwise the decoder body runs once and `chunked_token_logps` applies the head in blocks. Logits are
+    divided by `temperature` (TRL `_get_per_token_logps_and_entropies`).
     """
     t = completion_ids.size(1)
     if chunk_size is None:
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     logits_to_keep=t + 1, use_cache=False)
-        logits = out.logits[:, :-1, :].float()  # (N, T, V): position j predicts completion token j
+        logits = out.logits[:, :-1, :].float() / temperature  # (N, T, V): position j predicts completion token j
         entropy = None
         if with_entropy:
             with torch.no_grad():
@@ -81,4 +85,5 @@ def completion_logps_from_model(model: torch.nn.Module, input_ids: Tensor, atten
     body = model.get_decoder()
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                   use_cache=False).last_hidden_state[:, -(t + 1) : -1, :]  # (N, T, H)
-    return chunked_token_logps(hidden, model.get_output_embeddings(), completion_ids, chunk_size, with_entropy)
+    return chunked_token_logps(hidden, model.get_output_embeddings(), completion_ids, chunk_size, with_entropy,
+                               temperature)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from async_grpo.algorithms import grpo_loss, high_entropy_mask, importance_sampling_weights
-from async_grpo.trainer.logprobs import completion_logps_from_model
+from async_grpo.trainer.liger import completion_hidden_states, fused_grpo_loss
+from async_grpo.trainer.logprobs import chunked_token_logps, completion_logps_from_model
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class LossSettings:
     sapo_temperature_neg: float = 1.05
     top_entropy_quantile: float = 1.0
     replay_recompute_logps: bool = True
+    temperature: float = 1.0
+    use_liger_kernel: bool = False
 
 
 @dataclass
@@ -121,14 +124,15 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
 
 
 def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False,
-                     chunk_size: int | None = None):
+                     chunk_size: int | None = None, temperature: float = 1.0):
     """Per-token logprobs (N, T) of `mb.completion_ids` under `model`, and optionally entropies (N, T).
 
     `chunk_size=None` materializes only the last T+1 positions' logits (`logits_to_keep`); an int applies
-    the LM head `chunk_size` positions at a time (see `trainer.logprobs`).
+    the LM head `chunk_size` positions at a time (see `trainer.logprobs`). Logits are divided by the sampling
+    `temperature` (TRL), so the logprobs compare with vLLM's processed sampling logprobs.
     """
     return completion_logps_from_model(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.completion_ids,
-                                       chunk_size=chunk_size, with_entropy=with_entropy)
+                                       chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature)
 
 
 class GRPOLearner:
@@ -184,7 +188,8 @@ class GRPOLearner:
         was_training = self.model.training
         self.model.eval()
         try:
-            return [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size)[0].detach()
+            return [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size,
+                                     temperature=self.loss.temperature)[0].detach()
                     for mb in self._micro_batches([batch])]
         finally:
             self.model.train(was_training)
@@ -236,7 +241,17 @@ class GRPOLearner:
                 # the loss normalizer still counts these tokens, so the step equals the unskipped one
                 self.skipped_zero_adv_microbatches += 1
                 continue
-            logps, entropy = completion_logps(self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size)
+            hidden = None
+            if cfg.use_liger_kernel:  # the fused loss applies the LM head itself; logps here only feed IS/OPSM/metrics
+                t = mb.completion_ids.size(1)
+                hidden = completion_hidden_states(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, t)
+                with torch.no_grad():
+                    logps, entropy = chunked_token_logps(hidden.detach(), self.model.get_output_embeddings(),
+                                                         mb.completion_ids, self.logprob_chunk_size or t,
+                                                         with_entropy=True, temperature=cfg.temperature)
+            else:
+                logps, entropy = completion_logps(self.model, mb, with_entropy=True,
+                                                  chunk_size=self.logprob_chunk_size, temperature=cfg.temperature)
             # one optimizer step per batch: the behaviour policy is the current one; with reuse, the cached pi_old
             old = logps.detach() if old_logps is None else old_logps[index]
             sampling_logps = mb.sampling_logps
@@ -255,9 +270,9 @@ class GRPOLearner:
             ref_logps = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref_logps, _ = completion_logps(self.ref_model, mb, chunk_size=self.logprob_chunk_size)
-            out = grpo_loss(
-                logps, old, mb.advantages, mb.completion_mask,
+                    ref_logps, _ = completion_logps(self.ref_model, mb, chunk_size=self.logprob_chunk_size,
+                                                    temperature=cfg.temperature)
+            loss_kwargs = dict(
                 loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
                 importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta, ref_logps=ref_logps,
                 use_bias_correction_kl=cfg.use_bias_correction_kl, is_weights=is_weights,
@@ -267,6 +282,12 @@ class GRPOLearner:
                 max_completion_length=cfg.max_completion_length, num_items_in_batch=num_items,
                 gradient_accumulation_steps=accumulation, num_processes=self.world_size,
             )  # fmt: skip
+            if hidden is not None:
+                out = fused_grpo_loss(hidden, self.model.get_output_embeddings(), mb.completion_ids,
+                                      mb.completion_mask, mb.advantages, None if old_logps is None else old,
+                                      current_logps=logps, temperature=cfg.temperature, **loss_kwargs)
+            else:
+                out = grpo_loss(logps, old, mb.advantages, mb.completion_mask, **loss_kwargs)
             out.loss.backward()
             step_loss += out.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
             _accumulate(sums, weights, out.metrics, tokens)

@@ -1,0 +1,171 @@
+"""The reward service: a `RewardPool` behind HTTP, run as the reward Deployment on Kubernetes.
+
+FastAPI serves and validates the requests; all scoring, timeouts and worker replacement stay in the
+`RewardPool` the trainer would otherwise run in-process, so a group scored here fails exactly as it
+would there (the same RewardError reasons travel back in the error body, see `wire`).
+
+    python -m async_grpo.rewards.server --config CONFIG.yaml [--host 0.0.0.0] [--port 8080] [--num-workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from async_grpo import __version__
+from async_grpo.config import ConfigError, load_config
+from async_grpo.rewards.pool import RewardError, RewardPool, RewardTimeout
+from async_grpo.rewards.wire import (FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, SCORE_PATH, ScoreRequest,
+                                     encode_rewards, error_body)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8080
+SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long after SIGTERM before uvicorn cancels them
+
+
+def _status(err: RewardError) -> int:
+    return 504 if isinstance(err, RewardTimeout) else 500
+
+
+def _validation_message(err: RequestValidationError) -> str:
+    """One line per bad field, e.g. `completion_ids.0.1: Input should be a valid integer`."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "(body)"
+        parts.append(f"{loc}: {str(e.get('msg', '')).removeprefix('Value error, ')}")
+    return (f"invalid score request: {'; '.join(parts)}. Fix: POST {{\"prompts\": [G], \"completions\": [G], "
+            f"\"completion_ids\": [G lists of ints], \"columns\": {{name: [G]}}}}.")
+
+
+def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S) -> FastAPI:
+    """The reward service's FastAPI app, scoring with `pool`; the app owns the pool and closes it on shutdown.
+
+    Routes:
+        GET /health: 200 {"status": "ok"} while the pool is open (the readiness probe).
+        GET /v1/reward_functions: {"names": [F], "weights": [F], "timeout_s": s, "version": package version}.
+        POST /v1/score: a `wire.ScoreRequest` -> 200 {"rewards": G x F numbers, null where a function
+            returned None}. Errors carry {"reason", "function", "message"}: 422 for a malformed request
+            (the message names the field), 504 for "reward_timeout", 500 for "reward_error" and
+            "reward_bad_output", 503 once the pool is closed.
+
+    Args:
+        pool: the reward pool to score with (closed when the app shuts down).
+        request_margin_s: seconds beyond `pool.timeout_s` a request may wait (for a free worker, say)
+            before it fails with reason "reward_timeout".
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(pool.close)
+
+    app = FastAPI(title="async-grpo reward service", version=__version__, lifespan=lifespan)
+    max_wait_s = pool.timeout_s + request_margin_s
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"reason": "bad_request", "function": None, "message": _validation_message(err)},
+                            status_code=422)
+
+    @app.get(HEALTH_PATH)
+    async def health() -> JSONResponse:
+        if pool.closed:
+            return JSONResponse({"status": "closed"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get(FUNCTIONS_PATH)
+    async def reward_functions() -> dict[str, Any]:
+        return {"names": pool.names, "weights": pool.weights, "timeout_s": pool.timeout_s, "version": __version__}
+
+    @app.post(SCORE_PATH)
+    async def score(req: ScoreRequest) -> JSONResponse:
+        try:
+            future = pool.submit(req.prompts, req.completions, req.completion_ids, req.columns)
+        except ValueError as err:  # lengths; ScoreRequest checks them first
+            return JSONResponse({"reason": "bad_request", "function": None, "message": str(err)}, status_code=422)
+        except RuntimeError as err:  # the pool is closed: the server is shutting down
+            return JSONResponse(error_body(RewardError(f"the reward service is shutting down: {err}")),
+                                status_code=503)
+        try:
+            rows = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max_wait_s)
+        except TimeoutError:  # queued behind other groups for too long; the pool bounds the run itself
+            err = RewardTimeout(f"reward functions {pool.names} were not scored within {max_wait_s:g} s "
+                                f"(reward_timeout_s={pool.timeout_s:g} s + {request_margin_s:g} s waiting for a "
+                                "worker). Fix: send fewer groups at once, or add workers (--num-workers).")
+            return JSONResponse(error_body(err), status_code=_status(err))
+        except RewardError as err:
+            logger.warning("group of %d failed (%s): %s", len(req.completions), err.reason, str(err).splitlines()[0])
+            return JSONResponse(error_body(err), status_code=_status(err))
+        return JSONResponse({"rewards": encode_rewards(rows)})
+
+    return app
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line of `python -m async_grpo.rewards.server`."""
+    p = argparse.ArgumentParser(prog="python -m async_grpo.rewards.server",
+                                description="Serve a run's reward functions over HTTP (the reward Deployment).")
+    p.add_argument("--config", required=True, help="run config YAML; its reward_funcs, reward_weights and "
+                   "reward_timeout_s are served")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    p.add_argument("--num-workers", type=int, default=None,
+                   help="reward worker processes (default: the config's reward_num_workers)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Load the config, validate the reward functions, serve until SIGTERM/SIGINT, then close the pool.
+
+    Returns:
+        0 after a SIGTERM (graceful stop), 2 for a bad config, reward spec or argument (the message on
+        stderr names the field and the fix), 130 after Ctrl-C.
+    """
+    args = parse_args(argv)
+    pool = None
+    try:
+        try:
+            config = load_config(args.config)
+            num_workers = config.reward_num_workers if args.num_workers is None else args.num_workers
+            if not 1 <= args.port <= 65535:
+                raise ValueError(f"--port {args.port} is not a TCP port. Fix: give 1-65535.")
+            pool = RewardPool(config.reward_funcs, config.reward_weights, num_workers, config.reward_timeout_s)
+        except (ConfigError, ValueError) as err:  # RewardSpecError is a ValueError
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # uvicorn handles SIGTERM (graceful shutdown, lifespan closes the pool), then re-raises it with this
+        # handler in place, so the process exits 0 through the `finally` below rather than dying of the signal.
+        signal.signal(signal.SIGTERM, _raise_exit)
+        logger.info("serving reward functions %s (weights %s, timeout %g s, %d workers) on http://%s:%d",
+                    pool.names, pool.weights, pool.timeout_s, num_workers, args.host, args.port)
+        uvicorn.run(build_app(pool), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if pool is not None:
+            pool.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

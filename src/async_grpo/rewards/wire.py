@@ -1,0 +1,92 @@
+"""The HTTP contract between the reward service (`server`) and its client (`remote`): paths, bodies, errors.
+
+Both sides import this module and nothing of each other, so the reward image needs no client code and the
+trainer needs no server code. Rewards travel as JSON numbers with null for NaN (strict JSON has no NaN), and
+failures as `{"reason", "function", "message"}` so the client re-raises the very RewardError subclass the
+local pool would have raised, and the orchestrator counts it under the same reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardTimeout
+
+HEALTH_PATH = "/health"
+FUNCTIONS_PATH = "/v1/reward_functions"
+SCORE_PATH = "/v1/score"
+# Seconds a score request may take beyond reward_timeout_s: JSON, the network, and a short wait for a free
+# worker. The server stops waiting after timeout_s + margin; the client waits that long plus the margin again.
+REQUEST_MARGIN_S = 10.0
+
+ERRORS: dict[str, type[RewardError]] = {cls.reason: cls for cls in (RewardError, RewardBadOutput, RewardTimeout)}
+
+
+class ScoreRequest(BaseModel):
+    """Body of POST /v1/score: one group of G completions (Orchestrator -> Reward service).
+
+    Attributes:
+        prompts: G prompts (strings, or message lists for conversational prompts).
+        completions: G completions (strings or message lists).
+        completion_ids: G lists of completion token ids.
+        columns: the dataset's other columns, each a list of G values (keyword arguments of the functions).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: list[Any] = Field(description="G prompts.")
+    completions: list[Any] = Field(description="G completions.")
+    completion_ids: list[list[int]] = Field(description="G lists of completion token ids.")
+    columns: dict[str, list[Any]] = Field(default_factory=dict, description="Dataset columns, G values each.")
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> ScoreRequest:
+        """Every list holds one entry per completion, and there is at least one completion."""
+        g = len(self.completions)
+        if g == 0:
+            raise ValueError("completions is empty. Fix: send a group of G >= 1 completions.")
+        lengths = {"prompts": len(self.prompts), "completion_ids": len(self.completion_ids),
+                   **{f"columns.{k}": len(v) for k, v in self.columns.items()}}
+        bad = {k: n for k, n in lengths.items() if n != g}
+        if bad:
+            raise ValueError(f"{', '.join(f'{k} has {n} entries' for k, n in bad.items())} but completions has {g}. "
+                             f"Fix: send one entry per completion in every list.")
+        return self
+
+
+def encode_rewards(rows: Sequence[Sequence[float]]) -> list[list[float | None]]:
+    """(G, F) floats -> JSON-safe rows: NaN (an abstaining function) becomes None (JSON null)."""
+    return [[None if math.isnan(v) else v for v in row] for row in rows]
+
+
+def decode_rewards(data: Any, g: int, f: int) -> list[list[float]]:
+    """A score response's `rewards` -> (G, F) floats, null back to NaN.
+
+    Raises:
+        RewardError: not a list of `g` rows of `f` numbers or nulls (a client/server version mismatch).
+    """
+    ok = isinstance(data, list) and len(data) == g and all(
+        isinstance(row, list) and len(row) == f
+        and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row)
+        for row in data)
+    if not ok:
+        raise RewardError(f"the reward service answered rewards that are not {g} rows of {f} numbers: {data!r:.200}. "
+                          "Fix: run the same async-grpo version in the trainer and the reward image.")
+    return [[math.nan if v is None else float(v) for v in row] for row in data]
+
+
+def error_body(err: RewardError) -> dict[str, Any]:
+    """The JSON body of a failed score request: {"reason", "function", "message"}."""
+    return {"reason": err.reason, "function": err.function, "message": str(err)}
+
+
+def error_from_body(body: Any) -> RewardError | None:
+    """The RewardError (subclass chosen by `reason`) an error body describes; None when `body` is not one."""
+    if not isinstance(body, dict) or not isinstance(body.get("message"), str) or body.get("reason") not in ERRORS:
+        return None
+    function = body.get("function")
+    return ERRORS[body["reason"]](body["message"], function if isinstance(function, str) else None)
