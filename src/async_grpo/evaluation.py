@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import TYPE_CHECKING
 
 from async_grpo.inference.client import AsyncVLLMClient
 from async_grpo.orchestrator.orchestrator import PromptItem
 from async_grpo.rewards.pool import RewardPool
+
+if TYPE_CHECKING:
+    from async_grpo.rewards.remote import RemoteRewardPool
 
 EVAL_CONCURRENCY = 32
 
@@ -37,7 +41,7 @@ def evaluate_reward(
     client: AsyncVLLMClient,
     items: list[PromptItem],
     decode,
-    reward_pool: RewardPool,
+    reward_pool: RewardPool | RemoteRewardPool,
     *,
     max_tokens: int,
     num_generations: int = 1,

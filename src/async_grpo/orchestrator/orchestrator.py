@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 import torch
@@ -29,6 +30,9 @@ from async_grpo.algorithms import compute_advantages
 from async_grpo.inference.client import AsyncVLLMClient, GenerationError
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
 from async_grpo.rewards.pool import RewardError, RewardPool
+
+if TYPE_CHECKING:
+    from async_grpo.rewards.remote import RemoteRewardPool
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
@@ -89,7 +93,7 @@ class Orchestrator:
         prompts: an endless iterator of `PromptItem`s (see `cycle_prompts`).
         decode: token ids -> text.
         sampling: sampling settings.
-        reward_pool: scores a group in worker processes.
+        reward_pool: scores a group: the local `RewardPool` (worker processes) or `RemoteRewardPool` (the reward service).
         reward_names: metric names of the reward functions, in order.
         reward_weights: (F,) weights.
         scale_rewards: "group" | "batch" | "none" (TRL).
@@ -132,7 +136,7 @@ class Orchestrator:
         prompts: Iterator[PromptItem],
         decode: Callable[[list[int]], str],
         sampling: SamplingSettings,
-        reward_pool: RewardPool,
+        reward_pool: RewardPool | RemoteRewardPool,
         reward_names: list[str],
         reward_weights: list[float],
         scale_rewards: str,
