@@ -140,6 +140,20 @@ def test_off_policy_mask_keep_and_drop():
     assert keep.squeeze(1).tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
 
 
+def test_opsm_masked_fraction_metric_counts_dropped_tokens():
+    """Same rows as above: rows 1 (3 tokens) and 4 (2 tokens) are dropped, 5 of 13 valid tokens."""
+    logps = torch.zeros(5, 3, requires_grad=True)
+    sampling = torch.tensor(
+        [[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [1.0, 0.0, 100.0], [0.5, 0.6, NAN]]
+    )
+    out = grpo_loss(logps, logps.detach(), torch.tensor([0.0, -1.0, -1.0, -1.0, -2.0]), _mask([3, 3, 3, 2, 2], 3),
+                    loss_type="dapo", epsilon_low=0.2, epsilon_high=0.2, num_items_in_batch=13,
+                    off_policy_threshold=0.5, sampling_logps=sampling)
+    assert out.metrics["opsm/masked_fraction"] == pytest.approx(5 / 13)
+    assert "opsm/masked_fraction" not in grpo_loss(logps, None, torch.ones(5), _mask([3] * 5, 3), loss_type="dapo",
+                                                   epsilon_low=0.2, epsilon_high=0.2, num_items_in_batch=15).metrics
+
+
 def test_off_policy_mask_nan_sampling_token_counts_zero():
     keep = off_policy_mask(torch.tensor([-1.0]), torch.zeros(1, 4), torch.tensor([[1.0, NAN, 0.0, 0.9]]),
                            torch.ones(1, 4), threshold=0.5)

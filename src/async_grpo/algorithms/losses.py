@@ -270,4 +270,6 @@ def grpo_loss(
         elif loss_type == "cispo":
             is_cispo_clipped = (coef_1 > epsilon_high) & (advantages > 0)
             metrics["cispo_clip_ratio"] = _masked_mean(is_cispo_clipped.to(logps.dtype), mask)
+        if off_policy_threshold is not None:  # fraction of this micro-batch's tokens whose sequence OPSM dropped
+            metrics["opsm/masked_fraction"] = _masked_mean((1.0 - seq_keep.to(logps.dtype)).expand_as(mask), mask)
     return LossOutput(loss=loss, metrics=metrics)
