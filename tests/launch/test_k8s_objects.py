@@ -206,6 +206,16 @@ def test_reward_service_runs_by_default_and_is_left_out_with_zero_replicas(gpu_c
     assert "ASYNC_GRPO_REWARD_URL" not in json.dumps(job)
 
 
+def test_trainer_config_points_at_the_runs_reward_service_and_refuses_a_conflicting_url(gpu_config):
+    own = f"http://{RUN}-reward.async-grpo.svc.cluster.local:8080"
+    assert trainer_config(gpu_config, ClusterSettings(), RUN).reward_url == own
+    assert trainer_config(gpu_config, ClusterSettings(reward_replicas=0), RUN).reward_url is None
+    external = gpu_config.model_copy(update={"reward_url": "http://rewards.other:9000"})
+    assert trainer_config(external, ClusterSettings(reward_replicas=0), RUN).reward_url == "http://rewards.other:9000"
+    with pytest.raises(ValueError, match=r"reward_url=.*reward_replicas=1.*Fix: set reward_replicas=0"):
+        trainer_config(external, ClusterSettings(), RUN)
+
+
 def test_reward_pods_mount_the_volume_only_for_reward_files(gpu_config, gpu_settings):
     def mounts(config: GRPOConfig) -> list[str]:
         dep = _by_kind(build_run_objects(config, gpu_settings, RUN))[("Deployment", f"{RUN}-reward")]

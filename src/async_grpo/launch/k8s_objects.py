@@ -195,10 +195,12 @@ def _secret_env(settings: ClusterSettings) -> tuple[list[dict], list[dict]]:
 
 # ------------------------------------------------------------------------------------------------ trainer side
 def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str) -> GRPOConfig:
-    """The run config as the trainer pod sees it: vLLM and MLflow in the cluster, outputs on the PVC.
+    """The run config as the trainer pod sees it: vLLM, MLflow and (with reward_replicas > 0) the reward service
+    in the cluster, outputs on the PVC.
 
     Raises:
-        ValueError: `model_name_or_path` is neither `builtin:tiny` nor an absolute path (on the PVC).
+        ValueError: `model_name_or_path` is neither `builtin:tiny` nor an absolute path (on the PVC), or
+            `reward_url` points elsewhere while the run starts its own reward service.
     """
     model = config.model_name_or_path
     if model != "builtin:tiny" and not model.startswith(settings.data_mount_path.rstrip("/") + "/"):
@@ -206,6 +208,13 @@ def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str)
                          f"volume. Fix: copy it onto PVC {settings.pvc_name!r} and set model_name_or_path="
                          f"{settings.data_mount_path}/models/<name>.")
     data = config.model_dump()
+    if settings.reward_replicas:  # the run's own reward service scores the groups
+        own = reward_url(run_name, settings)
+        if config.reward_url and config.reward_url != own:
+            raise ValueError(f"reward_url={config.reward_url!r} and reward_replicas={settings.reward_replicas}: the run "
+                             "would start a reward service and score elsewhere. Fix: set reward_replicas=0 to use your "
+                             "own service, or drop reward_url.")
+        data["reward_url"] = own
     data.update(vllm_url=vllm_url(run_name, settings), mlflow_tracking_uri=tracking_uri(config, settings),
                 output_dir=run_output_dir(config, settings, run_name), run_name=config.run_name or run_name,
                 weight_sync_backend="nccl" if settings.device == "gpu" else "gloo")
