@@ -32,7 +32,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                      "vllm_memory_gib": 8, "reward_cpu": 1, "reward_memory_gib": 2, "shm_size_gib": 1},
     },
     "gpu-2x8": {
-        "config": {"model_name_or_path": "/workspace/models/Qwen2.5-7B-Instruct",
+        "config": {"model_name_or_path": "/workspace/models/Qwen2.5-1.5B-Instruct",
                    "dataset": "/workspace/datasets/gsm8k.jsonl",
                    "reward_funcs": ["/workspace/rewards/gsm8k.py:accuracy",
                                     "/workspace/rewards/gsm8k.py:format_reward"],

@@ -13,7 +13,7 @@ RUN = "agrpo-test-abc123"
 @pytest.fixture
 def gpu_config() -> GRPOConfig:
     """A Qwen-class GPU run whose model sits on the shared PVC."""
-    return GRPOConfig(model_name_or_path="/workspace/models/Qwen2.5-7B-Instruct",
+    return GRPOConfig(model_name_or_path="/workspace/models/Qwen2.5-1.5B-Instruct",
                       dataset="/workspace/datasets/math.jsonl",
                       vllm_dtype="bfloat16", vllm_extra_args=["--gpu-memory-utilization", "0.85"])
 

@@ -78,7 +78,7 @@ def test_vllm_deployment_and_headless_service(gpu_config, gpu_settings):
     assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
-    assert cmd[cmd.index("--model") + 1] == "/workspace/models/Qwen2.5-7B-Instruct"
+    assert cmd[cmd.index("--model") + 1] == "/workspace/models/Qwen2.5-1.5B-Instruct"
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "8"
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[-2:] == ["--gpu-memory-utilization", "0.85"]
@@ -227,7 +227,7 @@ def test_reward_pods_mount_the_volume_only_for_reward_files(gpu_config, gpu_sett
 
 
 def test_model_outside_the_volume_is_rejected_with_a_fix(gpu_settings):
-    config = GRPOConfig(model_name_or_path="Qwen/Qwen2.5-7B-Instruct")
+    config = GRPOConfig(model_name_or_path="Qwen/Qwen2.5-1.5B-Instruct")
     with pytest.raises(ValueError, match="Fix: copy it onto PVC"):
         trainer_config(config, gpu_settings, RUN)
 
