@@ -79,6 +79,12 @@ class GRPOConfig(BaseModel):
         "unfused path (tests/trainer/test_liger_loss.py). Not with importance_sampling_level=sequence for cispo/sapo "
         "(axolotl / TRL name)."
     )
+    fsdp: bool = Field(
+        False, description="With several trainer ranks, shard parameters, gradients and AdamW state across them with "
+        "FSDP2 (`fully_shard` per decoder layer and at the root), as accelerate's FSDP2 plugin does, instead of a "
+        "full replica per rank. Same update (tests/trainer/test_streaming_reuse_distributed.py). Needs "
+        "logprob_chunk_size=None, use_liger_kernel=false and skip_zero_advantage_batches=false. No effect on one rank."
+    )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     per_device_train_batch_size: int = Field(
         8, ge=1, description="Completions per micro-batch on each trainer rank (TRL semantics)."
@@ -319,6 +325,13 @@ class GRPOConfig(BaseModel):
             raise ValueError(
                 f"use_liger_kernel: liger-kernel 0.8.5 has no sequence-level importance sampling for "
                 f"loss_type={self.loss_type}. Fix: set use_liger_kernel=false or importance_sampling_level=token."
+            )
+        if self.fsdp and (self.logprob_chunk_size is not None or self.use_liger_kernel
+                          or self.skip_zero_advantage_batches):
+            raise ValueError(
+                "fsdp shards the LM head and runs the same passes on every rank, so it cannot combine with "
+                "logprob_chunk_size, use_liger_kernel or skip_zero_advantage_batches. Fix: unset those, or set "
+                "fsdp=false."
             )
         if self.loss_type == "cispo" and self.epsilon_high_value < 1.0:
             raise ValueError(

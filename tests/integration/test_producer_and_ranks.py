@@ -12,6 +12,7 @@ from pathlib import Path
 import mlflow
 import psutil
 import pytest
+import torch
 import yaml
 
 from async_grpo.config import GRPOConfig
@@ -130,13 +131,16 @@ def test_user_data_producer_with_rollout_reuse_and_max_rollouts(vllm_server, tin
     assert summary.eval_after  # vLLM served the final weights for the held-out evaluation
 
 
-def test_two_trainer_ranks_under_torchrun(vllm_server, tiny_model_dir, tmp_path, child_pids):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["replicas", "fsdp"])
+def test_two_trainer_ranks_under_torchrun(vllm_server, tiny_model_dir, tmp_path, child_pids, fsdp):
     """torchrun --nproc-per-node 2: rank 0 drives vLLM, rewards and MLflow; both ranks train; each step uses
-    2 ranks x 8 completions = 4 groups."""
+    2 ranks x 8 completions = 4 groups. With fsdp the ranks hold shards, join every weight push's all-gathers,
+    and the saved final model is the gathered, loadable checkpoint."""
     before = child_pids()
     out = tmp_path / "run"
     cfg = {**BASE, "model_name_or_path": str(tiny_model_dir), "vllm_url": vllm_server.url,
-           "output_dir": str(out), "max_steps": 3, "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+           "output_dir": str(out), "max_steps": 3, "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "fsdp": fsdp, "save_model": fsdp}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -153,6 +157,14 @@ def test_two_trainer_ranks_under_torchrun(vllm_server, tiny_model_dir, tmp_path,
     assert [m.value for m in client.get_metric_history(run_id, "trainer/ranks")] == [2.0] * 3
     assert [m.value for m in client.get_metric_history(run_id, "groups")] == [4.0] * 3  # 2 per rank
     assert len(client.get_metric_history(run_id, "num_tokens")) == 3
+    assert [m.value for m in client.get_metric_history(run_id, "policy_version")] == [1.0, 2.0, 3.0]
+    if fsdp:
+        from transformers import AutoModelForCausalLM
+
+        saved = AutoModelForCausalLM.from_pretrained(out / "final-model")
+        assert saved.config.architectures == ["Qwen2ForCausalLM"]
+        initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters(), strict=True))
     assert child_pids() == before
 
 

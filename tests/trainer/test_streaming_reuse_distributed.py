@@ -115,7 +115,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str, out_dir: str) -> None:
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of a tensor: the local shard of an FSDP DTensor, else the tensor itself."""
+    return t.to_local().detach().clone() if hasattr(t, "to_local") else t.detach().clone()
+
+
+def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str, out_dir: str,
+               fsdp: bool = False) -> None:
     """One trainer rank: rank 0 drives two steps (the second with reused pi_old), rank 1 follows."""
     from transformers import AutoModelForCausalLM
 
@@ -131,7 +137,27 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
             for p in model.parameters():
                 p.add_(0.1)
     broadcast_parameters(model)
-    local = learner(model, 4, loss_type=loss_type)
+    local = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=4,
+                        loss=LossSettings(max_completion_length=8, loss_type=loss_type, beta=0.05 if fsdp else 0.0),
+                        pad_token_id=PAD, fsdp=fsdp)
+    if fsdp:  # each rank keeps only its shards: save them, the test stitches them together
+        batch = batch_of_four_groups()
+        if rank == 0:
+            dp = DataParallelLearner(local, info)
+            # 5 groups: rank 0 trains 3 of them (2 micro-batches), rank 1 two (1 + a placeholder pass)
+            batch.groups.append(copy.deepcopy(batch.groups[0]))
+            dp.step(batch)
+            old = dp.old_logps(batch)
+            dp.step(batch, old_logps=old)
+            state = dp.full_state_dict()
+            dp.stop()
+        else:
+            follow(local, DistInfo(rank=1, world_size=world))
+            state = None
+        torch.save({"grads": [_local(p.grad) for p in model.parameters()], "state": state},
+                   os.path.join(out_dir, f"fsdp{rank}.pt"))
+        close_distributed()
+        return
     if rank == 0:
         dp = DataParallelLearner(local, info)
         batch = batch_of_four_groups()
@@ -218,3 +244,33 @@ def test_liger_fused_loss_gives_the_unfused_step(tiny_model, loss_type):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
         for x, y in zip(grads(tiny_model), grads(other), strict=True):
             torch.testing.assert_close(y, x, atol=1e-5 if step else 1e-6, rtol=1e-4)
+
+
+def test_fsdp_ranks_shard_the_model_and_train_like_one_process(tiny_model_path, tmp_path):
+    """fsdp=true on 2 gloo ranks with uneven shares (3 groups vs 2: the lighter rank runs a placeholder pass),
+    KL against a sharded reference, two steps (the second on cached pi_old): the stitched gradient shards equal
+    one process on the whole batch, and the gathered full state dict equals the single-process weights."""
+    from transformers import AutoModelForCausalLM
+
+    mp.start_processes(_rank_main, args=(2, _free_port(), str(tiny_model_path), "dapo", str(tmp_path), True),
+                       nprocs=2, join=True, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"fsdp{r}.pt") for r in range(2)]
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    single = GRPOLearner(reference, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=4,
+                         loss=LossSettings(max_completion_length=8, loss_type="dapo", beta=0.05), pad_token_id=PAD)
+    batch = batch_of_four_groups()
+    batch.groups.append(copy.deepcopy(batch.groups[0]))
+    # one process, micro-batches as the ranks cut them: rank 0's 3 groups (6 rows: 4 + 2), rank 1's 2 groups (4)
+    single.micro_batch_size = 4
+    single.step(batch)
+    single.step(batch, old_logps=single.old_logps(batch))
+    for name_param, g0, g1 in zip(reference.named_parameters(), ranks[0]["grads"], ranks[1]["grads"], strict=True):
+        name, param = name_param
+        full = torch.cat([g0, g1]) if g0.shape != param.shape else g0
+        assert full.shape == param.shape, name
+        torch.testing.assert_close(full, param.grad, atol=1e-5, rtol=1e-4, msg=name)
+    state = ranks[0]["state"]
+    assert set(state) == set(reference.state_dict())
+    for name, tensor in reference.state_dict().items():
+        assert not hasattr(state[name], "to_local")  # gathered, not a shard
+        torch.testing.assert_close(state[name], tensor, atol=2e-3, rtol=0)  # Adam: |update| <= lr per step

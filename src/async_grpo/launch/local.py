@@ -33,7 +33,7 @@ from async_grpo.orchestrator.producer import ProducerConfig, VLLMProducer, load_
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import (DataParallelLearner, broadcast_parameters, check_env,
-                                            close_distributed, follow, init_distributed)
+                                            close_distributed, follow, init_distributed, save_pretrained)
 from async_grpo.trainer.trainer import GRPOLearner, LossSettings
 from async_grpo.transports.messages import TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
@@ -233,6 +233,9 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         sft_loss = _warm_start(config, model, tokenizer)
         model.to(info.device)
         broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
+        learner = build_learner(config, model, tokenizer.pad_token_id)  # shards the model under fsdp
+        if info.world_size > 1:
+            learner = DataParallelLearner(learner, info)
         if server is not None:
             server.wait_until_healthy()
         served_name = str(model_path) if server is not None else VLLMControlClient(url).models()[0]
@@ -246,13 +249,19 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         pusher = WeightPusher(model, url, backend=config.weight_sync_backend, timeout_s=config.weight_sync_timeout_s,
                               master_address=rendezvous_address(url))
         pusher.setup()
+
+        def push(weight_version: int) -> float:
+            if isinstance(learner, DataParallelLearner):
+                return learner.push_weights(pusher, weight_version)
+            return pusher.push(weight_version)
+
         sync_times: list[float] = []
         if sft_loss is not None:
             tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
         if sft_loss is not None or server is None:
             # serve exactly the trainer's starting weights as version 0 (warm-started, or an attached server
             # whose current weights are unknown)
-            sync_times.append(pusher.push(version.value))
+            sync_times.append(push(version.value))
 
         # ---- held-out reward before training
         eval_kwargs = dict(max_tokens=config.max_completion_length, num_generations=config.num_generations_eval,
@@ -265,9 +274,6 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             tracker.log_completions(rows[: config.num_completions_to_print], step=0)
 
         # ---- the async loop
-        learner = build_learner(config, model, tokenizer.pad_token_id)
-        if info.world_size > 1:
-            learner = DataParallelLearner(learner, info)
         producer_config = ProducerConfig.from_config(config)
         groups_per_step = config.groups_per_step * info.world_size  # TRL: per-device batch x accumulation x ranks
         if config.data_producer:
@@ -331,7 +337,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
                         step += 1
                         staleness = [version.value - g.policy_version for g in item.groups]
                         if step % config.vllm_sync_interval == 0 or step == config.max_steps:
-                            sync_times.append(pusher.push(version.bump()))
+                            sync_times.append(push(version.bump()))
                             metrics["weight_sync/seconds"] = sync_times[-1]
                         tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
                         metrics.update({
@@ -360,8 +366,6 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         train_s = time.perf_counter() - t_train
         if orchestrator is not None:
             orchestrator.stop()
-        if isinstance(learner, DataParallelLearner):
-            learner.stop()
 
         # ---- held-out reward after training (vLLM already serves the final weights)
         eval_after: dict[str, float] = {}
@@ -372,9 +376,12 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
         model_dir = None
         if config.save_model:
             model_dir = out_dir / "final-model"
-            model.save_pretrained(model_dir)
+            state = learner.full_state_dict()  # unsharded (a collective under fsdp)
+            save_pretrained(model, state, model_dir)
             tokenizer.save_pretrained(model_dir)
             tracker.log_model_dir(model_dir)
+        if isinstance(learner, DataParallelLearner):
+            learner.stop()  # the followers leave the process group
         summary = RunSummary(
             run_id=tracker.run_id, tracking_uri=tracker.tracking_uri, output_dir=str(out_dir),
             eval_before=eval_before, eval_after=eval_after, steps=step,
@@ -450,6 +457,7 @@ def build_learner(config: GRPOConfig, model, pad_token_id: int) -> GRPOLearner:
             replay_recompute_logps=config.replay_recompute_logps,
             temperature=config.temperature, use_liger_kernel=config.use_liger_kernel,
         ),
+        fsdp=config.fsdp,
     )  # fmt: skip
 
 

@@ -8,9 +8,11 @@ all-reduce, with TRL's normalizers (global token count / num_processes for dapo 
 update equals a single process training on the whole batch with the same micro-batches
 (`tests/trainer/test_distributed.py` checks this with two gloo ranks).
 
-A replica per rank suits models whose weights, gradients and AdamW state fit one device (the tiny
-model, and Qwen-class models up to a few billion parameters on 80 GB GPUs). Sharded training (FSDP2)
-is not built yet.
+By default each rank holds a replica of the policy, which suits models whose float32 weights,
+gradients and AdamW state (16 bytes per parameter) fit one device. With `fsdp: true` the ranks shard
+them with FSDP2 (`shard_model`): ranks then run equally many forward/backward passes (a rank with fewer
+micro-batches runs zero-weight placeholders), FSDP averages the gradients, and the followers join the
+all-gathers when rank 0 pushes weights to vLLM or saves the model.
 """
 
 from __future__ import annotations
@@ -103,6 +105,42 @@ def broadcast_parameters(model: torch.nn.Module, src: int = 0) -> None:
         dist.broadcast(tensor.data, src=src)
 
 
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard `model` across the ranks with FSDP2 (`fully_shard`): one unit per decoder layer, then the root
+    (embeddings, final norm, LM head). Parameter names are unchanged, and each parameter becomes a DTensor
+    holding 1/world_size of it; forward all-gathers a unit's weights and frees them after use, backward
+    reduce-scatters (averages) its gradients. In place; returns `model`.
+
+    Raises:
+        ValueError: the model has no `get_decoder().layers` (not a transformers decoder-only LM).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
+    if layers is None:
+        raise ValueError(f"fsdp: {type(model).__name__} has no get_decoder().layers to shard. Fix: use a "
+                         "transformers decoder-only causal LM, or set fsdp=false.")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def save_pretrained(model: torch.nn.Module, state: dict[str, torch.Tensor], path) -> None:
+    """`model.save_pretrained(path, state_dict=state)`, keeping the architecture name of a sharded model:
+    `fully_shard` swaps the class for `FSDP<Name>`, which transformers would otherwise write into
+    config.json, and `AutoModelForCausalLM` could then not load the checkpoint."""
+    import json
+    from pathlib import Path
+
+    model.save_pretrained(path, state_dict=state)
+    config_file = Path(path) / "config.json"
+    config = json.loads(config_file.read_text())
+    if config.get("architectures"):
+        config["architectures"] = [a.removeprefix("FSDP") for a in config["architectures"]]
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def shard(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
     """Rank `rank`'s contiguous share of `batch`'s groups (the first len % world_size ranks get one more).
 
@@ -166,6 +204,18 @@ class DataParallelLearner:
         _broadcast(("step", key, batch if new else None, old_logps is not None))
         return self.learner.step(shard(batch, 0, self.info.world_size), old_logps=old_logps)
 
+    def push_weights(self, pusher, version: int) -> float:
+        """`pusher.push(version)` (seconds); under FSDP the followers join each parameter's all-gather."""
+        if self.learner.sharded:
+            _broadcast(("gather",))
+        return pusher.push(version)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full policy state dict on CPU (every rank joins the gather under FSDP)."""
+        if self.learner.sharded:
+            _broadcast(("state_dict",))
+        return self.learner.full_state_dict()
+
     def forget(self, batch: TrainBatch) -> None:
         """Drop every rank's cached copy of `batch` (call when a rollout is done)."""
         key = self._key_of.pop(id(batch), None)
@@ -196,6 +246,15 @@ def follow(learner, info: DistInfo) -> int:
         if cmd[0] == "forget":
             batches.pop(cmd[1], None)
             olds.pop(cmd[1], None)
+            continue
+        if cmd[0] == "gather":  # rank 0 is sending the weights to vLLM: all-gather in the same order
+            from vllm.distributed.weight_transfer import ModuleSource
+
+            for _ in ModuleSource(learner.model):
+                pass
+            continue
+        if cmd[0] == "state_dict":
+            learner.full_state_dict()
             continue
         key, batch = cmd[1], cmd[2]
         if batch is not None:

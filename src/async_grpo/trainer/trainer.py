@@ -150,7 +150,7 @@ class GRPOLearner:
 
     def __init__(self, model: torch.nn.Module, *, learning_rate: float, weight_decay: float, max_grad_norm: float,
                  micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None,
-                 skip_zero_advantage_batches: bool = False):
+                 skip_zero_advantage_batches: bool = False, fsdp: bool = False):
         self.model = model
         self.model.train()
         self.loss = loss
@@ -162,10 +162,20 @@ class GRPOLearner:
         self.skipped_zero_adv_microbatches = 0  # cumulative count, logged as a metric
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.device = next(model.parameters()).device
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
         self.ref_model = None
         if loss.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.sharded = fsdp and self.world_size > 1
+        if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
+            if logprob_chunk_size is not None or loss.use_liger_kernel or skip_zero_advantage_batches:
+                raise ValueError("fsdp needs logprob_chunk_size=None, use_liger_kernel=false and "
+                                 "skip_zero_advantage_batches=false. Fix: unset them.")
+            from async_grpo.trainer.distributed import shard_model
+
+            shard_model(self.model)
+            if self.ref_model is not None:
+                shard_model(self.ref_model)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
 
     def _micro_batches(self, chunks: Iterable[TrainBatch]) -> Iterator[PackedBatch]:
         """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches of
@@ -188,9 +198,13 @@ class GRPOLearner:
         was_training = self.model.training
         self.model.eval()
         try:
-            return [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size,
-                                     temperature=self.loss.temperature)[0].detach()
-                    for mb in self._micro_batches([batch])]
+            micro = list(self._micro_batches([batch]))
+            placeholders = self._max_over_ranks(len(micro)) - len(micro) if self.sharded else 0
+            out = [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size,
+                                    temperature=self.loss.temperature)[0].detach() for mb in micro]
+            for _ in range(placeholders):  # as many FSDP forwards as the busiest rank
+                completion_logps(self.model, self._dummy_packed(), temperature=self.loss.temperature)
+            return out
         finally:
             self.model.train(was_training)
 
@@ -222,10 +236,12 @@ class GRPOLearner:
             micro = list(micro)
             local_items = sum((mb.completion_mask.sum() for mb in micro), torch.tensor(0.0, device=self.device))
             num_items = self._all_reduce_sum(local_items)  # TRL: tokens of the accumulation window across ranks
-            accumulation = len(micro)
             if old_logps is not None and len(old_logps) != len(micro):
                 raise ValueError(f"old_logps has {len(old_logps)} micro-batches, the batch {len(micro)}. "
                                  "Fix: compute them with old_logps(batch) on the same batch.")
+            if self.sharded:  # FSDP collectives run per forward/backward: every rank does as many
+                micro += [_DUMMY] * (self._max_over_ranks(len(micro)) - len(micro))
+            accumulation = len(micro)
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         step_loss = 0.0
@@ -233,6 +249,11 @@ class GRPOLearner:
         seen_micro = 0
         self.optimizer.zero_grad(set_to_none=True)
         for index, mb in enumerate(micro):
+            if self.sharded:  # reduce-scatter the gradients once, after the last micro-batch
+                self.model.set_requires_gradient_sync(index == accumulation - 1)
+            if mb is _DUMMY:
+                self._dummy_pass()
+                continue
             seen_micro += 1
             tokens = float(mb.completion_mask.sum())
             seen_items += tokens
@@ -303,7 +324,8 @@ class GRPOLearner:
                 if param.grad is not None:
                     param.grad.mul_(scale)
             step_loss *= scale
-        self._all_reduce_grads()
+        if not self.sharded:  # FSDP averaged the gradients in its reduce-scatter
+            self._all_reduce_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
@@ -315,6 +337,37 @@ class GRPOLearner:
         return metrics
 
     # ------------------------------------------------------------------ several ranks (data parallel)
+    def _max_over_ranks(self, n: int) -> int:
+        value = torch.tensor(float(n), device=self.device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return int(value.item())
+
+    def _dummy_packed(self) -> PackedBatch:
+        """A 2-token placeholder row whose completion token has loss weight 0."""
+        ids = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
+        return PackedBatch(ids, torch.ones_like(ids), torch.arange(2, device=self.device).unsqueeze(0), ids[:, 1:],
+                           torch.zeros((1, 1), device=self.device), torch.zeros((1, 1), device=self.device),
+                           torch.zeros(1, device=self.device), torch.zeros(1, dtype=torch.bool, device=self.device))
+
+    def _dummy_pass(self) -> None:
+        """For a rank with fewer micro-batches than the busiest one (FSDP): forward (policy and reference) and
+        backward of a placeholder row with weight 0, i.e. zero gradients through the same all-gathers and
+        reduce-scatters as a real micro-batch."""
+        mb = self._dummy_packed()
+        logps, _ = completion_logps(self.model, mb, temperature=self.loss.temperature)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                completion_logps(self.ref_model, mb, temperature=self.loss.temperature)
+        (logps.sum() * 0.0).backward()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's full (unsharded) state dict on CPU; a collective under FSDP (every rank calls it)."""
+        if not self.sharded:
+            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
     def _all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
         """`value` summed over the trainer ranks (itself with one rank)."""
         if self.world_size == 1:
@@ -341,6 +394,9 @@ class GRPOLearner:
             n = p.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
+
+
+_DUMMY = object()  # marks a placeholder micro-batch in `GRPOLearner.step` (see `_dummy_pass`)
 
 
 def _accumulate(sums: dict[str, float], weights: dict[str, float], metrics: dict[str, float], w: float) -> None:
