@@ -61,6 +61,23 @@ class RewardTimeout(RewardError):
     reason = "reward_timeout"
 
 
+def check_group(caller: str, prompts: Sequence[Any], completions: Sequence[Any],
+                completion_ids: Sequence[Sequence[int]], columns: Mapping[str, Sequence[Any]] | None) -> dict[str, list]:
+    """Check that one group's arguments all hold G >= 1 entries; returns `columns` as lists.
+
+    Raises:
+        ValueError: G == 0 or a length differs (names `caller` and the offending arguments).
+    """
+    n = len(completions)
+    cols = {k: list(v) for k, v in (columns or {}).items()}
+    lengths = {"prompts": len(prompts), "completion_ids": len(completion_ids),
+               **{f"columns[{k!r}]": len(v) for k, v in cols.items()}}
+    bad = {k: v for k, v in lengths.items() if v != n}
+    if n == 0 or bad:
+        raise ValueError(f"{caller}: {n} completions but lengths {bad}. Fix: pass G >= 1 of everything.")
+    return cols
+
+
 # ------------------------------------------------------------------ worker side (runs in spawned processes)
 @functools.lru_cache(maxsize=None)
 def _worker_func(spec: str) -> Any:
@@ -219,13 +236,7 @@ class RewardPool:
             ValueError: inconsistent lengths (a caller bug), raised here rather than in the future.
             RuntimeError: the pool is closed.
         """
-        n = len(completions)
-        columns = {k: list(v) for k, v in (columns or {}).items()}
-        lengths = {"prompts": len(prompts), "completion_ids": len(completion_ids),
-                   **{f"columns[{k!r}]": len(v) for k, v in columns.items()}}
-        bad = {k: v for k, v in lengths.items() if v != n}
-        if n == 0 or bad:
-            raise ValueError(f"RewardPool.submit: {n} completions but lengths {bad}. Fix: pass G >= 1 of everything.")
+        columns = check_group("RewardPool.submit", prompts, completions, completion_ids, columns)
         out: Future = Future()
         out.set_running_or_notify_cancel()
         with self._lock:

@@ -25,7 +25,7 @@ from async_grpo import __version__
 from async_grpo.config import GRPOConfig
 from async_grpo.launch.k8s_objects import REWARD_URL_ENV
 from async_grpo.rewards.loading import reward_func_name
-from async_grpo.rewards.pool import CLOSE_TIMEOUT_S, RewardError, RewardPool, RewardTimeout
+from async_grpo.rewards.pool import CLOSE_TIMEOUT_S, RewardError, RewardPool, RewardTimeout, check_group
 from async_grpo.rewards.wire import (FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, SCORE_PATH, decode_rewards,
                                      error_from_body)
 
@@ -194,14 +194,8 @@ class RemoteRewardPool:
             ValueError: inconsistent lengths (a caller bug), raised here rather than in the future.
             RuntimeError: the pool is closed.
         """
+        cols = check_group("RemoteRewardPool.submit", prompts, completions, completion_ids, columns)
         n = len(completions)
-        cols = {k: list(v) for k, v in (columns or {}).items()}
-        lengths = {"prompts": len(prompts), "completion_ids": len(completion_ids),
-                   **{f"columns[{k!r}]": len(v) for k, v in cols.items()}}
-        bad = {k: v for k, v in lengths.items() if v != n}
-        if n == 0 or bad:
-            raise ValueError(f"RemoteRewardPool.submit: {n} completions but lengths {bad}. "
-                             "Fix: pass G >= 1 of everything.")
         payload = {"prompts": list(prompts), "completions": list(completions),
                    "completion_ids": [list(c) for c in completion_ids], "columns": cols}
         out: Future = Future()
