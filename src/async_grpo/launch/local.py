@@ -322,7 +322,7 @@ def run_training(config: GRPOConfig, progress: bool = True) -> RunSummary:
             idle_s += waited
             reuse = producer_config.mini_epochs * producer_config.num_iterations
             cache = rollout_old_logps(learner, rollout) if reuse * len(rollout) > 1 else None
-            for epoch in range(producer_config.mini_epochs):
+            for _epoch in range(producer_config.mini_epochs):
                 for index, item in enumerate(rollout):
                     for _ in range(producer_config.num_iterations):
                         if step >= config.max_steps:
