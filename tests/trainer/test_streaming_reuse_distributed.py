@@ -200,6 +200,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_whole_batch(tiny_model_pat
     for got, want in zip(rank0["metrics"], expected, strict=True):
         assert got["num_tokens"] == want["num_tokens"]  # global count, all ranks
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)  # merged over the ranks
     # first step: same weights, so the averaged gradient equals the single-process one to float rounding;
     # second step: Adam's first update amplifies rounding on near-zero gradients, hence the looser bound
     for step, atol in ((0, 1e-6), (1, 1e-5)):
@@ -274,3 +275,14 @@ def test_fsdp_ranks_shard_the_model_and_train_like_one_process(tiny_model_path, 
     for name, tensor in reference.state_dict().items():
         assert not hasattr(state[name], "to_local")  # gathered, not a shard
         torch.testing.assert_close(state[name], tensor, atol=2e-3, rtol=0)  # Adam: |update| <= lr per step
+
+
+def test_merge_rank_metrics_keeps_extremes_sums_counts_and_averages_the_rest():
+    from async_grpo.trainer.distributed import merge_rank_metrics
+
+    merged = merge_rank_metrics([
+        {"loss": 1.0, "x/min": 0.5, "x/max": 2.0, "skipped_zero_adv_microbatches": 1.0, "grad_norm": 3.0, "kl": 0.2},
+        {"loss": 3.0, "x/min": 0.1, "x/max": 1.0, "skipped_zero_adv_microbatches": 2.0, "grad_norm": 3.0},
+    ])  # fmt: skip
+    assert merged == {"loss": 2.0, "x/min": 0.1, "x/max": 2.0, "skipped_zero_adv_microbatches": 3.0,
+                      "grad_norm": 3.0, "kl": 0.2}

@@ -192,8 +192,8 @@ class DataParallelLearner:
         return self.learner.old_logps(shard(batch, 0, self.info.world_size))
 
     def step(self, batch: TrainBatch, *, old_logps: list[torch.Tensor] | None = None) -> dict[str, float]:
-        """One data-parallel optimizer step (see `GRPOLearner.step`); metrics are rank 0's, except
-        `num_tokens`, which counts every rank's tokens.
+        """One data-parallel optimizer step (see `GRPOLearner.step`); metrics merged over the ranks
+        (`merge_rank_metrics`), so `loss` is the whole batch's loss.
 
         Raises:
             ValueError: `batch` is a stream of chunks (streaming needs a single rank).
@@ -202,7 +202,8 @@ class DataParallelLearner:
             raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
         key, new = self._key(batch)
         _broadcast(("step", key, batch if new else None, old_logps is not None))
-        return self.learner.step(shard(batch, 0, self.info.world_size), old_logps=old_logps)
+        metrics = self.learner.step(shard(batch, 0, self.info.world_size), old_logps=old_logps)
+        return merge_rank_metrics(_gather(metrics))
 
     def push_weights(self, pusher, version: int) -> float:
         """`pusher.push(version)` (seconds); under FSDP the followers join each parameter's all-gather."""
@@ -262,8 +263,40 @@ def follow(learner, info: DistInfo) -> int:
         if cmd[0] == "old_logps":
             olds[key] = learner.old_logps(batches[key])
         elif cmd[0] == "step":
-            learner.step(batches[key], old_logps=olds.get(key) if cmd[3] else None)
+            _gather(learner.step(batches[key], old_logps=olds.get(key) if cmd[3] else None))
             steps += 1
+
+
+_SAME_ON_EVERY_RANK = ("grad_norm", "learning_rate", "num_tokens")  # computed after the collectives
+
+
+def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict from every rank's: `*/min` and `*/max` keep the extreme, `skipped_zero_adv_microbatches`
+    adds up, grad_norm / learning_rate / num_tokens (identical on every rank) are taken as they are, and the
+    rest is averaged over the ranks that report it. The mean of the ranks' losses is the loss of the whole
+    batch, since each rank's loss is normalized as TRL does under DDP (global tokens / num_processes for
+    dapo/cispo, per-rank means otherwise)."""
+    out: dict[str, float] = {}
+    for key in dict.fromkeys(k for m in per_rank for k in m):
+        values = [m[key] for m in per_rank if key in m]
+        if key.endswith("/min"):
+            out[key] = min(values)
+        elif key.endswith("/max"):
+            out[key] = max(values)
+        elif key == "skipped_zero_adv_microbatches":
+            out[key] = float(sum(values))
+        elif key in _SAME_ON_EVERY_RANK:
+            out[key] = values[0]
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def _gather(obj) -> list:
+    """Every rank's `obj`, in rank order (on every rank)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _broadcast(obj):
