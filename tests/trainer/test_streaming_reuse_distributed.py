@@ -35,10 +35,20 @@ def batch_of_four_groups(seed: int = 0) -> TrainBatch:
     return TrainBatch(groups=groups, metrics={"reward": 0.5})
 
 
-def learner(model, micro_batch_size: int, **loss_kw) -> GRPOLearner:
+def learner(model, micro_batch_size: int, fsdp: bool = False, **loss_kw) -> GRPOLearner:
     return GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9,
                        micro_batch_size=micro_batch_size, loss=LossSettings(max_completion_length=8, **loss_kw),
-                       pad_token_id=PAD)
+                       pad_token_id=PAD, fsdp=fsdp)
+
+
+def step_then_reuse(trainer, batch: TrainBatch) -> tuple[list[dict], list[list[torch.Tensor]]]:
+    """Two steps on `batch`, the second on pi_old cached before it; (metrics, gradients) of each.
+    `trainer` is a GRPOLearner or rank 0's DataParallelLearner."""
+    metrics = [trainer.step(batch)]
+    step_grads = [grads(trainer.model)]
+    metrics.append(trainer.step(batch, old_logps=trainer.old_logps(batch)))
+    step_grads.append(grads(trainer.model))
+    return metrics, step_grads
 
 
 def grads(model) -> list[torch.Tensor]:
@@ -137,9 +147,7 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
             for p in model.parameters():
                 p.add_(0.1)
     broadcast_parameters(model)
-    local = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=4,
-                        loss=LossSettings(max_completion_length=8, loss_type=loss_type, beta=0.05 if fsdp else 0.0),
-                        pad_token_id=PAD, fsdp=fsdp)
+    local = learner(model, 4, fsdp=fsdp, loss_type=loss_type, beta=0.05 if fsdp else 0.0)
     if fsdp:  # each rank keeps only its shards: save them, the test stitches them together
         batch = batch_of_four_groups()
         if rank == 0:
@@ -147,8 +155,7 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
             # 5 groups: rank 0 trains 3 of them (2 micro-batches), rank 1 two (1 + a placeholder pass)
             batch.groups.append(copy.deepcopy(batch.groups[0]))
             dp.step(batch)
-            old = dp.old_logps(batch)
-            dp.step(batch, old_logps=old)
+            dp.step(batch, old_logps=dp.old_logps(batch))
             state = dp.full_state_dict()
             dp.stop()
         else:
@@ -161,11 +168,7 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
     if rank == 0:
         dp = DataParallelLearner(local, info)
         batch = batch_of_four_groups()
-        metrics = [dp.step(batch)]
-        step_grads = [grads(model)]
-        old = dp.old_logps(batch)
-        metrics.append(dp.step(batch, old_logps=old))
-        step_grads.append(grads(model))
+        metrics, step_grads = step_then_reuse(dp, batch)
         dp.forget(batch)
         dp.stop()
         torch.save({"metrics": metrics, "grads": step_grads, "params": [p.detach() for p in model.parameters()]},
@@ -192,11 +195,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_whole_batch(tiny_model_pat
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     single = learner(reference, 4, loss_type=loss_type)
     batch = batch_of_four_groups()
-    expected = [single.step(batch)]
-    expected_grads = [grads(reference)]
-    old = single.old_logps(batch)
-    expected.append(single.step(batch, old_logps=old))
-    expected_grads.append(grads(reference))
+    expected, expected_grads = step_then_reuse(single, batch)
     for got, want in zip(rank0["metrics"], expected, strict=True):
         assert got["num_tokens"] == want["num_tokens"]  # global count, all ranks
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
@@ -257,12 +256,10 @@ def test_fsdp_ranks_shard_the_model_and_train_like_one_process(tiny_model_path, 
                        nprocs=2, join=True, start_method="spawn")
     ranks = [torch.load(tmp_path / f"fsdp{r}.pt") for r in range(2)]
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    single = GRPOLearner(reference, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=4,
-                         loss=LossSettings(max_completion_length=8, loss_type="dapo", beta=0.05), pad_token_id=PAD)
+    single = learner(reference, 4, loss_type="dapo", beta=0.05)
     batch = batch_of_four_groups()
     batch.groups.append(copy.deepcopy(batch.groups[0]))
     # one process, micro-batches as the ranks cut them: rank 0's 3 groups (6 rows: 4 + 2), rank 1's 2 groups (4)
-    single.micro_batch_size = 4
     single.step(batch)
     single.step(batch, old_logps=single.old_logps(batch))
     for name_param, g0, g1 in zip(reference.named_parameters(), ranks[0]["grads"], ranks[1]["grads"], strict=True):

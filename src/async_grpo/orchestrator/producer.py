@@ -109,11 +109,6 @@ class StepStream:
                 yield chunk
 
     @property
-    def chunks(self) -> list[TrainBatch]:
-        """The chunks received so far."""
-        return list(self._chunks)
-
-    @property
     def metrics(self) -> dict[str, float]:
         """The step's rollout metrics (carried by its final chunk), plus `streaming/chunks`."""
         out: dict[str, float] = {}
