@@ -259,7 +259,7 @@ def test_fsdp_ranks_shard_the_model_and_train_like_one_process(tiny_model_path, 
     single = learner(reference, 4, loss_type="dapo", beta=0.05)
     batch = batch_of_four_groups()
     batch.groups.append(copy.deepcopy(batch.groups[0]))
-    # one process, micro-batches as the ranks cut them: rank 0's 3 groups (6 rows: 4 + 2), rank 1's 2 groups (4)
+    # one process on all 10 rows; dapo divides by the global token count, so the micro-batch cut does not matter
     single.step(batch)
     single.step(batch, old_logps=single.old_logps(batch))
     for name_param, g0, g1 in zip(reference.named_parameters(), ranks[0]["grads"], ranks[1]["grads"], strict=True):
