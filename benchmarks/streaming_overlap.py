@@ -30,7 +30,7 @@ def main() -> None:
 
     from async_grpo.config import GRPOConfig
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
-    from async_grpo.launch.local import run_training
+    from async_grpo.launch.local import run_local
     from async_grpo.tiny_model import build_tiny_model
 
     logging.basicConfig(level=logging.WARNING)
@@ -60,7 +60,7 @@ def main() -> None:
                 save_model=False, streaming_min_groups=chunk, output_dir=str(root / name.replace("=", "_")),
                 log_completions_steps=10**6, seed=0,
             )  # fmt: skip
-            summary = run_training(config, progress=False)
+            summary = run_local(config, progress=False)
             results[name] = summary
             print(f"{name:28s} {summary.steps_per_s:6.2f} steps/s   trainer idle {summary.trainer_idle_fraction:6.1%}")
     finally:

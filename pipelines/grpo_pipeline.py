@@ -1,10 +1,13 @@
 """The async GRPO pipeline: prepare_dataset -> train_grpo -> evaluate -> register_model (if it passed), cleanup on exit.
 
-Every user-facing knob is a typed pipeline parameter whose default is the embedded demo config
-(`examples/tiny_cpu.yaml`), so the Kubeflow UI shows exactly what a run will use; the rest of
+Every user-facing knob is a typed pipeline parameter, described in the Kubeflow UI, whose default comes from
+the flavour's example config, so the UI shows exactly what a run will use: the GPU pipeline defaults to a real
+instruct model on GSM8K (`examples/trl_qwen_gsm8k.yaml`: TRL's learning rate, no supervised warm start, the
+registered name from the model), the CPU pipeline to the embedded demo (`examples/tiny_cpu.yaml`). The rest of
 GRPOConfig travels in `config_yaml` and `extra_overrides`. All Kubernetes wiring (secrets, the
-workspace volume, GPU scheduling, shared memory) is here, never in a component, so the components run
-unchanged under `kfp.local`.
+workspace volume, the platform policy, GPU scheduling, shared memory) is here, never in a component,
+so the components run unchanged under `kfp.local`. The HF token reaches only the dataset step: no
+step that runs submitter code holds it.
 
 Compile with `async-grpo pipeline compile` (or `python -m pipelines.grpo_pipeline`); the IR files
 beside this one are committed and a test fails when they are stale.
@@ -18,7 +21,9 @@ from typing import Callable, List
 import yaml
 from kfp import compiler, dsl, kubernetes
 
-from async_grpo.config import GRPOConfig
+from async_grpo.config import FIELDS, flatten_mapping
+from async_grpo.launch.k8s_network import EVALUATOR_LABELS
+from async_grpo.launch.k8s_policy import POLICY_CONFIG_MAP, POLICY_MOUNT_DIR
 from components import ASYNC_GRPO_CPU_IMAGE
 from components.cleanup.component import cleanup
 from components.evaluate.component import evaluate
@@ -28,9 +33,12 @@ from components.train_grpo.component import train_grpo
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG_PATH = HERE.parent / "examples" / "tiny_cpu.yaml"
+GPU_CONFIG_PATH = HERE.parent / "examples" / "trl_qwen_gsm8k.yaml"
 # Set by the pipeline itself, so left out of the default `config_yaml`.
 PIPELINE_SET_FIELDS = ("dataset", "eval_dataset", "output_dir", "run_name", "mlflow_tracking_uri")
 WORKSPACE_MOUNT_PATH = "/workspace"  # the workspace PVC, mounted at this path in component and trainer pods
+# On Kubernetes the model is a folder on the workspace volume (docs/deploy.md downloads it there)
+GPU_MODEL_PATH = f"{WORKSPACE_MOUNT_PATH}/models/Qwen2.5-0.5B-Instruct"
 SHM_SIZE_LIMIT = "16Gi"  # /dev/shm for vLLM and NCCL (the container default of 64 MiB is far too small)
 GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -39,21 +47,34 @@ GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "No
 PACKAGES = {"grpo_pipeline.yaml": True, "grpo_pipeline_cpu.yaml": False}
 
 
-def _default_config_yaml(typed_knobs: tuple[str, ...]) -> str:
-    """The demo config's fields that have no typed knob, as one line of YAML (JSON flow style).
+def flavour_config(gpu: bool) -> dict:
+    """The flavour's example config as flat keys (TRL aliases as our names; TRL-only keys kept as written); the
+    GPU flavour's model is the folder on the workspace volume."""
+    data = flatten_mapping(yaml.safe_load((GPU_CONFIG_PATH if gpu else DEFAULT_CONFIG_PATH).read_text()))
+    return {**data, "model_name_or_path": GPU_MODEL_PATH} if gpu else data
+
+
+def _default_config_yaml(typed_knobs: tuple[str, ...], gpu: bool) -> str:
+    """The flavour config's fields that have no typed knob, as one line of YAML (JSON flow style).
 
     One line, because the KFP compiler copies defaults into the IR's header comment verbatim and a
     multi-line default would break the YAML.
     """
-    demo = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
-    rest = {k: v for k, v in demo.items() if k not in typed_knobs and k not in PIPELINE_SET_FIELDS}
+    rest = {k: v for k, v in flavour_config(gpu).items() if k not in typed_knobs and k not in PIPELINE_SET_FIELDS}
     return json.dumps(rest, sort_keys=True)
 
 
 # GRPOConfig fields that are typed pipeline parameters (train_grpo takes each as an optional input).
 TYPED_KNOBS = tuple(p for p in inspect.signature(train_grpo.python_func).parameters
-                    if p in GRPOConfig.model_fields and p not in PIPELINE_SET_FIELDS)
-DEFAULT_CONFIG_YAML = _default_config_yaml(TYPED_KNOBS)
+                    if p in FIELDS and p not in PIPELINE_SET_FIELDS)
+DEFAULT_CONFIG_YAML = _default_config_yaml(TYPED_KNOBS, gpu=False)
+
+
+def knob_defaults(gpu: bool) -> dict:
+    """Default of every typed knob (and `dataset`, `system_prompt`, `dataset_config`) for the flavour."""
+    config = flavour_config(gpu)
+    names = (*TYPED_KNOBS, "dataset", "system_prompt", "dataset_config")
+    return {k: config.get(k, FIELDS[k].default) for k in names}
 
 
 def _mlflow_env(task: dsl.PipelineTask, secret_name) -> None:
@@ -74,6 +95,12 @@ def _workspace(task: dsl.PipelineTask, pvc_name) -> None:
     kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=WORKSPACE_MOUNT_PATH)
 
 
+def _policy(task: dsl.PipelineTask) -> None:
+    """The platform's allow-list (ConfigMap async-grpo-policy), read by the launcher in this step. Fixed here,
+    not a parameter: a submitter cannot point a run at another policy. Required: no policy, no run."""
+    kubernetes.use_config_map_as_volume(task, config_map_name=POLICY_CONFIG_MAP, mount_path=POLICY_MOUNT_DIR)
+
+
 def build_pipeline(gpu: bool = True) -> Callable:
     """The pipeline function, GPU flavour (evaluation pod asks one `nvidia.com/gpu` and is steered to GPU
     nodes by default) or CPU flavour (the CPU image for every step, no accelerator, empty node selector
@@ -84,6 +111,9 @@ def build_pipeline(gpu: bool = True) -> Callable:
     """
     default_selector = GPU_NODE_SELECTOR if gpu else {}
     default_tolerations = GPU_TOLERATIONS if gpu else []
+    d = knob_defaults(gpu)
+    config_yaml_default = _default_config_yaml(TYPED_KNOBS, gpu)
+    registered_default = f"{d['model_name_or_path'].rstrip('/').rsplit('/', 1)[-1]}-grpo" if gpu else "async-grpo-tiny"
 
     def flavour(task: dsl.PipelineTask) -> dsl.PipelineTask:
         return task if gpu else task.set_container_image(ASYNC_GRPO_CPU_IMAGE)
@@ -93,36 +123,39 @@ def build_pipeline(gpu: bool = True) -> Callable:
                               "evaluate on held-out prompts; register the model in MLflow when it improved.")
     def grpo_pipeline(
         # ---- model, data, rewards (GRPOConfig names)
-        model_name_or_path: str = "builtin:tiny",
-        dataset: str = "builtin:reverse",
+        model_name_or_path: str = d["model_name_or_path"],
+        dataset: str = d["dataset"],
+        dataset_config: str = d["dataset_config"] or "",
+        system_prompt: str = d["system_prompt"] or "",
         eval_dataset: str = "",
         eval_fraction: float = 0.05,
-        reward_funcs: List[str] = ["builtin:reverse_exact_match", "builtin:reverse_format"],
-        reward_weights: List[float] = [1.0, 0.5],
+        reward_funcs: List[str] = d["reward_funcs"],
+        reward_weights: List[float] = d["reward_weights"],
+        tools: List[str] = d["tools"],
         # ---- GRPO (GRPOConfig names; TRL's where TRL has one)
-        num_generations: int = 8,
-        max_completion_length: int = 12,
-        max_prompt_length: int = 256,
-        temperature: float = 1.0,
-        learning_rate: float = 3.0e-4,
-        per_device_train_batch_size: int = 64,
-        gradient_accumulation_steps: int = 2,
-        max_steps: int = 600,
-        seed: int = 0,
-        loss_type: str = "dapo",
-        beta: float = 0.0,
-        epsilon: float = 0.2,
-        epsilon_high: float = 0.28,
-        scale_rewards: str = "group",
-        vllm_importance_sampling_mode: str = "token_truncate",
-        vllm_importance_sampling_cap: float = 3.0,
-        max_staleness: int = 2,
-        vllm_sync_interval: int = 1,
-        warmup_sft_steps: int = 1500,
-        eval_num_prompts: int = 128,
-        num_generations_eval: int = 4,
-        mlflow_experiment_name: str = "async-grpo",
-        config_yaml: str = DEFAULT_CONFIG_YAML,
+        num_generations: int = d["num_generations"],
+        max_completion_length: int = d["max_completion_length"],
+        max_prompt_length: int = d["max_prompt_length"],
+        temperature: float = d["temperature"],
+        learning_rate: float = d["learning_rate"],
+        per_device_train_batch_size: int = d["per_device_train_batch_size"],
+        gradient_accumulation_steps: int = d["gradient_accumulation_steps"],
+        max_steps: int = d["max_steps"],
+        seed: int = d["seed"],
+        loss_type: str = d["loss_type"],
+        beta: float = d["beta"],
+        epsilon: float = d["epsilon"],
+        epsilon_high: float = d["epsilon_high"],
+        scale_rewards: str = d["scale_rewards"],
+        vllm_importance_sampling_mode: str = d["vllm_importance_sampling_mode"],
+        vllm_importance_sampling_cap: float = d["vllm_importance_sampling_cap"],
+        max_staleness: int = d["max_staleness"],
+        vllm_sync_interval: int = d["vllm_sync_interval"],
+        warmup_sft_steps: int = d["warmup_sft_steps"],
+        eval_num_prompts: int = d["eval_num_prompts"],
+        num_generations_eval: int = d["num_generations_eval"],
+        mlflow_experiment_name: str = d["mlflow_experiment_name"],
+        config_yaml: str = config_yaml_default,
         extra_overrides: List[str] = [],
         # ---- launch
         launch_backend: str = "kubernetes",
@@ -132,7 +165,7 @@ def build_pipeline(gpu: bool = True) -> Callable:
         work_dir: str = WORKSPACE_MOUNT_PATH,
         mlflow_tracking_uri: str = "",
         # ---- registration gate
-        registered_model_name: str = "async-grpo-tiny",
+        registered_model_name: str = registered_default,
         min_eval_reward: float = 0.0,
         require_improvement: bool = True,
         # ---- Kubernetes wiring
@@ -146,24 +179,75 @@ def build_pipeline(gpu: bool = True) -> Callable:
 
         Typed knobs override the same fields of `config_yaml`; `extra_overrides` (`key=value`) override
         both. `launch_backend` is "kubernetes" on a cluster and "local" under kfp.local.
+
+        Args:
+            model_name_or_path: The policy to train: a Hugging Face model folder on the workspace volume (/workspace/models/...), or builtin:tiny.
+            dataset: Training prompts: a Hugging Face Hub dataset id (e.g. openai/gsm8k), a .jsonl/.json/.parquet file or save_to_disk folder on the workspace volume, or builtin:<task>. GSM8K (question/answer) and MATH (problem/solution) rows are turned into prompt + answer.
+            dataset_config: Configuration of a hub dataset (TRL dataset_config), e.g. main for openai/gsm8k; empty for none.
+            system_prompt: System message put before every prompt; empty for none.
+            eval_dataset: Held-out prompts in the same formats; empty: a hub dataset's test split, a builtin task's held-out split, or eval_fraction of the training rows.
+            eval_fraction: Share of training rows held out when there is no other held-out set, in (0, 0.5].
+            reward_funcs: Reward functions: builtin:<name> (math_accuracy, think_answer_format, soft_overlong_penalty, ...), pkg.module:function, or a .py file on the workspace volume with :function. TRL's reward signature.
+            reward_weights: One weight per reward function (TRL reward_weights).
+            tools: Tools the model may call in multi-turn rollouts (TRL tools): builtin:<name> (calculator), pkg.module:function, or a .py file on the workspace volume with :function; empty for single-turn rollouts.
+            num_generations: Completions sampled per prompt, the group size G (TRL name).
+            max_completion_length: Most tokens generated per completion (TRL name).
+            max_prompt_length: Prompts longer than this many tokens are dropped (and counted).
+            temperature: Sampling temperature of the rollouts; the trainer scores with the same one (TRL name).
+            learning_rate: AdamW learning rate (TRL name; TRL's default is 1e-6).
+            per_device_train_batch_size: Completions per micro-batch on each trainer rank (TRL name).
+            gradient_accumulation_steps: Micro-batches per optimizer step (TRL name); completions per step must be a multiple of num_generations.
+            max_steps: Optimizer steps to run; -1 trains num_train_epochs passes over the prompts (TRL).
+            seed: Seed of data order, model init, sampling and the held-out split.
+            loss_type: GRPO loss aggregation: dapo, grpo, bnpo, dr_grpo, cispo or sapo (TRL name).
+            beta: KL coefficient against the initial policy; 0 needs no reference model (TRL name).
+            epsilon: Lower clip range of the policy ratio (TRL name).
+            epsilon_high: Upper clip range (DAPO clip-higher; TRL name).
+            scale_rewards: Advantage scaling: group, batch or none (TRL name).
+            vllm_importance_sampling_mode: Stale-rollout correction: token_truncate, token_mask, sequence_truncate or sequence_mask (TRL name).
+            vllm_importance_sampling_cap: Upper bound of the stale-rollout importance ratio (TRL vllm_importance_sampling_clip_max).
+            max_staleness: Rollout groups sampled more than this many policy versions ago are dropped (counted).
+            vllm_sync_interval: Push the trainer's weights to vLLM every this many optimizer steps.
+            warmup_sft_steps: Supervised warm-start steps before GRPO (builtin tasks only; 0 for real models).
+            eval_num_prompts: Held-out prompts scored per evaluation.
+            num_generations_eval: Completions sampled per held-out prompt (TRL name).
+            mlflow_experiment_name: MLflow experiment of the run.
+            config_yaml: The rest of the GRPOConfig as YAML (flat TRL names or sections); typed parameters win over it. See async-grpo train --help and docs/trl.md.
+            extra_overrides: key=value overrides of any GRPOConfig field, applied last (values parsed as YAML).
+            launch_backend: kubernetes (PyTorchJob trainer, vLLM and reward Deployments) on a cluster; local under kfp.local.
+            launch_timeout_s: Seconds the training step may run before it gives up and cleans up.
+            kubernetes_options: ClusterSettings for the kubernetes backend (GPUs, nodes, images, resources); the platform policy bounds them.
+            run_name: Name of the run (MLflow run, folders, cluster objects); empty: the KFP run's name. A suffix of the KFP run id keeps names unique.
+            work_dir: Shared folder for run outputs and staged data (the workspace volume's mount path).
+            mlflow_tracking_uri: MLflow tracking URI; empty: the MLflow secret's MLFLOW_TRACKING_URI.
+            registered_model_name: MLflow registry entry the model is registered under when it passes the gate.
+            min_eval_reward: Register only when the held-out reward is at least this.
+            require_improvement: Register only when the held-out reward also beats the current champion's.
+            mlflow_secret_name: Secret holding MLFLOW_TRACKING_URI (and optional MLFLOW_TRACKING_USERNAME / PASSWORD).
+            hf_token_secret_name: Secret holding HF_TOKEN for gated hub datasets (optional); only the dataset step sees it.
+            workspace_pvc_name: PersistentVolumeClaim mounted at /workspace in every step and run pod.
+            gpu_node_selector: Node selector of the evaluation pod (it starts its own vLLM server).
+            gpu_tolerations: Tolerations of the evaluation pod.
         """
         exit_task = cleanup(launch_backend=launch_backend, run_name=run_name,
-                            pipeline_job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, work_dir=work_dir,
+                            pipeline_job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                            pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, work_dir=work_dir,
                             backend_options=kubernetes_options)
         flavour(exit_task).set_display_name("cleanup").set_caching_options(False)
         _workspace(exit_task, workspace_pvc_name)
+        _policy(exit_task)
 
         with dsl.ExitHandler(exit_task, name="grpo-run"):
             data = prepare_dataset(dataset_uri=dataset, eval_dataset_uri=eval_dataset, eval_fraction=eval_fraction,
                                    model_name_or_path=model_name_or_path, max_prompt_length=max_prompt_length,
-                                   seed=seed)
+                                   seed=seed, dataset_config=dataset_config, system_prompt=system_prompt)
             flavour(data).set_display_name("prepare dataset").set_caching_options(False)
             _hf_env(data, hf_token_secret_name)
             _workspace(data, workspace_pvc_name)
 
             train = train_grpo(
                 dataset=data.outputs["dataset"], config_yaml=config_yaml, model_name_or_path=model_name_or_path,
-                reward_funcs=reward_funcs, reward_weights=reward_weights, num_generations=num_generations,
+                reward_funcs=reward_funcs, reward_weights=reward_weights, tools=tools, num_generations=num_generations,
                 max_completion_length=max_completion_length, max_prompt_length=max_prompt_length,
                 temperature=temperature, learning_rate=learning_rate,
                 per_device_train_batch_size=per_device_train_batch_size,
@@ -176,23 +260,26 @@ def build_pipeline(gpu: bool = True) -> Callable:
                 mlflow_experiment_name=mlflow_experiment_name, extra_overrides=extra_overrides,
                 launch_backend=launch_backend, launch_timeout_s=launch_timeout_s, backend_options=kubernetes_options,
                 work_dir=work_dir, run_name=run_name, pipeline_job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                mlflow_tracking_uri=mlflow_tracking_uri,
+                pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, mlflow_tracking_uri=mlflow_tracking_uri,
             )  # fmt: skip
             flavour(train).set_display_name("train (async GRPO)").set_caching_options(False)
             _mlflow_env(train, mlflow_secret_name)
-            _hf_env(train, hf_token_secret_name)
             _workspace(train, workspace_pvc_name)
+            _policy(train)
 
             score = evaluate(
                 model=train.outputs["model"], dataset=data.outputs["dataset"],
                 mlflow_run_id=train.outputs["mlflow_run_id"], tracking_uri=train.outputs["tracking_uri"],
                 resolved_config=train.outputs["resolved_config"], registered_model_name=registered_model_name,
                 min_eval_reward=min_eval_reward, require_improvement=require_improvement,
+                launch_backend=launch_backend, backend_options=kubernetes_options, run_name=train.outputs["run_name"],
             )  # fmt: skip
             flavour(score).set_display_name("evaluate (held-out reward, vLLM)").set_caching_options(False)
             _mlflow_env(score, mlflow_secret_name)
-            _hf_env(score, hf_token_secret_name)
             _workspace(score, workspace_pvc_name)
+            _policy(score)
+            for key, value in EVALUATOR_LABELS.items():  # its reward service admits only pods with this label
+                kubernetes.add_pod_label(score, key, value)
             kubernetes.add_node_selector_json(score, gpu_node_selector)
             kubernetes.add_toleration_json(score, gpu_tolerations)
             kubernetes.empty_dir_mount(score, volume_name="dshm", mount_path="/dev/shm", medium="Memory",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from async_grpo.config import ConfigError, GRPOConfig, dump_config, load_config
+from async_grpo.config import ConfigError, GRPOConfig, dump_config, flat_dump, load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_TIMEOUT_S = 120
@@ -24,10 +24,10 @@ def write_yaml(tmp_path: Path, data) -> Path:
 # ------------------------------------------------------------------ valid configs
 def test_defaults_validate_and_match_trl_names():
     config = GRPOConfig()
-    assert config.loss_type == "dapo"
-    assert config.learning_rate == 1e-6
-    assert config.num_generations == 8
-    assert config.reward_funcs == ["builtin:reverse_exact_match", "builtin:reverse_format"]
+    assert config.loss.loss_type == "dapo"
+    assert config.optim.learning_rate == 1e-6
+    assert config.sampling.num_generations == 8
+    assert config.rewards.reward_funcs == ["builtin:reverse_exact_match", "builtin:reverse_format"]
     assert load_config(None) == config
 
 
@@ -43,20 +43,20 @@ def test_yaml_file_then_overrides_parsed_as_yaml_types(tmp_path):
         "eval_dataset=",
         "temperature=0.7",
     ])  # fmt: skip
-    assert config.max_steps == 7 and isinstance(config.max_steps, int)  # override wins over the file
-    assert config.learning_rate == pytest.approx(2.5e-5)
-    assert config.mask_truncated_completions is True
-    assert config.reward_weights == [1.0, 0.5]
-    assert config.vllm_extra_args == ["--enforce-eager", "--seed=3"]
-    assert config.run_name is None
-    assert config.eval_dataset is None
-    assert config.temperature == pytest.approx(0.7)
-    assert config.epsilon == pytest.approx(0.3)  # from the file, untouched by overrides
+    assert config.optim.max_steps == 7 and isinstance(config.optim.max_steps, int)  # override wins over the file
+    assert config.optim.learning_rate == pytest.approx(2.5e-5)
+    assert config.loss.mask_truncated_completions is True
+    assert config.rewards.reward_weights == [1.0, 0.5]
+    assert config.inference.vllm_extra_args == ["--enforce-eager", "--seed=3"]
+    assert config.tracking.run_name is None
+    assert config.data.eval_dataset is None
+    assert config.sampling.temperature == pytest.approx(0.7)
+    assert config.loss.epsilon == pytest.approx(0.3)  # from the file, untouched by overrides
 
 
 def test_override_value_may_contain_equals_sign():
     config = load_config(None, ["mlflow_tracking_uri=http://host:5000/?a=b"])
-    assert config.mlflow_tracking_uri == "http://host:5000/?a=b"
+    assert config.tracking.mlflow_tracking_uri == "http://host:5000/?a=b"
 
 
 def test_empty_yaml_file_gives_defaults(tmp_path):
@@ -69,18 +69,18 @@ def test_examples_tiny_cpu_yaml_loads():
     raw = yaml.safe_load((REPO_ROOT / "examples" / "tiny_cpu.yaml").read_text())
     config = load_config(REPO_ROOT / "examples" / "tiny_cpu.yaml")
     for key, value in raw.items():
-        assert getattr(config, key) == value, key
-    assert config.groups_per_step * config.num_generations == (
-        config.per_device_train_batch_size * config.gradient_accumulation_steps
+        assert flat_dump(config)[key] == value, key
+    assert config.groups_per_step * config.sampling.num_generations == (
+        config.optim.per_device_train_batch_size * config.optim.gradient_accumulation_steps
     )
 
 
 def test_clip_max_alias_sets_the_cap(tmp_path):
-    assert load_config(None, ["vllm_importance_sampling_clip_max=5"]).vllm_importance_sampling_cap == 5.0
+    assert load_config(None, ["vllm_importance_sampling_clip_max=5"]).off_policy.vllm_importance_sampling_cap == 5.0
     path = write_yaml(tmp_path, {"vllm_importance_sampling_clip_max": 4.5})
-    assert load_config(path).vllm_importance_sampling_cap == 4.5
-    assert GRPOConfig(vllm_importance_sampling_clip_max=2.0).vllm_importance_sampling_cap == 2.0
-    assert GRPOConfig(vllm_importance_sampling_cap=2.5).vllm_importance_sampling_cap == 2.5
+    assert load_config(path).off_policy.vllm_importance_sampling_cap == 4.5
+    assert GRPOConfig(vllm_importance_sampling_clip_max=2.0).off_policy.vllm_importance_sampling_cap == 2.0
+    assert GRPOConfig(vllm_importance_sampling_cap=2.5).off_policy.vllm_importance_sampling_cap == 2.5
 
 
 def test_groups_per_step():
@@ -204,7 +204,7 @@ def test_config_error_is_a_value_error():
 def test_validate_assignment_rejects_bad_value():
     config = GRPOConfig()
     with pytest.raises(ValueError, match="learning_rate"):
-        config.learning_rate = -1.0
+        config.optim.learning_rate = -1.0
 
 
 # ------------------------------------------------------------------ CLI: validation happens before anything starts
@@ -240,16 +240,16 @@ def test_cli_missing_config_file_exits_2(tmp_path):
 
 @pytest.mark.parametrize("override", ["run_name=2024", "run_name=yes"])
 def test_string_field_override_with_yaml_scalar_text(override):
-    assert load_config(None, [override]).run_name == override.split("=", 1)[1]
+    assert load_config(None, [override]).tracking.run_name == override.split("=", 1)[1]
 
 
 def test_clip_max_override_replaces_cap_from_file(tmp_path):
     path = write_yaml(tmp_path, {"vllm_importance_sampling_cap": 3.0})
-    assert load_config(path, ["vllm_importance_sampling_clip_max=5"]).vllm_importance_sampling_cap == 5.0
+    assert load_config(path, ["vllm_importance_sampling_clip_max=5"]).off_policy.vllm_importance_sampling_cap == 5.0
 
 
 def test_rendezvous_address_is_loopback_for_local_servers_and_pod_ip_otherwise(monkeypatch):
-    from async_grpo.launch.local import rendezvous_address
+    from async_grpo.runner.builders import rendezvous_address
 
     assert rendezvous_address("http://127.0.0.1:8000") == "127.0.0.1"
     assert rendezvous_address("http://localhost:8000") == "127.0.0.1"
@@ -259,13 +259,13 @@ def test_rendezvous_address_is_loopback_for_local_servers_and_pod_ip_otherwise(m
 
 def test_multi_rank_launch_without_torchrun_env_is_refused_before_anything_starts(monkeypatch, tmp_path):
     from async_grpo.config import GRPOConfig
-    from async_grpo.launch.local import run_training
+    from async_grpo.launch.local import run_local
 
     monkeypatch.setenv("WORLD_SIZE", "16")
     for key in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(ValueError, match=r"WORLD_SIZE=16 but \['RANK', 'MASTER_ADDR', 'MASTER_PORT'\].*torchrun"):
-        run_training(GRPOConfig(output_dir=str(tmp_path / "run")), progress=False)
+        run_local(GRPOConfig(output_dir=str(tmp_path / "run")), progress=False)
     assert not (tmp_path / "run").exists()
 
 

@@ -71,8 +71,8 @@ def test_dataset_dict_folder_picks_the_split(tmp_path):
 @pytest.mark.parametrize(
     ("rows", "match"),
     [
-        ([{"question": "q", "answer": "a"}], r"column 'prompt' missing; found columns \['question', 'answer'\]. "
-                                             r"Fix: rename your prompt column to 'prompt'"),
+        ([{"text": "q", "label": "a"}], r"column 'prompt' missing; found columns \['text', 'label'\]. "
+                                         r"Fix: rename your prompt column to 'prompt'"),
         ([{"prompt": 3}], r"row 0 field 'prompt' is a int, not a string or a list of messages. Fix:"),
         ([{"prompt": ""}], "row 0 field 'prompt' is an empty string"),
         ([{"prompt": [{"role": "user"}]}], "row 0 field 'prompt' message 0 key 'content' is missing"),
@@ -93,7 +93,7 @@ def test_bad_specs(tmp_path):
     (tmp_path / "data.csv").write_text("prompt\nx\n")
     with pytest.raises(ValueError, match=r"unsupported file type '.csv'. Fix: convert it"):
         load_prompt_dataset(str(tmp_path / "data.csv"), split="train")
-    with pytest.raises(ValueError, match=r"unknown builtin task. Fix: use one of \['builtin:add', 'builtin:reverse'\]"):
+    with pytest.raises(ValueError, match=r"unknown builtin task. Fix: use one of \['builtin:add', 'builtin:calc', 'builtin:reverse'\]"):
         load_prompt_dataset("builtin:nope", split="train")
     (tmp_path / "empty_folder").mkdir()
     with pytest.raises(ValueError, match="not a datasets.save_to_disk folder"):
@@ -143,3 +143,66 @@ def test_encode_errors(tokenizer):
 
 def test_prompt_columns():
     assert prompt_columns({"prompt": "p", "answer": "a", "id": 3}) == {"answer": "a", "id": 3}
+
+
+# ------------------------------------------------------------------ PromptSampler
+def _items(n: int):
+    from async_grpo.data import PromptItem
+
+    return [PromptItem(prompt=f"p{i}", prompt_ids=[i], columns={"i": i}) for i in range(n)]
+
+
+def _take(sampler, n: int) -> list[int]:
+    return [next(sampler).prompt_ids[0] for _ in range(n)]
+
+
+def test_prompt_sampler_covers_every_item_once_per_epoch():
+    from async_grpo.data import PromptSampler
+
+    data = _items(7)
+    sampler = PromptSampler(data, seed=3)
+    seq = [next(sampler) for _ in range(7 * 4)]
+    for epoch in range(4):
+        chunk = seq[epoch * 7 : (epoch + 1) * 7]
+        assert sorted(x.prompt_ids[0] for x in chunk) == list(range(7))
+        assert all(x is data[x.prompt_ids[0]] for x in chunk)
+    assert sampler.epoch == 3 and sampler.index == 7
+
+
+def test_prompt_sampler_order_is_one_rng_shuffling_each_epoch():
+    """The order a run trains on: random.Random(seed) shuffles range(n) at every epoch start (hand-derived)."""
+    import random
+
+    from async_grpo.data import PromptSampler
+
+    rng = random.Random(5)
+    expected = []
+    for _ in range(3):
+        order = list(range(6))
+        rng.shuffle(order)
+        expected += order
+    assert _take(PromptSampler(_items(6), seed=5), 18) == expected
+    assert _take(PromptSampler(_items(6), seed=5), 18) != _take(PromptSampler(_items(6), seed=6), 18)
+
+
+def test_prompt_sampler_resumes_exactly_from_its_state():
+    import pickle
+
+    from async_grpo.data import PromptSampler
+
+    original = PromptSampler(_items(5), seed=1)
+    _take(original, 8)  # mid second epoch
+    state = pickle.loads(pickle.dumps(original.state_dict()))
+    resumed = PromptSampler(_items(5), seed=999)  # the seed is part of the saved RNG state
+    resumed.load_state_dict(state)
+    assert _take(resumed, 17) == _take(original, 17)  # across two more epoch boundaries
+
+
+def test_prompt_sampler_refuses_a_state_of_another_dataset():
+    from async_grpo.data import PromptSampler
+
+    state = PromptSampler(_items(5), seed=0).state_dict()
+    with pytest.raises(ValueError, match="5 prompts, this dataset has 4"):
+        PromptSampler(_items(4), seed=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="no prompts"):
+        PromptSampler([], seed=0)

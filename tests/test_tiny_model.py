@@ -52,7 +52,8 @@ def test_round_trip(tokenizer, text):
 def test_round_trip_task_strings(tokenizer):
     for task in TASKS.values():
         for row in task.eval_dataset().select(range(20)):
-            for text in (row["prompt"], row["answer"], row["prompt"] + row["answer"]):
+            prompt = row["prompt"][0]["content"] if task.chat else row["prompt"]
+            for text in (prompt, row["answer"], prompt + row["answer"]):
                 assert tokenizer.decode(tokenizer.encode(text)) == text
 
 

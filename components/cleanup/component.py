@@ -2,8 +2,9 @@
 
 The backends clean up after themselves on every path they control, but a stopped pipeline kills the
 `train_grpo` pod before its `finally` can run; this task then deletes whatever the run left on the
-cluster (by run name) and the staged dataset copy on the workspace volume. Outputs (checkpoints,
-MLflow data) are never touched.
+cluster (selected by the run's label, each object by its uid) and the staged dataset copy on the
+workspace volume. The run's name carries the KFP run id, so another run given the same name is never
+touched. Outputs (checkpoints, MLflow data) are never deleted.
 """
 
 from typing import Optional
@@ -19,6 +20,7 @@ def cleanup(
     launch_backend: str = "local",
     run_name: str = "",
     pipeline_job_name: str = "",
+    pipeline_job_id: str = "",
     work_dir: str = "",
     backend_options: Optional[dict] = None,
 ) -> str:
@@ -27,12 +29,14 @@ def cleanup(
     Args:
         pipeline_status: filled in by KFP (state and error of the exit handler's body).
         launch_backend: "local" (nothing outlives the run's own process tree) or "kubernetes"
-            (`KubernetesBackend(**backend_options).cleanup(run name)` deletes every object of the run).
-        run_name: the run name given to `train_grpo`; empty uses `pipeline_job_name`. Normalised
-            exactly as `train_grpo` does (lower case, [a-z0-9-], at most 63 characters).
+            (`KubernetesBackend(settings=backend_options).cleanup(run name)` deletes the objects that carry
+            the run's label).
+        run_name: the run name given to `train_grpo`; the full name is derived exactly as there
+            (`async_grpo.launch.naming.pipeline_run_name`, with the KFP run id).
         pipeline_job_name: the KFP job name (the pipeline passes its placeholder).
+        pipeline_job_id: the KFP run id (the pipeline passes its placeholder).
         work_dir: the `train_grpo` work_dir; `<work_dir>/<run name>/staging` is deleted.
-        backend_options: keyword arguments for the backend's constructor (kubernetes only).
+        backend_options: `ClusterSettings` fields (kubernetes only).
 
     Returns:
         One line naming the pipeline state and everything removed ("nothing to remove" otherwise).
@@ -42,14 +46,14 @@ def cleanup(
         Exception: whatever the Kubernetes API raised while deleting (the task then shows failed).
     """
     import logging
-    import re
     import shutil
     from pathlib import Path
 
+    from async_grpo.launch.naming import pipeline_run_name
+
     log = logging.getLogger("cleanup")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    name = re.sub(r"[^a-z0-9-]+", "-", (run_name or pipeline_job_name or "async-grpo").lower())
-    name = name.strip("-")[:63].rstrip("-") or "async-grpo"
+    name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
     log.info("pipeline %s ended %s %s", pipeline_status.pipeline_job_resource_name, pipeline_status.state,
              pipeline_status.error_message or "")
 
@@ -57,7 +61,7 @@ def cleanup(
     if launch_backend == "kubernetes":
         from async_grpo.launch.kubernetes import KubernetesBackend
 
-        removed += [str(obj) for obj in KubernetesBackend(**(backend_options or {})).cleanup(name)]
+        removed += [str(obj) for obj in KubernetesBackend(settings=dict(backend_options or {})).cleanup(name)]
     elif launch_backend != "local":
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
     if work_dir:

@@ -3,8 +3,12 @@
 It starts its own `vllm serve` on the model artifact, so the number measures the checkpoint that
 will be registered (not the trainer's in-memory weights), and it decides the registration gate
 here, where both the new score and the current champion's score are known; the pipeline only
-branches on the returned boolean (`dsl.If`).
+branches on the returned boolean (`dsl.If`). Reward functions are submitter code: on Kubernetes they
+run in a reward pod of their own without credentials (`KubernetesBackend.reward_service`), never in
+this pod, which holds the MLflow credentials and the launcher's ServiceAccount token.
 """
+
+from typing import Optional
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
@@ -25,6 +29,9 @@ def evaluate(
     require_improvement: bool = True,
     champion_alias: str = "champion",
     num_prompts: int = 0,
+    launch_backend: str = "local",
+    backend_options: Optional[dict] = None,
+    run_name: str = "",
 ) -> bool:
     """Score the model on the held-out split with vLLM and the run's reward functions; decide registration.
 
@@ -47,17 +54,25 @@ def evaluate(
             (its `eval_reward` tag); with no champion yet, the threshold alone decides.
         champion_alias: registry alias naming the current best version.
         num_prompts: held-out prompts to score; 0 uses the config's `eval_num_prompts`.
+        launch_backend: "local" scores in a process pool here (kfp.local, a laptop); "kubernetes" scores on
+            a reward service this step starts for the purpose (objects `<run>-eval-*`, deleted at the end),
+            reachable only from pods labelled `async-grpo/role: evaluate`, with a token of its own.
+        backend_options: `ClusterSettings` fields (kubernetes only), as given to `train_grpo`.
+        run_name: the run's name (`train_grpo`'s run_name output), for the reward service's objects.
 
     Returns:
         True when the model should be registered (the gate above), else False.
 
     Raises:
         FileNotFoundError: the model artifact holds no HF checkpoint.
-        ValueError: no held-out prompt fits max_prompt_length.
+        ValueError: no held-out prompt fits max_prompt_length, or unknown launch_backend.
+        PolicyViolation (a ValueError): the platform policy refuses the run's images, settings or vLLM flags,
+            or the local backend inside a cluster pod.
         VLLMStartupError: vLLM did not come up (the message has the log tail).
-        RewardError: the reward functions failed on the held-out set.
+        EvaluationError: every held-out group failed (generation or reward functions; the first error is chained).
         mlflow.exceptions.MlflowException: the run does not exist, or the registry is unreachable.
     """
+    import contextlib
     import logging
     import tempfile
     from pathlib import Path
@@ -68,56 +83,70 @@ def evaluate(
     from transformers import AutoTokenizer
 
     from async_grpo.config import GRPOConfig
-    from async_grpo.data import encode_prompt, load_prompt_dataset, prompt_columns
+    from async_grpo.data import load_prompt_items
     from async_grpo.evaluation import evaluate_reward
     from async_grpo.inference.client import AsyncVLLMClient
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
-    from async_grpo.orchestrator.orchestrator import PromptItem
+    from async_grpo.launch.k8s_policy import check_backend_choice
     from async_grpo.rewards.pool import RewardPool
+    from async_grpo.rewards.remote import RemoteRewardPool
+    from async_grpo.runner.builders import build_rollout, sampling_settings
     from async_grpo.transports.weights.sync import resolve_backend
 
     log = logging.getLogger("evaluate")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     config = GRPOConfig.model_validate(yaml.safe_load(resolved_config))
+    check_backend_choice(launch_backend)
+    if launch_backend not in ("local", "kubernetes"):
+        raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
     model_dir = Path(model.path)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model artifact {model_dir} holds no HF checkpoint (config.json missing).")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    held_out = load_prompt_dataset(dataset.path, split="eval", seed=config.seed)
-    held_out = held_out.select(range(min(num_prompts or config.eval_num_prompts, len(held_out))))
-    items = []
-    for row in held_out:
-        ids = encode_prompt(tokenizer, row["prompt"])
-        if len(ids) <= config.max_prompt_length:
-            items.append(PromptItem(row["prompt"], ids, prompt_columns(row)))
-    if not items:
-        raise ValueError(f"no held-out prompt fits max_prompt_length={config.max_prompt_length}. Fix: raise it.")
+    items, too_long = load_prompt_items(tokenizer, dataset.path, "eval", seed=config.seed,
+                                        max_prompt_length=config.data.max_prompt_length,
+                                        limit=num_prompts or config.data.eval_num_prompts)
+    if too_long:
+        log.warning("%d held-out prompts are longer than max_prompt_length and were left out", too_long)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_dir = Path(config.output_dir) if Path(config.output_dir).is_dir() else Path(tempfile.mkdtemp())
-    cmd = build_server_command(str(model_dir), port=port, dtype=config.vllm_dtype,
-                               max_model_len=config.vllm_max_model_len,
-                               weight_transfer_backend=resolve_backend(config.weight_sync_backend),
-                               seed=config.seed, extra_args=config.vllm_extra_args)
-    server = VLLMServer(cmd, server_env(config.vllm_kv_cache_gib), log_dir / "vllm-eval.log", url,
-                        config.vllm_startup_timeout_s)
-    pool = RewardPool(config.reward_funcs, config.reward_weights, config.reward_num_workers, config.reward_timeout_s)
-    temperature = config.temperature if config.eval_temperature is None else config.eval_temperature
-    try:
+    cmd = build_server_command(str(model_dir), port=port, dtype=config.inference.vllm_dtype,
+                               max_model_len=config.inference.vllm_max_model_len,
+                               weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+                               seed=config.seed, extra_args=config.vllm_serve_args)
+    server = VLLMServer(cmd, server_env(config.inference.vllm_kv_cache_gib), log_dir / "vllm-eval.log", url,
+                        config.inference.vllm_startup_timeout_s)
+    tool_service = None  # tool calls (a run with `tools`) run where the reward functions run
+    with contextlib.ExitStack() as stack:
+        if launch_backend == "kubernetes":  # reward code runs in a pod without credentials, checked by the policy
+            from async_grpo.launch.kubernetes import EVAL_SERVICE_TIMEOUT_S, KubernetesBackend
+
+            backend = KubernetesBackend(settings=dict(backend_options or {}))
+            reward_url, token = stack.enter_context(backend.reward_service(config, run_name or config.tracking.run_name
+                                                                           or "async-grpo"))
+            pool = RemoteRewardPool(reward_url, config.rewards.reward_timeout_s, config.rewards.reward_num_workers, token=token,
+                                    connect_timeout_s=EVAL_SERVICE_TIMEOUT_S)
+            tool_service = (reward_url, token)
+        else:
+            pool = RewardPool.from_config(config)
+        stack.callback(pool.close)
+        rollout = build_rollout(config, pool, tokenizer, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                items, tool_service)  # the run's own rollout: multi-turn when it declares tools
+        if hasattr(rollout, "close"):
+            stack.callback(rollout.close)
+        stack.callback(server.stop)
         server.start()
-        client = AsyncVLLMClient(url, str(model_dir), timeout_s=config.vllm_request_timeout_s)
         scores, rows = evaluate_reward(
-            client, items, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), pool,
-            max_tokens=config.max_completion_length, num_generations=config.num_generations_eval,
-            temperature=temperature, seed=config.seed,
+            rollout,
+            lambda: AsyncVLLMClient(url, str(model_dir), timeout_s=config.inference.vllm_request_timeout_s), items,
+            sampling_settings(config, evaluation=True), reward_names=pool.names, reward_weights=pool.weights,
+            seed=config.seed,
         )  # fmt: skip
-    finally:
-        pool.close()
-        server.stop()
     reward = scores["eval/reward"]
-    log.info("held-out reward %.4f over %d prompts x %d samples", reward, len(items), config.num_generations_eval)
+    log.info("held-out reward %.4f over %d prompts x %d samples", reward, len(items), config.data.num_generations_eval)
 
     previous = None
     if registered_model_name:
@@ -142,7 +171,7 @@ def evaluate(
     final = {"final_eval/" + k.removeprefix("eval/"): v for k, v in scores.items()}
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=mlflow_run_id):
-        mlflow.log_metrics(final, step=config.max_steps)
+        mlflow.log_metrics(final, step=config.optim.max_steps)
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file="final_eval/completions.json")
         mlflow.set_tag("final_eval.decision", decision)
     metrics.log_metric("eval_reward", reward)

@@ -22,22 +22,34 @@ def prepare_dataset(
     model_name_or_path: str = "",
     max_prompt_length: int = 0,
     seed: int = 0,
+    dataset_config: str = "",
+    system_prompt: str = "",
+    dataset_train_split: str = "train",
+    dataset_test_split: str = "test",
 ) -> NamedTuple("PrepareOutputs", [("train_rows", int), ("eval_rows", int), ("prompt_format", str)]):
     """Load, validate and split the prompt dataset into a `train`/`eval` DatasetDict artifact.
 
     Args:
-        dataset_uri: a `.jsonl`/`.json`/`.parquet` file, a `datasets.save_to_disk` folder (a `file://`
-            URI is accepted), or `builtin:<task>`. On a cluster, put files on the workspace volume.
+        dataset_uri: a Hugging Face Hub dataset id (`openai/gsm8k`; read through the HF cache, downloaded when the
+            hub is reachable, with HF_TOKEN for gated ones), a `.jsonl`/`.json`/`.parquet` file, a
+            `datasets.save_to_disk` folder (a `file://` URI is accepted), or `builtin:<task>`. On a cluster, put
+            files on the workspace volume. GSM8K (question/answer) and MATH (problem/solution) rows become
+            `prompt` + `answer` + `solution` (`async_grpo.tasks.math_reasoning`).
         dataset: output Dataset artifact; metadata records `source`, `eval_source`, row counts and
             `prompt_format`.
         eval_dataset_uri: held-out prompts in the same formats. Empty: a builtin task's own held-out
-            split, or else `eval_fraction` of the training rows (seeded).
+            split, a hub dataset's `dataset_test_split` when it has one, or else `eval_fraction` of the training
+            rows (seeded).
         eval_fraction: share of training rows held out when no eval set is given, in (0, 0.5].
         model_name_or_path: the policy model (a folder, a hub id, or `builtin:tiny`); its tokenizer must
             have a chat template when prompts are conversational. Empty skips tokenizer checks.
         max_prompt_length: when > 0, count prompts longer than this many tokens (training drops them)
             and fail if none is short enough.
         seed: seeds a builtin task's training rows and the held-out split.
+        dataset_config: the hub dataset's configuration (TRL `dataset_config`, e.g. `main`); empty: none.
+        system_prompt: a system message put before every prompt (string prompts become conversational); empty:
+            none.
+        dataset_train_split, dataset_test_split: the hub dataset's splits (TRL ScriptArguments names).
 
     Returns:
         train_rows, eval_rows, and prompt_format ("standard" or "conversational").
@@ -50,6 +62,7 @@ def prepare_dataset(
     import logging
     from collections import namedtuple
 
+    from async_grpo import hub
     from async_grpo.data import encode_prompt, load_prompt_dataset
 
     log = logging.getLogger("prepare_dataset")
@@ -59,14 +72,23 @@ def prepare_dataset(
         return uri[len("file://"):] if uri.startswith("file://") else uri
 
     source = local_spec(dataset_uri)
-    train = load_prompt_dataset(source, split="train", seed=seed)
+    options = {"config_name": dataset_config or None, "system_prompt": system_prompt or None}
+    train = load_prompt_dataset(source, split="train", seed=seed, split_name=dataset_train_split, **options)
+    held_out = None
     if eval_dataset_uri:
         eval_source = local_spec(eval_dataset_uri)
-        held_out = load_prompt_dataset(eval_source, split="eval", seed=seed)
+        held_out = load_prompt_dataset(eval_source, split="eval", seed=seed, system_prompt=system_prompt or None)
     elif source.startswith("builtin:"):
         eval_source = source
         held_out = load_prompt_dataset(source, split="eval", seed=seed)
-    else:
+    elif hub.looks_like_repo_id(source):
+        try:
+            held_out = load_prompt_dataset(source, split="eval", seed=seed, split_name=dataset_test_split, **options)
+            eval_source = f"{source} ({dataset_test_split})"
+        except ValueError as err:  # no such split: hold out a fraction below
+            log.warning("dataset %s has no usable %r split (%s); holding out %g of the training rows", source,
+                        dataset_test_split, str(err).splitlines()[0], eval_fraction)
+    if held_out is None:
         if not 0.0 < eval_fraction <= 0.5:
             raise ValueError(
                 f"eval_fraction={eval_fraction} must be in (0, 0.5] when no eval_dataset_uri is given. "

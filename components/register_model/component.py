@@ -1,8 +1,10 @@
 """`register_model`: add the training run's checkpoint to the MLflow model registry and make it the champion.
 
-The pipeline calls it only inside `dsl.If(evaluate passed)`. The version points at the `model`
-artifact the training run already uploaded (nothing is copied again), carries the held-out reward
-as a tag, which is what the next run's gate compares against, and takes the champion alias.
+The pipeline calls it only inside `dsl.If(evaluate passed)`. The version points at the model the
+training run already logged with MLflow's `transformers` flavour (the run's tag `async_grpo.model_uri`;
+nothing is copied again), so `mlflow.transformers.load_model("models:/<name>/<version>")` loads it and
+`mlflow models serve` serves it. It carries the held-out reward as a tag, which is what the next run's
+gate compares against, and takes the champion alias.
 """
 
 from typing import NamedTuple
@@ -23,7 +25,8 @@ def register_model(
     champion_alias: str = "champion",
     registration_timeout_s: float = 300.0,
 ) -> NamedTuple("RegisterOutputs", [("model_version", str), ("model_uri", str)]):
-    """Register `runs:/<mlflow_run_id>/model` as a new version of `registered_model_name`.
+    """Register the run's logged model (tag `async_grpo.model_uri`, a transformers-flavour model; runs of
+    earlier versions: their `model` artifact folder) as a new version of `registered_model_name`.
 
     The version gets tags `eval_reward` (from the `evaluate` Metrics artifact), `kfp.run_name` and
     `base_model`; the alias `champion_alias` moves to it; the training run gets the tag
@@ -43,7 +46,7 @@ def register_model(
 
     Raises:
         ValueError: empty registered_model_name, or the metrics artifact has no eval_reward.
-        FileNotFoundError: the run has no `model` artifact (save_model was off).
+        FileNotFoundError: the run logged no model (save_model was off, or its upload failed).
         TimeoutError: the version did not become READY within registration_timeout_s.
         RuntimeError: the registry reported FAILED_REGISTRATION.
         mlflow.exceptions.MlflowException: the run does not exist, or the registry is unreachable.
@@ -66,9 +69,12 @@ def register_model(
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(mlflow_run_id)
-    if not client.list_artifacts(mlflow_run_id, "model"):
-        raise FileNotFoundError(f"MLflow run {mlflow_run_id} has no `model` artifact to register. "
-                                "Fix: train with save_model=true.")
+    source = run.data.tags.get("async_grpo.model_uri")  # tracking.MODEL_URI_TAG
+    if not source and client.list_artifacts(mlflow_run_id, "model"):
+        source = f"{run.info.artifact_uri}/model"
+    if not source:
+        raise FileNotFoundError(f"MLflow run {mlflow_run_id} logged no model to register. "
+                                "Fix: train with save_model=true, and check the trainer log for a failed upload.")
     try:
         client.create_registered_model(registered_model_name,
                                        description="async GRPO checkpoints; the alias marks the best held-out reward")
@@ -77,8 +83,7 @@ def register_model(
             raise
     tags = {"eval_reward": repr(reward), "kfp.run_name": str(model.metadata.get("run_name", "")),
             "base_model": str(model.metadata.get("base_model", ""))}
-    version = client.create_model_version(registered_model_name, source=f"{run.info.artifact_uri}/model",
-                                          run_id=mlflow_run_id, tags=tags,
+    version = client.create_model_version(registered_model_name, source=source, run_id=mlflow_run_id, tags=tags,
                                           description=f"held-out reward {reward:.4f}")
     deadline = time.monotonic() + registration_timeout_s
     while version.status != "READY":
@@ -93,7 +98,6 @@ def register_model(
     client.set_registered_model_alias(registered_model_name, champion_alias, version.version)
     client.set_tag(mlflow_run_id, "registered_model_version", f"{registered_model_name}/{version.version}")
     uri = f"models:/{registered_model_name}/{version.version}"
-    log.info("registered %s (eval_reward %.4f) as %s; alias %r", run.info.artifact_uri + "/model", reward, uri,
-             champion_alias)
+    log.info("registered %s (eval_reward %.4f) as %s; alias %r", source, reward, uri, champion_alias)
     outputs = namedtuple("RegisterOutputs", ["model_version", "model_uri"])
     return outputs(str(version.version), uri)

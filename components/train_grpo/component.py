@@ -22,6 +22,7 @@ def train_grpo(
     model_name_or_path: Optional[str] = None,
     reward_funcs: Optional[List[str]] = None,
     reward_weights: Optional[List[float]] = None,
+    tools: Optional[List[str]] = None,
     num_generations: Optional[int] = None,
     max_completion_length: Optional[int] = None,
     max_prompt_length: Optional[int] = None,
@@ -51,6 +52,7 @@ def train_grpo(
     work_dir: str = "",
     run_name: str = "",
     pipeline_job_name: str = "",
+    pipeline_job_id: str = "",
     mlflow_tracking_uri: str = "",
 ) -> NamedTuple(
     "TrainOutputs", [("mlflow_run_id", str), ("tracking_uri", str), ("resolved_config", str), ("run_name", str)]
@@ -71,13 +73,17 @@ def train_grpo(
         launch_backend: "local" (every role as a subprocess here) or "kubernetes" (PyTorchJob trainer,
             vLLM and reward Deployments; `async_grpo.launch.kubernetes` is imported only then).
         launch_timeout_s: seconds the backend may run before it must give up and clean up.
-        backend_options: keyword arguments for the backend's constructor (kubernetes only).
+        backend_options: `ClusterSettings` fields for the kubernetes backend (nothing else of the backend is
+            reachable from here); the platform policy mounted in this pod decides what is allowed.
         work_dir: shared folder (on a cluster, the workspace volume's mount path, mounted at the same
             path in the trainer pods). When set, the run's output_dir is `<work_dir>/<run name>` and
             the dataset is staged under `<work_dir>/<run name>/staging/`.
-        run_name: MLflow run name and the run's object/folder name; empty uses `pipeline_job_name`.
-            Lower-cased, with characters outside [a-z0-9-] turned into "-", at most 63 characters.
+        run_name: the submitter's name for the run; empty uses `pipeline_job_name`. The MLflow run, the folder
+            and the cluster objects are named `async_grpo.launch.naming.pipeline_run_name(run_name,
+            pipeline_job_name, pipeline_job_id)`: lower-cased, [a-z0-9-], plus 8 characters of the KFP run id,
+            so two runs given the same name never share anything.
         pipeline_job_name: the KFP job name (the pipeline passes its placeholder).
+        pipeline_job_id: the KFP run id (the pipeline passes its placeholder); empty: no suffix.
         mlflow_tracking_uri: overrides the config's URI; when both are empty, the MLFLOW_TRACKING_URI
             environment variable (the cluster secret) is used, else sqlite under output_dir.
 
@@ -85,15 +91,16 @@ def train_grpo(
         mlflow_run_id, tracking_uri, resolved_config (YAML of every field) and run_name.
 
     Raises:
-        ConfigError (a ValueError): the merged config is invalid, or save_model is false (evaluation
-            and registration need the checkpoint); raised before anything starts.
+        ConfigError (a ValueError): the merged config is invalid, save_model is false (evaluation
+            and registration need the checkpoint), or report_to is none; raised before anything starts.
         ValueError: unknown launch_backend.
+        PolicyViolation (a ValueError): the platform policy refuses the run (the local backend inside a
+            cluster pod, or, on kubernetes, an image, account, secret, MLflow server or vLLM flag).
         TimeoutError: the backend ran past `launch_timeout_s` (it cleans up first).
         RuntimeError: the run failed, or finished without a checkpoint.
     """
     import logging
     import os
-    import re
     import shutil
     import tempfile
     from collections import namedtuple
@@ -101,13 +108,16 @@ def train_grpo(
 
     import yaml
 
-    from async_grpo.config import ConfigError, dump_config, load_config
+    from async_grpo.config import ConfigError, dump_config, flatten_mapping, load_config
+    from async_grpo.launch.k8s_policy import check_backend_choice
+    from async_grpo.launch.naming import pipeline_run_name
 
     log = logging.getLogger("train_grpo")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     knobs = {
         "model_name_or_path": model_name_or_path, "reward_funcs": reward_funcs, "reward_weights": reward_weights,
+        "tools": tools,
         "num_generations": num_generations, "max_completion_length": max_completion_length,
         "max_prompt_length": max_prompt_length, "temperature": temperature, "learning_rate": learning_rate,
         "per_device_train_batch_size": per_device_train_batch_size,
@@ -122,10 +132,11 @@ def train_grpo(
     base = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
     if not isinstance(base, dict):
         raise ConfigError("config_yaml must be a YAML mapping of GRPOConfig field: value.")
+    base = flatten_mapping(base)  # flat names, so the knobs and settings below replace a nested spelling
     base.update({k: v for k, v in knobs.items() if v is not None})
 
-    name = re.sub(r"[^a-z0-9-]+", "-", (run_name or pipeline_job_name or "async-grpo").lower())
-    name = name.strip("-")[:63].rstrip("-") or "async-grpo"
+    check_backend_choice(launch_backend)
+    name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
     base["run_name"] = name
     if work_dir:
         base["output_dir"] = str(Path(work_dir) / name)
@@ -148,9 +159,12 @@ def train_grpo(
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(base, sort_keys=False))
         config = load_config(path, list(extra_overrides or []))
-    if not config.save_model:
+    if not config.checkpoint.save_model:
         raise ConfigError("save_model is false, but the pipeline evaluates and registers the checkpoint. "
                           "Fix: drop save_model=false.")
+    if config.tracking.report_to != "mlflow":
+        raise ConfigError("report_to is none, but the pipeline evaluates and registers the model through the "
+                          "run's MLflow run. Fix: report_to: mlflow.")
 
     if launch_backend == "local":
         from async_grpo.launch.local import LocalBackend
@@ -161,12 +175,12 @@ def train_grpo(
     elif launch_backend == "kubernetes":
         from async_grpo.launch.kubernetes import KubernetesBackend
 
-        backend = KubernetesBackend(**(backend_options or {}))
+        backend = KubernetesBackend(settings=dict(backend_options or {}))
     else:
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
 
     log.info("launching run %r with the %s backend (timeout %.0f s): model=%s dataset=%s max_steps=%d output_dir=%s",
-             name, launch_backend, launch_timeout_s, config.model_name_or_path, config.dataset, config.max_steps,
+             name, launch_backend, launch_timeout_s, config.model_name_or_path, config.data.dataset, config.optim.max_steps,
              config.output_dir)
     result = backend.launch(config, timeout_s=launch_timeout_s)
     log.info("run %r finished: MLflow run %s at %s; metrics %s", name, result.mlflow_run_id, result.tracking_uri,

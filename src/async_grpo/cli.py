@@ -6,14 +6,22 @@ import argparse
 import logging
 import sys
 
-from async_grpo.config import ConfigError, GRPOConfig, load_config
+from async_grpo import __version__
+from async_grpo.config import ConfigError, load_config
 
 
 def _field_help() -> str:
-    lines = ["config fields (YAML keys or key=value overrides):"]
-    for name, f in GRPOConfig.model_fields.items():
-        lines.append(f"  {name} (default {f.default if f.default_factory is None else f.default_factory()!r}): "
-                     f"{f.description or ''}")
+    """Every config field, grouped by section, with its default and description."""
+    from async_grpo.config import FIELDS, SECTIONS
+
+    lines = ["config fields, by section. In YAML give them flat (`learning_rate: 1e-5`, TRL names) or nested",
+             "(`optim: {learning_rate: 1e-5}`); override them as `learning_rate=1e-5` or `optim.learning_rate=1e-5`."]
+    for section, doc in [(None, "top level"), *((name, model.__doc__ or "") for name, model in SECTIONS.items())]:
+        lines.append("")
+        lines.append(f"{section}: {doc.strip()}" if section else f"({doc})")
+        for ref in FIELDS.values():
+            if ref.section == section:
+                lines.append(f"  {ref.name} (default {ref.default!r}): {ref.info.description or ''}")
     return "\n".join(lines)
 
 
@@ -26,10 +34,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from async_grpo.launch.local import run_training
+    from async_grpo.launch.local import run_local
 
     try:
-        summary = run_training(config)
+        summary = run_local(config)
     except ValueError as err:  # bad data / model / reward spec: a user error, shown without a traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -49,6 +57,12 @@ def _print_summary(s) -> None:
     before, after = s.eval_before.get("eval/reward"), s.eval_after.get("eval/reward")
     if before is not None and after is not None:
         table.add_row("held-out reward (before -> after)", f"{before:.3f} -> {after:.3f}")
+    if "eval_no_tools/reward" in s.eval_after:  # a tool-calling run: the final model with and without its tools
+        table.add_row("held-out reward, final model without tools", f"{s.eval_after['eval_no_tools/reward']:.3f}")
+    for key, label in (("eval/tools/call_frequency", "tool calls per completion"),
+                       ("eval/tools/failure_frequency", "tool-call failures per call")):
+        if key in s.eval_before and key in s.eval_after:
+            table.add_row(f"{label} (before -> after)", f"{s.eval_before[key]:.3f} -> {s.eval_after[key]:.3f}")
     table.add_row("steps", f"{s.steps} in {s.train_s:.1f} s ({s.steps_per_s:.2f} steps/s)")
     table.add_row("wall time", f"{s.wall_s:.1f} s")
     table.add_row("generation", f"{s.generation_tokens_per_s:.0f} tokens/s")
@@ -73,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `async-grpo` console script. Returns the process exit code."""
     parser = argparse.ArgumentParser(prog="async-grpo", description="Asynchronous GRPO on vLLM.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="run a GRPO job", epilog=_field_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,22 +4,28 @@
 `run-local` runs the same compiled pipeline through `kfp.local`. Arguments are given the way `train`
 takes overrides: a config YAML and `key=value` items, each routed to the pipeline parameter of that
 name, or, for config fields without one, to `extra_overrides`; values are typed by the compiled IR.
+`submit` and `schedule` check a kubernetes run against the platform policy first (`check_submission`),
+the same check the train step makes on the cluster, so a refused run fails here, before KFP sees it.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from async_grpo.config import ALIASES, ConfigError, GRPOConfig, load_config
+from async_grpo.config import ConfigError, GRPOConfig, flatten_mapping, load_config, lookup_field
+from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run
+from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.pipeline_local import (
     DEFAULT_OUTPUT_DIR,
     find_repo_root,
     import_pipeline_module,
+    new_invocation_dir,
     pipeline_parameters,
     run_local_pipeline,
 )
@@ -73,15 +79,14 @@ def pipeline_arguments(params: dict[str, dict[str, Any]], config_path: str | Non
     for item in items:
         if "=" not in item:
             raise ConfigError(f"{item!r} is not key=value. Fix: write e.g. max_steps=20.")
-        if ALIASES.get(item.split("=", 1)[0], item.split("=", 1)[0]) in GRPOConfig.model_fields:
+        if lookup_field(item.split("=", 1)[0]) is not None:
             config_items.append(item)
     load_config(config_path, config_items)  # fail here, naming the field, before anything is submitted
     args: dict[str, Any] = {}
     if config_path:
         rest = {}
-        for key, value in (yaml.safe_load(Path(config_path).read_text()) or {}).items():
-            key = ALIASES.get(key, key)
-            if key in params and key in GRPOConfig.model_fields:
+        for key, value in flatten_mapping(yaml.safe_load(Path(config_path).read_text()) or {}).items():
+            if key in params and lookup_field(key) is not None:
                 kind = params[key]["parameterType"]
                 if value is None and kind == "STRING":
                     value = ""  # the pipeline's "unset"
@@ -92,10 +97,11 @@ def pipeline_arguments(params: dict[str, dict[str, Any]], config_path: str | Non
     extra: list[str] = []
     for item in items:
         key, raw = item.split("=", 1)
-        key = ALIASES.get(key.strip(), key.strip())
+        ref = lookup_field(key)
+        key = ref.name if ref is not None else key.strip()
         if key in params:
             args[key] = _typed(key, raw, params[key]["parameterType"])
-        elif key in GRPOConfig.model_fields:
+        elif ref is not None:
             extra.append(f"{key}={raw}")
         else:
             raise ConfigError(f"{key!r} is neither a pipeline parameter nor a config field. "
@@ -103,6 +109,65 @@ def pipeline_arguments(params: dict[str, dict[str, Any]], config_path: str | Non
     if extra:
         args["extra_overrides"] = list(args.get("extra_overrides", [])) + extra
     return args
+
+
+def _argument(name: str, arguments: dict[str, Any], params: dict[str, dict[str, Any]]) -> Any:
+    return arguments.get(name, params.get(name, {}).get("defaultValue"))
+
+
+def submitted_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any]) -> GRPOConfig:
+    """The GRPOConfig the train step will build from `arguments` (as `train_grpo` merges them: config_yaml,
+    then the typed knobs that are config fields, then extra_overrides); the dataset and folders, which
+    the pipeline sets, keep their defaults.
+
+    Raises:
+        ConfigError: the merged config is invalid.
+    """
+    import tempfile
+
+    base = flatten_mapping(yaml.safe_load(str(_argument("config_yaml", arguments, params) or "")) or {})
+    for name in params:
+        value = _argument(name, arguments, params)
+        if lookup_field(name) is not None and name not in ("dataset", "eval_dataset", "run_name") and value not in (
+                None, ""):
+            base[name] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(yaml.safe_dump(base))
+        return load_config(path, list(_argument("extra_overrides", arguments, params) or []))
+
+
+def check_submission(params: dict[str, dict[str, Any]], arguments: dict[str, Any], policy: PlatformPolicy,
+                     namespace: str | None = None) -> None:
+    """Refuse a kubernetes run the platform policy does not allow, before it is submitted: the run config and
+    `kubernetes_options` (as the train step checks them), and the secrets and volume the pipeline's own steps
+    mount (`mlflow_secret_name`, `hf_token_secret_name`, `workspace_pvc_name`). Other backends: no check.
+
+    Raises:
+        PolicyViolation: what is not allowed, each with the field and the fix.
+        ConfigError: the arguments do not make a valid config or valid cluster settings.
+    """
+    if _argument("launch_backend", arguments, params) != "kubernetes":
+        return
+    options = dict(_argument("kubernetes_options", arguments, params) or {})
+    if namespace and "namespace" not in options:
+        options["namespace"] = namespace
+    problems = []
+    for name in ("mlflow_secret_name", "hf_token_secret_name"):
+        secret = _argument(name, arguments, params)
+        if secret and secret not in policy.secrets:
+            problems.append(f"{name}={secret!r} is not an allowed secret (allowed: {policy.secrets}). Fix: use one "
+                            "of them, or ask your platform engineer to allow it in ConfigMap async-grpo-policy.")
+    pvc = _argument("workspace_pvc_name", arguments, params)
+    if pvc and pvc not in policy.pvcs:
+        problems.append(f"workspace_pvc_name={pvc!r} is not an allowed volume (allowed: {policy.pvcs}). Fix: use one "
+                        "of them, or ask your platform engineer to allow it in ConfigMap async-grpo-policy.")
+    try:
+        prepare_run(submitted_config(params, arguments), ClusterSettings.from_mapping(options), policy)
+    except PolicyViolation as err:
+        problems += str(err).splitlines()[1:]
+    if problems:
+        raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(p.strip() for p in problems))
 
 
 def kfp_cron(expression: str) -> str:
@@ -145,9 +210,18 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checked_arguments(args: argparse.Namespace, package: Path) -> dict[str, Any]:
+    params = pipeline_parameters(package)
+    arguments = pipeline_arguments(params, args.config, args.items)
+    policy, source = load_policy(args.policy)
+    check_submission(params, arguments, policy, args.namespace)
+    print(f"the run passes the platform policy ({source})")
+    return arguments
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     package = _package(args)
-    arguments = pipeline_arguments(pipeline_parameters(package), args.config, args.items)
+    arguments = _checked_arguments(args, package)
     client = make_client(args.host, args.namespace)
     result = client.create_run_from_pipeline_package(
         str(package), arguments=arguments, run_name=args.run_name, experiment_name=args.experiment,
@@ -160,7 +234,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 def _cmd_schedule(args: argparse.Namespace) -> int:
     package = _package(args)
     cron = kfp_cron(args.cron)
-    arguments = pipeline_arguments(pipeline_parameters(package), args.config, args.items)
+    arguments = _checked_arguments(args, package)
     client = make_client(args.host, args.namespace)
     experiment = client.create_experiment(args.experiment, namespace=args.namespace)
     job = client.create_recurring_run(
@@ -174,9 +248,15 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 def _cmd_run_local(args: argparse.Namespace) -> int:
     module = import_pipeline_module()
-    package = module.compile_pipeline(Path(args.output_dir).resolve() / "grpo_pipeline_cpu.yaml", gpu=False)
-    arguments = pipeline_arguments(pipeline_parameters(package), args.config, args.items)
-    result = run_local_pipeline(arguments, args.output_dir, package_path=package)
+    invocation = new_invocation_dir(args.output_dir)  # its own IR file and kfp.local root: runs may overlap
+    package = module.compile_pipeline(invocation / "grpo_pipeline_cpu.yaml", gpu=False)
+    try:
+        arguments = pipeline_arguments(pipeline_parameters(package), args.config, args.items)
+        result = run_local_pipeline(arguments, args.output_dir, package_path=package, invocation_dir=invocation)
+    except Exception:
+        if [p.name for p in invocation.iterdir()] == [package.name]:  # refused before anything ran: leave no trace
+            shutil.rmtree(invocation.parent if len(list(invocation.parent.iterdir())) == 1 else invocation)
+        raise
     reward = "n/a" if result.eval_reward is None else f"{result.eval_reward:.4f}"
     registered = (f"{result.registered_model_name} version {result.model_version} "
                   f"(models:/{result.registered_model_name}/{result.model_version})"
@@ -241,6 +321,9 @@ def _add_cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service-account", help="service account for the run's pods (needs the async-grpo Role)")
     p.add_argument("--package", help=f"compiled pipeline (default: {GPU_PACKAGE}, or {CPU_PACKAGE} with --cpu)")
     p.add_argument("--cpu", action="store_true", help="use the CPU flavour (no GPU for the evaluation pod)")
+    p.add_argument("--policy", help="platform policy YAML to check a kubernetes run against before submitting (a "
+                                    "copy of ConfigMap async-grpo-policy); default: $ASYNC_GRPO_POLICY_FILE, else "
+                                    "the built-in defaults")
     _add_arguments_options(p)
 
 

@@ -1,81 +1,101 @@
-"""Held-out reward: completions of held-out prompts from vLLM, scored by the run's reward functions.
+"""Held-out reward: the run's own `Rollout` on held-out prompts, group by group.
 
-By default it samples like training does (the training temperature, `num_generations_eval` samples
-per prompt), because that is the policy GRPO optimizes; `temperature=0` gives greedy accuracy
-instead. Each prompt gets a fixed per-request seed, so a before/after comparison reuses the same
-random streams and differs only by the weights.
+Evaluation produces groups exactly as training does (the same rollout, the same reward functions, each group
+scored on its own under `reward_timeout_s`), only with its own sampling settings: by default the training
+temperature and `num_generations_eval` samples per prompt, because that is the policy GRPO optimizes;
+`temperature=0` gives greedy accuracy instead. Each prompt gets a fixed per-request seed, so a before/after
+comparison reuses the same random streams and differs only by the weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-from async_grpo.inference.client import AsyncVLLMClient
-from async_grpo.orchestrator.orchestrator import PromptItem
-from async_grpo.rewards.pool import RewardPool
+from async_grpo.data import PromptItem
+from async_grpo.inference.client import GenerationClient
+from async_grpo.orchestrator.batching import tool_metrics
+from async_grpo.orchestrator.rollout import Rollout, SamplingSettings, completion_display
+from async_grpo.transports.messages import RolloutGroup
 
-if TYPE_CHECKING:
-    from async_grpo.rewards.remote import RemoteRewardPool
+logger = logging.getLogger(__name__)
 
-EVAL_CONCURRENCY = 32
+EVAL_CONCURRENCY = 32  # groups in flight at once
 
 
-async def _generate_all(client: AsyncVLLMClient, items: list[PromptItem], *, n: int, max_tokens: int,
-                         temperature: float, seed: int) -> list[list]:
+class EvaluationError(RuntimeError):
+    """No held-out group could be generated and scored (the first failure is chained)."""
+
+
+async def _run_groups(rollout: Rollout, client_factory: Callable[[], GenerationClient], items: Sequence[PromptItem],
+                      sampling: SamplingSettings, seed: int, version: int) -> list[RolloutGroup | BaseException]:
+    client = client_factory()
     sem = asyncio.Semaphore(EVAL_CONCURRENCY)
 
-    async def one(i: int, item: PromptItem):
+    async def one(i: int, item: PromptItem) -> RolloutGroup:
         async with sem:
-            return await client.generate(item.prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature,
-                                         seed=seed + i)
+            return await rollout(client, item, sampling, version=lambda: version, seed=seed + i)
 
     try:
-        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)), return_exceptions=True)
     finally:
         await client.aclose()
 
 
 def evaluate_reward(
-    client: AsyncVLLMClient,
-    items: list[PromptItem],
-    decode,
-    reward_pool: RewardPool | RemoteRewardPool,
+    rollout: Rollout,
+    client_factory: Callable[[], GenerationClient],
+    items: Sequence[PromptItem],
+    sampling: SamplingSettings,
     *,
-    max_tokens: int,
-    num_generations: int = 1,
-    temperature: float = 0.0,
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
     seed: int = 0,
-    timeout_s: float = 600.0,
+    version: int = 0,
 ) -> tuple[dict[str, float], list[dict]]:
-    """Score `num_generations` completions of each of `items` (N prompts).
+    """Score `sampling.num_generations` completions of each of `items` (N prompts), one group per prompt.
+
+    Args:
+        rollout: the run's rollout (the same one the orchestrator trains on).
+        client_factory: builds an inference client inside this call's event loop.
+        items: held-out prompts.
+        sampling: evaluation sampling settings (G = num_generations_eval, the eval temperature).
+        reward_names, reward_weights: (F,) the reward functions' names and weights.
+        seed: prompt i is sampled with seed + i.
+        version: the policy version being evaluated (stamped on the groups).
 
     Returns:
-        (metrics, rows): metrics `eval/reward` (weighted reward sum, mean over all N x num_generations
-        completions) and `eval/rewards/<func>/mean`; rows are (prompt, completion, reward) dicts.
+        (metrics, rows): `eval/reward` (the weighted reward nansum, mean over every scored completion),
+        `eval/rewards/<func>/mean`, `eval/dropped_groups` (groups that failed, counted and logged) and, for a
+        multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`); rows are
+        (prompt, completion, reward) dicts.
 
     Raises:
-        RewardError: the reward functions failed on the eval set.
-        httpx.HTTPError / GenerationError: vLLM failed.
+        EvaluationError: every group failed (the first failure is chained).
     """
-    groups = asyncio.run(_generate_all(client, items, n=num_generations, max_tokens=max_tokens,
-                                       temperature=temperature, seed=seed))
-    flat = [(it, c) for it, group in zip(items, groups, strict=True) for c in group]  # N x num_generations
-    texts = [decode(c.token_ids) for _, c in flat]
-    columns: dict[str, list] = {}
-    for it, _ in flat:
-        for k, v in it.columns.items():
-            columns.setdefault(k, []).append(v)
-    per_func = reward_pool.submit([it.prompt for it, _ in flat], texts, [c.token_ids for _, c in flat],
-                                  columns).result(timeout=timeout_s)  # (N x num_generations, F)
-    weights = reward_pool.weights
-    totals = [sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r)) for row in per_func]
-    metrics = {"eval/reward": sum(totals) / len(totals)}
-    for j, name in enumerate(reward_pool.names):
-        vals = [row[j] for row in per_func if not math.isnan(row[j])]
+    results = asyncio.run(_run_groups(rollout, client_factory, items, sampling, seed, version))
+    groups = [r for r in results if isinstance(r, RolloutGroup)]
+    failures = [r for r in results if not isinstance(r, RolloutGroup)]
+    for err in failures[:3]:
+        logger.warning("held-out group failed and is left out of eval/reward: %r", err)
+    if not groups:
+        raise EvaluationError(f"all {len(items)} held-out groups failed; first error: {failures[0]!r}") from failures[0]
+    totals: list[float] = []
+    per_func: list[list[float]] = [[] for _ in reward_names]
+    rows = []
+    for grp in groups:
+        for text, scores in zip(grp.completions, grp.rewards_per_func, strict=True):
+            total = sum(w * r for w, r in zip(reward_weights, scores, strict=True) if not math.isnan(r))
+            totals.append(total)
+            for j, r in enumerate(scores):
+                if not math.isnan(r):
+                    per_func[j].append(r)
+            rows.append({"prompt": str(grp.prompt), "completion": completion_display(text), "reward": total})
+    metrics = {"eval/reward": sum(totals) / len(totals), "eval/dropped_groups": float(len(failures))}
+    metrics.update({f"eval/{k}": v for k, v in tool_metrics(groups).items()})
+    for name, vals in zip(reward_names, per_func, strict=True):
         if vals:
             metrics[f"eval/rewards/{name}/mean"] = sum(vals) / len(vals)
-    rows = [{"prompt": str(it.prompt), "completion": t, "reward": r}
-            for (it, _), t, r in zip(flat, texts, totals, strict=True)]
     return metrics, rows

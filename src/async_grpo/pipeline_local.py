@@ -3,20 +3,27 @@ launch backend and a sqlite MLflow store under the output folder.
 
 The pipeline is compiled first and the compiled IR is what runs, so a local run executes the same
 file a cluster would get, only with the Kubernetes settings ignored; the MLflow store is then read
-back to report the run, its held-out reward and the registered model version.
+back to report the run, its held-out reward and the registered model version. Runs may share an
+output folder and even a run_name, at the same time: each gets its own kfp.local root, and the
+pipeline names its folder and MLflow run with the run id, so neither touches the other's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
+import json
 import logging
 import re
+import secrets
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -77,7 +84,7 @@ class LocalPipelineResult:
     `champion_version` is the registry's best version after the run (None when there is none).
     """
 
-    run_name: str
+    run_name: str  # the pipeline's name for the run: the given run_name plus the run id
     mlflow_run_id: str
     tracking_uri: str
     experiment_name: str
@@ -96,8 +103,17 @@ class LocalPipelineResult:
         return f"mlflow ui --backend-store-uri {self.tracking_uri}"
 
 
+def new_invocation_dir(output_dir: str | Path) -> Path:
+    """A fresh folder `<output_dir>/kfp-local/<time>-<random>` for one local pipeline run: its compiled IR
+    and kfp.local's outputs, so runs sharing `output_dir`, even at the same time, never share a file."""
+    path = Path(output_dir).resolve() / "kfp-local" / f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+    path.mkdir(parents=True)
+    return path
+
+
 def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str | Path = DEFAULT_OUTPUT_DIR,
-                       package_path: str | Path | None = None) -> LocalPipelineResult:
+                       package_path: str | Path | None = None,
+                       invocation_dir: str | Path | None = None) -> LocalPipelineResult:
     """Compile the CPU pipeline (unless `package_path` is given) and run it with kfp.local on this machine.
 
     Args:
@@ -105,9 +121,11 @@ def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str 
             pipeline defaults, i.e. the embedded demo config. `work_dir`, `mlflow_tracking_uri` and
             `run_name` default to `output_dir`, `sqlite:///<output_dir>/mlflow.db` and `local-<time>`.
         output_dir: folder for the run folders, the MLflow store (`mlflow.db`, `mlartifacts/`), the
-            compiled IR and kfp.local's outputs (`kfp-local/`); reused across runs, so the registry
-            keeps every version and each run's gate compares against the previous champion.
+            compiled IR and kfp.local's outputs (`kfp-local/<invocation>/`); reused across runs, also
+            concurrent ones, so the registry keeps every version and each run's gate compares against the
+            previous champion.
         package_path: a compiled pipeline to run instead of compiling one.
+        invocation_dir: this run's folder from `new_invocation_dir` (None: a new one).
 
     Returns:
         LocalPipelineResult, read back from the MLflow store.
@@ -115,15 +133,16 @@ def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str 
     Raises:
         ValueError: launch_backend other than "local", or a run_name that is not a DNS-1123 label.
         RuntimeError: a pipeline task failed (kfp.local names it; its log is above).
-        LookupError: the pipeline finished but MLflow holds no run of that name.
+        LookupError: the pipeline finished but its train step left no outputs, or MLflow holds no such run.
     """
     import mlflow
     from kfp import components, local
 
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    pipeline_root = Path(invocation_dir) if invocation_dir is not None else new_invocation_dir(out)
     if package_path is None:
-        package_path = import_pipeline_module().compile_pipeline(out / "grpo_pipeline_cpu.yaml", gpu=False)
+        package_path = import_pipeline_module().compile_pipeline(pipeline_root / "grpo_pipeline_cpu.yaml", gpu=False)
     params = pipeline_parameters(package_path)
     args = dict(arguments or {})
     if args.setdefault("launch_backend", "local") != "local":
@@ -140,11 +159,13 @@ def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str 
     experiment = str(args.get("mlflow_experiment_name", params["mlflow_experiment_name"].get("defaultValue")))
     tracking_uri = str(args["mlflow_tracking_uri"])
     mlflow.set_tracking_uri(tracking_uri)
-    if tracking_uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
-        # keep artifacts beside the store, not in ./mlruns of whatever folder the command ran from
-        mlflow.create_experiment(experiment, artifact_location=(out / "mlartifacts").as_uri())
+    with _exclusive(out / ".mlflow-init.lock"):  # a fresh sqlite store is created (migrated) by one run at a time
+        if tracking_uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
+            # keep artifacts beside the store, not in ./mlruns of whatever folder the command ran from
+            _create_experiment(experiment, (out / "mlartifacts").as_uri())
 
-    pipeline_root = out / "kfp-local"
+    # one kfp.local root per invocation: the train step's outputs found there are this run's, whatever
+    # other runs write into the same output folder at the same time
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
     pipeline = components.load_component_from_file(str(package_path))
     logger.info("running %s locally as %r (outputs under %s)", package_path, args["run_name"], out)
@@ -155,23 +176,60 @@ def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str 
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         pipeline(**args)
     wall_s = time.perf_counter() - start
-    return _read_back(tracking_uri, experiment, args["run_name"],
+    return _read_back(tracking_uri, experiment, train_outputs(pipeline_root),
                       str(args.get("registered_model_name", params["registered_model_name"].get("defaultValue"))),
                       wall_s, str(pipeline_root), str(package_path))
 
 
-def _read_back(tracking_uri: str, experiment: str, run_name: str, model_name: str, wall_s: float,
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `lock_path` (created if missing) for the block."""
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _create_experiment(name: str, artifact_location: str) -> None:
+    """Create the experiment; another run doing so at the same moment is fine."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+
+def train_outputs(pipeline_root: str | Path) -> dict[str, Any]:
+    """The train step's output parameters (run_name, mlflow_run_id, ...) from its KFP executor output under
+    `pipeline_root` (one pipeline run's root).
+
+    Raises:
+        LookupError: no train step output, or several (the root holds more than one pipeline run).
+    """
+    found = sorted(Path(pipeline_root).glob("*/train-grpo/executor_output.json"))
+    if len(found) != 1:
+        raise LookupError(f"expected one train-grpo executor output under {pipeline_root}, found {len(found)}.")
+    return dict(json.loads(found[0].read_text()).get("parameterValues", {}))
+
+
+def _read_back(tracking_uri: str, experiment: str, outputs: dict[str, Any], model_name: str, wall_s: float,
                pipeline_root: str, package_path: str) -> LocalPipelineResult:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{run_name}'",
-                              order_by=["attributes.start_time DESC"], max_results=1) if exp else []
-    if not runs:
-        raise LookupError(f"no MLflow run named {run_name!r} in experiment {experiment!r} at {tracking_uri}.")
-    run = runs[0]
+    run_id, run_name = outputs.get("mlflow_run_id"), outputs.get("run_name", "")
+    try:
+        run = client.get_run(run_id) if run_id else None
+    except MlflowException:
+        run = None
+    if run is None:
+        raise LookupError(f"no MLflow run {run_id!r} (run {run_name!r}) in experiment {experiment!r} at {tracking_uri}.")
     versions = [v for v in client.search_model_versions(f"run_id = '{run.info.run_id}'") if v.name == model_name]
     try:
         champion = str(client.get_model_version_by_alias(model_name, "champion").version)

@@ -21,15 +21,39 @@ IM_END_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = (EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)  # ids 256, 257, 258
 VOCAB_MULTIPLE = 64
 HEAD_DIM = 32
+# ChatML. With `tools`, a compact system turn lists them as `name(arg, ...)` (one line each: the byte-level model
+# has 512 positions); an assistant turn writes each call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+# after its content, and a tool result is a `tool` turn. A conversation without tools and tool calls renders
+# byte-identically to the original one-line template, so prompts and models built before are unchanged.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\ntools:' }}"
+    "{% for tool in tools %}{% set fn = tool['function'] if tool['function'] is defined else tool %}"
+    "{{ ' ' + fn['name'] + '(' + (fn['parameters']['properties'] | list | join(', ')) + ')' }}{% endfor %}"
+    "{{ '<|im_end|>\\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{% if message['tool_calls'] is defined and message['tool_calls'] %}{% for call in message['tool_calls'] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{% set args = fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson) %}"
+    "{{ '<tool_call>{\"name\": ' + (fn['name'] | tojson) + ', \"arguments\": ' + args + '}</tool_call>' }}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# How transformers' `parse_response` reads an assistant turn of this template (saved in tokenizer_config.json).
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 _MARKER_FILE = "tiny_model.json"
 # Bump when the files this module writes change, so `ensure_tiny_model` rebuilds stale folders.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json", _MARKER_FILE)
 
 
@@ -59,6 +83,7 @@ def build_tiny_tokenizer():
         additional_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
         clean_up_tokenization_spaces=False,
         chat_template=CHAT_TEMPLATE,
+        response_template=RESPONSE_TEMPLATE,
         model_max_length=512,
     )
 
@@ -76,22 +101,24 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     intermediate_size: int = 384,
     max_position_embeddings: int = 512,
+    tie_word_embeddings: bool = False,
 ) -> Path:
     """Write a randomly initialised byte-level `Qwen2ForCausalLM` and its tokenizer into `out_dir`.
 
     Files: config.json, model.safetensors (float32), generation_config.json (eos ids are both
     `<|endoftext|>` and `<|im_end|>`, so plain and chat completions both stop), tokenizer.json,
     tokenizer_config.json, chat_template.jinja and a `tiny_model.json` marker with the build args.
-    The 259-token vocabulary is padded to 320 (a multiple of 64). The embeddings are untied, because
-    vLLM's CPU layerwise weight reload does not refresh a tied lm_head. With the defaults the model
-    has about 0.48M parameters. Same seed and arguments -> identical weights.
+    The 259-token vocabulary is padded to 320 (a multiple of 64). The embeddings are untied by default
+    (`tie_word_embeddings=True` ties them, as Qwen2.5-0.5B/1.5B do; the gloo weight push re-ties vLLM's LM head,
+    `transports.weights.gloo.retie_lm_head`). With the defaults the model has about 0.48M parameters. Same seed and
+    arguments -> identical weights.
 
     Args:
         out_dir: folder to write (created; existing files are overwritten).
         seed: torch seed for the weight initialisation.
         hidden_size: model width; must equal num_heads x 32 (head dim 32 for vLLM's CPU attention).
-        num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings: Qwen2Config
-            fields of the same meaning (num_kv_heads must divide num_heads).
+        num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings, tie_word_embeddings:
+            Qwen2Config fields of the same meaning (num_kv_heads must divide num_heads).
 
     Returns:
         The output folder as a Path.
@@ -128,7 +155,7 @@ def build_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False,  # vLLM CPU: a tied lm_head is not refreshed by layerwise weight reload
+        tie_word_embeddings=tie_word_embeddings,
         use_sliding_window=False,
         bos_token_id=None,
         eos_token_id=eos_id,
@@ -145,7 +172,7 @@ def build_tiny_model(
     tokenizer.save_pretrained(out)
     marker = {"build_version": BUILD_VERSION, "seed": seed, "hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
               "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size,
-              "max_position_embeddings": max_position_embeddings}
+              "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": tie_word_embeddings}
     # Written last: its presence means the folder is complete (see is_tiny_model_dir).
     (out / _MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
     return out

@@ -1,21 +1,50 @@
-"""MLflow tracking: params, the resolved config, per-step metrics, sample tables and the final model.
+"""MLflow tracking: params, the resolved config, the dataset, per-step metrics, sample tables and the final model.
 
-A thin layer over `mlflow` (the store is MLflow's own: sqlite under the run folder by default, or
-any tracking server). It exists only to name things consistently and to flatten the config.
+A thin layer over `mlflow`, with the behaviour MLflow users expect:
+
+- The standard environment wins over our defaults: `MLFLOW_TRACKING_URI` (when `mlflow_tracking_uri` is unset),
+  `MLFLOW_EXPERIMENT_NAME` (when `mlflow_experiment_name` is at its default) and `MLFLOW_RUN_ID`: KFP 2.17's
+  MLflow integration opens a nested run per task and injects `MLFLOW_TRACKING_URI` and `MLFLOW_RUN_ID` into the
+  task's container, so the trainer logs into that task's run (and the PyTorchJob it launches inherits both).
+- Nothing blocks a training step: metrics, tables and text artifacts go through a bounded queue to one
+  background thread that writes them with `MlflowClient`. A tracking outage costs log records, never the run:
+  failed and dropped records (queue full) are counted, reported as warnings, and given in `stats`.
+- The final model is logged with the `transformers` flavour (task `llm/v1/completions`, so the signature is
+  MLflow's completions schema, the tokenizer is saved with it), which `mlflow.transformers.load_model` loads and
+  `mlflow models serve` serves; the run gets the tag `async_grpo.model_uri` naming it (register_model uses it).
+- The training dataset is recorded with `mlflow.log_input` (context "training").
+- `log_system_metrics` turns on MLflow's system metrics (CPU, memory, GPU) for the run.
+- `report_to: none` gives a tracker that records nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import mlflow
 
-from async_grpo.config import GRPOConfig, dump_config
+from async_grpo.config import GRPOConfig, dump_config, flat_params
 
 logger = logging.getLogger(__name__)
 
 MAX_PARAM_CHARS = 500
+MAX_PENDING = 10_000  # records waiting for the background writer; beyond this, new records are dropped (counted)
+FLUSH_TIMEOUT_S = 120.0  # `end` waits this long for pending records before giving up on them (counted)
+MODEL_URI_TAG = "async_grpo.model_uri"  # run tag: the logged model's URI (models:/m-...), for registration
+_DEFAULT_EXPERIMENT = "async-grpo"
+
+
+def experiment_name(config: GRPOConfig) -> str:
+    """`mlflow_experiment_name`, unless it is at its default and `MLFLOW_EXPERIMENT_NAME` is set."""
+    name = config.tracking.mlflow_experiment_name
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or name if name == _DEFAULT_EXPERIMENT else name
 
 
 class Tracker:
@@ -23,42 +52,174 @@ class Tracker:
 
     Args:
         config: the resolved config (logged as params and as `config.yaml`).
-        run_id: resume this MLflow run instead of starting a new one (e.g. from a pipeline step).
+        run_id: log into this existing run; None: `MLFLOW_RUN_ID` when set, else a new run.
+
+    Raises:
+        mlflow.exceptions.MlflowException: the tracking server is unreachable or refuses the run at start (a run
+            that cannot even start fails early; later outages are not fatal).
     """
 
     def __init__(self, config: GRPOConfig, run_id: str | None = None):
-        mlflow.set_tracking_uri(config.tracking_uri)
-        if config.mlflow_tracking_uri is None and mlflow.get_experiment_by_name(config.mlflow_experiment_name) is None:
-            # keep artifacts beside the sqlite store, not in ./mlruns of whatever folder we were started from
-            artifacts = (Path(config.output_dir).resolve() / "mlartifacts").as_uri()
-            mlflow.create_experiment(config.mlflow_experiment_name, artifact_location=artifacts)
-        mlflow.set_experiment(config.mlflow_experiment_name)
-        self.run = mlflow.start_run(run_id=run_id, run_name=config.run_name)
-        self.run_id = self.run.info.run_id
+        self.enabled = config.tracking.report_to == "mlflow"
+        self.run_id = ""
+        self.tracking_uri = ""
+        self.failed = 0  # records the server refused or that raised
+        self.dropped = 0  # records dropped because the queue was full, or still pending at `end`
+        self._queue: queue.Queue = queue.Queue(maxsize=MAX_PENDING)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if not self.enabled:
+            logger.info("report_to=none: nothing is tracked")
+            return
         self.tracking_uri = config.tracking_uri
-        params = {k: str(v)[:MAX_PARAM_CHARS] for k, v in config.model_dump(mode="json").items()}
-        mlflow.log_params(params)
-        mlflow.log_text(dump_config(config), "config.yaml")
+        mlflow.set_tracking_uri(self.tracking_uri)
+        run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
+        if run_id is None:
+            name = experiment_name(config)
+            if config.tracking.mlflow_tracking_uri is None and "MLFLOW_TRACKING_URI" not in os.environ and (
+                    mlflow.get_experiment_by_name(name) is None):
+                # keep artifacts beside the sqlite store, not in ./mlruns of whatever folder we were started from
+                artifacts = (Path(config.output_dir).resolve() / "mlartifacts").as_uri()
+                mlflow.create_experiment(name, artifact_location=artifacts)
+            mlflow.set_experiment(name)
+        system = True if config.tracking.log_system_metrics else None  # None: MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
+        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else config.tracking.run_name,
+                                    log_system_metrics=system)
+        self.run_id = self.run.info.run_id
+        self._client = mlflow.MlflowClient(self.tracking_uri)
+        params = {k: v[:MAX_PARAM_CHARS] for k, v in flat_params(config).items()}  # flat TRL names
+        try:
+            mlflow.log_params(params)
+        except mlflow.exceptions.MlflowException as err:  # resuming a run that logged other values
+            logger.warning("MLflow run %s keeps its earlier params (%s)", self.run_id, str(err).splitlines()[0])
+        self._thread = threading.Thread(target=self._write_loop, name="mlflow-writer", daemon=True)
+        self._thread.start()
+        self._submit(self._client.log_text, self.run_id, dump_config(config), "config.yaml")
 
+    # ------------------------------------------------------------------ the background writer
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue one write; never blocks (a full queue drops the record, counted and warned about)."""
+        if not self.enabled:
+            return
+        try:
+            self._queue.put_nowait((fn, args))
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                logger.warning("MLflow is not keeping up (%d records pending): %d record(s) dropped so far",
+                               MAX_PENDING, self.dropped)
+
+    def _write_loop(self) -> None:
+        """Write queued records until `end` sets the stop event and the queue is empty; failures are counted."""
+        while not (self._stop.is_set() and self._queue.empty()):
+            try:
+                fn, args = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                fn(*args)
+            except Exception as err:  # noqa: BLE001 - an outage must not end the run
+                self.failed += 1
+                if self.failed == 1 or self.failed % 100 == 0:
+                    logger.warning("MLflow write failed (%d so far; training goes on): %r", self.failed, err)
+            finally:
+                self._queue.task_done()
+
+    # ------------------------------------------------------------------ what the run logs
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log numeric metrics at `step` (non-finite values are skipped)."""
-        clean = {k: float(v) for k, v in metrics.items() if v == v and abs(float(v)) != float("inf")}
-        mlflow.log_metrics(clean, step=step)
+        """Log numeric metrics at `step` (non-finite values are skipped); returns at once."""
+        from mlflow.entities import Metric
 
-    def log_completions(self, rows: list[dict], step: int) -> None:
-        """A table of sample completions (prompt, completion, reward, advantage...) at `step`."""
-        if rows:
-            table = {k: [r[k] for r in rows] for k in rows[0]}
-            mlflow.log_table(table, artifact_file=f"completions/step_{step:06d}.json")
+        if not self.enabled:
+            return
+        now = int(time.time() * 1000)
+        clean = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if v == v and abs(float(v)) != float("inf")]
+        if clean:
+            self._submit(self._client.log_batch, self.run_id, clean)
+
+    def log_completions(self, rows: list[dict], step: int, folder: str = "completions") -> None:
+        """A table of sample completions (prompt, completion, reward, advantage...) at `step`, as
+        `<folder>/step_<step>.json`; returns at once."""
+        if rows and self.enabled:
+            columns = list(dict.fromkeys(k for r in rows for k in r))
+            table = {k: [r.get(k) for r in rows] for k in columns}
+            self._submit(self._client.log_table, self.run_id, table, f"{folder}/step_{step:06d}.json")
 
     def log_text(self, text: str, name: str) -> None:
-        """A text artifact."""
-        mlflow.log_text(text, name)
+        """A text artifact; returns at once."""
+        if self.enabled:
+            self._submit(self._client.log_text, self.run_id, text, name)
 
-    def log_model_dir(self, path: Path) -> None:
-        """Upload a saved HF model folder as the `model` artifact."""
-        mlflow.log_artifacts(str(path), artifact_path="model")
+    def log_dataset(self, spec: str, prompts: list, context: str = "training") -> None:
+        """Record the dataset `spec` (its prompts, as text) as a run input (`mlflow.log_input`); returns at once."""
+        if self.enabled:
+            self._submit(_log_input, self._client, self.run_id, spec, [str(p) for p in prompts], context)
 
-    def end(self, status: str = "FINISHED") -> None:
-        """Close the run with `status` (FINISHED, FAILED or KILLED)."""
+    def log_model(self, path: Path) -> str | None:
+        """Log the saved HF checkpoint at `path` with the transformers flavour (task llm/v1/completions), tag the
+        run with its URI (`MODEL_URI_TAG`) and return the URI; None (reported) when tracking is off or the
+        upload failed: the checkpoint stays on disk."""
+        if not self.enabled:
+            return None
+        try:
+            info = log_transformers_model(path)
+            self._client.set_tag(self.run_id, MODEL_URI_TAG, info.model_uri)
+            return info.model_uri
+        except Exception as err:  # noqa: BLE001 - the checkpoint is on disk; registration will say what is missing
+            self.failed += 1
+            logger.error("logging the final model to MLflow failed (the checkpoint stays at %s): %r", path, err)
+            return None
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Records that failed (`failed`) or were dropped (`dropped`) so far, and still pending (`pending`)."""
+        return {"failed": self.failed, "dropped": self.dropped, "pending": self._queue.qsize()}
+
+    def end(self, status: str = "FINISHED", timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Write what is pending (up to `timeout_s` seconds; the rest is counted as dropped), then close the run
+        with `status` (FINISHED, FAILED or KILLED)."""
+        if not self.enabled:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                self.dropped += self._queue.qsize()
+                logger.warning("MLflow did not take the last %d record(s) within %.0f s; they are dropped",
+                               self._queue.qsize(), timeout_s)
+        if self.failed or self.dropped:
+            logger.warning("MLflow tracking: %d record(s) failed and %d were dropped during this run",
+                           self.failed, self.dropped)
         mlflow.end_run(status=status)
+
+
+def _log_input(client: mlflow.MlflowClient, run_id: str, spec: str, prompts: list[str], context: str) -> None:
+    """`log_inputs` of a pandas dataset of the prompts, its source the spec (a code source when MLflow cannot
+    resolve it, e.g. `builtin:reverse`)."""
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+
+    frame = pd.DataFrame({"prompt": prompts})
+    try:
+        dataset = mlflow.data.from_pandas(frame, source=spec, name=spec)
+    except mlflow.exceptions.MlflowException:
+        dataset = mlflow.data.from_pandas(frame, name=spec)
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
+                                                     tags=[InputTag("mlflow.data.context", context)])])
+
+
+def log_transformers_model(path: Path) -> Any:
+    """`mlflow.transformers.log_model` of a local checkpoint into the active run: task llm/v1/completions
+    (pipeline text-generation, MLflow's completions signature), the tokenizer saved beside the weights, pinned
+    transformers and torch requirements, and a model card written here (MLflow would otherwise ask the hub)."""
+    import torch
+    import transformers
+    from huggingface_hub import ModelCard
+
+    card = ModelCard(f"---\nlibrary_name: transformers\ntags: [grpo, async-grpo]\n---\n# {Path(path).name}\n\n"
+                     "A policy trained with asynchronous GRPO (async-grpo).\n")
+    return mlflow.transformers.log_model(
+        str(path), name="model", task="llm/v1/completions", model_card=card,
+        pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__.split('+')[0]}"],
+    )

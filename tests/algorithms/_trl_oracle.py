@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from async_grpo.algorithms import LossSettings
+
 try:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -49,31 +51,21 @@ def trl_compute_loss(
     old_logps: torch.Tensor | None,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    loss_type: str,
-    epsilon_low: float,
-    epsilon_high: float,
-    delta: float | None = None,
-    importance_sampling_level: str = "token",
-    beta: float = 0.0,
     ref_logps: torch.Tensor | None = None,
-    use_bias_correction_kl: bool = False,
     is_weights: torch.Tensor | None = None,
-    off_policy_threshold: float | None = None,
     sampling_logps: torch.Tensor | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    max_completion_length: int | None = None,
     num_items_in_batch: torch.Tensor | None = None,
     gradient_accumulation_steps: int = 1,
     num_processes: int = 1,
     entropies: torch.Tensor | None = None,
-    top_entropy_quantile: float = 1.0,
 ):
     """TRL ``_compute_loss`` in train mode; returns ``(loss, metrics)`` with metrics as floats.
 
-    ``entropies`` (B, T) is what the stubbed forward pass reports (zeros when None); with
-    ``top_entropy_quantile < 1`` TRL's own ``get_high_entropy_mask`` selects tokens from it.
+    The options are ``settings``'s, set on TRL's trainer under TRL's names (``epsilon_low`` =
+    ``settings.epsilon``). ``entropies`` (B, T) is what the stubbed forward pass reports (zeros when None);
+    with ``settings.top_entropy_quantile < 1`` TRL's own ``get_high_entropy_mask`` selects tokens from it.
     """
     batch, length = logps.shape
     entropies = torch.zeros_like(logps) if entropies is None else entropies
@@ -83,20 +75,20 @@ def trl_compute_loss(
         return logps, entropies, None
 
     fake = SimpleNamespace(
-        loss_type=loss_type,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        beta=beta,
+        loss_type=settings.loss_type,
+        epsilon_low=settings.epsilon,
+        epsilon_high=settings.epsilon_high,
+        beta=settings.beta,
         args=SimpleNamespace(
-            delta=delta,
-            use_bias_correction_kl=use_bias_correction_kl,
-            sapo_temperature_pos=sapo_temperature_pos,
-            sapo_temperature_neg=sapo_temperature_neg,
+            delta=settings.delta,
+            use_bias_correction_kl=settings.use_bias_correction_kl,
+            sapo_temperature_pos=settings.sapo_temperature_pos,
+            sapo_temperature_neg=settings.sapo_temperature_neg,
             steps_per_generation=gradient_accumulation_steps,
         ),
-        importance_sampling_level=importance_sampling_level,
-        off_policy_mask_threshold=off_policy_threshold,
-        top_entropy_quantile=top_entropy_quantile,
+        importance_sampling_level=settings.importance_sampling_level,
+        off_policy_mask_threshold=settings.off_policy_mask_threshold,
+        top_entropy_quantile=settings.top_entropy_quantile,
         use_vllm=is_weights is not None,
         vllm_importance_sampling_correction=is_weights is not None,
         _entropy_bonus_enabled=False,
@@ -105,7 +97,7 @@ def trl_compute_loss(
         current_gradient_accumulation_steps=gradient_accumulation_steps,
         accelerator=_accelerator(num_processes),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        max_completion_length=max_completion_length,
+        max_completion_length=settings.max_completion_length,
         _get_per_token_logps_and_entropies=_get_per_token_logps_and_entropies,
         get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
     )

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from async_grpo.algorithms import (
+    LossSettings,
     entropy_from_logits,
     grpo_loss,
     high_entropy_mask,
@@ -29,6 +30,11 @@ def _close(actual, expected, atol=1e-6):
 
 def _mask(lengths, width):
     return torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+
+
+def _settings(**options) -> LossSettings:
+    """LossSettings with these options; the KL bias correction is off unless asked for (TRL's default)."""
+    return LossSettings(**{"use_bias_correction_kl": False, **options})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,11 +153,12 @@ def test_opsm_masked_fraction_metric_counts_dropped_tokens():
         [[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [1.0, 0.0, 100.0], [0.5, 0.6, NAN]]
     )
     out = grpo_loss(logps, logps.detach(), torch.tensor([0.0, -1.0, -1.0, -1.0, -2.0]), _mask([3, 3, 3, 2, 2], 3),
-                    loss_type="dapo", epsilon_low=0.2, epsilon_high=0.2, num_items_in_batch=13,
-                    off_policy_threshold=0.5, sampling_logps=sampling)
+                    _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
+                    num_items_in_batch=13, sampling_logps=sampling)
     assert out.metrics["opsm/masked_fraction"] == pytest.approx(5 / 13)
-    assert "opsm/masked_fraction" not in grpo_loss(logps, None, torch.ones(5), _mask([3] * 5, 3), loss_type="dapo",
-                                                   epsilon_low=0.2, epsilon_high=0.2, num_items_in_batch=15).metrics
+    assert "opsm/masked_fraction" not in grpo_loss(logps, None, torch.ones(5), _mask([3] * 5, 3),
+                                                   _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
+                                                   num_items_in_batch=15).metrics
 
 
 def test_off_policy_mask_nan_sampling_token_counts_zero():
@@ -192,24 +199,25 @@ def _agg_logps():
 
 
 @pytest.mark.parametrize(
-    "loss_type, extra, value, grads",
+    "loss_type, options, extra, value, grads",
     [
         # mean over sequences of the per-sequence mean: (-1 + -2) / 2; grads -A_i / (len_i * B)
-        ("grpo", {}, -1.5, [-1 / 2, -2 / 6]),
-        ("sapo", {}, -(2.0 / 1.0 + 2 * 2.0 / 1.0) / 2, [-1 / 2, -2 / 6]),
+        ("grpo", {}, {}, -1.5, [-1 / 2, -2 / 6]),
+        ("sapo", {}, {}, -(2.0 / 1.0 + 2 * 2.0 / 1.0) / 2, [-1 / 2, -2 / 6]),
         # token mean over the batch: (-1 - 2 * 3) / 4; grads -A_i / 4
-        ("bnpo", {}, -7 / 4, [-1 / 4, -2 / 4]),
+        ("bnpo", {}, {}, -7 / 4, [-1 / 4, -2 / 4]),
         # token sum / (B * L) with L = 8: -7 / 16
-        ("dr_grpo", {"max_completion_length": 8}, -7 / 16, [-1 / 16, -2 / 16]),
+        ("dr_grpo", {"max_completion_length": 8}, {}, -7 / 16, [-1 / 16, -2 / 16]),
         # token sum / (num_items / num_processes) = -7 / (14 / 2)
-        ("dapo", {"num_items_in_batch": 14, "num_processes": 2}, -1.0, [-1 / 7, -2 / 7]),
+        ("dapo", {}, {"num_items_in_batch": 14, "num_processes": 2}, -1.0, [-1 / 7, -2 / 7]),
     ],
 )
 @pytest.mark.parametrize("gas", [1, 2])
-def test_loss_aggregation(loss_type, extra, value, grads, gas):
+def test_loss_aggregation(loss_type, options, extra, value, grads, gas):
     logps = _agg_logps()
-    out = grpo_loss(logps, logps.detach(), AGG_ADV, AGG_MASK, loss_type=loss_type, epsilon_low=0.2,
-                    epsilon_high=0.28, gradient_accumulation_steps=gas, **extra)
+    out = grpo_loss(logps, logps.detach(), AGG_ADV, AGG_MASK,
+                    _settings(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, **options),
+                    gradient_accumulation_steps=gas, **extra)
     out.loss.backward()
     scale = 1 if loss_type == "dapo" else gas  # dapo's normaliser already spans the accumulation window
     assert out.loss.item() == pytest.approx(value / scale)
@@ -222,8 +230,7 @@ def test_sapo_temperatures():
     # at ratio 1: loss_i = -(4 / tau) * sigmoid(0) * A = -2 A / tau; tau = 1.0 for A > 0, 1.05 otherwise
     logps = torch.zeros(2, 1, dtype=torch.float64, requires_grad=True)
     out = grpo_loss(logps, logps.detach(), torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 1),
-                    loss_type="sapo",
-                    epsilon_low=0.2, epsilon_high=0.2)
+                    _settings(loss_type="sapo", epsilon=0.2, epsilon_high=0.2))
     assert out.loss.item() == pytest.approx((-2.0 + 2.0 / 1.05) / 2)
     out.loss.backward()  # d/dlogp = -(4 / tau) * sigmoid'(0) * tau * r * A = -A, halved by the batch mean
     _close(logps.grad, [[-0.5], [0.5]])
@@ -240,9 +247,9 @@ def test_dapo_global_token_mean_across_micro_batches_and_ranks():
     leaf = base.clone().requires_grad_(True)
     for r in range(2):
         for k in range(2):
-            out = grpo_loss(leaf[r, k], leaf[r, k].detach(), advs[r, k], _mask(lengths[r][k], 4), loss_type="dapo",
-                            epsilon_low=0.2, epsilon_high=0.2, num_items_in_batch=total_tokens,
-                            gradient_accumulation_steps=2, num_processes=2)
+            out = grpo_loss(leaf[r, k], leaf[r, k].detach(), advs[r, k], _mask(lengths[r][k], 4),
+                            _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
+                            num_items_in_batch=total_tokens, gradient_accumulation_steps=2, num_processes=2)
             out.loss.backward()
     ddp_grad = leaf.grad / 2  # DDP averages over ranks
     ref = base.clone().requires_grad_(True)
@@ -257,7 +264,7 @@ def test_clipping_and_metrics():
     old = torch.zeros(4, 1, dtype=torch.float64)
     logps = torch.log(torch.tensor([[1.5], [1.5], [0.5], [0.5]], dtype=torch.float64)).requires_grad_(True)
     adv = torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64)
-    out = grpo_loss(logps, old, adv, torch.ones(4, 1), loss_type="bnpo", epsilon_low=0.2, epsilon_high=0.28)
+    out = grpo_loss(logps, old, adv, torch.ones(4, 1), _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.28))
     # per-token: -min(1.5, 1.28) = -1.28 (clipped high); -min(-1.5, -1.28) = 1.5; -min(-0.5, -0.8) = 0.8
     # (clipped low); -min(0.5, 0.8) = -0.5
     assert out.loss.item() == pytest.approx((-1.28 + 1.5 + 0.8 - 0.5) / 4)
@@ -273,8 +280,8 @@ def test_two_sided_clipping_delta():
     old = torch.zeros(1, 1, dtype=torch.float64)
     for delta, value, grad in [(None, 3.0, 3.0), (2.0, 2.0, 0.0)]:
         logps = torch.full((1, 1), LN(3.0), dtype=torch.float64, requires_grad=True)
-        out = grpo_loss(logps, old, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), loss_type="grpo",
-                        epsilon_low=0.2, epsilon_high=0.2, delta=delta)
+        out = grpo_loss(logps, old, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1),
+                        _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, delta=delta))
         out.loss.backward()
         assert out.loss.item() == pytest.approx(value)
         assert logps.grad.item() == pytest.approx(grad)
@@ -284,7 +291,7 @@ def test_cispo_caps_the_detached_ratio():
     # ratio 3 > eps_max 2: loss = -2 * A * logp / num_items, gradient -2 * A / num_items
     logps = torch.full((1, 2), LN(3.0), dtype=torch.float64, requires_grad=True)
     out = grpo_loss(logps, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
-                    torch.ones(1, 2), loss_type="cispo", epsilon_low=0.0, epsilon_high=2.0, num_items_in_batch=4)
+                    torch.ones(1, 2), _settings(loss_type="cispo", epsilon=0.0, epsilon_high=2.0), num_items_in_batch=4)
     out.loss.backward()
     assert out.loss.item() == pytest.approx(-2 * 2 * LN(3.0) / 4)
     _close(logps.grad, [[-0.5, -0.5]])
@@ -295,8 +302,8 @@ def test_sequence_level_ratio_is_the_mean_log_ratio():
     # log-ratios [0.2, 0.4] -> sequence ratio exp(0.3) for every token; A = 1, eps wide: loss = -exp(0.3)
     old = torch.zeros(1, 2, dtype=torch.float64)
     logps = torch.tensor([[0.2, 0.4]], dtype=torch.float64, requires_grad=True)
-    out = grpo_loss(logps, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2), loss_type="grpo",
-                    epsilon_low=0.9, epsilon_high=9.0, importance_sampling_level="sequence")
+    out = grpo_loss(logps, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
+                    _settings(loss_type="grpo", epsilon=0.9, epsilon_high=9.0, importance_sampling_level="sequence"))
     assert out.loss.item() == pytest.approx(-math.exp(0.3))
     out.loss.backward()
     _close(logps.grad, [[-math.exp(0.3) / 2] * 2])
@@ -308,11 +315,11 @@ def test_k3_kl_and_bias_correction():
     old = torch.full((1, 1), -LN(1.5), dtype=torch.float64)
     ref = torch.full((1, 1), LN(2.0), dtype=torch.float64)
     zero_adv = torch.zeros(1, dtype=torch.float64)
-    kw = dict(loss_type="grpo", epsilon_low=0.2, epsilon_high=0.2, beta=0.1, ref_logps=ref)
-    out = grpo_loss(logps, old, zero_adv, torch.ones(1, 1), **kw)
+    kw = dict(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, beta=0.1)
+    out = grpo_loss(logps, old, zero_adv, torch.ones(1, 1), _settings(**kw), ref_logps=ref)
     assert out.metrics["kl"] == pytest.approx(1 - LN(2.0))
     assert out.loss.item() == pytest.approx(0.1 * (1 - LN(2.0)))
-    out = grpo_loss(logps, old, zero_adv, torch.ones(1, 1), use_bias_correction_kl=True, **kw)
+    out = grpo_loss(logps, old, zero_adv, torch.ones(1, 1), _settings(use_bias_correction_kl=True, **kw), ref_logps=ref)
     assert out.metrics["kl"] == pytest.approx(1.5 * (1 - LN(2.0)))
 
 
@@ -321,8 +328,9 @@ def test_opsm_and_is_weights_scale_per_token_loss():
     adv = torch.tensor([-1.0, -1.0], dtype=torch.float64)
     sampling = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)  # row 0 is off-policy: dropped
     is_w = torch.tensor([[1.0, 0.0], [0.5, 2.0]], dtype=torch.float64)
-    out = grpo_loss(logps, logps.detach(), adv, torch.ones(2, 2), loss_type="bnpo", epsilon_low=0.2,
-                    epsilon_high=0.2, off_policy_threshold=0.5, sampling_logps=sampling, is_weights=is_w)
+    out = grpo_loss(logps, logps.detach(), adv, torch.ones(2, 2),
+                    _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
+                    sampling_logps=sampling, is_weights=is_w)
     assert out.loss.item() == pytest.approx((0.5 + 2.0) / 4)  # per-token loss +1 times IS weight, row 0 dropped
 
 
@@ -338,10 +346,11 @@ def test_padding_garbage_does_not_leak():
     for clean in (True, False):
         f = (lambda x: x) if clean else dirty
         logps = base.clone().requires_grad_(True)
+        settings = _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, beta=0.04, use_bias_correction_kl=True,
+                             off_policy_mask_threshold=0.1, importance_sampling_level="sequence")
         out = grpo_loss(f(logps) if not clean else logps, f(old), torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
-                        mask, loss_type="dapo", epsilon_low=0.2, epsilon_high=0.2, beta=0.04, ref_logps=f(ref),
-                        use_bias_correction_kl=True, is_weights=f(is_w), off_policy_threshold=0.1,
-                        sampling_logps=f(old), importance_sampling_level="sequence", num_items_in_batch=8)
+                        mask, settings, ref_logps=f(ref), is_weights=f(is_w), sampling_logps=f(old),
+                        num_items_in_batch=8)
         out.loss.backward()
         results.append((out.loss.detach(), logps.grad))
     assert torch.isfinite(results[1][0]) and torch.isfinite(results[1][1]).all()
@@ -349,24 +358,23 @@ def test_padding_garbage_does_not_leak():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "options, kwargs, match",
     [
-        (dict(loss_type="ppo"), "Unknown loss type"),
-        (dict(loss_type="grpo", importance_sampling_level="chunk"), "importance sampling level"),
-        (dict(loss_type="dapo"), "num_items_in_batch"),
-        (dict(loss_type="cispo"), "num_items_in_batch"),
-        (dict(loss_type="dr_grpo"), "max_completion_length"),
-        (dict(loss_type="grpo", beta=0.1), "ref_logps"),
-        (dict(loss_type="grpo", advantages=torch.tensor([NAN, 0.0])), "NaN"),
-        (dict(loss_type="grpo", advantages=torch.zeros(3)), "advantages"),
-        (dict(loss_type="grpo", old_logps=torch.zeros(2, 2)), "old_logps"),
+        (dict(loss_type="ppo"), {}, "loss_type='ppo'"),  # refused by LossSettings
+        (dict(importance_sampling_level="chunk"), {}, "importance_sampling_level='chunk'"),
+        (dict(loss_type="dr_grpo", max_completion_length=0), {}, "max_completion_length"),
+        (dict(loss_type="dapo"), {}, "num_items_in_batch"),
+        (dict(loss_type="cispo", epsilon_high=5.0), {}, "num_items_in_batch"),
+        (dict(beta=0.1), {}, "ref_logps"),
+        ({}, dict(advantages=torch.tensor([NAN, 0.0])), "NaN"),
+        ({}, dict(advantages=torch.zeros(3)), "advantages"),
+        ({}, dict(old_logps=torch.zeros(2, 2)), "old_logps"),
     ],
 )
-def test_grpo_loss_invalid_inputs_raise(kwargs, match):
-    base = dict(logps=torch.zeros(2, 3), old_logps=torch.zeros(2, 3), advantages=torch.zeros(2), mask=torch.ones(2, 3),
-                epsilon_low=0.2, epsilon_high=0.2)
+def test_grpo_loss_invalid_inputs_raise(options, kwargs, match):
+    base = dict(logps=torch.zeros(2, 3), old_logps=torch.zeros(2, 3), advantages=torch.zeros(2), mask=torch.ones(2, 3))
     with pytest.raises(ValueError, match=match):
-        grpo_loss(**{**base, **kwargs})
+        grpo_loss(**{**base, **kwargs}, settings=_settings(**{"loss_type": "grpo", **options}))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -404,27 +412,29 @@ CASES = [
 @pytest.mark.parametrize("loss_type, level, kl, use_is, opsm, delta", CASES)
 def test_grpo_loss_matches_trl(loss_type, level, kl, use_is, opsm, delta):
     mask, base, old, ref, sampling, advantages, is_w = _parity_inputs()
-    kwargs = dict(
+    settings = _settings(
         loss_type=loss_type,
-        epsilon_low=0.2,
+        epsilon=0.2,
         epsilon_high=3.0 if loss_type == "cispo" else 0.28,
         delta=delta,
         importance_sampling_level=level,
         beta=0.0 if kl == "none" else 0.05,
-        ref_logps=None if kl == "none" else ref,
         use_bias_correction_kl=kl == "k3_bias",
-        is_weights=is_w if use_is else None,
-        off_policy_threshold=0.1 if opsm else None,
-        sampling_logps=sampling if opsm else None,
+        off_policy_mask_threshold=0.1 if opsm else None,
         max_completion_length=T + 3,
+    )
+    kwargs = dict(
+        ref_logps=None if kl == "none" else ref,
+        is_weights=is_w if use_is else None,
+        sampling_logps=sampling if opsm else None,
         num_items_in_batch=torch.tensor(3 * int(mask.sum())),
         gradient_accumulation_steps=3,
         num_processes=2,
     )
     ours_leaf = base.clone().requires_grad_(True)
     trl_leaf = base.clone().requires_grad_(True)
-    ours = grpo_loss(ours_leaf, old, advantages, mask, **kwargs)
-    trl_loss, trl_metrics = trl_compute_loss(trl_leaf, old, advantages, mask, **kwargs)
+    ours = grpo_loss(ours_leaf, old, advantages, mask, settings, **kwargs)
+    trl_loss, trl_metrics = trl_compute_loss(trl_leaf, old, advantages, mask, settings, **kwargs)
     ours.loss.backward()
     trl_loss.backward()
 
@@ -440,8 +450,8 @@ def test_grpo_loss_matches_trl(loss_type, level, kl, use_is, opsm, delta):
 def test_parity_cases_exercise_clipping_and_opsm():
     # guard against the parity matrix silently testing trivial inputs
     mask, base, old, ref, sampling, advantages, _ = _parity_inputs()
-    out = grpo_loss(base.clone().requires_grad_(True), old, advantages, mask, loss_type="grpo", epsilon_low=0.2,
-                    epsilon_high=0.28)
+    out = grpo_loss(base.clone().requires_grad_(True), old, advantages, mask,
+                    _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.28))
     assert out.metrics["clip_ratio/low_mean"] > 0 and out.metrics["clip_ratio/high_mean"] > 0
     keep = off_policy_mask(advantages, base, sampling, mask, 0.1)
     assert 0 < keep.sum() < B
@@ -487,13 +497,14 @@ def test_entropy_mask_scales_policy_term_not_kl():
     ref = torch.full((1, 2), LN(2.0), dtype=torch.float64)
     keep = torch.tensor([[True, False]])
     out = grpo_loss(logps, logps.detach(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
-                    loss_type="bnpo", epsilon_low=0.2, epsilon_high=0.2, beta=0.1, ref_logps=ref, entropy_mask=keep)
+                    _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, beta=0.1), ref_logps=ref,
+                    entropy_mask=keep)
     assert out.loss.item() == pytest.approx((-1.0 + 0.0) / 2 + 0.1 * (1 - LN(2.0)))  # denominator still 2 tokens
     out.loss.backward()  # policy grad -A/2 on the kept token only; KL grad d/dlogp k3 = 1 - 2 = -1, times 0.1 / 2
     _close(logps.grad, [[-0.5 - 0.05, -0.05]])
     with pytest.raises(ValueError, match="entropy_mask"):
-        grpo_loss(logps, None, torch.tensor([1.0]), torch.ones(1, 2), loss_type="grpo", epsilon_low=0.2,
-                  epsilon_high=0.2, entropy_mask=keep[:, :1])
+        grpo_loss(logps, None, torch.tensor([1.0]), torch.ones(1, 2),
+                  _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2), entropy_mask=keep[:, :1])
 
 
 def _parity_entropies():
@@ -522,22 +533,26 @@ def test_entropy_mask_loss_matches_trl(loss_type, level, rho):
     # everything on at once (OPSM, stale-policy IS, KL with bias correction), so the order of the masks matters
     mask, base, old, ref, sampling, advantages, is_w = _parity_inputs()
     ent = _parity_entropies()
+    settings = _settings(
+        loss_type=loss_type, epsilon=0.2, epsilon_high=3.0 if loss_type == "cispo" else 0.28,
+        importance_sampling_level=level, beta=0.05, use_bias_correction_kl=True, off_policy_mask_threshold=0.1,
+        max_completion_length=T + 3, top_entropy_quantile=rho,
+    )  # fmt: skip
     kwargs = dict(
-        loss_type=loss_type, epsilon_low=0.2, epsilon_high=3.0 if loss_type == "cispo" else 0.28,
-        importance_sampling_level=level, beta=0.05, ref_logps=ref, use_bias_correction_kl=True, is_weights=is_w,
-        off_policy_threshold=0.1, sampling_logps=sampling, max_completion_length=T + 3,
-        num_items_in_batch=torch.tensor(3 * int(mask.sum())), gradient_accumulation_steps=3, num_processes=2,
+        ref_logps=ref, is_weights=is_w, sampling_logps=sampling, num_items_in_batch=torch.tensor(3 * int(mask.sum())),
+        gradient_accumulation_steps=3, num_processes=2,
     )  # fmt: skip
     ours_leaf = base.clone().requires_grad_(True)
     trl_leaf = base.clone().requires_grad_(True)
-    ours = grpo_loss(ours_leaf, old, advantages, mask, entropy_mask=high_entropy_mask(ent, mask, rho), **kwargs)
-    trl_loss, _ = trl_compute_loss(trl_leaf, old, advantages, mask, entropies=ent, top_entropy_quantile=rho, **kwargs)
+    ours = grpo_loss(ours_leaf, old, advantages, mask, settings, entropy_mask=high_entropy_mask(ent, mask, rho),
+                     **kwargs)
+    trl_loss, _ = trl_compute_loss(trl_leaf, old, advantages, mask, settings, entropies=ent, **kwargs)
     ours.loss.backward()
     trl_loss.backward()
     torch.testing.assert_close(ours.loss, trl_loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ours_leaf.grad, trl_leaf.grad, atol=1e-6, rtol=1e-6)
     # the mask matters: the unmasked loss differs
-    unmasked = grpo_loss(base.clone(), old, advantages, mask, **kwargs)
+    unmasked = grpo_loss(base.clone(), old, advantages, mask, settings, **kwargs)
     assert not torch.allclose(unmasked.loss, ours.loss, atol=1e-6)
 
 
@@ -545,9 +560,9 @@ def test_entropy_mask_loss_matches_trl(loss_type, level, rho):
 def test_on_policy_old_logps_none_matches_trl():
     mask, base, _, _, _, advantages, _ = _parity_inputs()
     ours_leaf, trl_leaf = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
-    ours = grpo_loss(ours_leaf, None, advantages, mask, loss_type="bnpo", epsilon_low=0.2, epsilon_high=0.2)
-    theirs, _ = trl_compute_loss(trl_leaf, None, advantages, mask, loss_type="bnpo", epsilon_low=0.2,
-                                 epsilon_high=0.2)
+    settings = _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2)
+    ours = grpo_loss(ours_leaf, None, advantages, mask, settings)
+    theirs, _ = trl_compute_loss(trl_leaf, None, advantages, mask, settings)
     ours.loss.backward()
     theirs.backward()
     torch.testing.assert_close(ours.loss, theirs)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import mlflow
 import pytest
 
 from async_grpo.config import GRPOConfig
-from async_grpo.launch.local import run_training
+from async_grpo.launch.local import run_local
 
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ def test_short_run_logs_everything_to_mlflow(child_pids, vllm_server, tiny_model
         learning_rate=1e-4,
     )  # fmt: skip
     before = child_pids()  # the shared vLLM server and its engine
-    summary = run_training(config, progress=False)
+    summary = run_local(config, progress=False)
 
     assert summary.steps == 4
     assert summary.weight_syncs == 3  # version 0 (warm start) + steps 2 and 4
@@ -57,8 +58,10 @@ def test_short_run_logs_everything_to_mlflow(child_pids, vllm_server, tiny_model
     assert versions == [0, 1, 1, 2]
 
     artifacts = {a.path for a in client.list_artifacts(summary.run_id)}
-    assert {"config.yaml", "model", "completions"} <= artifacts
-    model_files = {a.path.split("/")[-1] for a in client.list_artifacts(summary.run_id, "model")}
+    assert {"config.yaml", "completions"} <= artifacts
+    model = mlflow.models.get_model_info(run.data.tags["async_grpo.model_uri"])  # the transformers flavour
+    local = Path(mlflow.artifacts.download_artifacts(model.model_uri, dst_path=str(tmp_path / "logged")))
+    model_files = {p.name for p in (local / "model").iterdir()}
     assert "config.json" in model_files and "model.safetensors" in model_files
     tables = [a.path for a in client.list_artifacts(summary.run_id, "completions")]
     assert any(p.endswith("step_000002.json") for p in tables)

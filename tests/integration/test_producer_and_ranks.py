@@ -17,7 +17,7 @@ import yaml
 
 from async_grpo.config import GRPOConfig
 from async_grpo.inference.server import free_port
-from async_grpo.launch.local import run_training
+from async_grpo.launch.local import run_local
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def test_streaming_run_trains_on_chunks(vllm_server, tiny_model_dir, tmp_path):
     """2 groups per step streamed one group at a time: every step is two chunks."""
     config = GRPOConfig(**BASE, model_name_or_path=str(tiny_model_dir), vllm_url=vllm_server.url,
                         output_dir=str(tmp_path / "run"), max_steps=3, streaming_min_groups=1)
-    summary = run_training(config, progress=False)
+    summary = run_local(config, progress=False)
     assert summary.steps == 3
     assert history(summary, "streaming/chunks") == [2.0, 2.0, 2.0]
     assert len(history(summary, "loss")) == 3
@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 from async_grpo.data import encode_prompt
-from async_grpo.orchestrator.orchestrator import make_train_batch
+from async_grpo.orchestrator import make_train_batch
 from async_grpo.orchestrator.producer import BaseDataProducer, ProducerConfig
 from async_grpo.transports.messages import RolloutGroup
 
@@ -87,8 +87,8 @@ class HFGenerateProducer(BaseDataProducer):
                 word = WORDS[self.next % len(WORDS)]
                 self.next += 1
                 ids = encode_prompt(self.tokenizer, f"reverse: {word}\\n")
-                gen = model.generate(torch.tensor([ids]), do_sample=True, num_return_sequences=self.cfg.num_generations,
-                                     max_new_tokens=self.cfg.max_completion_length, output_scores=True,
+                gen = model.generate(torch.tensor([ids]), do_sample=True, num_return_sequences=self.cfg.sampling.num_generations,
+                                     max_new_tokens=self.cfg.sampling.max_completion_length, output_scores=True,
                                      return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
                 scores = model.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True)
                 comps, lps = [], []
@@ -99,7 +99,7 @@ class HFGenerateProducer(BaseDataProducer):
                 texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in comps]
                 rewards = [[sum(a == b for a, b in zip(t, word[::-1])) / len(word)] for t in texts]
                 groups.append(RolloutGroup(prompt_ids=ids, completion_ids=comps, sampling_logprobs=lps,
-                                           truncated=[len(c) >= self.cfg.max_completion_length for c in comps],
+                                           truncated=[len(c) >= self.cfg.sampling.max_completion_length for c in comps],
                                            completions=texts, prompt=word, columns={}, policy_version=0,
                                            rewards_per_func=rewards))
             out.append(make_train_batch(groups, ["chars"], [1.0], "group"))
@@ -120,7 +120,7 @@ def test_user_data_producer_with_rollout_reuse_and_max_rollouts(vllm_server, tin
     config = GRPOConfig(**BASE, model_name_or_path=str(tiny_model_dir), vllm_url=vllm_server.url,
                         output_dir=str(out), max_steps=100, data_producer=f"{producer}:factory",
                         steps_per_generation=2, num_iterations=2, max_rollouts=2)
-    summary = run_training(config, progress=False)
+    summary = run_local(config, progress=False)
     assert summary.steps == 8
     assert json.loads((out / "producer_calls.json").read_text()) == [
         ["begin", 0], ["end", 0, 2], ["begin", 4], ["end", 4, 2]]
@@ -198,7 +198,7 @@ def test_run_scores_through_the_reward_service(vllm_server, tiny_model_dir, tmp_
                 pass
             assert time.monotonic() < deadline, "reward service did not come up"
             time.sleep(0.2)
-        summary = run_training(GRPOConfig(**cfg, reward_url=url), progress=False)
+        summary = run_local(GRPOConfig(**cfg, reward_url=url), progress=False)
         assert history(summary, "rewards/reverse_format/mean")  # scored remotely, logged per step
         assert summary.eval_before and summary.eval_after
         assert not summary.dropped_groups.get("reward_error")

@@ -9,6 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from async_grpo.inference.client import AsyncVLLMClient, VLLMControlClient
+from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+from async_grpo.tiny_model import build_tiny_model
 from async_grpo.transports.weights.sync import WeightPusher
 
 pytestmark = pytest.mark.integration
@@ -64,3 +66,31 @@ def test_weight_push_makes_vllm_logprobs_match_trainer(vllm_server, tiny_model_d
     control = VLLMControlClient(url)
     assert control.weight_version() == "7"
     assert not control._call("GET", "/is_paused")["is_paused"]  # resumed after the push
+
+
+def test_a_tied_model_samples_with_the_pushed_head(tmp_path):
+    """Qwen2.5-0.5B/1.5B tie their embeddings. vLLM's layerwise reload processes a tied parameter for one layer
+    only; on CPU the LM head's packed GEMM copy kept the old embedding (15.5 nats off after a push) until the gloo
+    engine re-tied it (`retie_lm_head`)."""
+    path = build_tiny_model(tmp_path / "tied", seed=0, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = VLLMServer(build_server_command(path, port=port, weight_transfer_backend="gloo"), server_env(1),
+                        tmp_path / "vllm.log", url, 400.0)
+    server.start()
+    try:
+        pusher = WeightPusher(model, url, backend="gloo", timeout_s=120)
+        try:
+            torch.manual_seed(0)
+            with torch.no_grad():
+                for p in model.parameters():  # the embedding moves, and with it the tied head
+                    p.add_(torch.randn_like(p) * 0.3)
+            assert _max_gap(model, _sample(url, str(path), seed=1)) > 0.1
+            pusher.push(1)
+        finally:
+            pusher.close()
+        assert _max_gap(model, _sample(url, str(path), seed=1)) < 1e-3
+    finally:
+        server.stop()

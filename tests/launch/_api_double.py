@@ -24,7 +24,7 @@ REAL_APIS = {"core": client.CoreV1Api, "apps": client.AppsV1Api, "networking": c
              "custom": client.CustomObjectsApi}
 API_GROUPS = {"core": "", "apps": "apps", "networking": "networking.k8s.io"}
 RESOURCES = {"config_map": "configmaps", "service": "services", "deployment": "deployments",
-             "network_policy": "networkpolicies", "pod": "pods", "pod_log": "pods/log"}
+             "network_policy": "networkpolicies", "pod": "pods", "pod_log": "pods/log", "secret": "secrets"}
 VERBS = {"create": "create", "delete": "delete", "patch": "patch", "list": "list", "get": "get", "read": "get"}
 
 
@@ -118,7 +118,15 @@ class FakeCluster:
             return self._pods(verb, args, kwargs)
         else:
             kind, rest = "".join(w.capitalize() for w in what.split("_")), args
+        if verb == "list":
+            return self._list(kind, kwargs.get("label_selector", ""))
         return getattr(self, f"_{verb}")(kind, *rest, **kwargs) if verb != "create" else self._create(kind, rest[-1])
+
+    def _list(self, kind: str, label_selector: str) -> dict:
+        wanted = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
+        found = [copy.deepcopy(o) for (k, _), o in self.objects.items()
+                 if k == kind and wanted.items() <= o["metadata"].get("labels", {}).items()]
+        return {"items": found}
 
     def _create(self, kind: str, body: dict) -> dict:
         if kind == self.fail_on_create:
@@ -144,11 +152,15 @@ class FakeCluster:
         obj["metadata"].update(copy.deepcopy(body["metadata"]))
         return copy.deepcopy(obj)
 
-    def _delete(self, kind: str, name: str, *_: Any, **__: Any) -> dict:
+    def _delete(self, kind: str, name: str, *_: Any, body: dict | None = None, **__: Any) -> dict:
         if kind == self.fail_on_delete:
             raise ApiException(status=500, reason="InternalError")
-        if self.objects.pop((kind, name), None) is None:
+        if (kind, name) not in self.objects:
             raise ApiException(status=404, reason="NotFound")
+        uid = ((body or {}).get("preconditions") or {}).get("uid")
+        if uid is not None and self.objects[(kind, name)]["metadata"]["uid"] != uid:
+            raise ApiException(status=409, reason="Conflict: the UID in the precondition does not match")
+        self.objects.pop((kind, name))
         return {"status": "Success"}
 
     def _pods(self, verb: str, args: tuple, kwargs: dict) -> Any:

@@ -26,7 +26,7 @@ def test_render_writes_the_same_objects_the_backend_builds(tmp_path, capsys):
     settings.write_text("device: cpu\nnamespace: team-b\nreward_replicas: 1\n")
     rc = run_cli(["render", str(REPO / "examples/tiny_cpu.yaml"), "max_steps=7", "--backend", "kubernetes",
                   "-o", str(out), "--settings", str(settings), "--set", "trainer_nodes=2", "--run-name", "demo"])
-    assert rc == 0 and "wrote 9 objects" in capsys.readouterr().out
+    assert rc == 0 and "wrote 10 objects" in capsys.readouterr().out
     files = sorted(out.glob("*.yaml"))
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert kustomization["resources"] == [f.name for f in files if f.name != "kustomization.yaml"]
@@ -38,11 +38,14 @@ def test_render_writes_the_same_objects_the_backend_builds(tmp_path, capsys):
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     assert yaml.safe_load(cm["data"]["config.yaml"])["max_steps"] == 7
-    # byte-for-byte what the builder returns (YAML is only a serialisation)
+    # byte-for-byte what the builder returns (YAML is only a serialisation), with the tokens it drew
     from async_grpo.config import load_config
+    from async_grpo.launch.k8s_objects import RunTokens
 
+    secret = next(o for o in objs if o["kind"] == "Secret")["stringData"]
     expected = build_run_objects(load_config(REPO / "examples/tiny_cpu.yaml", ["max_steps=7"]),
-                                 cli_render.load_settings(settings, ["trainer_nodes=2"]), "demo")
+                                 cli_render.load_settings(settings, ["trainer_nodes=2"]), "demo",
+                                 tokens=RunTokens(secret["vllm-api-key"], secret["reward-token"]))
     assert objs == expected
 
 
@@ -57,6 +60,39 @@ def test_render_errors_name_the_problem(tmp_path, capsys, overrides, options, me
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--set", "trainer_image=docker.io/evil/x:latest"], "trainer_image='docker.io/evil/x:latest' is not an allowed"),
+    (["--set", "service_account=default"], "service_account='default' is not allowed"),
+    (["--set", "mlflow_secret=any"], "mlflow_secret='any' is not an allowed secret"),
+    (["--set", "reward_replicas=0", "--set", "reward_image=docker.io/evil/x:1"], "reward_image="),
+])
+def test_render_refuses_what_the_policy_does_not_allow(tmp_path, capsys, options, message):
+    rc = run_cli(["render", str(REPO / "examples/tiny_cpu.yaml"), "-o", str(tmp_path / "o"), *options])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the platform policy refuses this run" in err and message in err and "Fix:" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_render_reads_the_policy_file_and_flags_placeholder_digests(tmp_path, capsys, monkeypatch):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("image_prefixes: [registry.corp/]\nrequire_digest: true\ndefault_images:\n"
+                      "  cpu: registry.corp/cpu@sha256:" + "0" * 64 + "\n  reward: registry.corp/reward@sha256:"
+                      + "b" * 64 + "\n")
+    args = ["render", str(REPO / "examples/tiny_cpu.yaml"), "-o", str(tmp_path / "o"), "--set", "device=cpu"]
+    assert run_cli([*args, "--policy", str(policy)]) == 0
+    out = capsys.readouterr()
+    assert f"platform policy: {policy}" in out.out and "carry the placeholder digest" in out.err
+    job = yaml.safe_load(next((tmp_path / "o").glob("*-pytorchjob-*.yaml")).read_text())
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] == \
+        "registry.corp/cpu@sha256:" + "0" * 64
+    # the same file through the environment; an unpinned override is refused
+    monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(policy))
+    assert run_cli([*args, "--set", "reward_image=registry.corp/reward:latest"]) == 2
+    assert "is not pinned by digest" in capsys.readouterr().err
+    monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(tmp_path / "missing.yaml"))
+    assert run_cli(args) == 2 and "platform policy file" in capsys.readouterr().err
 
 
 def test_only_the_kubernetes_backend_renders(tmp_path):

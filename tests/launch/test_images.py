@@ -59,8 +59,12 @@ def lint(text: str) -> list[str]:
             for cmd in re.split(r"&&|;", a):
                 if "pip install" not in cmd:
                     continue
-                for tok in re.findall(r'"([^"]+)"|(\S+)', cmd.split("pip install", 1)[1]):
-                    word = tok[0] or tok[1]
+                words = [tok[0] or tok[1] for tok in re.findall(r'"([^"]+)"|(\S+)', cmd.split("pip install", 1)[1])]
+                for i, word in enumerate(words):
+                    if i and words[i - 1] == "-r":  # a requirements file: only a hash lock
+                        if "--require-hashes" not in words:
+                            problems.append(f"requirements file {word!r} installed without --require-hashes")
+                        continue
                     if word.startswith("-") or "/wheels/" in word or word.startswith("${") or word.startswith('"$'):
                         continue
                     if word == "." or "==" not in word:
@@ -100,6 +104,9 @@ def test_lint_catches_unpinned_and_root_images():
     assert not any("torch==2.1" in p for p in problems)
     assert any("runs as root" in p for p in problems)
     assert lint("FROM python:3.11.13-slim\nUSER 0\n") == ["final stage runs as 0"]
+    assert lint("FROM python:3.11.13-slim\nRUN pip install -r req.txt\nUSER 1000\n") == [
+        "requirements file 'req.txt' installed without --require-hashes"]
+    assert lint("FROM python:3.11.13-slim\nRUN pip install --require-hashes -r a.lock\nUSER 1000\n") == []
 
 
 def test_versions_match_pyproject():
@@ -123,12 +130,37 @@ def test_versions_match_pyproject():
     # base dependencies pinned in the images satisfy pyproject's ranges
     deps = {Requirement(r).name.lower(): Requirement(r) for r in PYPROJECT["project"]["dependencies"]}
     mlflow = arg(IMAGES / "mlflow/Dockerfile", "MLFLOW_VERSION")
-    assert deps["mlflow"].specifier.contains(mlflow)
-    pinned = re.findall(r'"([A-Za-z0-9_.-]+)==([^"]+)"', (IMAGES / "reward/Dockerfile").read_text())
-    assert pinned
-    for name, ver in pinned:
-        if name.lower() in deps:
-            assert deps[name.lower()].specifier.contains(ver), (name, ver)
+    assert deps["mlflow"].specifier.contains(mlflow) and lock_pins("mlflow")["mlflow"] == mlflow
+    pinned = lock_pins("reward")
+    for name in ("pydantic", "pyyaml", "httpx", "requests", "fastapi", "uvicorn", "pebble"):
+        assert deps[name].specifier.contains(pinned[name]), (name, pinned[name])
+
+
+def lock_pins(image: str) -> dict[str, str]:
+    """{distribution: version} of images/<image>/requirements.lock."""
+    return dict(re.findall(r"^([a-z0-9_.-]+)==(\S+) \\$", (IMAGES / image / "requirements.lock").read_text(), re.M))
+
+
+@pytest.mark.parametrize("image", ["reward", "mlflow"])
+def test_locked_images_install_every_dependency_by_hash(image):
+    """The lock pins each package of the closure once, with one sha256; the Dockerfile installs only it."""
+    sys.path.insert(0, str(IMAGES))
+    try:
+        import lock
+    finally:
+        sys.path.remove(str(IMAGES))
+    text = (IMAGES / image / "requirements.lock").read_text()
+    entries = re.findall(r"^([a-z0-9_.-]+)==(\S+) \\\n    --hash=sha256:([0-9a-f]{64})  # (\S+\.whl)$", text, re.M)
+    requirements = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", " "))]
+    assert len(entries) == len(requirements) > 5 and len({e[0] for e in entries}) == len(entries)
+    pins = {name: version for name, version, _, _ in entries}
+    for top in lock.IMAGES[image]():
+        req = Requirement(top)
+        assert req.specifier.contains(pins[req.name.lower()]), top  # the lock holds the image's own pins
+    dockerfile = (IMAGES / image / "Dockerfile").read_text()
+    assert f"COPY images/{image}/requirements.lock" in dockerfile
+    assert "--require-hashes --no-deps -r /tmp/requirements.lock" in dockerfile
+    assert f"!images/{image}/requirements.lock" in (IMAGES / image / "Dockerfile.dockerignore").read_text()
 
 
 def _hadolint() -> str | None:

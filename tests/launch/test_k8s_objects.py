@@ -40,7 +40,7 @@ def test_every_object_validates_against_its_schema(setup, request):
                              owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "u-1"})
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
-                     "PyTorchJob", "Service", "Service"]
+                     "PyTorchJob", "Secret", "Service", "Service"]
     for obj in objs:
         validate_any(obj)
 
@@ -83,10 +83,13 @@ def test_vllm_deployment_and_headless_service(gpu_config, gpu_settings):
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[-2:] == ["--gpu-memory-utilization", "0.85"]
     assert "--enforce-eager" not in cmd and "--worker-extension-cls" not in cmd
+    # the dev-mode routes are guarded by our middleware, /v1 by vLLM's own VLLM_API_KEY check
+    assert cmd[cmd.index("--middleware") + 1] == "async_grpo.inference.auth.BearerTokenMiddleware"
     env = _env(c)
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
-    assert env["NCCL_IB_DISABLE"] == "1"
-    assert c["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": "http"}
+    assert env["NCCL_IB_DISABLE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_API_KEY"] == {"secretKeyRef": {"name": f"{RUN}-tokens", "key": "vllm-api-key"}}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}  # the one route without a token
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -97,7 +100,7 @@ def test_vllm_deployment_and_headless_service(gpu_config, gpu_settings):
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     # vLLM's startup probe covers the run's startup timeout
     probe = c["startupProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= gpu_config.vllm_startup_timeout_s
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= gpu_config.inference.vllm_startup_timeout_s
 
 
 def test_cpu_vllm_uses_gloo_and_builds_the_tiny_model(cpu_config, cpu_settings):
@@ -109,7 +112,7 @@ def test_cpu_vllm_uses_gloo_and_builds_the_tiny_model(cpu_config, cpu_settings):
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
     assert cmd[cmd.index("--worker-extension-cls") + 1] == "async_grpo.transports.weights.gloo.GlooWorkerExtension"
     assert "--enforce-eager" in cmd and "nvidia.com/gpu" not in json.dumps(pod)
-    assert _env(c)["VLLM_CPU_KVCACHE_SPACE"] == str(cpu_config.vllm_kv_cache_gib)
+    assert _env(c)["VLLM_CPU_KVCACHE_SPACE"] == str(cpu_config.inference.vllm_kv_cache_gib)
     (init,) = pod["initContainers"]
     model = cmd[cmd.index("--model") + 1]
     assert init["command"][:3] == ["async-grpo", "make-tiny-model", model]
@@ -133,7 +136,12 @@ def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
     assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["MLFLOW_RUN_ID"] == "run-42"
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert c["envFrom"] == [{"secretRef": {"name": "mlflow-tracking", "optional": True}}]
+    assert "envFrom" not in c  # never a whole secret: only the MLflow credentials by key
+    assert env["MLFLOW_TRACKING_PASSWORD"] == {"secretKeyRef": {"name": "mlflow-tracking",
+                                                                "key": "MLFLOW_TRACKING_PASSWORD", "optional": True}}
+    assert "HF_TOKEN" not in env and env["HF_HUB_OFFLINE"] == "1"  # models and data come from the PVC
+    assert env["VLLM_API_KEY"] == {"secretKeyRef": {"name": f"{RUN}-tokens", "key": "vllm-api-key"}}
+    assert env["ASYNC_GRPO_REWARD_TOKEN"] == {"secretKeyRef": {"name": f"{RUN}-tokens", "key": "reward-token"}}
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in pod["volumes"]}
@@ -143,13 +151,13 @@ def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
     cm = objs[("ConfigMap", f"{RUN}-config")]
     assert vols[mounts["/etc/async-grpo"]]["configMap"]["name"] == cm["metadata"]["name"]
     trainer_cfg = GRPOConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
-    assert trainer_cfg.vllm_url == f"http://{RUN}-vllm.team-a.svc.cluster.local:8000" == vllm_url(RUN, gpu_settings)
-    assert trainer_cfg.weight_sync_backend == "nccl"
+    assert trainer_cfg.inference.vllm_url == f"http://{RUN}-vllm.team-a.svc.cluster.local:8000" == vllm_url(RUN, gpu_settings)
+    assert trainer_cfg.weight_sync.weight_sync_backend == "nccl"
     assert trainer_cfg.output_dir == f"/workspace/runs/{RUN}"
-    assert trainer_cfg.mlflow_tracking_uri == "http://mlflow:5000"
-    # ranks wait for vLLM before starting
+    assert trainer_cfg.tracking.mlflow_tracking_uri == "http://mlflow:5000"
+    # ranks wait for vLLM (its open /health) before starting
     (wait,) = pod["initContainers"]
-    assert trainer_cfg.vllm_url in wait["command"]
+    assert trainer_cfg.inference.vllm_url in wait["command"] and '+ "/health"' in wait["command"][2]
 
 
 def test_single_node_job_has_no_workers(cpu_config, cpu_settings):
@@ -208,10 +216,10 @@ def test_reward_service_runs_by_default_and_is_left_out_with_zero_replicas(gpu_c
 
 def test_trainer_config_points_at_the_runs_reward_service_and_refuses_a_conflicting_url(gpu_config):
     own = f"http://{RUN}-reward.async-grpo.svc.cluster.local:8080"
-    assert trainer_config(gpu_config, ClusterSettings(), RUN).reward_url == own
-    assert trainer_config(gpu_config, ClusterSettings(reward_replicas=0), RUN).reward_url is None
+    assert trainer_config(gpu_config, ClusterSettings(), RUN).rewards.reward_url == own
+    assert trainer_config(gpu_config, ClusterSettings(reward_replicas=0), RUN).rewards.reward_url is None
     external = gpu_config.model_copy(update={"reward_url": "http://rewards.other:9000"})
-    assert trainer_config(external, ClusterSettings(reward_replicas=0), RUN).reward_url == "http://rewards.other:9000"
+    assert trainer_config(external, ClusterSettings(reward_replicas=0), RUN).rewards.reward_url == "http://rewards.other:9000"
     with pytest.raises(ValueError, match=r"reward_url=.*reward_replicas=1.*Fix: set reward_replicas=0"):
         trainer_config(external, ClusterSettings(), RUN)
 
@@ -232,6 +240,73 @@ def test_model_outside_the_volume_is_rejected_with_a_fix(gpu_settings):
         trainer_config(config, gpu_settings, RUN)
 
 
+@pytest.mark.parametrize("field", ["dataset", "eval_dataset"])
+def test_a_hub_dataset_is_rejected_with_a_fix(gpu_config, gpu_settings, field):
+    """Run pods reach no hub (egress policy, HF_HUB_OFFLINE): a hub id would fail late, so it fails here."""
+    with pytest.raises(ValueError, match=rf"{field}='openai/gsm8k'.*Fix: copy it onto PVC"):
+        trainer_config(gpu_config.model_copy(update={field: "openai/gsm8k"}), gpu_settings, RUN)
+
+
+def _pods(objs: list[dict]) -> dict[str, dict]:
+    """component -> pod spec of every pod template of the run."""
+    out = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["spec"]
+           for o in objs if o["kind"] == "Deployment"}
+    job = next(o for o in objs if o["kind"] == "PyTorchJob")
+    out.update({f"trainer-{k}": r["template"]["spec"] for k, r in job["spec"]["pytorchReplicaSpecs"].items()})
+    return out
+
+
+def _secrets_used(spec: dict) -> set[tuple[str, str]]:
+    """(secret, key) of every secret a pod spec reads, through env, envFrom or volumes."""
+    used = set()
+    for c in spec["containers"] + spec.get("initContainers", []):
+        for e in c.get("env", []):
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                used.add((ref["name"], ref["key"]))
+        used |= {(f["secretRef"]["name"], "*") for f in c.get("envFrom", []) if "secretRef" in f}
+    used |= {(v["secret"]["secretName"], "*") for v in spec["volumes"] if "secret" in v}
+    return used
+
+
+@SETUPS
+def test_no_pod_holds_a_token_or_secret_it_does_not_need(setup, request):
+    """Reward code (submitter code) runs with its own service token only; vLLM with its API key only; the
+    trainer, which runs only image code, gets the MLflow credentials by key; no pod mounts an SA token."""
+    objs = build_run_objects(request.getfixturevalue(f"{setup}_config").model_copy(
+        update={"reward_funcs": ["/workspace/rewards/math.py:accuracy"]}),
+        request.getfixturevalue(f"{setup}_settings"), RUN)
+    pods = _pods(objs)
+    tokens = f"{RUN}-tokens"
+    assert _secrets_used(pods["reward"]) == {(tokens, "reward-token")}
+    assert _secrets_used(pods["vllm"]) == {(tokens, "vllm-api-key")}
+    mlflow = {("mlflow-tracking", k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                                               "MLFLOW_TRACKING_TOKEN")}
+    assert _secrets_used(pods["trainer-Master"]) == mlflow | {(tokens, "vllm-api-key"), (tokens, "reward-token")}
+    for name, spec in pods.items():
+        assert spec["automountServiceAccountToken"] is False, name
+        assert not any(v.get("projected") for v in spec["volumes"]), name
+    # reward code is loaded from the workspace, which it sees read-only
+    reward = pods["reward"]
+    (mount,) = [m for m in reward["containers"][0]["volumeMounts"] if m["name"] == "data"]
+    (vol,) = [v for v in reward["volumes"] if v["name"] == "data"]
+    assert mount["readOnly"] is True and vol["persistentVolumeClaim"]["readOnly"] is True
+
+
+def test_the_tokens_secret_holds_two_distinct_random_tokens(gpu_config, gpu_settings):
+    first = _by_kind(build_run_objects(gpu_config, gpu_settings, RUN))[("Secret", f"{RUN}-tokens")]["stringData"]
+    second = _by_kind(build_run_objects(gpu_config, gpu_settings, RUN))[("Secret", f"{RUN}-tokens")]["stringData"]
+    assert set(first) == {"vllm-api-key", "reward-token"} and first["vllm-api-key"] != first["reward-token"]
+    assert first != second and all(len(v) >= 32 for v in first.values())
+
+
+def test_nccl_env_cannot_load_code():
+    for key in ("LD_PRELOAD", "PYTHONPATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN"):
+        with pytest.raises(ValueError, match=rf"nccl_env may only set NCCL_\*/GLOO_\*.*{key}"):
+            ClusterSettings(nccl_env={key: "/workspace/evil.so"})
+    assert ClusterSettings(nccl_env={"NCCL_IB_HCA": "mlx5"}).nccl_env == {"NCCL_IB_HCA": "mlx5"}
+
+
 @pytest.mark.parametrize("name", ["Bad_Name", "9starts-with-digit", "x" * 41, "ends-with-"])
 def test_bad_run_names_are_rejected(name, cpu_config, cpu_settings):
     with pytest.raises(ValueError, match="DNS-1123"):
@@ -250,6 +325,6 @@ def test_pipeline_paths_and_tracking_uri_are_kept(gpu_settings):
     config = GRPOConfig(model_name_or_path="/workspace/models/m", output_dir="/workspace/my-run",
                         mlflow_tracking_uri="http://mlflow.team-a.svc:5000")
     cfg = trainer_config(config, gpu_settings, RUN)
-    assert cfg.output_dir == "/workspace/my-run" and cfg.mlflow_tracking_uri == "http://mlflow.team-a.svc:5000"
+    assert cfg.output_dir == "/workspace/my-run" and cfg.tracking.mlflow_tracking_uri == "http://mlflow.team-a.svc:5000"
     # a path off the volume (the local default runs/tiny) moves onto it
     assert trainer_config(GRPOConfig(), gpu_settings, RUN).output_dir == f"/workspace/runs/{RUN}"

@@ -9,6 +9,8 @@ import pytest
 from kubernetes.client import ApiException
 
 from async_grpo.config import ConfigError, GRPOConfig
+from async_grpo.launch.k8s_objects import build_run_objects
+from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation
 from async_grpo.launch.kubernetes import (
     LAUNCHER_RBAC_RULES,
     KubernetesBackend,
@@ -16,8 +18,6 @@ from async_grpo.launch.kubernetes import (
     latest_condition,
     make_run_name,
 )
-
-from async_grpo.launch.k8s_objects import build_run_objects
 
 from ._api_double import FakeClock, FakeCluster, FakeTracking, condition, status
 from .conftest import RUN
@@ -35,13 +35,22 @@ def make_backend(cluster: FakeCluster, settings, clock: FakeClock | None = None,
     cluster.add_pod(RUN_POD, {"training.kubeflow.org/job-name": RUN, "training.kubeflow.org/replica-type": "master"})
     cluster.add_pod(VLLM_POD, {"async-grpo/run": RUN, "app.kubernetes.io/component": "vllm"})
     cluster.add_pod("unrelated", {"app": "other"})
-    backend = KubernetesBackend(settings, **cluster.kwargs(), tracking=tracking, run_name=RUN,
+    backend = KubernetesBackend(settings, **cluster.kwargs(), tracking=tracking, run_name=RUN, policy=PlatformPolicy(),
                                 poll_interval_s=POLL_S, clock=clock, sleep=clock.sleep)
     return backend, clock, tracking
 
 
 def kinds_left(cluster: FakeCluster) -> set[str]:
     return {kind for kind, _ in cluster.objects}
+
+
+def left_for_the_garbage_collector(cluster: FakeCluster) -> set[tuple[str, str]]:
+    """Objects the fake still holds whose owner is gone: the API server's garbage collector deletes them (the
+    launcher may create Secrets but never delete one). Asserts that nothing else is left."""
+    uids = {o["metadata"]["uid"] for o in cluster.objects.values()}
+    orphans = {key for key, o in cluster.objects.items()
+               if any(ref["uid"] not in uids for ref in o["metadata"].get("ownerReferences", []))}
+    return orphans
 
 
 def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_settings, caplog):
@@ -54,12 +63,12 @@ def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_sett
     assert result.mlflow_run_id == "mlflow-run-1" and result.tracking_uri == "http://mlflow:5000"
     assert result.model_dir == f"/workspace/runs/{RUN}/final-model"
     assert tracking.created == [("http://mlflow:5000", "async-grpo", RUN)] and tracking.ended == []
-    # what stays: the finished job and its config (owned by the job, removed with it by its TTL)
-    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config")}
+    # what stays: the finished job, its config and its tokens (owned by the job, removed with it by its TTL)
+    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config"), ("Secret", f"{RUN}-tokens")}
     # every object but the job is owned by the job, so deleting the job deletes the run
     job_uid = cluster.objects[("PyTorchJob", RUN)]["metadata"]["uid"]
     creates = [c.args[-1] for c in cluster.calls if c.method.startswith("create_")]
-    assert [o["kind"] for o in creates] == ["ConfigMap", "PyTorchJob", "NetworkPolicy", "NetworkPolicy",
+    assert [o["kind"] for o in creates] == ["ConfigMap", "PyTorchJob", "Secret", "NetworkPolicy", "NetworkPolicy",
                                             "NetworkPolicy", "Deployment", "Service", "Service", "Deployment"]
     for obj in creates[2:]:
         assert obj["metadata"]["ownerReferences"][0]["uid"] == job_uid
@@ -93,7 +102,7 @@ def test_failed_job_surfaces_reason_and_logs_and_cleans_up(gpu_config, gpu_setti
     assert "CUDA out of memory" in msg and "INFO vLLM ready" in msg
     log_calls = [c for c in cluster.calls if c.method == "read_namespaced_pod_log"]
     assert [(c.args[0], c.kwargs["container"]) for c in log_calls] == [(RUN_POD, "pytorch"), (VLLM_POD, "vllm")]
-    assert cluster.objects == {}  # a failed run leaves nothing behind
+    assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{RUN}-tokens")}
     assert tracking.ended == [("mlflow-run-1", "FAILED")]
 
 
@@ -102,7 +111,7 @@ def test_timeout_raises_and_cleans_up(gpu_config, gpu_settings):
     backend, clock, tracking = make_backend(cluster, gpu_settings)
     with pytest.raises(TimeoutError, match=r"did not finish within 60 s \(last condition: Running\)"):
         backend.launch(gpu_config, timeout_s=60)
-    assert cluster.objects == {}
+    assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{RUN}-tokens")}
     assert clock.now == pytest.approx(60.0) and cluster.reads == 7  # polled every 10 s, then gave up
     assert tracking.ended == [("mlflow-run-1", "FAILED")]
 
@@ -113,10 +122,11 @@ def test_error_while_creating_deletes_what_was_created(gpu_config, gpu_settings)
     with pytest.raises(ApiException) as info:
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
     assert info.value.status == 403
-    assert cluster.objects == {}
-    created = [c.args[-1]["metadata"]["name"] for c in cluster.calls if c.method.startswith("create_")]
+    assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{RUN}-tokens")}
+    created = [c.args[-1]["metadata"]["name"] for c in cluster.calls if c.method.startswith("create_")
+               and c.args[-1]["kind"] != "Secret"]
     deleted = [c.args[0] if c.api != "custom" else c.args[4] for c in cluster.calls if c.method.startswith("delete_")]
-    assert sorted(deleted) == sorted(created[:-1])  # everything but the refused Deployment
+    assert sorted(deleted) == sorted(created[:-1])  # everything but the refused Deployment (and the Secret: GC)
     assert "get_namespaced_custom_object" not in cluster.methods()  # never started waiting
     assert tracking.ended == [("mlflow-run-1", "FAILED")]
 
@@ -126,7 +136,7 @@ def test_cleanup_goes_on_when_one_delete_fails(gpu_config, gpu_settings, caplog)
     backend, _, _ = make_backend(cluster, gpu_settings)
     with pytest.raises(RuntimeError, match="Boom"):  # the run's error, not the cleanup's
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert kinds_left(cluster) == {"Deployment"}
+    assert kinds_left(cluster) == {"Deployment", "Secret"}
     assert "could not delete Deployment" in caplog.text and "kubectl delete -n team-a -l async-grpo/run=" in caplog.text
 
 
@@ -141,7 +151,7 @@ def test_interrupt_while_waiting_cleans_up_and_marks_the_run_killed(gpu_config, 
     backend, _, tracking = make_backend(cluster, gpu_settings, clock=clock)
     with pytest.raises(KeyboardInterrupt):
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert cluster.objects == {}
+    assert left_for_the_garbage_collector(cluster) == set(cluster.objects)
     assert tracking.ended == [("mlflow-run-1", "KILLED")]
 
 
@@ -165,7 +175,7 @@ def test_job_deleted_behind_our_back_is_an_error(gpu_config, gpu_settings):
     backend.sleep = delete_job_then_sleep
     with pytest.raises(RuntimeError, match="was deleted while the run was in progress"):
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert cluster.objects == {}
+    assert left_for_the_garbage_collector(cluster) == set(cluster.objects)
 
 
 def test_backend_calls_need_exactly_the_launcher_role(gpu_config, gpu_settings):
@@ -178,7 +188,11 @@ def test_backend_calls_need_exactly_the_launcher_role(gpu_config, gpu_settings):
             backend.launch(gpu_config, timeout_s=TIMEOUT_S)
         except RuntimeError:
             pass
+        backend.cleanup(RUN)  # the exit handler's deletions by label
+        with backend.reward_service(gpu_config, RUN):  # the evaluate step's reward service
+            pass
         used |= cluster.rbac_used()
+    assert not {(g, r, v) for g, r, v in used if r == "secrets" and v != "create"}  # never reads or deletes one
     granted = {(group, res, verb) for (group, res), verbs in LAUNCHER_RBAC_RULES.items() for verb in verbs}
     assert used == granted
 
@@ -193,9 +207,9 @@ def test_latest_condition_prefers_terminal_states():
 @pytest.mark.parametrize("run_name", [None, "Qwen 7B / GSM8K — ünïcode run name that is far too long for k8s"])
 def test_run_names_are_dns_labels(run_name):
     config = GRPOConfig(run_name=run_name)
-    names = {make_run_name(config) for _ in range(5)}
+    names = {make_run_name(config.tracking) for _ in range(5)}
     assert len(names) == 5
-    for name in names | {make_run_name(config, unique=False)}:
+    for name in names | {make_run_name(config.tracking, unique=False)}:
         assert re.fullmatch(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?", name), name
 
 
@@ -226,25 +240,51 @@ def test_named_runs_use_their_name_and_cleanup_finds_them(gpu_config, gpu_settin
     """launch(config with run_name) and cleanup(run_name) agree on object names, whatever the name."""
     for run_name in ("my-run-1", "Nightly GSM8K run for the Qwen2.5 7B model, take 2"):
         cluster = FakeCluster([status(condition("Succeeded"))])
-        backend = KubernetesBackend(gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), sleep=lambda s: None)
+        backend = KubernetesBackend(gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), sleep=lambda s: None,
+                                    policy=PlatformPolicy())
         result = backend.launch(gpu_config.model_copy(update={"run_name": run_name}), timeout_s=TIMEOUT_S)
         name = k8s_run_name(run_name)
         assert ("PyTorchJob", name) in cluster.objects
         assert result.model_dir == f"/workspace/runs/{name}/final-model"
         assert backend.cleanup(run_name) == [f"PyTorchJob/{name}", f"ConfigMap/{name}-config"]
-        assert cluster.objects == {}
+        assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{name}-tokens")}
     assert k8s_run_name("my-run-1") == "my-run-1"
+
+
+def _leave_behind(cluster: FakeCluster, objs: list[dict]) -> None:
+    """Objects a killed launcher left on the cluster (the API server gave each a uid)."""
+    for obj in objs:
+        cluster._create(obj["kind"], obj)
 
 
 def test_cleanup_of_a_killed_launch_deletes_every_object(gpu_config, gpu_settings):
     cluster = FakeCluster()
     backend, _, _ = make_backend(cluster, gpu_settings)
-    for obj in build_run_objects(gpu_config, gpu_settings, RUN):  # what a killed launcher left behind
-        cluster.objects[(obj["kind"], obj["metadata"]["name"])] = obj
+    _leave_behind(cluster, build_run_objects(gpu_config, gpu_settings, RUN))
     removed = backend.cleanup(RUN)
-    assert len(removed) == 9 and cluster.objects == {}
-    assert removed[0] == f"Deployment/{RUN}-vllm"  # the dev-mode endpoints go first
+    assert len(removed) == 9 and set(cluster.objects) == {("Secret", f"{RUN}-tokens")}  # the Secret: GC, by owner
+    assert removed[0] == f"Deployment/{RUN}-reward" and removed[1] == f"Deployment/{RUN}-vllm"  # workloads first
     assert backend.cleanup(RUN) == []  # idempotent
+    lists = [c for c in cluster.calls if c.method.startswith("list_") and c.method != "list_namespaced_pod"]
+    assert {c.kwargs["label_selector"] for c in lists} == {f"async-grpo/run={RUN},app.kubernetes.io/managed-by=async-grpo"}
+    for call in (c for c in cluster.calls if c.method.startswith("delete_")):
+        assert call.kwargs["body"]["preconditions"]["uid"].startswith("uid-")  # by uid, never by bare name
+
+
+def test_cleanup_never_touches_another_run_or_an_unlabelled_namesake(gpu_config, gpu_settings):
+    """Two runs submitted with the same name get different object names (the pipeline adds the run id), and
+    even a namesake without the run's label survives: cleanup selects by label, deletes by uid."""
+    cluster = FakeCluster()
+    backend, _, _ = make_backend(cluster, gpu_settings)
+    other = f"{RUN}x"  # a name the old prefix-and-suffix deletion would have confused with ours
+    _leave_behind(cluster, build_run_objects(gpu_config, gpu_settings, RUN))
+    _leave_behind(cluster, build_run_objects(gpu_config, gpu_settings, other))
+    stranger = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{RUN}-vllm2", "labels": {}}}
+    _leave_behind(cluster, [stranger])
+    backend.cleanup(RUN)
+    assert {name for kind, name in cluster.objects if kind != "Secret"} == (
+        {o["metadata"]["name"] for o in build_run_objects(gpu_config, gpu_settings, other) if o["kind"] != "Secret"}
+        | {f"{RUN}-vllm2"})
 
 
 def test_a_run_name_in_use_is_a_clear_error(gpu_config, gpu_settings):
@@ -253,7 +293,8 @@ def test_a_run_name_in_use_is_a_clear_error(gpu_config, gpu_settings):
     backend.launch(gpu_config, timeout_s=TIMEOUT_S)  # leaves the finished job
     with pytest.raises(RuntimeError, match=f"a run named '{RUN}' is there.*delete pytorchjob {RUN}"):
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config")}  # the old run is untouched
+    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config"),
+                                    ("Secret", f"{RUN}-tokens")}  # the old run is untouched
 
 
 def test_mlflow_run_tracking_creates_the_run_the_trainer_resumes(tmp_path):
@@ -272,3 +313,57 @@ def test_mlflow_run_tracking_creates_the_run_the_trainer_resumes(tmp_path):
     assert runs[first].data.tags["async_grpo.backend"] == "kubernetes"
     tracking.end_run(uri, first, "FAILED")
     assert client.get_run(first).info.status == "FAILED" and client.get_run(second).info.status == "RUNNING"
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"trainer_image": "docker.io/evil/x:latest"}, "trainer_image='docker.io/evil/x:latest' is not an allowed image"),
+    ({"service_account": "default"}, "service_account='default' is not allowed"),
+    ({"mlflow_secret": "mlflow-postgres"}, "mlflow_secret='mlflow-postgres' is not an allowed secret"),
+    ({"pvc_name": "mlflow-data"}, "pvc_name='mlflow-data' is not an allowed workspace volume"),
+])
+def test_the_policy_refuses_before_any_api_call(gpu_config, gpu_settings, option, message):
+    cluster = FakeCluster()
+    backend, _, tracking = make_backend(cluster, gpu_settings.model_copy(update=option))
+    with pytest.raises(PolicyViolation, match=re.escape(message)):
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert cluster.calls == [] and tracking.created == []
+
+
+def test_a_foreign_tracking_uri_never_receives_the_credentials(gpu_config, gpu_settings):
+    cluster = FakeCluster()
+    backend, _, tracking = make_backend(cluster, gpu_settings)
+    with pytest.raises(PolicyViolation, match="mlflow_tracking_uri='https://collector.example.com' is not an allowed"):
+        backend.launch(gpu_config.model_copy(update={"mlflow_tracking_uri": "https://collector.example.com"}),
+                       timeout_s=TIMEOUT_S)
+    assert tracking.created == [] and cluster.calls == []
+
+
+def test_the_policy_default_images_are_used_and_placeholders_refused(gpu_config, gpu_settings):
+    pinned = "registry.corp/async-grpo/{}@sha256:" + "a" * 64
+    policy = PlatformPolicy(image_prefixes=["registry.corp/async-grpo/"], require_digest=True,
+                            default_images={r: pinned.format(r) for r in ("trainer", "vllm", "reward")})
+    cluster = FakeCluster([status(condition("Succeeded"))])
+    backend = KubernetesBackend(gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), run_name=RUN, policy=policy,
+                                sleep=lambda s: None)
+    backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    job = cluster.objects[("PyTorchJob", RUN)]
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] == \
+        pinned.format("trainer")
+    placeholder = PlatformPolicy(default_images={"trainer": "ghcr.io/async-grpo/trainer@sha256:" + "0" * 64})
+    backend = KubernetesBackend(gpu_settings, **FakeCluster().kwargs(), tracking=FakeTracking(), policy=placeholder)
+    with pytest.raises(PolicyViolation, match="carries the placeholder digest"):
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+
+
+def test_the_evaluate_steps_reward_service_lives_only_inside_the_block(gpu_config, gpu_settings):
+    cluster = FakeCluster()
+    backend, _, _ = make_backend(cluster, gpu_settings)
+    with backend.reward_service(gpu_config, RUN) as (url, token):
+        assert url == f"http://{RUN}-eval-reward.team-a.svc.cluster.local:8080" and len(token) >= 32
+        inside = dict(cluster.objects)
+        assert {k for k, _ in inside} == {"ConfigMap", "Secret", "Deployment", "Service", "NetworkPolicy"}
+        secret = inside[("Secret", f"{RUN}-eval-tokens")]
+        assert secret["stringData"]["reward-token"] == token
+        dep_uid = inside[("Deployment", f"{RUN}-eval-reward")]["metadata"]["uid"]
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == dep_uid  # goes with the Deployment
+    assert left_for_the_garbage_collector(cluster) == set(cluster.objects)

@@ -3,7 +3,9 @@ committed run examples are exactly what the builders produce."""
 
 from __future__ import annotations
 
+import configparser
 import functools
+import re
 import subprocess
 from pathlib import Path
 from urllib.parse import urlparse
@@ -11,12 +13,13 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from async_grpo.cli_render import write_example_manifests
+from async_grpo.cli_render import EXAMPLE_POLICY, write_example_manifests
 from async_grpo.launch.k8s_objects import ClusterSettings
+from async_grpo.launch.k8s_policy import PLACEHOLDER_DIGEST, PlatformPolicy
 from async_grpo.launch.kubernetes import LAUNCHER_RBAC_RULES
 
 from ._k8s_validate import REPO, kubectl_path, validate_any
-from .test_network_policy import admitted
+from .test_network_policy import _matches, admitted
 
 MANIFESTS = REPO / "manifests"
 OVERLAYS = pytest.mark.parametrize("overlay", ["dev", "gpu"], ids=["dev-overlay", "gpu-overlay"])  # no bare "gpu" id
@@ -48,8 +51,8 @@ def _env(deployment: dict) -> dict[str, object]:
 def test_overlay_builds_and_every_object_validates(overlay):
     objs = kustomize(f"overlays/{overlay}")
     kinds = sorted({o["kind"] for o in objs})
-    assert kinds == ["Deployment", "NetworkPolicy", "PersistentVolumeClaim", "Role", "RoleBinding", "Service",
-                     "ServiceAccount"]
+    assert kinds == ["ConfigMap", "Deployment", "NetworkPolicy", "PersistentVolumeClaim", "Role", "RoleBinding",
+                     "Service", "ServiceAccount"]
     for obj in objs:
         validate_any(obj)
         assert obj["metadata"]["namespace"] == "async-grpo"
@@ -96,6 +99,86 @@ def test_mlflow_store_is_sqlite_in_dev_and_postgres_on_gpu():
 
 
 @needs_kubectl
+def test_mlflow_requires_authentication_on_gpu():
+    objs = kustomize("overlays/gpu")
+    dep = _find(objs, "Deployment", "mlflow")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "--app-name=basic-auth" in c["command"]
+    env = _env(dep)
+    for var, key in (("MLFLOW_AUTH_ADMIN_USERNAME", "admin-username"), ("MLFLOW_AUTH_ADMIN_PASSWORD", "admin-password"),
+                     ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flask-secret-key")):
+        assert env[var] == {"secretKeyRef": {"name": "mlflow-auth", "key": key}}  # required: no start without them
+    ini = configparser.ConfigParser()
+    ini.read_string(_find(objs, "ConfigMap", "mlflow-auth")["data"]["basic_auth.ini"])
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert env["MLFLOW_AUTH_CONFIG_PATH"] == f"{mounts['auth-config']}/basic_auth.ini"
+    assert ini["mlflow"]["database_uri"].startswith(f"sqlite:///{mounts['data']}/")  # users survive restarts
+    assert ini["mlflow"]["default_permission"] in ("READ", "NO_PERMISSIONS")
+    assert "admin_password" not in ini["mlflow"]  # never in a manifest
+    # the readiness probe uses /health, which the auth app leaves open
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def _policy_config_map(overlay: str) -> PlatformPolicy:
+    cm = _find(kustomize(f"overlays/{overlay}"), "ConfigMap", "async-grpo-policy")
+    return PlatformPolicy.from_yaml(cm["data"]["policy.yaml"], "async-grpo-policy")
+
+
+@needs_kubectl
+@OVERLAYS
+def test_the_policy_config_map_is_the_built_in_policy_with_pinned_images(overlay):
+    """Offline (no policy file) render and submit check what the cluster checks, but for the pinning."""
+    cluster = _policy_config_map(overlay)
+    assert cluster.model_copy(update={"require_digest": False, "default_images": {}}) == PlatformPolicy()
+    assert cluster.require_digest and set(cluster.default_images) == {"trainer", "vllm", "reward", "cpu"}
+    assert cluster.model_dump(include={"require_digest", "default_images"}) == EXAMPLE_POLICY  # the examples use it
+    objs = kustomize(f"overlays/{overlay}")
+    assert cluster.service_accounts == [ClusterSettings().service_account]
+    assert _find(objs, "ServiceAccount", cluster.service_accounts[0])["automountServiceAccountToken"] is False
+    assert cluster.pvcs == [ClusterSettings().pvc_name] and cluster.mlflow_tracking_uris == ["http://mlflow:5000"]
+    assert not {"mlflow-postgres", "mlflow-auth"} & set(cluster.secrets)  # the platform's own secrets
+
+
+def _images(objs) -> list[str]:
+    found = []
+    for obj in objs:
+        spec = obj.get("spec", {})
+        templates = [spec["template"]] if "template" in spec else [
+            r["template"] for r in spec.get("pytorchReplicaSpecs", {}).values()]
+        for tpl in templates:
+            found += [c["image"] for c in tpl["spec"]["containers"] + tpl["spec"].get("initContainers", [])]
+    return found
+
+
+@needs_kubectl
+def test_every_image_in_the_manifests_is_pinned_by_digest():
+    """Digest or the marked placeholder (which a launch refuses until the platform sets the real one)."""
+    images = _images(kustomize("overlays/dev")) + _images(kustomize("overlays/gpu"))
+    for example in ("cpu", "gpu-2x8"):
+        images += _images(kustomize(f"examples/{example}"))
+    images += list(_policy_config_map("gpu").default_images.values())
+    assert len(images) > 10
+    for image in images:
+        assert re.search(r"@sha256:[0-9a-f]{64}$", image), f"{image} is not pinned by digest"
+    placeholders = {i for i in images if i.endswith(PLACEHOLDER_DIGEST)}
+    assert placeholders == set(images)  # nothing here knows a real digest: all are marked as placeholders
+
+
+@needs_kubectl
+@pytest.mark.parametrize("example", ["cpu", "gpu-2x8"])
+def test_the_backstop_isolates_every_run_pod_both_ways(example):
+    (backstop,) = [o for o in kustomize("overlays/gpu") if o["kind"] == "NetworkPolicy"
+                   and o["metadata"]["name"] == "async-grpo-runs-default-deny"]
+    assert backstop["spec"]["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in backstop["spec"]
+    pods = [o["spec"]["template"]["metadata"]["labels"] for o in kustomize(f"examples/{example}")
+            if o["kind"] == "Deployment"]
+    pods += [r["template"]["metadata"]["labels"] for o in kustomize(f"examples/{example}") if o["kind"] == "PyTorchJob"
+             for r in o["spec"]["pytorchReplicaSpecs"].values()]
+    assert len(pods) >= 3 and all(_matches(backstop["spec"]["podSelector"], labels) for labels in pods)
+    assert not _matches(backstop["spec"]["podSelector"], {"app.kubernetes.io/name": "mlflow"})
+
+
+@needs_kubectl
 @OVERLAYS
 def test_platform_pods_run_non_root_read_only(overlay):
     deployments = [o for o in kustomize(f"overlays/{overlay}") if o["kind"] == "Deployment"]
@@ -136,8 +219,8 @@ def test_committed_examples_equal_the_builders_output(tmp_path):
 @pytest.mark.parametrize("example", ["cpu", "gpu-2x8"])
 def test_committed_examples_validate(example):
     files = sorted(Path(MANIFESTS / "examples" / example).glob("[0-9][0-9]-*.yaml"))
-    assert len(files) == 9
+    assert len(files) == 10
     for f in files:
         validate_any(yaml.safe_load(f.read_text()))
     if KUBECTL is not None:
-        assert len(kustomize(f"examples/{example}")) == 9
+        assert len(kustomize(f"examples/{example}")) == 10

@@ -29,6 +29,9 @@ class FixedRandom:
     def random(self) -> float:
         return self.values.pop(0)
 
+    def getstate(self) -> list[float]:
+        return list(self.values)
+
 
 def group(rewards, advantages, tag="g", version=0) -> RolloutGroup:
     """A scored group with the given weighted rewards and advantages (one token per completion)."""
@@ -51,8 +54,15 @@ def flat(tag: str = "flat") -> RolloutGroup:
 
 
 # ------------------------------------------------------------------ reward statistics
+def scores(buf: ReplayBuffer) -> list[float]:
+    """The scores a buffer holds, ascending (read through its checkpoint state)."""
+    return sorted(entry[0] for entry in buf.state_dict()["heap"])
+
+
 def test_weighted_rewards_and_near_zero():
-    assert weighted_rewards([[1.0, 0.5], [NAN, 2.0], [NAN, NAN]], [1.0, 2.0]) == [2.0, 4.0, 0.0]  # NaN counts as 0
+    out = weighted_rewards([[1.0, 0.5], [NAN, 2.0], [NAN, NAN]], [1.0, 2.0])
+    assert out[:2] == [2.0, 4.0] and math.isnan(out[2])  # NaN counts as 0 in a row; an all-None row is unscored
+    assert not all_rewards_near_zero([[NAN, NAN], [NAN, NAN]], [1.0, 1.0])  # never scored: nothing to re-roll
     assert all_rewards_near_zero([[0.0, 1e-6], [-1e-6, NAN]], [1.0, 1.0])  # |r| <= 1e-6 is ~0
     assert not all_rewards_near_zero([[0.0, 2e-6], [0.0, 0.0]], [1.0, 1.0])
     assert all_rewards_near_zero([[1.0, 0.0], [0.0, 0.0]], [0.0, 1.0])  # weight 0 hides f1's reward
@@ -77,16 +87,16 @@ def test_replay_score_is_sum_abs_advantage_times_std():
 def test_heap_keeps_the_highest_scores_and_refuses_the_rest():
     buf = ReplayBuffer(2, random.Random(0))
     assert buf.add(scored(1.0, "a")) and buf.add(scored(3.0, "b"))
-    assert buf.min_score == pytest.approx(1.0)
+    assert scores(buf)[0] == pytest.approx(1.0)  # the next to be evicted
     assert buf.add(scored(2.0, "c"))  # full: beats the minimum 1.0, which is evicted
-    assert buf.scores() == pytest.approx([2.0, 3.0])
+    assert scores(buf) == pytest.approx([2.0, 3.0])
     assert not buf.add(scored(1.5, "d"))  # below the minimum of a full buffer
     assert not buf.add(scored(2.0, "e"))  # a tie with the minimum does not evict it
     assert not buf.add(flat())  # std 0
     replayed = scored(9.0, "r")
     replayed.replayed = True
     assert not buf.add(replayed)  # a replayed copy never re-enters
-    assert len(buf) == 2 and buf.scores() == pytest.approx([2.0, 3.0])
+    assert len(buf) == 2 and scores(buf) == pytest.approx([2.0, 3.0])
     with pytest.raises(ValueError, match="replay_buffer_size=0"):
         ReplayBuffer(0, random.Random(0))
 
@@ -148,7 +158,7 @@ def test_fill_replaces_zero_std_groups_from_earlier_batches_only():
     assert [g.prompt for g in out[1:]] == ["old", "old"]  # 2 draws from a 1-group buffer: with replacement
     assert all(g.replayed and g.policy_version == 0 for g in out[1:])
     assert buf.replayed_total == 2
-    assert buf.scores() == pytest.approx([1.5, 4.0])  # the fresh group entered after the draw, the flat ones never
+    assert scores(buf) == pytest.approx([1.5, 4.0])  # the fresh group entered after the draw, the flat ones never
 
 
 def test_fill_with_an_empty_buffer_keeps_the_batch():
@@ -219,7 +229,7 @@ def test_config_fields_validate_and_build_the_state():
     from pydantic import ValidationError
 
     from async_grpo.config import GRPOConfig
-    from async_grpo.launch.local import setup_batch_shaping
+    from async_grpo.runner.builders import setup_batch_shaping
 
     off = setup_batch_shaping(GRPOConfig())
     assert off == {"replay": None, "reroll": None}  # defaults: replay_buffer_size 0, reroll_start_fraction 1.0

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
-from async_grpo.orchestrator.orchestrator import Orchestrator, PromptItem, SamplingSettings, cycle_prompts
+from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.orchestrator.orchestrator import Orchestrator
+from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
@@ -29,8 +31,8 @@ def make(pool, answers, *, version, groups_per_step, vllm_sync_interval=1, repla
     drops = DropCounter()
     prompts = [PromptItem(a, [10 + i], {"answer": a}) for i, a in enumerate(answers)]
     return Orchestrator(
-        client_factory=lambda: ScriptedClient(version, bump=False), prompts=cycle_prompts(prompts, seed=0),
-        decode=decode, sampling=SamplingSettings(G, G, 1.0), reward_pool=pool, reward_names=pool.names,
+        client_factory=lambda: ScriptedClient(version, bump=False), prompts=PromptSampler(prompts, seed=0),
+        rollout=SingleTurnRollout(pool, decode), sampling=SamplingSettings(G, G, 1.0), reward_names=pool.names,
         reward_weights=pool.weights, scale_rewards="group", groups_per_step=groups_per_step, max_staleness=10**6,
         vllm_sync_interval=vllm_sync_interval, max_inflight_groups=1,
         queue=RolloutQueue(maxsize=64, max_staleness=10**6, drops=drops), version=version, drops=drops,

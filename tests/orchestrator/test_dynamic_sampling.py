@@ -6,14 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from async_grpo.orchestrator.orchestrator import (
-    DynamicSamplingError,
-    Orchestrator,
-    PromptItem,
-    SamplingSettings,
-    cycle_prompts,
-    weighted_reward_std,
-)
+from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.orchestrator.batch_shaping import weighted_reward_std
+from async_grpo.orchestrator.orchestrator import DynamicSamplingError, Orchestrator
+from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
@@ -28,6 +24,22 @@ def test_weighted_reward_std():
     assert weighted_reward_std([[1.0, float("nan")], [1.0, 0.0]], [1.0, 2.0]) == 0.0  # NaN counts as 0
 
 
+def test_an_unscorable_row_does_not_make_a_group_informative():
+    """Regression (shared/repros/dynsamp_unscorable.py): [1, 1, 1, None] has all-zero advantages, so dynamic
+    sampling must drop it; counting the None row as reward 0 gave it std 0.5 and let it through."""
+    import math
+
+    import torch
+
+    from async_grpo.algorithms import compute_advantages
+    from async_grpo.orchestrator.batch_shaping import is_zero_std
+
+    rows = [[1.0], [1.0], [1.0], [math.nan]]
+    assert compute_advantages(torch.tensor(rows), torch.ones(1), 4).advantages.tolist() == [0.0] * 4
+    assert weighted_reward_std(rows, [1.0]) == 0.0 and is_zero_std(weighted_reward_std(rows, [1.0]))
+    assert weighted_reward_std([[1.0], [0.0], [math.nan]], [1.0]) == pytest.approx(0.5 ** 0.5)  # 2 scored rows
+
+
 @pytest.fixture(scope="module")
 def pool():
     with RewardPool([f"{FNS}:flat_or_length"], num_workers=1, timeout_s=20) as p:
@@ -39,8 +51,8 @@ def run(pool, answers, max_gen_batches):
     queue = RolloutQueue(maxsize=4, max_staleness=10**6, drops=drops)
     prompts = [PromptItem(f"p{i}", [10 + i], {"answer": a}) for i, a in enumerate(answers)]
     orch = Orchestrator(
-        client_factory=lambda: ScriptedClient(version, bump=False), prompts=cycle_prompts(prompts, seed=0),
-        decode=decode, sampling=SamplingSettings(G, G, 1.0), reward_pool=pool, reward_names=pool.names,
+        client_factory=lambda: ScriptedClient(version, bump=False), prompts=PromptSampler(prompts, seed=0),
+        rollout=SingleTurnRollout(pool, decode), sampling=SamplingSettings(G, G, 1.0), reward_names=pool.names,
         reward_weights=pool.weights, scale_rewards="group", dynamic_sampling=True, max_gen_batches=max_gen_batches,
         groups_per_step=2, max_staleness=10**6, vllm_sync_interval=1, max_inflight_groups=1, queue=queue,
         version=version, drops=drops,

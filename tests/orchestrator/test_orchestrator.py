@@ -16,13 +16,10 @@ import httpx
 import pytest
 
 from async_grpo.inference.client import Completion
-from async_grpo.orchestrator.orchestrator import (
-    Orchestrator,
-    PromptItem,
-    SamplingSettings,
-    cycle_prompts,
-    make_train_batch,
-)
+from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.orchestrator.batching import make_train_batch
+from async_grpo.orchestrator.orchestrator import Orchestrator
+from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.messages import RolloutGroup
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
@@ -114,33 +111,6 @@ def test_make_train_batch_none_rewards_and_no_scaling():
     assert all(not math.isnan(v) for v in batch.metrics.values())
 
 
-# ------------------------------------------------------------------ cycle_prompts
-def items(n: int) -> list[PromptItem]:
-    return [PromptItem(prompt=f"p{i}", prompt_ids=[i], columns={"i": i}) for i in range(n)]
-
-
-def take(iterator, n: int) -> list:
-    return [next(iterator) for _ in range(n)]
-
-
-def test_cycle_prompts_covers_every_item_once_per_epoch():
-    data = items(7)
-    seq = take(cycle_prompts(data, seed=3), 7 * 4)
-    for epoch in range(4):
-        chunk = seq[epoch * 7 : (epoch + 1) * 7]
-        assert sorted(x.prompt_ids[0] for x in chunk) == list(range(7))
-        assert all(x is data[x.prompt_ids[0]] for x in chunk)
-
-
-def test_cycle_prompts_is_deterministic_per_seed():
-    data = items(7)
-    first = [x.prompt for x in take(cycle_prompts(data, seed=1), 21)]
-    again = [x.prompt for x in take(cycle_prompts(data, seed=1), 21)]
-    other = [x.prompt for x in take(cycle_prompts(data, seed=2), 21)]
-    assert first == again
-    assert first != other
-
-
 # ------------------------------------------------------------------ fake vLLM clients
 class FakeClient:
     """Records each request; `aclose` marks it closed. Subclasses decide how `generate` answers."""
@@ -166,7 +136,7 @@ class ScriptedClient(FakeClient):
         self.answer_first_only = answer_first_only
         self.bump = bump
 
-    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k):
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p=1.0, top_k=-1, seed=None):
         seen = self.version.value
         self.calls.append({"prompt_ids": list(prompt_ids), "n": n, "version": seen})
         if self.answer_first_only and len(self.calls) > 1:
@@ -184,16 +154,25 @@ class ScriptedClient(FakeClient):
 class RefusingClient(FakeClient):
     """vLLM is down: every request fails to connect."""
 
-    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k):
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p=1.0, top_k=-1, seed=None):
         self.calls.append({"prompt_ids": list(prompt_ids)})
         await asyncio.sleep(0.01)
         raise httpx.ConnectError("connection refused")
 
 
+class BrokenClient(FakeClient):
+    """A client with a bug (or an answer it cannot parse): every request raises something unexpected."""
+
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p=1.0, top_k=-1, seed=None):
+        self.calls.append({"prompt_ids": list(prompt_ids)})
+        await asyncio.sleep(0.01)
+        raise KeyError("token_logprobs")
+
+
 class SilentClient(FakeClient):
     """vLLM accepts requests but never answers."""
 
-    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k):
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p=1.0, top_k=-1, seed=None):
         self.calls.append({"prompt_ids": list(prompt_ids)})
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
@@ -232,10 +211,9 @@ def make_orchestrator(client, reward_pool, answers, *, version=None, groups_per_
                for i, a in enumerate(answers)]
     return Orchestrator(
         client_factory=lambda: client,
-        prompts=cycle_prompts(prompts, seed=0),
-        decode=decode,
+        prompts=PromptSampler(prompts, seed=0),
+        rollout=SingleTurnRollout(reward_pool, decode),
         sampling=SamplingSettings(num_generations=G, max_completion_length=G, temperature=1.0),
-        reward_pool=reward_pool,
         reward_names=reward_pool.names,
         reward_weights=reward_pool.weights,
         scale_rewards="group",
@@ -338,6 +316,18 @@ def test_connection_errors_counted_and_stop_returns(idle_pool, started):
     assert set(orch.drops.snapshot()) <= {"generation_error", "shutdown"}
 
 
+def test_unexpected_rollout_exceptions_are_counted_and_the_run_goes_on(idle_pool, started, caplog):
+    client = BrokenClient()
+    orch = make_orchestrator(client, idle_pool, ["ok"])
+    started.append(orch)
+    orch.start()
+    wait_until(lambda: orch.drops.snapshot().get("rollout_error", 0) >= 3, "rollout_error drops")
+    assert orch.alive and orch.error is None  # a failing group never ends the orchestrator
+    stop_and_check(orch, client)
+    assert set(orch.drops.snapshot()) <= {"rollout_error", "shutdown"}
+    assert "KeyError('token_logprobs')" in caplog.text  # the cause is logged, not swallowed
+
+
 def test_stop_returns_when_vllm_never_answers(idle_pool, started):
     client = SilentClient()
     orch = make_orchestrator(client, idle_pool, ["ok"], max_inflight=3)
@@ -418,3 +408,39 @@ def test_client_factory_failure_is_surfaced(idle_pool):
     wait_until(lambda: not orch.alive, "the orchestrator thread to exit")
     assert isinstance(orch.error, RuntimeError) and "cannot reach vLLM" in str(orch.error)
     assert orch.stop_event.is_set()
+
+
+class SlowFirstClient(FakeClient):
+    """Answers at once, except the prompts in `slow` (first prompt id), which take `slow_s`: their groups finish
+    many policy versions later and land, stale, in a batch of their own."""
+
+    def __init__(self, slow: set[int], slow_s: float = 0.8) -> None:
+        super().__init__()
+        self.slow, self.slow_s = slow, slow_s
+
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p=1.0, top_k=-1, seed=None):
+        self.calls.append({"prompt_ids": list(prompt_ids)})
+        await asyncio.sleep(self.slow_s if prompt_ids[0] in self.slow else 0.01)
+        return [Completion([97 + j], [-0.5], decode([97 + j]), "stop") for j in range(n)]
+
+
+@pytest.mark.integration
+def test_a_step_batch_dropped_as_stale_does_not_shrink_the_async_window(pool, started):
+    """Regression (shared/repros/stale_batch_window.py): a batch emptied by stale drops is skipped by the queue;
+    pacing must not count it as a trained step, or the orchestrator stays one batch further behind for good
+    (after max_staleness such skips the pipeline is lock-step)."""
+    version = PolicyVersion()
+    client = SlowFirstClient(slow={10, 13})  # prompt ids 10 + i: the first and fourth prompts are slow
+    orch = make_orchestrator(client, pool, ["ok"] * 6, version=version, groups_per_step=1, max_inflight=8,
+                             queue_size=16, max_staleness=2, vllm_sync_interval=1)
+    started.append(orch)
+    orch.start()
+    for _ in range(30):  # the trainer: one step per batch, one policy version per step
+        orch.queue.get(current_version=version.value, timeout_s=PACED_GET_TIMEOUT_S)
+        time.sleep(0.02)
+        version.bump()
+    assert orch.drops.snapshot().get("stale", 0) >= 2 and orch.queue.skipped_steps >= 2
+    time.sleep(1.5)  # the trainer pauses: the orchestrator fills its whole window
+    # groups for the steps at versions v .. v + max_staleness are ready: 3 batches ahead, whatever was skipped
+    assert orch.queue.depth == 3
+    stop_and_check(orch, client)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from async_grpo.config import ConfigError, load_config
-from async_grpo.orchestrator.orchestrator import Orchestrator, PromptItem, SamplingSettings, cycle_prompts
+from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.orchestrator.orchestrator import Orchestrator
+from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.orchestrator.producer import (
     BaseDataProducer,
     DataProducer,
@@ -29,9 +31,9 @@ def orchestrator(client, reward_pool, version, *, groups_per_step=4, streaming_m
     drops = DropCounter()
     prompts = [PromptItem(prompt=f"p{i}", prompt_ids=[10 + i], columns={"answer": "ok"}) for i in range(3)]
     return Orchestrator(
-        client_factory=lambda: client, prompts=cycle_prompts(prompts, seed=0), decode=decode,
+        client_factory=lambda: client, prompts=PromptSampler(prompts, seed=0), rollout=SingleTurnRollout(reward_pool, decode),
         sampling=SamplingSettings(num_generations=G, max_completion_length=G, temperature=1.0),
-        reward_pool=reward_pool, reward_names=reward_pool.names, reward_weights=reward_pool.weights,
+        reward_names=reward_pool.names, reward_weights=reward_pool.weights,
         scale_rewards="group", groups_per_step=groups_per_step, max_staleness=max_staleness,
         vllm_sync_interval=1, max_inflight_groups=4,
         queue=RolloutQueue(maxsize=queue_size, max_staleness=max_staleness, drops=drops), version=version,

@@ -163,3 +163,33 @@ def test_the_demo_config_maps_onto_the_pipeline_without_loss():
     assert set(args) <= set(params)
     merged.update(args)  # what train_grpo does: config_yaml, then the typed knobs
     assert GRPOConfig.model_validate(merged) == load_config(demo)
+
+
+@pytest.mark.parametrize("items, message", [
+    (['kubernetes_options={"trainer_image": "docker.io/evil/x:latest"}'], "trainer_image='docker.io/evil/x:latest'"),
+    (['kubernetes_options={"service_account": "default"}'], "service_account='default' is not allowed"),
+    (['kubernetes_options={"mlflow_secret": "any"}'], "mlflow_secret='any' is not an allowed secret"),
+    (["mlflow_secret_name=mlflow-postgres"], "mlflow_secret_name='mlflow-postgres' is not an allowed secret"),
+    (["workspace_pvc_name=mlflow-data"], "workspace_pvc_name='mlflow-data' is not an allowed volume"),
+    (["mlflow_tracking_uri=https://collector.example.com"], "mlflow_tracking_uri='https://collector.example.com'"),
+    (["vllm_extra_args=[--trust-remote-code]"], "flag '--trust-remote-code' is not allowed"),
+])
+@pytest.mark.parametrize("command", ["submit", "schedule"])
+def test_submit_and_schedule_refuse_what_the_policy_does_not_allow(client, capsys, monkeypatch, items, message,
+                                                                   command):
+    monkeypatch.delenv("ASYNC_GRPO_POLICY_FILE", raising=False)
+    extra = ["--cron", "0 3 * * 1"] if command == "schedule" else []
+    assert run_cli(command, *extra, *items) == 2
+    err = capsys.readouterr().err
+    assert "the platform policy refuses this run" in err and message in err and "Fix:" in err
+    assert client == []  # nothing reached KFP
+
+
+def test_submit_checks_against_the_given_policy_file_and_skips_the_local_backend(client, capsys, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("image_prefixes: [registry.corp/]\n")
+    assert run_cli("submit", "--policy", str(policy)) == 2  # the default ghcr.io images are not allowed there
+    assert "is not an allowed image" in capsys.readouterr().err and client == []
+    assert run_cli("submit", "--policy", str(policy), 'kubernetes_options={"image_registry": "registry.corp/ml"}') == 0
+    assert f"passes the platform policy ({policy})" in capsys.readouterr().out
+    assert run_cli("submit", "--policy", str(policy), "launch_backend=local") == 0  # no cluster objects to check

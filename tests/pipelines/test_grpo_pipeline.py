@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from async_grpo.config import GRPOConfig, load_config
+from async_grpo.config import FIELDS, GRPOConfig, flat_dump, load_config
 from async_grpo.pipeline_local import find_repo_root, import_pipeline_module
 
 REPO = find_repo_root()
@@ -36,27 +36,44 @@ def test_module_and_packages_agree():
     assert module.PACKAGES == PACKAGES
 
 
-def test_every_knob_is_a_typed_parameter_defaulting_to_the_demo_config(compiled):
-    ir, _ = compiled["grpo_pipeline.yaml"]
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_every_knob_is_a_typed_parameter_defaulting_to_the_flavour_config(compiled, name):
+    """CPU: the demo (examples/tiny_cpu.yaml); GPU: a real instruct model on GSM8K (examples/trl_qwen_gsm8k.yaml,
+    the model on the workspace volume)."""
+    gpu = PACKAGES[name]
+    ir, _ = compiled[name]
     params = ir["root"]["inputDefinitions"]["parameters"]
-    demo = yaml.safe_load((REPO / "examples" / "tiny_cpu.yaml").read_text())
+    example = REPO / "examples" / ("trl_qwen_gsm8k.yaml" if gpu else "tiny_cpu.yaml")
+    flat = module.flavour_config(gpu)
+    expected_config = load_config(example).model_copy(update={"output_dir": FIELDS["output_dir"].default,
+                                                               "model_name_or_path": flat["model_name_or_path"]})
     ir_types = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "BOOLEAN": bool, "LIST": list}
     for knob in (*module.TYPED_KNOBS, "dataset"):
         spec = params[knob]
-        field_type = type(getattr(GRPOConfig.model_validate(demo), knob))
+        field_type = type(flat_dump(expected_config)[knob])
         assert ir_types[spec["parameterType"]] in (field_type, float if field_type is int else field_type), knob
-        assert spec["defaultValue"] == demo.get(knob, GRPOConfig.model_fields[knob].default), knob
-    # the typed defaults plus the config_yaml default rebuild the demo config exactly
+        assert spec["defaultValue"] == flat.get(knob, FIELDS[knob].default), knob
+    # the typed defaults plus the config_yaml default rebuild the flavour's config exactly
     rebuilt = yaml.safe_load(params["config_yaml"]["defaultValue"])
     rebuilt.update({k: params[k]["defaultValue"] for k in (*module.TYPED_KNOBS, "dataset")})
     assert "output_dir" not in rebuilt  # the pipeline sets it from work_dir
-    assert GRPOConfig.model_validate(rebuilt) == load_config(REPO / "examples" / "tiny_cpu.yaml").model_copy(
-        update={"output_dir": GRPOConfig.model_fields["output_dir"].default})
-    for name in ("launch_backend", "launch_timeout_s", "registered_model_name", "min_eval_reward",
-                 "require_improvement", "extra_overrides", "kubernetes_options", "work_dir", "mlflow_secret_name",
-                 "hf_token_secret_name", "workspace_pvc_name", "gpu_node_selector", "gpu_tolerations"):
-        assert "defaultValue" in params[name], name
+    assert GRPOConfig.model_validate(rebuilt) == expected_config
+    for name_ in ("launch_backend", "launch_timeout_s", "registered_model_name", "min_eval_reward",
+                  "require_improvement", "extra_overrides", "kubernetes_options", "work_dir", "mlflow_secret_name",
+                  "hf_token_secret_name", "workspace_pvc_name", "gpu_node_selector", "gpu_tolerations"):
+        assert "defaultValue" in params[name_], name_
     assert params["launch_backend"]["defaultValue"] == "kubernetes"
+    if gpu:  # TRL's learning rate, no supervised warm start, the registered name from the model
+        assert params["learning_rate"]["defaultValue"] == 1e-6 and params["warmup_sft_steps"]["defaultValue"] == 0
+        assert params["registered_model_name"]["defaultValue"] == "Qwen2.5-0.5B-Instruct-grpo"
+        assert params["dataset"]["defaultValue"] == "openai/gsm8k" and params["dataset_config"]["defaultValue"] == "main"
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_every_pipeline_parameter_has_a_description_for_the_ui(compiled, name):
+    ir, _ = compiled[name]
+    params = ir["root"]["inputDefinitions"]["parameters"]
+    assert not [k for k, v in params.items() if len(v.get("description", "")) < 15]
 
 
 def test_dag_is_dataset_train_evaluate_register_inside_an_exit_handler(compiled):
@@ -95,13 +112,22 @@ def test_kubernetes_wiring_lives_in_the_pipeline(compiled):
 
     for executor in ("exec-train-grpo", "exec-evaluate", "exec-register-model"):
         assert secret_envs(executor)["MLFLOW_TRACKING_URI"] == "mlflow_secret_name", executor
-    for executor in ("exec-prepare-dataset", "exec-train-grpo", "exec-evaluate"):
-        assert secret_envs(executor)["HF_TOKEN"] == "hf_token_secret_name", executor
+    # the HF token reaches only the dataset step; no step that can run submitter code holds it
+    assert secret_envs("exec-prepare-dataset")["HF_TOKEN"] == "hf_token_secret_name"
+    for executor in ("exec-train-grpo", "exec-evaluate", "exec-register-model", "exec-cleanup"):
+        assert "HF_TOKEN" not in secret_envs(executor), executor
     for executor in ("exec-prepare-dataset", "exec-train-grpo", "exec-evaluate", "exec-cleanup"):
         (mount,) = executors[executor]["pvcMount"]
         assert mount["mountPath"] == module.WORKSPACE_MOUNT_PATH, executor
         assert mount["pvcNameParameter"]["componentInputParameter"].endswith("workspace_pvc_name")
+    # every step that launches or deletes run objects reads the platform policy, fixed (not a parameter)
+    for executor in ("exec-train-grpo", "exec-evaluate", "exec-cleanup"):
+        (policy,) = executors[executor]["configMapAsVolume"]
+        assert policy["configMapName"] == "async-grpo-policy" and policy["mountPath"] == "/etc/async-grpo/policy"
+        assert policy["configMapNameParameter"] == {"runtimeValue": {"constant": "async-grpo-policy"}}
+        assert not policy.get("optional"), executor
     evaluate = executors["exec-evaluate"]
+    assert evaluate["podMetadata"]["labels"] == {"async-grpo/role": "evaluate"}  # its reward service admits it
     assert evaluate["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("gpu_node_selector")
     assert evaluate["tolerations"][0]["tolerationJson"]["componentInputParameter"].endswith("gpu_tolerations")
     assert evaluate["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
@@ -129,3 +155,17 @@ def test_every_step_runs_the_project_image_and_installs_nothing(compiled, name):
         container = executor["container"]
         assert container["image"] == (ASYNC_GRPO_IMAGE if PACKAGES[name] else ASYNC_GRPO_CPU_IMAGE), executor_name
         assert "pip install" not in " ".join(container["command"]), executor_name
+
+
+def test_train_and_cleanup_name_the_run_with_the_kfp_run_id(compiled):
+    """Two runs given the same run_name get different names (folders, MLflow runs, objects)."""
+    ir, _ = compiled["grpo_pipeline.yaml"]
+    root = ir["root"]["dag"]["tasks"]
+    body = ir["components"][root["exit-handler-1"]["componentRef"]["name"]]["dag"]["tasks"]
+    for task in (root["cleanup"], body["train-grpo"]):
+        params = task["inputs"]["parameters"]
+        assert params["pipeline_job_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+        assert params["run_name"]["componentInputParameter"].removeprefix("pipelinechannel--") == "run_name"
+    evaluate = body["evaluate"]["inputs"]["parameters"]
+    assert evaluate["run_name"]["taskOutputParameter"] == {"outputParameterKey": "run_name", "producerTask": "train-grpo"}
+    assert evaluate["launch_backend"]["componentInputParameter"].removeprefix("pipelinechannel--") == "launch_backend"

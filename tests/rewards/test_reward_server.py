@@ -183,7 +183,7 @@ def test_remote_scores_exactly_like_the_local_pool(remote):
 def test_none_travels_as_json_null(server):
     resp = httpx.post(f"{server}/v1/score", json=group("a", "bb"), timeout=RESULT_TIMEOUT_S)
     assert resp.status_code == 200 and "NaN" not in resp.text
-    assert resp.json() == {"rewards": [[1.0, 1.0, 1.0], [2.0, None, 1.0]]}
+    assert resp.json() == {"rewards": [[1.0, 1.0, 1.0], [2.0, None, 1.0]], "extra": {}, "metrics": {}}
 
 
 @pytest.mark.integration

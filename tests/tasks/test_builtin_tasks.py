@@ -6,6 +6,7 @@ import pytest
 
 from async_grpo.tasks import TASKS, builtin_reward_funcs, get_reward_func, get_task
 from async_grpo.tasks.add import add_exact_match, add_format
+from async_grpo.tasks.calc import calc_call_match, calc_exact_match, calc_format
 from async_grpo.tasks.reverse import reverse_exact_match, reverse_format
 
 
@@ -20,16 +21,24 @@ def test_splits_are_deterministic_disjoint_and_well_formed(name):
     train, ev = task.train_dataset(0), task.eval_dataset()
     assert train.column_names == ["prompt", "answer"] == ev.column_names
     assert len(train) == task.train_size and len(ev) == task.eval_size
-    assert len(set(train["prompt"])) == len(train)  # no duplicate items
-    assert not set(train["prompt"]) & set(ev["prompt"])
+    text = (lambda p: p[0]["content"]) if task.chat else (lambda p: p)  # noqa: E731
+    train_prompts, eval_prompts = [text(p) for p in train["prompt"]], {text(p) for p in ev["prompt"]}
+    assert len(set(train_prompts)) == len(train)  # no duplicate items
+    assert not set(train_prompts) & eval_prompts
     assert train[:5] == task.train_dataset(0)[:5] and ev[:] == task.eval_dataset()[:]
     assert train["prompt"][:20] != task.train_dataset(1)["prompt"][:20]
     sft = task.sft_examples(seed=0, n=50)
-    assert len(sft) == 50 and not {p for p, _ in sft} & set(ev["prompt"])
-    for prompt, completion in sft:  # the reference answer scores full marks on every reward
-        for fn in task.reward_funcs.values():
-            assert call(fn, [completion], [completion]) == [1.0]
-    assert all(isinstance(p, str) and p.endswith("\n") for p in train["prompt"][:50])
+    assert len(sft) == 50 and not {p for p, _ in sft} & eval_prompts
+    if task.chat:  # one user message; the reference conversation (tool calls included) scores full marks
+        assert all(p == [{"role": "user", "content": text(p)}] for p in train["prompt"][:50])
+        for conv, (_, answer) in zip(task.sft_transcripts(0, 20), task.sft_examples(0, 20), strict=True):
+            for fn in task.reward_funcs.values():
+                assert fn(prompts=[conv[:1]], completions=[conv[1:]], completion_ids=[[0]], answer=[answer]) == [1.0]
+    else:
+        for prompt, completion in sft:  # the reference answer scores full marks on every reward
+            for fn in task.reward_funcs.values():
+                assert call(fn, [completion], [completion]) == [1.0]
+        assert all(isinstance(p, str) and p.endswith("\n") for p in train["prompt"][:50])
 
 
 def test_reverse_items():
@@ -78,13 +87,41 @@ def test_rewards_need_the_answer_column():
 
 
 def test_registry():
-    assert set(builtin_reward_funcs()) == {"reverse_exact_match", "reverse_format", "add_exact_match", "add_format"}
+    assert set(builtin_reward_funcs()) == {"reverse_exact_match", "reverse_format", "add_exact_match", "add_format",
+                                           "calc_exact_match", "calc_format", "calc_call_match",
+                                           "math_accuracy", "think_answer_format", "soft_overlong_penalty"}
     assert get_reward_func("reverse_format") is reverse_format
     assert pickle.loads(pickle.dumps(reverse_format)) is reverse_format  # module-level, importable by name
     with pytest.raises(KeyError, match="unknown builtin task 'nope'.*reverse"):
         get_task("nope")
     with pytest.raises(KeyError, match="unknown builtin reward function"):
         get_reward_func("nope")
+
+
+def test_calc_items_need_the_calculator():
+    task = get_task("calc")
+    assert task.tools == ("builtin:calculator",)
+    for row in task.eval_dataset():
+        a, b = row["prompt"][0]["content"].split("*")
+        assert 100 <= int(a) <= 999 and 100 <= int(b) <= 999 and row["answer"] == str(int(a) * int(b))
+    conv = task.sft_transcripts(0, 1)[0]
+    assert conv[1]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": conv[0]["content"]}}
+    assert conv[2] == {"role": "tool", "name": "calculator", "content": conv[3]["content"]}
+    with pytest.raises(ValueError, match="no multi-turn transcripts"):
+        get_task("add").sft_transcripts(0, 1)
+
+
+def test_calc_rewards_read_the_final_message():
+    conv = [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "408"},
+            {"role": "assistant", "content": " 408"}]
+    assert call(calc_exact_match, [conv, conv[:2], "408", "409"], ["408"] * 4) == [1.0, 1.0, 1.0, 0.0]
+    assert call(calc_exact_match, [conv[:1]], ["408"]) == [0.0]  # stopped at the call: no answer
+    assert call(calc_format, ["400"], ["408"]) == pytest.approx([0.2 + 0.3 + 0.5 * 2 / 3])
+    call_of = lambda expr: [{"role": "assistant", "content": "", "tool_calls": [  # noqa: E731
+        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expr}}}]}]
+    prompt = [{"role": "user", "content": "123*456"}]
+    scores = calc_call_match([prompt] * 4, [call_of("123*456"), call_of("923*456"), conv[2:], call_of(7)], None)
+    assert scores == pytest.approx([1.0, 0.5 * (0.2 + 0.3 + 0.5 * 6 / 7), 0.0, 0.0])
 
 
 def test_sft_examples_rejects_negative_n():

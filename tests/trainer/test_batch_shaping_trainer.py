@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from async_grpo.trainer.trainer import pack_batch
+from async_grpo.trainer.packing import pack_batch
 from async_grpo.transports.messages import TrainBatch
 
 from .test_trainer import BAD, GOOD, PAD, PROMPT, direct_logps, make_group, make_learner, on_policy_batch

@@ -10,14 +10,21 @@ and skip when it is not; `test_cuda_compiled_matches_grpo_loss` repeats a few ca
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import sys
 
 import pytest
 import torch
 
-from async_grpo.algorithms import grpo_loss, off_policy_mask, selective_log_softmax
-from async_grpo.trainer.liger import detached_completion_logps, fused_grpo_loss
+from async_grpo.algorithms import (
+    LossSettings,
+    detached_completion_logps,
+    fused_grpo_loss,
+    grpo_loss,
+    off_policy_mask,
+    selective_log_softmax,
+)
 
 N, T, H, V = 5, 7, 16, 48
 LENGTHS = [7, 3, 5, 1, 6]  # ragged completions (right padding), one of a single token
@@ -67,10 +74,14 @@ def make_inputs(device: str = "cpu", *, bias: bool, seed: int = 0) -> dict:
     return {k: v.to(device) for k, v in out.items()}
 
 
+SETTING_NAMES = {f.name for f in dataclasses.fields(LossSettings)}
+
+
 def options(loss_type: str, level: str, beta: float, bias_corr: bool, extras: bool, inputs: dict) -> dict:
-    """Keyword arguments shared by grpo_loss and fused_grpo_loss."""
+    """The options shared by grpo_loss and fused_grpo_loss, flat: LossSettings fields and per-call keywords
+    (`split` separates them)."""
     opts = dict(
-        loss_type=loss_type, epsilon_low=0.2, epsilon_high=5.0 if loss_type == "cispo" else 0.28,
+        loss_type=loss_type, epsilon=0.2, epsilon_high=5.0 if loss_type == "cispo" else 0.28,
         importance_sampling_level=level, beta=beta, use_bias_correction_kl=bias_corr,
         ref_logps=inputs["ref"] if beta else None, max_completion_length=T + 2,
         num_items_in_batch=inputs["mask"].sum() * 3, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
@@ -79,16 +90,22 @@ def options(loss_type: str, level: str, beta: float, bias_corr: bool, extras: bo
         seq = level == "sequence"
         opts.update(
             is_weights=inputs["is_weights"][:, :1].clone() if seq else inputs["is_weights"],
-            off_policy_threshold=OPSM_THRESHOLD, sampling_logps=inputs["sampling"],
+            off_policy_mask_threshold=OPSM_THRESHOLD, sampling_logps=inputs["sampling"],
             entropy_mask=inputs["entropy_mask"], delta=1.5 if loss_type in GRPO_FAMILY else None,
             gradient_accumulation_steps=3, num_processes=2,
         )  # fmt: skip
     return opts
 
 
-def reference_and_fused(inputs: dict, opts: dict, old: bool, chunk_size: int, compiled: bool = False,
-                        temperature: float = 1.0):
+def split(opts: dict) -> tuple[LossSettings, dict]:
+    """(LossSettings from the option entries of `opts`, the remaining per-call keywords)."""
+    settings = LossSettings(**{k: v for k, v in opts.items() if k in SETTING_NAMES})
+    return settings, {k: v for k, v in opts.items() if k not in SETTING_NAMES}
+
+
+def reference_and_fused(inputs: dict, opts: dict, old: bool, chunk_size: int, compiled: bool = False):
     """(loss, metrics, grads) of grpo_loss on full logits and of fused_grpo_loss, from identical leaves."""
+    settings, call = split(opts)
     results = []
     for fused in (False, True):
         hidden = inputs["hidden"].clone().requires_grad_(True)
@@ -96,11 +113,11 @@ def reference_and_fused(inputs: dict, opts: dict, old: bool, chunk_size: int, co
         head.load_state_dict(inputs["head"].state_dict())
         old_logps = inputs["old"] if old else None
         if fused:
-            out = fused_grpo_loss(hidden, head, inputs["ids"], inputs["mask"], inputs["adv"], old_logps,
-                                  chunk_size=chunk_size, compiled=compiled, temperature=temperature, **opts)
+            out = fused_grpo_loss(hidden, head, inputs["ids"], inputs["mask"], inputs["adv"], old_logps, settings,
+                                  chunk_size=chunk_size, compiled=compiled, **call)
         else:
-            logps = selective_log_softmax(head(hidden).float() / temperature, inputs["ids"])
-            out = grpo_loss(logps, old_logps, inputs["adv"], inputs["mask"], **opts)
+            logps = selective_log_softmax(head(hidden).float() / settings.temperature, inputs["ids"])
+            out = grpo_loss(logps, old_logps, inputs["adv"], inputs["mask"], settings, **call)
         out.loss.backward()
         grads = [hidden.grad, head.weight.grad] + ([head.bias.grad] if head.bias is not None else [])
         results.append((out.loss.detach(), out.metrics, grads))
@@ -148,20 +165,20 @@ def test_liger_chunking_does_not_change_the_result(liger, loss_type, chunk_size)
 
 def test_temperature_scales_the_logits(liger):
     inputs = make_inputs(bias=True, seed=2)
-    opts = options("dapo", "token", 0.1, False, True, inputs)
-    assert_same(reference_and_fused(inputs, opts, old=True, chunk_size=2, temperature=0.7))
+    opts = {**options("dapo", "token", 0.1, False, True, inputs), "temperature": 0.7}
+    assert_same(reference_and_fused(inputs, opts, old=True, chunk_size=2))
 
 
 def test_current_logps_are_used_when_given(liger):
     """With current_logps given, OPSM reads them: logps shifted by -2 nats make every A < 0 row drift."""
     inputs = make_inputs(bias=False)
-    opts = options("dapo", "token", 0.0, False, True, inputs)
+    settings, call = split(options("dapo", "token", 0.0, False, True, inputs))
     with torch.no_grad():
         logps = detached_completion_logps(inputs["hidden"], inputs["head"], inputs["ids"])
-    args = (inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], inputs["old"])
-    base = fused_grpo_loss(*args, **opts).loss
-    same = fused_grpo_loss(*args, current_logps=logps, **opts).loss
-    shifted = fused_grpo_loss(*args, current_logps=logps - 2.0, **opts).loss
+    args = (inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], inputs["old"], settings)
+    base = fused_grpo_loss(*args, **call).loss
+    same = fused_grpo_loss(*args, current_logps=logps, **call).loss
+    shifted = fused_grpo_loss(*args, current_logps=logps - 2.0, **call).loss
     torch.testing.assert_close(same, base, rtol=0, atol=TOL)
     assert abs(shifted.item() - base.item()) > 1e-3
 
@@ -169,9 +186,12 @@ def test_current_logps_are_used_when_given(liger):
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
 def test_sequence_level_cispo_and_sapo_are_refused(loss_type):
     inputs = make_inputs(bias=False)
-    opts = options(loss_type, "sequence", 0.0, False, False, inputs)
+    settings, call = split(options(loss_type, "sequence", 0.0, False, False, inputs))
     with pytest.raises(ValueError, match="importance_sampling_level='sequence'.*Fix"):
-        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], **opts)
+        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings,
+                        **call)
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence'.*Fix"):  # and as a setting
+        dataclasses.replace(settings, use_liger_kernel=True)
 
 
 @pytest.mark.parametrize(
@@ -186,26 +206,31 @@ def test_sequence_level_cispo_and_sapo_are_refused(loss_type):
     ],
 )
 def test_bad_options_are_refused_by_name(change, match):
+    """Bad settings are refused when LossSettings is built, bad per-call arguments by fused_grpo_loss."""
     inputs = make_inputs(bias=False)
     opts = {**options("dapo", "token", 0.0, False, False, inputs), **change}
     with pytest.raises(ValueError, match=match):
-        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], **opts)
+        settings, call = split(opts)
+        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings,
+                        **call)
 
 
 def test_hidden_must_be_n_t_h():
     inputs = make_inputs(bias=False)
-    opts = options("dapo", "token", 0.0, False, False, inputs)
+    settings, call = split(options("dapo", "token", 0.0, False, False, inputs))
     with pytest.raises(ValueError, match=r"hidden \(5, 16\) must be \(N, T, H\)"):
-        fused_grpo_loss(inputs["hidden"][:, 0], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], **opts)
+        fused_grpo_loss(inputs["hidden"][:, 0], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None,
+                        settings, **call)
 
 
 def test_missing_liger_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel", None)
     monkeypatch.setitem(sys.modules, "liger_kernel.chunked_loss", None)
     inputs = make_inputs(bias=False)
-    opts = options("dapo", "token", 0.0, False, False, inputs)
+    settings, call = split(options("dapo", "token", 0.0, False, False, inputs))
     with pytest.raises(ImportError, match=r"pip install 'liger-kernel==0\.8\.5'.*gpu"):
-        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], **opts)
+        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings,
+                        **call)
 
 
 GPU_CASES = list(itertools.product(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"], [False, True]))
@@ -228,8 +253,8 @@ def test_cuda_compiled_matches_grpo_loss(liger, loss_type, extras):
 def test_model_wiring_matches_the_unfused_trainer_path(liger, tiny_model):
     """The trainer's wiring: decoder hidden states + the model's LM head through fused_grpo_loss give the loss
     and parameter gradients of grpo_loss on completion_logps (tiny Qwen2, a packed batch with padding)."""
-    from async_grpo.trainer.liger import completion_hidden_states
-    from async_grpo.trainer.trainer import completion_logps, pack_batch
+    from async_grpo.trainer.logprobs import completion_hidden_states
+    from async_grpo.trainer.packing import completion_logps, pack_batch
 
     from .test_trainer import PAD, mixed_batch
 
@@ -240,8 +265,8 @@ def test_model_wiring_matches_the_unfused_trainer_path(liger, tiny_model):
     gen = torch.Generator().manual_seed(0)
     old = current + 0.3 * torch.randn(current.shape, generator=gen)
     sampling = current + torch.tensor([0.0, 0.0, 0.0, 1.0])[:, None]  # row 3 (A = -0.5) drifts: OPSM drops it
-    opts = dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, beta=0.0,
-                num_items_in_batch=mb.completion_mask.sum(), off_policy_threshold=0.5, sampling_logps=sampling,
+    settings = LossSettings(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, off_policy_mask_threshold=0.5)
+    opts = dict(num_items_in_batch=mb.completion_mask.sum(), sampling_logps=sampling,
                 is_weights=mb.completion_mask * 1.3)
     losses = []
     for fused, model in zip((False, True), models):
@@ -249,10 +274,10 @@ def test_model_wiring_matches_the_unfused_trainer_path(liger, tiny_model):
             hidden = completion_hidden_states(model, mb.input_ids, mb.attention_mask, mb.position_ids,
                                               mb.completion_ids.size(1))
             out = fused_grpo_loss(hidden, model.get_output_embeddings(), mb.completion_ids, mb.completion_mask,
-                                  mb.advantages, old, **opts)
+                                  mb.advantages, old, settings, **opts)
         else:
             logps, _ = completion_logps(model, mb)
-            out = grpo_loss(logps, old, mb.advantages, mb.completion_mask, **opts)
+            out = grpo_loss(logps, old, mb.advantages, mb.completion_mask, settings, **opts)
         out.loss.backward()
         losses.append(out.loss.detach())
     torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=TOL)

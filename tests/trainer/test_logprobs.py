@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from async_grpo.trainer.logprobs import chunked_token_logps, completion_logps_from_model
-from async_grpo.trainer.trainer import pack_batch
+from async_grpo.trainer.packing import pack_batch
 
 from .test_trainer import mixed_batch
 

@@ -36,7 +36,7 @@ from algorithms._trl_oracle import GRPOTrainer, trl_fused_model, trl_per_token_l
 
 from async_grpo.algorithms import selective_log_softmax
 from async_grpo.trainer.logprobs import completion_logps_from_model
-from async_grpo.trainer.trainer import PackedBatch, pack_batch
+from async_grpo.trainer.packing import PackedBatch, pack_batch
 from async_grpo.transports.messages import TrainBatch
 
 from .test_trainer import PAD, make_group

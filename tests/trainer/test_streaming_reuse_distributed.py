@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from async_grpo.algorithms import LossSettings
 from async_grpo.trainer.distributed import DataParallelLearner, DistInfo, follow, shard
-from async_grpo.trainer.trainer import GRPOLearner, LossSettings
+from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import TrainBatch
 
 from .test_trainer import PAD, make_group
@@ -62,11 +63,14 @@ def test_streamed_chunks_give_the_same_update_as_the_whole_batch(tiny_model, los
     parameters after the step, although the loss normalizers were unknown until the last chunk."""
     other = copy.deepcopy(tiny_model)
     batch = batch_of_four_groups()
-    whole = learner(tiny_model, 4, loss_type=loss_type).step(copy.deepcopy(batch))
+    kw = dict(loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else 0.2)  # cispo caps the ratio at it
+    whole = learner(tiny_model, 4, **kw).step(copy.deepcopy(batch))
     b = copy.deepcopy(batch)
     chunks = [TrainBatch(b.groups[:2], {}, final=False), TrainBatch(b.groups[2:], dict(b.metrics), final=True)]
-    streamed = learner(other, 4, loss_type=loss_type).step(iter(chunks))
+    streamed = learner(other, 4, **kw).step(iter(chunks))
     assert streamed["loss"] == pytest.approx(whole["loss"], rel=1e-5, abs=1e-7)
+    # every logged metric on the unstreamed scale (regression: dapo/cispo policy_loss was a raw token sum)
+    assert streamed["policy_loss"] == pytest.approx(whole["policy_loss"], rel=1e-5, abs=1e-8)
     assert streamed["num_tokens"] == whole["num_tokens"]
     # the step leaves the normalized gradients in .grad; compare those, not the Adam update (which turns a
     # 1e-9 gradient into a +-lr step and so amplifies float rounding)
@@ -111,12 +115,22 @@ def test_first_reuse_step_equals_a_plain_step_and_later_ones_see_the_old_policy(
 
 
 # ------------------------------------------------------------------ several ranks
-def test_shard_splits_groups_contiguously_and_evenly():
-    batch = TrainBatch(groups=list(range(5)), metrics={"m": 1.0}, final=True)  # type: ignore[arg-type]
-    parts = [shard(batch, r, 2).groups for r in range(2)]
-    assert parts == [[0, 1, 2], [3, 4]]
-    assert shard(batch, 1, 2).metrics == {"m": 1.0}
-    assert [len(shard(batch, r, 4).groups) for r in range(4)] == [2, 1, 1, 1]
+def test_shard_gives_each_rank_a_contiguous_run_of_one_process_micro_batches():
+    batch = _five_groups()  # 10 completions, 2 per group
+    batch.metrics = {"m": 1.0}
+    rows = lambda b: [(g.prompt_ids[0], len(g.completion_ids)) for g in b.groups]  # noqa: E731
+    # micro-batches of 4: [g0 g1] [g2 g3] [g4] -> rank 0 the first two, rank 1 the last
+    assert [len(shard(batch, r, 2, 4).groups) for r in range(2)] == [4, 1]
+    # micro-batches of 3 cut group 1 and group 4 in half: rank 0 rows 0-5, rank 1 rows 6-9
+    parts = [shard(batch, r, 2, 3) for r in range(2)]
+    assert [sum(len(g.completion_ids) for g in p.groups) for p in parts] == [6, 4]
+    assert rows(parts[0])[-1] == (PROMPTS[2][0], 2) and rows(parts[1])[0] == (PROMPTS[3][0], 2)
+    split = shard(batch, 0, 4, 3)  # rows 0-2: group 0 and the first completion of group 1
+    assert rows(split) == [(PROMPTS[0][0], 2), (PROMPTS[1][0], 1)]
+    assert split.groups[1].advantages == batch.groups[1].advantages[:1]
+    assert split.groups[1].loss_mask == batch.groups[1].loss_mask[:1]
+    assert shard(batch, 1, 2, 4).metrics == {"m": 1.0}
+    assert shard(batch, 3, 4, 4).groups == []  # 3 micro-batches, 4 ranks: the last one trains nothing
 
 
 def _free_port() -> int:
@@ -156,8 +170,8 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
             batch.groups.append(copy.deepcopy(batch.groups[0]))
             dp.step(batch)
             dp.step(batch, old_logps=dp.old_logps(batch))
-            state = dp.full_state_dict()
-            dp.stop()
+            state = dp.state_dict()["model"]  # the full (gathered) state: every rank joins
+            dp.close()
         else:
             follow(local, DistInfo(rank=1, world_size=world))
             state = None
@@ -170,7 +184,7 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
         batch = batch_of_four_groups()
         metrics, step_grads = step_then_reuse(dp, batch)
         dp.forget(batch)
-        dp.stop()
+        dp.close()
         torch.save({"metrics": metrics, "grads": step_grads, "params": [p.detach() for p in model.parameters()]},
                    os.path.join(out_dir, "rank0.pt"))
     else:
@@ -213,7 +227,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_whole_batch(tiny_model_pat
 # ------------------------------------------------------------------ sampling temperature and the fused loss
 def test_logprobs_are_those_of_the_tempered_sampling_distribution(tiny_model):
     """TRL divides the logits by the sampling temperature; vLLM's processed logprobs are tempered too."""
-    from async_grpo.trainer.trainer import completion_logps, pack_batch
+    from async_grpo.trainer.packing import completion_logps, pack_batch
 
     mb = pack_batch(batch_of_four_groups(), PAD)
     with torch.no_grad():
@@ -283,3 +297,64 @@ def test_merge_rank_metrics_keeps_extremes_sums_counts_and_averages_the_rest():
     ])  # fmt: skip
     assert merged == {"loss": 2.0, "x/min": 0.1, "x/max": 2.0, "skipped_zero_adv_microbatches": 3.0,
                       "grad_norm": 3.0, "kl": 0.2}
+
+
+# ------------------------------------------------------------------ unequal shares, every loss type
+ALL_LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+
+
+def _loss_kw(loss_type: str) -> dict:
+    return dict(loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else 0.2)
+
+
+def _five_groups() -> TrainBatch:
+    batch = batch_of_four_groups()
+    batch.groups.append(copy.deepcopy(batch.groups[1]))  # 5 groups: rank 0 trains 3, rank 1 trains 2
+    return batch
+
+
+def _uneven_rank_main(rank: int, port: int, model_path: str, out_dir: str, fsdp: bool, micro: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from async_grpo.trainer.distributed import close_distributed, init_distributed
+
+    os.environ.update({"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    info = init_distributed(timeout_s=120)
+    out = {}
+    for loss_type in ALL_LOSSES:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        local = learner(model, micro, fsdp=fsdp, **_loss_kw(loss_type))
+        if rank == 0:
+            dp = DataParallelLearner(local, info)
+            out[loss_type] = dp.step(_five_groups())["loss"]
+            dp.close()
+        else:
+            follow(local, DistInfo(rank=1, world_size=2))
+        out[f"{loss_type}/grads"] = [_local(p.grad) for p in model.parameters()]
+    torch.save(out, os.path.join(out_dir, f"uneven{'-fsdp' if fsdp else ''}{rank}.pt"))
+    close_distributed()
+
+
+@pytest.mark.parametrize(("fsdp", "micro"), [(False, 3), (True, 4)], ids=["replicas", "fsdp"])
+def test_unequal_shares_train_like_one_process_for_every_loss_type(tiny_model_path, tmp_path, fsdp, micro):
+    """Regression (shared/repros/fsdp_vs_ddp_grpo.py): 5 groups (10 completions) on 2 ranks. The ranks split one
+    process's micro-batches (replicas, micro-batches of 3: 2 + 2, one group split across the ranks; FSDP, of 4:
+    2 + 1 and a placeholder pass on rank 1), and the per-micro-batch losses (grpo, bnpo, dr_grpo, sapo) are
+    divided by the micro-batches of all ranks / world size, not a rank's own count (34% off) nor with placeholders
+    (27-45%). One process on the whole batch is the reference, for every loss type, to 1e-5."""
+    from transformers import AutoModelForCausalLM
+
+    mp.start_processes(_uneven_rank_main, args=(_free_port(), str(tiny_model_path), str(tmp_path), fsdp, micro),
+                       nprocs=2, join=True, start_method="spawn")
+    tag = "-fsdp" if fsdp else ""
+    ranks = [torch.load(tmp_path / f"uneven{tag}{r}.pt") for r in range(2)]
+    for loss_type in ALL_LOSSES:
+        reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        want = learner(reference, micro, **_loss_kw(loss_type)).step(_five_groups())
+        assert ranks[0][loss_type] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7), loss_type
+        for (name, param), g0, g1 in zip(reference.named_parameters(), ranks[0][f"{loss_type}/grads"],
+                                         ranks[1][f"{loss_type}/grads"], strict=True):
+            got = torch.cat([g0, g1]) if g0.shape != param.shape else g0  # FSDP: stitch the two shards
+            torch.testing.assert_close(got, param.grad, atol=1e-5, rtol=1e-5, msg=f"{loss_type} {name}")

@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from async_grpo.trainer.trainer import GRPOLearner, LossSettings, PackedBatch, completion_logps, pack_batch
+from async_grpo.algorithms import LossSettings
+from async_grpo.trainer.packing import PackedBatch, completion_logps, pack_batch
+from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 
 PAD = 256  # <|endoftext|> in the tiny tokenizer

@@ -196,7 +196,3 @@ def test_drop_counter_counts_by_reason_across_threads():
     assert drops.snapshot()["stale"] == 800
 
 
-def test_train_batch_properties():
-    b = batch(3, 1, 2)
-    assert b.num_samples == 6
-    assert b.min_policy_version == 1

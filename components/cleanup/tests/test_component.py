@@ -39,8 +39,8 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
     calls = []
 
     class Backend:
-        def __init__(self, **options):
-            calls.append(("init", options))
+        def __init__(self, settings=None, **options):
+            calls.append(("init", {**(settings or {}), **options}))
 
         def cleanup(self, run_name):
             calls.append(("cleanup", run_name))
@@ -50,24 +50,39 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
     module.KubernetesBackend = Backend
     monkeypatch.setitem(sys.modules, "async_grpo.launch.kubernetes", module)
 
+    job_id = "9b1d0c2e-0000-4000-8000-000000000000"
     summary = cleanup.python_func(pipeline_status=_status(), launch_backend="kubernetes", run_name="Nightly Run_3!",
-                                  backend_options={"namespace": "ml"})
+                                  pipeline_job_id=job_id, backend_options={"namespace": "ml"})
 
     # train_grpo names the run identically (its resolved run_name output); compare with a real call
     class Stop(Exception):
         pass
 
     def stop(self, config, timeout_s):
-        raise Stop(config.run_name)
+        raise Stop(config.tracking.run_name)
 
     module.KubernetesBackend.launch = stop
     with pytest.raises(Stop) as trained_as:
         train_grpo.python_func(dataset=dsl.Dataset(uri=str(tmp_path / "d"), name="d", metadata={"source": "builtin:add"}),
                                model=dsl.Model(uri=str(tmp_path / "m"), name="m"), launch_backend="kubernetes",
-                               run_name="Nightly Run_3!", mlflow_tracking_uri="sqlite:///unused.db")
-    assert calls == [("init", {"namespace": "ml"}), ("cleanup", "nightly-run-3"), ("init", {})]
-    assert str(trained_as.value) == "nightly-run-3"
-    assert summary == "run nightly-run-3 (FAILED): deployment/nightly-run-3-vllm, pytorchjob/nightly-run-3"
+                               run_name="Nightly Run_3!", pipeline_job_id=job_id,
+                               mlflow_tracking_uri="sqlite:///unused.db")
+    assert calls == [("init", {"namespace": "ml"}), ("cleanup", "nightly-run-3-9b1d0c2e"), ("init", {})]
+    assert str(trained_as.value) == "nightly-run-3-9b1d0c2e"
+    assert summary == ("run nightly-run-3-9b1d0c2e (FAILED): deployment/nightly-run-3-9b1d0c2e-vllm, "
+                       "pytorchjob/nightly-run-3-9b1d0c2e")
+
+
+def test_two_runs_with_the_same_name_clean_up_only_their_own_staging(tmp_path):
+    """The second run's exit handler (it failed early) leaves the first run's staged data alone."""
+    first, second = "11111111-aaaa", "22222222-bbbb"
+    for job in (first, second):
+        (tmp_path / f"weekly-{job[:8]}" / "staging" / "dataset").mkdir(parents=True)
+    summary = cleanup.python_func(pipeline_status=_status(), launch_backend="local", run_name="weekly",
+                                  pipeline_job_id=second, work_dir=str(tmp_path))
+    assert not (tmp_path / "weekly-22222222" / "staging").exists()
+    assert (tmp_path / "weekly-11111111" / "staging" / "dataset").is_dir()
+    assert summary == f"run weekly-22222222 (FAILED): {tmp_path / 'weekly-22222222' / 'staging'}"
 
 
 def test_unknown_backend_is_an_error(tmp_path):

@@ -2,7 +2,7 @@
 
 The checkpoint is the untrained tiny model and the registry already has a champion scored 0.99, so
 the gate must say no; the metrics must still land in the given MLflow run. The "yes" path runs in
-tests/pipelines/test_local_pipeline.py.
+tests/pipelines/test_local_pipeline.py. The platform policy's refusals need no vLLM (they come first).
 """
 
 import shutil
@@ -17,10 +17,11 @@ from async_grpo.tiny_model import build_tiny_model
 from components.evaluate.component import evaluate
 from components.prepare_dataset.component import prepare_dataset
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NAME = "tiny-reverser"
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_scores_with_vllm_logs_to_the_run_and_refuses_to_beat_a_better_champion(child_pids, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
@@ -58,3 +59,35 @@ def test_scores_with_vllm_logs_to_the_run_and_refuses_to_beat_a_better_champion(
     assert [m.step for m in client.get_metric_history(run.info.run_id, "final_eval/reward")] == [3]
     assert logged.data.tags["final_eval.decision"] == metrics.metadata["decision"]
     assert [a.path for a in client.list_artifacts(run.info.run_id, "final_eval")] == ["final_eval/completions.json"]
+
+
+def _artifacts(tmp_path):
+    model = dsl.Model(uri=str(tmp_path / "model-artifact"), name="model")
+    shutil.copytree(build_tiny_model(tmp_path / "tiny", seed=0), model.path)
+    data = dsl.Dataset(uri=str(tmp_path / "dataset-artifact"), name="dataset", metadata={})
+    prepare_dataset.python_func(dataset_uri="builtin:reverse", dataset=data)
+    return model, data
+
+
+@pytest.mark.parametrize("launch_backend, options, env, message", [
+    ("kubernetes", {"reward_image": "docker.io/evil/reward:latest"}, {}, "reward_image='docker.io/evil/reward:latest'"),
+    ("kubernetes", {}, {}, "vllm_extra_args: flag '--trust-remote-code' is not allowed"),
+    ("local", {}, {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, "launch_backend='local' inside a cluster pod"),
+])
+def test_the_policy_refuses_before_vllm_or_reward_code_starts(tmp_path, monkeypatch, child_pids, launch_backend,
+                                                              options, env, message):
+    """On a cluster the reward functions run in a pod without credentials, after the policy said yes."""
+    monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(tmp_path / "policy.yaml"))
+    (tmp_path / "policy.yaml").write_text("{}\n")  # the built-in defaults
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    model, data = _artifacts(tmp_path)
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), vllm_extra_args=["--trust-remote-code"] if not options
+                        else [], mlflow_tracking_uri="http://mlflow:5000")
+    before = child_pids()
+    with pytest.raises(ValueError, match=message):
+        evaluate.python_func(model=model, dataset=data, mlflow_run_id="r", tracking_uri="http://mlflow:5000",
+                             resolved_config=dump_config(config), metrics=dsl.Metrics(uri=str(tmp_path / "m"),
+                                                                                      name="metrics", metadata={}),
+                             launch_backend=launch_backend, backend_options=options, run_name="run-1")
+    assert child_pids() - before == set()

@@ -62,10 +62,31 @@ def test_registers_versions_and_moves_the_champion_alias(tmp_path, store):
     assert client.get_run(first_run).data.tags["registered_model_version"] == f"{NAME}/1"
 
 
+def test_the_registered_transformers_model_loads_and_generates(tmp_path, store):
+    """The trainer logs its final model with the transformers flavour (tracking.log_transformers_model); the
+    registered version loads with mlflow.transformers.load_model and generates text."""
+    from async_grpo.tiny_model import build_tiny_model
+    from async_grpo.tracking import MODEL_URI_TAG, log_transformers_model
+
+    uri, exp_id = store
+    with mlflow.start_run(experiment_id=exp_id) as run:
+        info = log_transformers_model(build_tiny_model(tmp_path / "final-model", seed=0))
+        mlflow.set_tag(MODEL_URI_TAG, info.model_uri)
+    out = register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.5),
+                                     mlflow_run_id=run.info.run_id, tracking_uri=uri, registered_model_name=NAME)
+    version = MlflowClient(uri).get_model_version(NAME, out.model_version)
+    assert version.source == info.model_uri and info.signature is not None  # MLflow's llm/v1/completions schema
+    pipe = mlflow.transformers.load_model(out.model_uri)
+    text = pipe("abc", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    assert text.startswith("abc") and len(text) > 3
+    served = mlflow.pyfunc.load_model(out.model_uri).predict({"prompt": "abc", "max_tokens": 4})
+    assert served[0]["object"] == "text_completion" and served[0]["usage"]["completion_tokens"] == 4
+
+
 def test_a_run_without_model_artifact_is_refused(tmp_path, store):
     uri, _ = store
     run_id = _training_run(tmp_path, store, with_model=False)
-    with pytest.raises(FileNotFoundError, match="no `model` artifact"):
+    with pytest.raises(FileNotFoundError, match="logged no model"):
         register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.5), mlflow_run_id=run_id,
                                    tracking_uri=uri, registered_model_name=NAME)
     assert MlflowClient(uri).search_model_versions(f"name = '{NAME}'") == []

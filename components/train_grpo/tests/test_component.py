@@ -29,17 +29,17 @@ class RecordingBackend:
     instances: list["RecordingBackend"] = []
     save_checkpoint = True
 
-    def __init__(self, **options):
-        self.options = options
+    def __init__(self, settings=None, **options):
+        self.options = {**(settings or {}), **options}
         self.launches: list[tuple[GRPOConfig, float]] = []
         RecordingBackend.instances.append(self)
 
     def launch(self, config: GRPOConfig, *, timeout_s: float) -> LaunchResult:
         self.launches.append((config, timeout_s))
         mlflow.set_tracking_uri(config.tracking_uri)
-        mlflow.set_experiment(config.mlflow_experiment_name)  # not whatever experiment an earlier test left active
-        with mlflow.start_run(run_name=config.run_name) as run:
-            mlflow.log_param("max_steps", config.max_steps)
+        mlflow.set_experiment(config.tracking.mlflow_experiment_name)  # not whatever experiment an earlier test left active
+        with mlflow.start_run(run_name=config.tracking.run_name) as run:
+            mlflow.log_param("max_steps", config.optim.max_steps)
         model_dir = Path(config.output_dir) / "final-model"
         if self.save_checkpoint:
             model_dir.mkdir(parents=True)
@@ -78,20 +78,20 @@ def test_precedence_staging_and_outputs(tmp_path, backend_module):
         dataset=_dataset(tmp_path, "builtin:reverse"), model=model, config_yaml=BASE_YAML, max_steps=7,
         extra_overrides=["learning_rate=0.01"], launch_backend="kubernetes", launch_timeout_s=123.0,
         backend_options={"namespace": "ml"}, work_dir=str(work), run_name="My Run_1",
-        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        pipeline_job_id="3f2a9c1e-77aa-4b1e-9d2c-0123456789ab", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )  # fmt: skip
 
     (backend,) = backend_module
     (config, timeout_s), = backend.launches
     assert backend.options == {"namespace": "ml"} and timeout_s == 123.0
-    assert config.max_steps == 7  # the typed knob beats config_yaml
-    assert config.learning_rate == 0.01  # extra_overrides beat both
-    assert config.torch_num_threads == 1 and config.num_generations == 4  # config_yaml fills the rest
-    assert config.run_name == "my-run-1" and out.run_name == "my-run-1"
-    assert config.output_dir == str(work / "my-run-1")
-    assert config.dataset == "builtin:reverse"  # kept for the warm start
-    staged = work / "my-run-1" / "staging" / "dataset"
-    assert config.eval_dataset == str(staged)
+    assert config.optim.max_steps == 7  # the typed knob beats config_yaml
+    assert config.optim.learning_rate == 0.01  # extra_overrides beat both
+    assert config.optim.torch_num_threads == 1 and config.sampling.num_generations == 4  # config_yaml fills the rest
+    assert config.tracking.run_name == "my-run-1-3f2a9c1e" and out.run_name == "my-run-1-3f2a9c1e"  # + the KFP run id
+    assert config.output_dir == str(work / "my-run-1-3f2a9c1e")
+    assert config.data.dataset == "builtin:reverse"  # kept for the warm start
+    staged = work / "my-run-1-3f2a9c1e" / "staging" / "dataset"
+    assert config.data.eval_dataset == str(staged)
     assert len(datasets.load_from_disk(str(staged))["eval"]) == 2
 
     assert GRPOConfig.model_validate(yaml.safe_load(out.resolved_config)) == config
@@ -99,7 +99,7 @@ def test_precedence_staging_and_outputs(tmp_path, backend_module):
     assert model.metadata["mlflow_run_id"] == out.mlflow_run_id
     assert model.metadata["after/eval/reward"] == 0.5 and model.metadata["launch_backend"] == "kubernetes"
     run = mlflow.MlflowClient(out.tracking_uri).get_run(out.mlflow_run_id)
-    assert run.data.tags["kfp.run_name"] == "my-run-1"
+    assert run.data.tags["kfp.run_name"] == "my-run-1-3f2a9c1e"
 
 
 def test_a_file_dataset_is_trained_from_the_staged_copy(tmp_path, backend_module):
@@ -111,7 +111,7 @@ def test_a_file_dataset_is_trained_from_the_staged_copy(tmp_path, backend_module
 
     (config, _), = backend_module[0].launches
     staged = str(work / "grpo-pipeline-20260101" / "staging" / "dataset")
-    assert config.dataset == staged and config.eval_dataset == staged
+    assert config.data.dataset == staged and config.data.eval_dataset == staged
 
 
 def test_cluster_secret_uri_applies_only_when_nothing_else_is_set(tmp_path, backend_module, monkeypatch):
@@ -119,13 +119,13 @@ def test_cluster_secret_uri_applies_only_when_nothing_else_is_set(tmp_path, back
     monkeypatch.setenv("MLFLOW_TRACKING_URI", secret_uri)
     out = train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path),
                                  config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w"))
-    assert backend_module[0].launches[0][0].mlflow_tracking_uri == secret_uri and out.tracking_uri == secret_uri
+    assert backend_module[0].launches[0][0].tracking.mlflow_tracking_uri == secret_uri and out.tracking_uri == secret_uri
 
     explicit = f"sqlite:///{tmp_path / 'explicit.db'}"
     train_grpo.python_func(dataset=_dataset(tmp_path / "2", "builtin:reverse"), model=_model(tmp_path / "2"),
                            config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w2"),
                            mlflow_tracking_uri=explicit)
-    assert backend_module[1].launches[0][0].mlflow_tracking_uri == explicit
+    assert backend_module[1].launches[0][0].tracking.mlflow_tracking_uri == explicit
 
 
 @pytest.mark.parametrize(
@@ -143,6 +143,16 @@ def test_bad_inputs_fail_before_anything_launches(tmp_path, backend_module, kwar
     with pytest.raises(error, match=match):
         train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path), **args)
     assert all(not b.launches for b in backend_module)
+
+
+def test_the_local_backend_is_refused_inside_a_cluster_pod(tmp_path, backend_module, monkeypatch):
+    """There it would run the submitter's reward code beside the pipeline's credentials and SA token."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(tmp_path / "policy.yaml"))
+    (tmp_path / "policy.yaml").write_text("user_code_with_credentials: false\n")
+    with pytest.raises(ValueError, match="launch_backend='local' inside a cluster pod"):
+        train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path),
+                               config_yaml=BASE_YAML, launch_backend="local", work_dir=str(tmp_path / "w"))
 
 
 def test_a_run_without_checkpoint_is_an_error(tmp_path, backend_module, monkeypatch):

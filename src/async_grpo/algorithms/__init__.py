@@ -1,22 +1,32 @@
 """Pure-math core of async-grpo: advantages, policy losses, off-policy corrections, log-prob helpers.
 
-Plain functions over torch tensors (CPU-testable, no model, no config object), each mirroring TRL 1.16
-``GRPOTrainer`` where TRL has the algorithm.
+Functions over torch tensors (CPU-testable, no model, no config object), each mirroring TRL 1.16
+``GRPOTrainer`` where TRL has the algorithm. The loss options are :class:`LossSettings`, listed once;
+:class:`GRPOObjective` composes one micro-batch's loss from them.
 """
 
 from .advantages import AdvantageOutput, compute_advantages, nanstd
 from .entropy import high_entropy_mask
+from .fused import detached_completion_logps, fused_grpo_loss
 from .logprobs import entropy_from_logits, selective_log_softmax
-from .losses import LOSS_TYPES, LossOutput, grpo_loss
+from .losses import IS_LEVELS, LOSS_TYPES, LossOutput, grpo_loss
+from .objective import GRPOObjective, LossSettings, MicroBatchInputs, MicroBatchLoss
 from .off_policy import IS_MODES, importance_sampling_weights, off_policy_mask
 
 __all__ = [
+    "IS_LEVELS",
     "IS_MODES",
     "LOSS_TYPES",
     "AdvantageOutput",
+    "GRPOObjective",
     "LossOutput",
+    "LossSettings",
+    "MicroBatchInputs",
+    "MicroBatchLoss",
     "compute_advantages",
+    "detached_completion_logps",
     "entropy_from_logits",
+    "fused_grpo_loss",
     "grpo_loss",
     "high_entropy_mask",
     "importance_sampling_weights",

@@ -1,18 +1,20 @@
 """GRPO-family policy losses (grpo, bnpo, dr_grpo, dapo, cispo, sapo; GSPO via sequence-level ratios).
 
-Pure functions over tensors (no model, no config object). :func:`grpo_loss` mirrors TRL 1.16
-``GRPOTrainer._compute_loss`` expression for expression, so that loss values and gradients agree with
-TRL on the same inputs. The helpers it builds on live in :mod:`.off_policy` (importance sampling,
-OPSM) and :mod:`.logprobs` (log-softmax, entropy) and are re-exported here.
+Pure functions over tensors and a validated :class:`~async_grpo.algorithms.objective.LossSettings` (no
+model, no config object). :func:`grpo_loss` mirrors TRL 1.16 ``GRPOTrainer._compute_loss`` expression for
+expression, so that loss values and gradients agree with TRL on the same inputs. The helpers it builds on
+live in :mod:`.off_policy` (importance sampling, OPSM) and :mod:`.logprobs` (log-softmax, entropy) and are
+re-exported here.
 
 Shapes: ``B`` completions in the micro-batch, ``T`` completion tokens (right padded), ``V`` vocab.
-``mask`` is the loss mask (completion mask times tool mask), 1 for trained tokens, 0 for padding;
-any dtype (bool / int / float). Log-probabilities are natural-log (nats) per token.
+``mask`` is the loss mask, 1 for trained tokens, 0 for padding (and for truncated completions with
+``mask_truncated_completions``); any dtype (bool / int / float). Log-probabilities are in nats per token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -20,7 +22,11 @@ from torch import Tensor
 from .logprobs import entropy_from_logits, selective_log_softmax
 from .off_policy import IS_MODES, importance_sampling_weights, off_policy_mask
 
+if TYPE_CHECKING:  # objective.py imports this module
+    from .objective import LossSettings
+
 __all__ = [
+    "IS_LEVELS",
     "IS_MODES",
     "LOSS_TYPES",
     "LossOutput",
@@ -33,6 +39,7 @@ __all__ = [
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
 IS_LEVELS = ("token", "sequence")
+TOKEN_SUM_LOSSES = ("dapo", "cispo")  # normalized by the accumulation window's token count, not per micro-batch
 
 
 @dataclass
@@ -73,27 +80,26 @@ def grpo_loss(
     old_logps: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
+    settings: LossSettings,
     *,
-    loss_type: str,
-    epsilon_low: float,
-    epsilon_high: float,
-    delta: float | None = None,
-    importance_sampling_level: str = "token",
-    beta: float = 0.0,
     ref_logps: Tensor | None = None,
-    use_bias_correction_kl: bool = False,
     is_weights: Tensor | None = None,
-    off_policy_threshold: float | None = None,
     sampling_logps: Tensor | None = None,
     entropy_mask: Tensor | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    max_completion_length: int | None = None,
     num_items_in_batch: Tensor | float | int | None = None,
-    gradient_accumulation_steps: int = 1,
+    gradient_accumulation_steps: float = 1,
     num_processes: int = 1,
+    kl_ratio_logps: Tensor | None = None,
 ) -> LossOutput:
     """GRPO-family clipped surrogate loss for one micro-batch, mirroring TRL ``GRPOTrainer._compute_loss``.
+
+    The static options come from ``settings`` (:class:`~async_grpo.algorithms.objective.LossSettings`,
+    already validated; below ``eps_low = settings.epsilon``, ``eps_high = settings.epsilon_high``); the
+    per-call tensors and normalizers are keyword arguments. ``settings.top_entropy_quantile``,
+    ``vllm_importance_sampling_*``, ``replay_recompute_logps``, ``temperature``, ``use_liger_kernel`` and
+    ``mask_truncated_completions`` are not read here: they shape the inputs
+    (:class:`~async_grpo.algorithms.objective.GRPOObjective` builds ``is_weights``, ``sampling_logps`` and
+    ``entropy_mask`` from them).
 
     Ratio ``r = exp(logp - old_logp)`` per token (``importance_sampling_level="token"``) or
     ``exp(mean_t(logp - old_logp))`` per sequence (``"sequence"``: GSPO, Zheng et al. 2025, arXiv 2507.18071).
@@ -102,16 +108,16 @@ def grpo_loss(
     - grpo / bnpo / dr_grpo / dapo: PPO clip ``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)``
       (DeepSeekMath eq. 3; asymmetric "clip-higher" from DAPO); with ``delta`` the unclipped branch is
       ``min(r, delta) A`` (two-sided clipping, INTELLECT-2).
-    - cispo: ``-sg(min(r, epsilon_high)) A logp`` (MiniMax-M1 / ScaleRL; ``epsilon_high`` is eps_max,
+    - cispo: ``-sg(min(r, eps_high)) A logp`` (MiniMax-M1 / ScaleRL; ``epsilon_high`` is eps_max,
       recommended 5.0).
     - sapo: ``-(4 / tau) sigmoid(tau (r - 1)) A`` with ``tau = sapo_temperature_pos`` if ``A > 0``
       else ``sapo_temperature_neg`` (SAPO, arXiv 2511.20347; TRL defaults 1.0 / 1.05).
 
-    Then, in TRL's order: times the OPSM mask (:func:`off_policy_mask`, when ``off_policy_threshold``),
-    times ``entropy_mask`` (``top_entropy_quantile``, :func:`~async_grpo.algorithms.high_entropy_mask`),
-    times ``is_weights`` (stale-policy IS), plus ``beta * KL`` with the k3 estimator
-    ``exp(ref - logp) - (ref - logp) - 1`` (Schulman 2020), times ``r`` when
-    ``use_bias_correction_kl`` (DeepSeek-V3.2 unbiased KL; the un-``delta``-clamped ratio).
+    Then, in TRL's order: times the OPSM mask (:func:`off_policy_mask`, when
+    ``settings.off_policy_mask_threshold`` is set), times ``entropy_mask`` (``top_entropy_quantile``,
+    :func:`~async_grpo.algorithms.high_entropy_mask`), times ``is_weights`` (stale-policy IS), plus
+    ``beta * KL`` with the k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` (Schulman 2020), times ``r``
+    when ``use_bias_correction_kl`` (DeepSeek-V3.2 unbiased KL; the un-``delta``-clamped ratio).
 
     Aggregation over valid tokens (TRL ``loss_type``), then the gradient-accumulation scaling of TRL's
     train mode with ``steps_per_generation == gradient_accumulation_steps``:
@@ -128,41 +134,37 @@ def grpo_loss(
             None for ``logps.detach()`` (on-policy: ratio 1, as TRL).
         advantages: ``(B,)`` or ``(B, 1)`` advantages; must be finite.
         mask: ``(B, T)`` loss mask.
-        loss_type: one of ``grpo``, ``bnpo``, ``dr_grpo``, ``dapo``, ``cispo``, ``sapo``.
-        epsilon_low, epsilon_high: clip range ``[1 - epsilon_low, 1 + epsilon_high]`` (cispo: cap).
-        delta: two-sided clipping upper bound on the ratio, or None.
-        importance_sampling_level: ``"token"`` or ``"sequence"``.
-        beta: KL coefficient; 0 disables the KL term (then ``ref_logps`` is unused).
-        ref_logps: ``(B, T)`` reference-model log-probs, required when ``beta != 0``.
-        use_bias_correction_kl: multiply the per-token KL by the ratio ``r``.
+        settings: the loss options (``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``,
+            ``importance_sampling_level``, ``beta``, ``use_bias_correction_kl``, ``off_policy_mask_threshold``,
+            ``sapo_temperature_pos/neg``, ``max_completion_length`` are read).
+        ref_logps: ``(B, T)`` reference-model log-probs, required when ``settings.beta != 0``.
         is_weights: ``(B, T)`` or ``(B, 1)`` stale-policy importance weights
             (:func:`importance_sampling_weights`), or None.
-        off_policy_threshold: OPSM ``delta`` threshold, or None to disable OPSM.
         sampling_logps: ``(B, T)`` sampler log-probs for OPSM; None falls back to ``old_logps``.
         entropy_mask: ``(B, T)`` bool / 0-1 mask of the tokens whose policy term is kept
             (:func:`~async_grpo.algorithms.high_entropy_mask`), or None for all. It multiplies the policy
             term only, not the KL, and not the aggregation denominators (TRL ``top_entropy_quantile``).
-        sapo_temperature_pos, sapo_temperature_neg: SAPO temperatures.
-        max_completion_length: ``L`` for dr_grpo's ``B * L`` denominator.
         num_items_in_batch: active (mask) tokens in the whole accumulation window summed across ranks;
             required for dapo / cispo.
-        gradient_accumulation_steps: micro-batches per optimizer step (>= 1).
+        gradient_accumulation_steps: micro-batches per optimizer step (> 0; fractional over ranks with unequal
+            shares: all ranks' micro-batches / num_processes).
         num_processes: data-parallel ranks (>= 1).
+        kl_ratio_logps: ``(B, T)`` log-denominator of the KL bias-correction ratio (with
+            ``settings.use_bias_correction_kl``): the KL is multiplied by ``exp(logps - kl_ratio_logps)`` per token
+            (DeepSeek-V3.2's unbiased KL against the policy that sampled, ``kl_bias_correction_ratio='sampler'``);
+            None multiplies by the policy ratio against ``old_logps`` (TRL).
 
     Returns:
         :class:`LossOutput`.
 
     Raises:
-        ValueError: unknown ``loss_type`` / ``importance_sampling_level``, shape mismatch (also of
-            ``entropy_mask``), missing
-            ``ref_logps`` (beta != 0), ``max_completion_length`` (dr_grpo) or ``num_items_in_batch``
-            (dapo / cispo), non-positive accumulation / process counts, non-finite advantages.
+        ValueError: shape mismatch (also of ``entropy_mask`` / ``is_weights``), missing ``ref_logps``
+            (beta != 0) or ``num_items_in_batch`` (dapo / cispo), non-positive accumulation / process counts,
+            non-finite advantages. (Invalid options are refused when ``settings`` is built.)
     """
+    loss_type, epsilon_low, epsilon_high = settings.loss_type, settings.epsilon, settings.epsilon_high
+    delta, beta, off_policy_threshold = settings.delta, settings.beta, settings.off_policy_mask_threshold
     # ---- validation --------------------------------------------------------------------------------
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"Unknown loss type: {loss_type!r}. Expected one of {LOSS_TYPES}.")
-    if importance_sampling_level not in IS_LEVELS:
-        raise ValueError(f"Unknown importance sampling level: {importance_sampling_level!r}. Expected {IS_LEVELS}.")
     if logps.dim() != 2 or mask.shape != logps.shape:
         raise ValueError(f"logps {tuple(logps.shape)} and mask {tuple(mask.shape)} must share one (B, T) shape")
     batch = logps.shape[0]
@@ -171,12 +173,10 @@ def grpo_loss(
             raise ValueError(f"{name} shape {tuple(t.shape)} != logps shape {tuple(logps.shape)}")
     if beta != 0.0 and ref_logps is None:
         raise ValueError("beta != 0 needs ref_logps")
-    if loss_type == "dr_grpo" and (max_completion_length is None or max_completion_length < 1):
-        raise ValueError("loss_type='dr_grpo' needs a positive max_completion_length")
-    if loss_type in ("dapo", "cispo") and num_items_in_batch is None:
+    if loss_type in TOKEN_SUM_LOSSES and num_items_in_batch is None:
         raise ValueError(f"loss_type={loss_type!r} needs num_items_in_batch (active tokens in the accumulation window)")
-    if gradient_accumulation_steps < 1 or num_processes < 1:
-        raise ValueError("gradient_accumulation_steps and num_processes must be >= 1")
+    if not gradient_accumulation_steps > 0 or num_processes < 1:
+        raise ValueError("gradient_accumulation_steps must be > 0 and num_processes >= 1")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)  # (B, 1)
     if advantages.shape != (batch, 1):
@@ -200,7 +200,7 @@ def grpo_loss(
         seq_keep = off_policy_mask(advantages, logps, opsm_ref, valid, off_policy_threshold)  # (B, 1)
 
     log_ratio = logps - old_logps  # (B, T)
-    if importance_sampling_level == "token":
+    if settings.importance_sampling_level == "token":
         log_importance_weights = log_ratio  # (B, T)
     else:
         log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
@@ -210,7 +210,9 @@ def grpo_loss(
     if beta != 0.0:
         ref = _masked_where(valid, ref_logps.detach())  # (B, T)
         per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1  # (B, T), k3 estimator
-        if use_bias_correction_kl:
+        if settings.use_bias_correction_kl and kl_ratio_logps is not None:  # pi_theta / pi_sampler, per token
+            per_token_kl = per_token_kl * torch.exp(logps - _masked_where(valid, kl_ratio_logps.detach()))
+        elif settings.use_bias_correction_kl:
             per_token_kl = per_token_kl * coef_1
 
     # ---- per-token surrogate ---------------------------------------------------------------------
@@ -218,7 +220,7 @@ def grpo_loss(
         clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()
         per_token_loss = -clamped_ratios * advantages * logps  # (B, T)
     elif loss_type == "sapo":
-        temperatures = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
+        temperatures = torch.where(advantages > 0, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
         soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
         per_token_loss = -soft_coef_1 * advantages  # (B, T) or (B, 1)
     else:  # grpo, bnpo, dr_grpo, dapo
@@ -246,7 +248,7 @@ def grpo_loss(
         policy_loss = loss.detach()
         loss = loss / gradient_accumulation_steps
     elif loss_type == "dr_grpo":
-        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * settings.max_completion_length)
         policy_loss = loss.detach()
         loss = loss / gradient_accumulation_steps
     else:  # dapo, cispo: num_items spans the accumulation window (TRL: * GAS / steps_per_generation == 1)

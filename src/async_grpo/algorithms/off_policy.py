@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["IS_MODES", "importance_sampling_weights", "off_policy_mask"]
+__all__ = ["IS_MODES", "importance_sampling_weights", "off_policy_mask", "seq_logprob_error_mask"]
 
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -168,3 +168,42 @@ def off_policy_mask(
     avg_seq_kl = kl_div.sum(dim=1, keepdim=True) / mask_f.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
     keep = (advantages.detach() >= 0) | (avg_seq_kl <= threshold)  # (B, 1)
     return keep.to(dtype=logps.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sequence-level trainer/sampler mismatch (NeMo RL seq_logprob_error_threshold)
+# --------------------------------------------------------------------------------------------------
+
+
+def seq_logprob_error_mask(old_logps: Tensor, sampling_logps: Tensor, mask: Tensor,
+                           threshold: float | None) -> tuple[Tensor | None, dict[str, float]]:
+    """NeMo RL's sequence multiplicative probability error and its mask.
+
+    ``e_i = sum_t m_it exp(|old_it - sampling_it|) / sum_t m_it`` (NeMo RL ``seq_mult_prob_error``: the mean over
+    the sequence's valid tokens of the factor by which trainer and sampler disagree on the token's probability;
+    1 when they agree, about ``1 + mean_t |old - sampling|`` for small gaps). Tokens vLLM could not score
+    (NaN sampling logps) and rows without valid tokens count as agreeing. With ``threshold``, sequences with
+    ``e_i > threshold`` are masked (NeMo RL ``seq_logprob_error_threshold``).
+
+    Args:
+        old_logps: (B, T) the trainer's pi_old logprobs.
+        sampling_logps: (B, T) vLLM's sampling logprobs.
+        mask: (B, T) loss mask.
+        threshold: mask above this (> 1), or None to measure only.
+
+    Returns:
+        (keep, metrics): keep (B,) bool (False: masked) or None without a threshold; metrics
+        ``sampling/seq_mult_prob_error/mean`` (token-weighted in the step average), ``.../max``, and with a
+        threshold ``sampling/seq_logprob_error_masked`` (sequences masked in this micro-batch).
+    """
+    valid = (mask > 0) & ~torch.isnan(sampling_logps)
+    gap = torch.where(valid, (old_logps.detach() - sampling_logps).abs(), torch.zeros_like(old_logps))
+    tokens = valid.sum(-1)
+    error = torch.where(tokens > 0, (gap.exp() * valid).sum(-1) / tokens.clamp(min=1), torch.ones_like(gap[:, 0]))
+    metrics = {"sampling/seq_mult_prob_error/mean": float(error.mean()) if error.numel() else 1.0,
+               "sampling/seq_mult_prob_error/max": float(error.max()) if error.numel() else 1.0}
+    if threshold is None:
+        return None, metrics
+    keep = error <= threshold
+    metrics["sampling/seq_logprob_error_masked"] = float((~keep).sum())
+    return keep, metrics

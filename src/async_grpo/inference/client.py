@@ -8,7 +8,10 @@ plain HTTP with timeouts; the weight-transfer handshake itself goes through vLLM
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import httpx
 import requests
@@ -32,8 +35,34 @@ class Completion:
     finish_reason: str
 
 
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable; the server requires it when set (see inference/auth.py)
+
+
+def auth_headers(api_key: str | None = None) -> dict[str, str]:
+    """`Authorization: Bearer <key>` for `api_key`, else for env VLLM_API_KEY; {} when neither is set."""
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class GenerationError(RuntimeError):
     """vLLM answered a generation request with an error or a malformed body."""
+
+
+@runtime_checkable
+class GenerationClient(Protocol):
+    """What a rollout needs from an inference server: sampled completions of a tokenized prompt.
+
+    `AsyncVLLMClient` is the implementation; tests use scripted fakes.
+    """
+
+    async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float,
+                       top_p: float = 1.0, top_k: int = -1, seed: int | None = None,
+                       extra_body: dict | None = None) -> list[Completion]:
+        """Sample `n` completions of `prompt_ids` (P,), at most `max_tokens` tokens each; `extra_body`: further
+        vLLM sampling parameters (only passed when there are some)."""
+
+    async def aclose(self) -> None:
+        """Release connections."""
 
 
 class AsyncVLLMClient:
@@ -43,13 +72,16 @@ class AsyncVLLMClient:
         base_url: server URL, e.g. http://127.0.0.1:8000.
         model: served model name (the `--model` path by default).
         timeout_s: per-request timeout (seconds).
+        api_key: bearer token; None reads env VLLM_API_KEY (unset: none).
     """
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 120.0, max_connections: int = 64):
+    def __init__(self, base_url: str, model: str, timeout_s: float = 120.0, max_connections: int = 64,
+                 api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
+            headers=auth_headers(api_key),
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections),
         )
@@ -64,8 +96,10 @@ class AsyncVLLMClient:
         top_p: float = 1.0,
         top_k: int = -1,
         seed: int | None = None,
+        extra_body: dict | None = None,
     ) -> list[Completion]:
-        """Sample `n` completions of one tokenized prompt.
+        """Sample `n` completions of one tokenized prompt; `extra_body` adds vLLM sampling parameters to the
+        request (min_p, repetition_penalty, TRL's generation_kwargs).
 
         Raises:
             GenerationError: non-200 answer or a body without token ids / logprobs.
@@ -85,6 +119,7 @@ class AsyncVLLMClient:
         }
         if seed is not None:
             body["seed"] = seed
+        body.update(extra_body or {})
         resp = await self._http.post("/v1/completions", json=body)
         if resp.status_code != 200:
             raise GenerationError(f"vLLM /v1/completions returned {resp.status_code}: {resp.text[:500]}")
@@ -119,14 +154,16 @@ class VLLMControlClient:
     Args:
         base_url: server URL.
         timeout_s: per-call timeout (seconds).
+        api_key: bearer token; None reads env VLLM_API_KEY (unset: none).
     """
 
-    def __init__(self, base_url: str, timeout_s: float = 60.0):
+    def __init__(self, base_url: str, timeout_s: float = 60.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.headers = auth_headers(api_key)
 
     def _call(self, method: str, path: str, **kw) -> dict:
-        resp = requests.request(method, f"{self.base_url}{path}", timeout=self.timeout_s, **kw)
+        resp = requests.request(method, f"{self.base_url}{path}", timeout=self.timeout_s, headers=self.headers, **kw)
         resp.raise_for_status()
         return resp.json() if resp.content else {}
 
@@ -155,11 +192,40 @@ class VersionedWeightSyncClient(HTTPVLLMWeightSyncClient):
     """vLLM's HTTP weight-sync client that stamps `next_version` at `finish_weight_update`.
 
     vLLM's trainer engines call `finish_weight_update()` without a version; the trainer sets
-    `next_version` before each push so the server reports the policy version it serves.
+    `next_version` before each push so the server reports the policy version it serves. vLLM's client
+    sends no headers, so `_post` (its one HTTP call; a test pins its signature) adds the bearer token of
+    env VLLM_API_KEY when set.
     """
 
     next_version: str | None = None
 
+    def _post(self, path: str, json: dict | None = None) -> None:
+        """POST `json` to `/<path>` with the bearer token; raises requests.HTTPError on a non-2xx answer."""
+        response = requests.post(f"{self.base_url}/{path}", json=json, timeout=self.timeout, headers=auth_headers())
+        response.raise_for_status()
+
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         """Finish the update, tagging it with `weight_version` or `next_version`."""
         super().finish_weight_update(weight_version if weight_version is not None else self.next_version)
+
+
+@dataclass
+class InferenceEndpoint:
+    """The inference server a run generates with and pushes weights to.
+
+    Attributes:
+        url: base URL, e.g. http://127.0.0.1:8000.
+        served_model: the model id requests name; None: ask the server (`/v1/models`) once it is ready.
+        launched: True when this run started the server from the policy's model folder (it then serves exactly
+            the trainer's starting weights); False for an attached server whose weights are unknown.
+        wait_ready: blocks until the server answers (raises when it cannot); a no-op for an attached server.
+    """
+
+    url: str
+    served_model: str | None = None
+    launched: bool = False
+    wait_ready: Callable[[], None] = lambda: None
+
+    def model_name(self, timeout_s: float = 60.0) -> str:
+        """`served_model`, or the server's first served model id (one HTTP call, `timeout_s` seconds)."""
+        return self.served_model or VLLMControlClient(self.url, timeout_s=timeout_s).models()[0]

@@ -6,12 +6,17 @@ cluster settings without importing anything else; like `GRPOConfig` it is one py
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from async_grpo import __version__
 from async_grpo.config import ConfigError, format_validation_error
+
+DEFAULT_REGISTRY = "ghcr.io/async-grpo"
+# NCCL_*/GLOO_* only, and no plugin variables: those name shared libraries NCCL loads into the process.
+NCCL_ENV_KEY = re.compile(r"^(NCCL|GLOO)_[A-Z0-9_]+$")
 
 
 class ClusterSettings(BaseModel):
@@ -25,8 +30,10 @@ class ClusterSettings(BaseModel):
     namespace: str = Field("async-grpo", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
                            description="Namespace of the run.")
     device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: CUDA images + NCCL; cpu: the CPU image + gloo.")
-    image_registry: str = Field("ghcr.io/async-grpo", description="Registry prefix of our images.")
-    image_tag: str = Field(__version__, description="Tag of our images (the package version they hold).")
+    image_registry: str | None = Field(None, description="Registry prefix of our images; None: the platform "
+                                       f"policy's default images, else {DEFAULT_REGISTRY}.")
+    image_tag: str | None = Field(None, description="Tag of our images; None: the platform policy's default "
+                                  "images, else the package version they hold.")
     trainer_image: str | None = Field(None, description="Override the trainer image reference.")
     vllm_image: str | None = Field(None, description="Override the vLLM image reference.")
     reward_image: str | None = Field(None, description="Override the reward-worker image reference.")
@@ -52,12 +59,12 @@ class ClusterSettings(BaseModel):
                                  "pod: the same path as in the pipeline's steps, so paths mean the same everywhere.")
     mlflow_tracking_uri: str = Field("http://mlflow:5000", description="MLflow tracking server as pods see it, "
                                      "used when the run config sets none.")
-    mlflow_secret: str | None = Field("mlflow-tracking", description="Secret loaded as env into trainer pods "
-                                      "(MLFLOW_TRACKING_USERNAME/PASSWORD, AWS_* for S3 artifacts).")
-    hf_token_secret: str | None = Field("hf-token", description="Secret with key HF_TOKEN (optional).")
+    mlflow_secret: str | None = Field("mlflow-tracking", description="Secret whose optional keys "
+                                      "MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN reach the trainer pods (only them).")
     service_account: str = Field("async-grpo-workload", description="ServiceAccount of run pods (no API rights).")
     nccl_socket_ifname: str = Field("eth0", description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the pod NIC.")
-    nccl_env: dict[str, str] = Field(default_factory=dict, description="Extra NCCL_* env for trainer and vLLM.")
+    nccl_env: dict[str, str] = Field(default_factory=dict, description="Extra NCCL_*/GLOO_* env for trainer and "
+                                     "vLLM (no *_PLUGIN variables).")
     vllm_port: int = Field(8000, ge=1, le=65535, description="vLLM HTTP port.")
     reward_port: int = Field(8080, ge=1, le=65535, description="Reward service HTTP port.")
     weight_transfer_ports: tuple[int, int] = Field(
@@ -67,6 +74,16 @@ class ClusterSettings(BaseModel):
         "Never", description="PyTorchJob restart policy (a restarted trainer would start the run over).")
     ttl_after_finished_s: int = Field(7 * 24 * 3600, ge=0, description="Finished PyTorchJob kept this long (s).")
     run_as_user: int = Field(1000, ge=1, description="UID (and GID, fsGroup) of every container; never root.")
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _check_nccl_env(cls, value: dict[str, str]) -> dict[str, str]:
+        """Only NCCL_*/GLOO_* variables, never a plugin (a library path loaded into the trainer and vLLM)."""
+        bad = sorted(k for k in value if not NCCL_ENV_KEY.match(k) or k.endswith("_PLUGIN"))
+        if bad:
+            raise ValueError(f"nccl_env may only set NCCL_*/GLOO_* variables other than *_PLUGIN, not {bad}. "
+                             "Fix: drop them (LD_PRELOAD, PYTHONPATH or a plugin would load code into the pods).")
+        return value
 
     @model_validator(mode="after")
     def _check_ports(self) -> ClusterSettings:
@@ -93,9 +110,10 @@ class ClusterSettings(BaseModel):
             raise ConfigError(text.replace("against GRPOConfig", "against ClusterSettings")) from None
 
     def image(self, role: Literal["trainer", "vllm", "reward"]) -> str:
-        """Image reference of `role`: the override, else `<registry>/<name>:<tag>` (cpu: one image for all)."""
+        """Image reference of `role`: the override, else `<registry>/<name>:<tag>` (cpu: one image for trainer and
+        vLLM); `k8s_policy.resolve_images` first fills the overrides from the platform's default images."""
         override = {"trainer": self.trainer_image, "vllm": self.vllm_image, "reward": self.reward_image}[role]
         if override:
             return override
         name = "cpu" if self.device == "cpu" and role != "reward" else role
-        return f"{self.image_registry}/{name}:{self.image_tag}"
+        return f"{self.image_registry or DEFAULT_REGISTRY}/{name}:{self.image_tag or __version__}"

@@ -30,20 +30,23 @@ T = TypeVar("T")
 
 # ------------------------------------------------------------------ reward statistics
 def weighted_rewards(rewards_per_func: Sequence[Sequence[float]], weights: Sequence[float]) -> list[float]:
-    """Per-row weighted reward nansum, sum_f w_f r_f with NaN (a None reward) counted as 0 (TRL).
+    """Per-row weighted reward nansum, sum_f w_f r_f with NaN (a None reward) counted as 0, and NaN for an
+    unscorable row (every function returned None), exactly as `algorithms.compute_advantages` (TRL) scores rows.
 
     Args:
         rewards_per_func: G rows of F rewards.
         weights: (F,) reward weights.
 
     Returns:
-        (G,) floats.
+        (G,) floats, NaN on unscorable rows.
     """
-    return [sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r)) for row in rewards_per_func]
+    return [sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r))
+            if not all(math.isnan(r) for r in row) else math.nan for row in rewards_per_func]
 
 
 def sample_std(values: Sequence[float]) -> float:
-    """Std with Bessel's correction (torch.std convention); 0.0 for fewer than 2 values."""
+    """Std with Bessel's correction (torch.std convention) over the finite values; 0.0 for fewer than 2."""
+    values = [v for v in values if not math.isnan(v)]
     if len(values) < 2:
         return 0.0
     mean = sum(values) / len(values)
@@ -51,7 +54,8 @@ def sample_std(values: Sequence[float]) -> float:
 
 
 def weighted_reward_std(rewards_per_func: list[list[float]], weights: list[float]) -> float:
-    """Std (torch.std convention, Bessel) of the weighted reward nansum over a group's rows; 0.0 when all tie.
+    """Std (torch.std convention, Bessel) of the weighted reward nansum over a group's scorable rows (the rows
+    its advantages are computed from); 0.0 when they all tie or fewer than two were scored.
 
     Args:
         rewards_per_func: G rows of F rewards (NaN for None).
@@ -67,14 +71,16 @@ def is_zero_std(std: float) -> bool:
 
 def all_rewards_near_zero(rewards_per_func: list[list[float]], weights: list[float],
                           atol: float = ZERO_REWARD_ATOL) -> bool:
-    """True when every row's weighted reward is within `atol` of 0 (the group "scored ~0").
+    """True when the group was scored and every scorable row's weighted reward is within `atol` of 0 (the group
+    "scored ~0"); a group no function could score is not.
 
     Args:
-        rewards_per_func: G rows of F rewards (NaN for None, counted as 0).
+        rewards_per_func: G rows of F rewards (NaN for None, counted as 0 within a scorable row).
         weights: (F,) reward weights.
         atol: absolute tolerance (default 1e-6).
     """
-    return all(abs(r) <= atol for r in weighted_rewards(rewards_per_func, weights))
+    scored = [r for r in weighted_rewards(rewards_per_func, weights) if not math.isnan(r)]
+    return bool(scored) and all(abs(r) <= atol for r in scored)
 
 
 def replay_score(group: RolloutGroup) -> float:
@@ -131,14 +137,20 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self._heap)
 
-    @property
-    def min_score(self) -> float | None:
-        """Lowest score held (the next to be evicted), or None when empty."""
-        return self._heap[0][0] if self._heap else None
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs: the held groups with their scores and order, the RNG state and
+        `replayed_total` (picklable; the groups are copied by reference)."""
+        seq = max((entry[1] for entry in self._heap), default=-1) + 1
+        return {"heap": list(self._heap), "next_seq": seq, "rng": self.rng.getstate(),
+                "replayed_total": self.replayed_total}
 
-    def scores(self) -> list[float]:
-        """Scores held, ascending."""
-        return sorted(entry[0] for entry in self._heap)
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict()`."""
+        self._heap = list(state["heap"])
+        heapq.heapify(self._heap)
+        self._seq = itertools.count(int(state["next_seq"]))
+        self.rng.setstate(state["rng"])
+        self.replayed_total = int(state["replayed_total"])
 
     def add(self, group: RolloutGroup) -> bool:
         """Offer one scored group; returns True if it was kept.
@@ -267,6 +279,18 @@ class RerollQueue(Generic[T]):
         for old in [b for b in self._taken if b < batch_index - 1]:  # launches only move forward (+-1)
             del self._taken[old]
         return self._fifo.popleft()
+
+    def state_dict(self) -> dict:
+        """The waiting prompts, the per-batch launch counts and the counters (picklable)."""
+        return {"fifo": list(self._fifo), "taken": dict(self._taken), "rerolled_total": self.rerolled_total,
+                "overflowed": self.overflowed}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict()`."""
+        self._fifo = collections.deque(state["fifo"])
+        self._taken = {int(k): int(v) for k, v in state["taken"].items()}
+        self.rerolled_total = int(state["rerolled_total"])
+        self.overflowed = int(state["overflowed"])
 
     def count_batched(self, groups: list[RolloutGroup]) -> int:
         """Add the re-rolled groups among `groups` (a batch being emitted) to `rerolled_total`; returns it."""

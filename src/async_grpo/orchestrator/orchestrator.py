@@ -1,9 +1,9 @@
 """The orchestrator: keeps vLLM busy generating groups while the trainer trains on earlier ones.
 
-It runs an asyncio loop on a background thread. Each prompt becomes one `/v1/completions` request
-for `num_generations` samples; a finished group is scored by the reward pool, stamped with the
-policy version that generated it, and batched; advantages are computed over each step's batch (so
-`scale_rewards=batch` sees the whole batch) and the batch goes onto the bounded rollout queue.
+It runs an asyncio loop on a background thread. Each prompt goes through the run's `Rollout` (one prompt in,
+one scored group stamped with the policy version that sampled it out; `orchestrator.rollout`); finished groups
+are batched, advantages are computed over each step's batch (so `scale_rewards=batch` sees the whole batch,
+`orchestrator.batching`) and the batch goes onto the bounded rollout queue.
 Bounded in-flight requests and the queue bound give backpressure; a failed group is dropped and
 counted, never retried silently; the stop event is checked at every wait. Batch shaping (dynamic
 sampling here; the replay buffer and deferred re-roll in `batch_shaping`) decides which groups make up
@@ -13,26 +13,20 @@ a batch; the trainer only ever sees the result.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import httpx
-import torch
 
-from async_grpo.algorithms import compute_advantages
-from async_grpo.inference.client import AsyncVLLMClient, GenerationError
+from async_grpo.data import PromptItem
+from async_grpo.inference.client import GenerationClient, GenerationError
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
-from async_grpo.rewards.pool import RewardError, RewardPool
-
-if TYPE_CHECKING:
-    from async_grpo.rewards.remote import RemoteRewardPool
+from async_grpo.orchestrator.batching import make_train_batch, rollout_metrics
+from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
+from async_grpo.rewards.pool import RewardError
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
@@ -41,26 +35,6 @@ logger = logging.getLogger(__name__)
 STOP_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 30.0
 GENERATION_ERROR_BACKOFF_S = 1.0
-
-
-@dataclass
-class PromptItem:
-    """One dataset row, tokenized. `columns` are the row's other fields (reward kwargs)."""
-
-    prompt: object
-    prompt_ids: list[int]
-    columns: dict
-
-
-@dataclass
-class SamplingSettings:
-    """Per-request sampling settings (TRL names)."""
-
-    num_generations: int
-    max_completion_length: int
-    temperature: float
-    top_p: float = 1.0
-    top_k: int = -1
 
 
 class GenerationMeter:
@@ -89,11 +63,10 @@ class Orchestrator:
     """Background rollout producer.
 
     Args:
-        client_factory: builds an `AsyncVLLMClient` (called inside the orchestrator's event loop).
-        prompts: an endless iterator of `PromptItem`s (see `cycle_prompts`).
-        decode: token ids -> text.
+        client_factory: builds the inference client (called inside the orchestrator's event loop).
+        prompts: an endless iterator of `PromptItem`s (a `data.PromptSampler`).
+        rollout: turns one prompt into one scored group (`orchestrator.rollout`).
         sampling: sampling settings.
-        reward_pool: scores a group: the local `RewardPool` (worker processes) or `RemoteRewardPool` (the reward service).
         reward_names: metric names of the reward functions, in order.
         reward_weights: (F,) weights.
         scale_rewards: "group" | "batch" | "none" (TRL).
@@ -132,11 +105,10 @@ class Orchestrator:
     def __init__(
         self,
         *,
-        client_factory: Callable[[], AsyncVLLMClient],
+        client_factory: Callable[[], GenerationClient],
         prompts: Iterator[PromptItem],
-        decode: Callable[[list[int]], str],
+        rollout: Rollout,
         sampling: SamplingSettings,
-        reward_pool: RewardPool | RemoteRewardPool,
         reward_names: list[str],
         reward_weights: list[float],
         scale_rewards: str,
@@ -159,9 +131,8 @@ class Orchestrator:
     ):
         self.client_factory = client_factory
         self.prompts = prompts
-        self.decode = decode
+        self.rollout = rollout
         self.sampling = sampling
-        self.reward_pool = reward_pool
         self.reward_names = reward_names
         self.reward_weights = reward_weights
         self.scale_rewards = scale_rewards
@@ -229,8 +200,8 @@ class Orchestrator:
         slots = asyncio.Semaphore(self.max_inflight_groups)
         try:
             while not self.stop_event.is_set():
-                if (self.version.value < self.required_version(self._launched) or self.queue.full()
-                        or not await _acquire(slots, self.stop_event)):
+                if (self.version.value < self.required_version(self._paced_launches()) or self.queue.full()
+                        or not await _acquire(slots)):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
                 item, rerolled = self._next_prompt()
@@ -250,6 +221,12 @@ class Orchestrator:
                 self.drops.add("shutdown", len(self._pending))
                 self._pending = []
             await client.aclose()
+
+    def _paced_launches(self) -> int:
+        """Launches that will each feed a trainer step: `_launched` less the groups of step batches the queue
+        skipped as wholly stale (the trainer trained on the next batch in their place, so every later batch is
+        consumed one step earlier than its launch order says)."""
+        return self._launched - self.queue.skipped_steps * self.groups_per_step
 
     def required_version(self, launched: int) -> int:
         """Policy version needed before launching the group after `launched` earlier ones (see class doc).
@@ -271,65 +248,40 @@ class Orchestrator:
                 return item, True
         return next(self.prompts), False
 
-    async def _one_group(self, client: AsyncVLLMClient, item: PromptItem, slots: asyncio.Semaphore,
+    async def _one_group(self, client: GenerationClient, item: PromptItem, slots: asyncio.Semaphore,
                          rerolled: bool = False) -> None:
+        """Run one rollout and batch its group. Every failure is counted under a reason and logged; none
+        escapes the task (a `DynamicSamplingError` stops the orchestrator through `error`)."""
         batched = False
         try:
-            group = await self._generate(client, item, rerolled)
-            if group is not None and await self._score(group):
-                if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
-                    self.reroll.offer(item, group.rewards_per_func, self.reward_weights)
-                batched = await self._add_to_batch(group)
+            group = await self.rollout(client, item, self.sampling, version=lambda: self.version.value)
+            group.rerolled = rerolled
+            self.meter.add(sum(sum(mask) for mask in group.loss_mask))  # generated tokens: tool output excluded
+            if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
+                self.reroll.offer(item, group.rewards_per_func, self.reward_weights)
+            batched = await self._add_to_batch(group)
         except DynamicSamplingError as err:
             self.error = err
             self.stop_event.set()
-        finally:
-            if not batched:
-                self._launched -= 1
-            slots.release()
-
-    async def _generate(self, client: AsyncVLLMClient, item: PromptItem, rerolled: bool = False) -> RolloutGroup | None:
-        s = self.sampling
-        version = self.version.value
-        try:
-            completions = await client.generate(
-                item.prompt_ids, n=s.num_generations, max_tokens=s.max_completion_length,
-                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-            )  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except RolloutDropped as err:
+            self.drops.add(err.reason)
+        except RewardError as err:
+            self.drops.add(err.reason)
+            logger.warning("reward failed, group dropped: %s", err)
         except (httpx.HTTPError, GenerationError) as err:
             if not self.stop_event.is_set():
                 self.drops.add("generation_error")
                 logger.warning("generation failed: %s", err)
                 await asyncio.sleep(GENERATION_ERROR_BACKOFF_S)  # no tight retry loop against a failing server
-            return None
-        if any(c.finish_reason == "abort" for c in completions):
-            self.drops.add("aborted")
-            return None
-        self.meter.add(sum(len(c.token_ids) for c in completions))
-        return RolloutGroup(
-            prompt_ids=item.prompt_ids,
-            completion_ids=[c.token_ids for c in completions],
-            sampling_logprobs=[c.logprobs for c in completions],
-            truncated=[c.finish_reason == "length" for c in completions],
-            completions=[self.decode(c.token_ids) for c in completions],
-            prompt=item.prompt,
-            columns=item.columns,
-            policy_version=version,
-            rerolled=rerolled,
-        )
-
-    async def _score(self, group: RolloutGroup) -> bool:
-        """Fill `group.rewards_per_func` in the reward pool; False (and counted) if it failed."""
-        g = group.size
-        columns = {k: [v] * g for k, v in group.columns.items()}
-        future = self.reward_pool.submit([group.prompt] * g, group.completions, group.completion_ids, columns)
-        try:
-            group.rewards_per_func = await asyncio.wrap_future(future)
-        except RewardError as err:
-            self.drops.add(err.reason)
-            logger.warning("reward failed, group dropped: %s", err)
-            return False
-        return True
+        except Exception as err:  # noqa: BLE001 - a bug in a rollout or a malformed answer: counted, never silent
+            self.drops.add("rollout_error")
+            logger.error("rollout failed, group dropped: %r", err, exc_info=err)
+        finally:
+            if not batched:
+                self._launched -= 1
+            slots.release()
 
     async def _add_to_batch(self, group: RolloutGroup) -> bool:
         """Add a scored group to the step being built and emit whatever became complete; returns False if
@@ -396,76 +348,10 @@ class DynamicSamplingError(RuntimeError):
     """Dynamic sampling could not fill a batch within `max_gen_batches` generation batches."""
 
 
-async def _acquire(sem: asyncio.Semaphore, stop: threading.Event) -> bool:
-    """Acquire `sem`, giving up (False) after one poll interval so the caller can re-check `stop`."""
+async def _acquire(sem: asyncio.Semaphore) -> bool:
+    """Acquire `sem`, giving up (False) after one poll interval so the caller can re-check its stop event."""
     try:
         await asyncio.wait_for(sem.acquire(), timeout=STOP_POLL_S)
         return True
     except TimeoutError:
         return False
-
-
-def rollout_metrics(
-    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
-    multi_objective_aggregation: str = "sum_then_normalize",
-) -> dict[str, float]:
-    """The rollout metrics `make_train_batch` would attach to `groups`, without touching the groups."""
-    return _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
-                                   assign=False)
-
-
-def make_train_batch(
-    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
-    multi_objective_aggregation: str = "sum_then_normalize",
-) -> TrainBatch:
-    """Compute advantages over `groups` (in place) and wrap them with rollout metrics.
-
-    Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
-    `rewards/<func>/mean|std`, `completions/mean_length`, `completions/clipped_ratio`.
-    """
-    metrics = _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards,
-                                      multi_objective_aggregation, assign=True)
-    return TrainBatch(groups=groups, metrics=metrics)
-
-
-def _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
-                            assign: bool) -> dict[str, float]:
-    g = groups[0].size
-    rewards_per_func = torch.tensor(
-        [row for grp in groups for row in grp.rewards_per_func], dtype=torch.float32
-    )  # (B, F)
-    out = compute_advantages(rewards_per_func, torch.tensor(reward_weights, dtype=torch.float32), g, scale_rewards,
-                             multi_objective_aggregation)
-    if assign:
-        adv = out.advantages.tolist()
-        rewards = out.rewards.tolist()
-        for i, grp in enumerate(groups):
-            grp.advantages = adv[i * g : (i + 1) * g]
-            grp.rewards = rewards[i * g : (i + 1) * g]
-    metrics: dict[str, float] = {}
-    for key, value in out.metrics.items():
-        for idx, name in enumerate(reward_names):  # rewards/<i>/... -> rewards/<func name>/...
-            key = key.replace(f"rewards/{idx}/", f"rewards/{name}/")
-        metrics[key] = float(value)
-    lengths = [len(ids) for grp in groups for ids in grp.completion_ids]
-    truncated = [t for grp in groups for t in grp.truncated]
-    metrics["completions/mean_length"] = sum(lengths) / len(lengths)
-    metrics["completions/max_length"] = float(max(lengths))
-    metrics["completions/clipped_ratio"] = sum(truncated) / len(truncated)
-    return {k: v for k, v in metrics.items() if not math.isnan(v)}
-
-
-def cycle_prompts(items: list[PromptItem], seed: int) -> Iterator[PromptItem]:
-    """Endless iterator over `items`, reshuffled (deterministically from `seed`) every epoch.
-
-    Raises:
-        ValueError: `items` is empty.
-    """
-    if not items:
-        raise ValueError("cycle_prompts: no prompts. Fix: check the dataset and max_prompt_length.")
-    rng = random.Random(seed)
-    for epoch in itertools.count():
-        order = list(range(len(items)))
-        rng.shuffle(order)
-        for i in order:
-            yield items[i]

@@ -1,6 +1,6 @@
 """The DataProducer protocol: where the trainer's rollouts come from.
 
-The training loop (`launch.local.run_training`) asks a producer for one *rollout* at a time,
+The training loop (`runner.GRPORecipe.train`) asks a producer for one *rollout* at a time,
 `producer.produce(model, global_step)`, and trains on it: a rollout holds `steps_per_generation`
 step batches, each trained `num_iterations` times in a row, the whole rollout `mini_epochs` times.
 `on_rollout_begin` / `on_rollout_end` bracket every `produce` call. This mirrors axolotl's async GRPO
@@ -71,10 +71,11 @@ class ProducerConfig:
 
     @classmethod
     def from_config(cls, config: Any) -> ProducerConfig:
-        """The producer settings of a `GRPOConfig`."""
-        return cls(mini_epochs=config.mini_epochs, max_rollouts=config.max_rollouts,
-                   steps_per_generation=config.steps_per_generation, num_iterations=config.num_iterations,
-                   prefetch_depth=config.prefetch_depth, sync_warmup_rollouts=config.sync_warmup_rollouts)
+        """The producer settings of a `GRPOConfig` (its `producer` section)."""
+        p = config.producer
+        return cls(mini_epochs=p.mini_epochs, max_rollouts=p.max_rollouts, steps_per_generation=p.steps_per_generation,
+                   num_iterations=p.num_iterations, prefetch_depth=p.prefetch_depth,
+                   sync_warmup_rollouts=p.sync_warmup_rollouts)
 
 
 class StepStream:

@@ -7,9 +7,7 @@ functions, and resolve them once per process, so user code is never pickled and 
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import inspect
 import logging
 import math
 import multiprocessing
@@ -23,6 +21,7 @@ from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
+from async_grpo.rewards.contract import RewardLog, RewardTrainerState, ScoredGroup, bound_kwargs, call_reward
 from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func, reward_func_name
 
 logger = logging.getLogger(__name__)
@@ -107,20 +106,16 @@ def _check_output(name: str, out: Any, n: int) -> list[float]:
     return values
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
-
-
-def _call(spec: str, prompts: list, completions: list, completion_ids: list, columns: dict[str, list]) -> list[float]:
+def _call(spec: str, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
+          state: RewardTrainerState, log: RewardLog, bound: dict[str, Any]) -> list[float]:
     name = reward_func_name(spec)
     try:
         func = _worker_func(spec)
     except RewardSpecError as err:
         raise RewardError(f"reward worker could not resolve {spec!r}: {err}", name) from None
-    try:
-        out = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        if inspect.isawaitable(out):  # `async def` reward functions run to completion here
-            out = asyncio.run(_await(out))
+    try:  # TRL's call: columns, trainer_state, log_extra, log_metric; `async def` runs to completion
+        out = call_reward(func, prompts, completions, completion_ids, columns, trainer_state=state, log=log,
+                          bound=bound)
     except Exception as err:
         tb = "".join(traceback.format_exc().splitlines(keepends=True)[-_TRACEBACK_LINES:])
         raise RewardError(
@@ -132,11 +127,15 @@ def _call(spec: str, prompts: list, completions: list, completion_ids: list, col
 
 
 def _score_group(
-    specs: tuple[str, ...], prompts: list, completions: list, completion_ids: list, columns: dict[str, list]
-) -> list[list[float]]:
-    """Worker entry point: run every reward function on one group; returns (G, F) floats, NaN for None."""
-    per_func = [_call(spec, prompts, completions, completion_ids, columns) for spec in specs]
-    return [list(row) for row in zip(*per_func, strict=True)]
+    specs: tuple[str, ...], prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
+    trainer_state: dict[str, int] | None = None, bound: dict[str, dict[str, Any]] | None = None,
+) -> ScoredGroup:
+    """Worker entry point: run every reward function on one group; returns (G, F) floats, NaN for None, with
+    what the functions logged (`ScoredGroup`)."""
+    state, log = RewardTrainerState(**(trainer_state or {})), RewardLog()
+    per_func = [_call(spec, prompts, completions, completion_ids, columns, state, log, (bound or {}).get(spec, {}))
+                for spec in specs]
+    return ScoredGroup([list(row) for row in zip(*per_func, strict=True)], log.extra, log.metrics)
 
 
 # ------------------------------------------------------------------ parent side
@@ -165,10 +164,12 @@ class RewardPool:
         weights: Sequence[float] | None = None,
         num_workers: int = 2,
         timeout_s: float = 30.0,
+        bound_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         """Validate the specs in this process (importing each once), then create the pool.
 
-        Worker processes start on the first `submit`.
+        Worker processes start on the first `submit`. `bound_kwargs` maps a spec to keyword arguments bound on
+        every call of that function (`contract.bound_kwargs`: the run's parameters of configurable builtins).
 
         Raises:
             RewardSpecError: a spec does not resolve (names the spec and the fix).
@@ -201,10 +202,24 @@ class RewardPool:
             raise ValueError(f"reward_timeout_s={timeout_s} must be > 0. Fix: give a positive number of seconds.")
         self.timeout_s = float(timeout_s)
         self._worker_specs = tuple(_absolute_spec(s) for s in self.specs)
+        self._bound = {_absolute_spec(k): dict(v) for k, v in (bound_kwargs or {}).items()}
+        self._trainer_state = RewardTrainerState()
         self._pool = ProcessPool(max_workers=num_workers, context=multiprocessing.get_context("spawn"))
         self._lock = threading.Lock()
         self._pending: set[Future] = set()
         self._closed = False
+
+    @classmethod
+    def from_config(cls, config: Any, num_workers: int | None = None) -> RewardPool:
+        """The pool of a run's `GRPOConfig`: its reward functions, weights, workers (or `num_workers`), timeout and
+        bound builtin parameters."""
+        r = config.rewards
+        return cls(r.reward_funcs, r.reward_weights, r.reward_num_workers if num_workers is None else num_workers,
+                   r.reward_timeout_s, bound_kwargs=bound_kwargs(config))
+
+    def set_trainer_state(self, **fields: int) -> None:
+        """Update the `trainer_state` later groups' reward functions receive (e.g. global_step after each step)."""
+        self._trainer_state = RewardTrainerState(**{**self._trainer_state.to_dict(), **fields})
 
     @property
     def closed(self) -> bool:
@@ -217,6 +232,7 @@ class RewardPool:
         completions: Sequence[Any],
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Sequence[Any]] | None = None,
+        trainer_state: Mapping[str, int] | None = None,
     ) -> Future:
         """Score one group of G completions with every reward function, in a worker process.
 
@@ -225,10 +241,11 @@ class RewardPool:
             completions: G completions (strings, or message lists for conversational prompts).
             completion_ids: G lists of completion token ids.
             columns: the dataset's other columns, each a list of G values, passed as keyword arguments.
+            trainer_state: the `trainer_state` fields for this group; None: the pool's (`set_trainer_state`).
 
         Returns:
-            A Future resolving to a (G, F) list of lists of floats, F = len(specs) in spec order, NaN
-            where a function returned None. It fails with `RewardTimeout` (the set overran timeout_s),
+            A Future resolving to a (G, F) `contract.ScoredGroup` (a list of lists of floats, F = len(specs) in
+            spec order, NaN where a function returned None, with what the functions logged). It fails with `RewardTimeout` (the set overran timeout_s),
             `RewardBadOutput` (a return value of the wrong type or length) or `RewardError` (a function
             raised, a worker died, or the pool was closed); each carries a `reason` for counting.
 
@@ -244,7 +261,9 @@ class RewardPool:
                 raise RuntimeError("RewardPool.submit: the pool is closed. Fix: create a new RewardPool.")
             task = self._pool.schedule(
                 _score_group,
-                args=(self._worker_specs, list(prompts), list(completions), [list(c) for c in completion_ids], columns),
+                args=(self._worker_specs, list(prompts), list(completions), [list(c) for c in completion_ids], columns,
+                      dict(trainer_state) if trainer_state is not None else self._trainer_state.to_dict(),
+                      self._bound),
                 timeout=self.timeout_s,
             )
             self._pending.add(out)

@@ -23,11 +23,11 @@ import httpx
 
 from async_grpo import __version__
 from async_grpo.config import GRPOConfig
-from async_grpo.launch.k8s_objects import REWARD_URL_ENV
+from async_grpo.rewards.contract import RewardTrainerState
 from async_grpo.rewards.loading import reward_func_name
 from async_grpo.rewards.pool import CLOSE_TIMEOUT_S, RewardError, RewardPool, RewardTimeout, check_group
-from async_grpo.rewards.wire import (FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, SCORE_PATH, decode_rewards,
-                                     error_from_body)
+from async_grpo.rewards.wire import (AUTH_TOKEN_ENV, FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, REWARD_URL_ENV,
+                                     SCORE_PATH, decode_scored, error_from_body)
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class RemoteRewardPool:
         expected_weights: Sequence[float] | None = None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         request_margin_s: float = REQUEST_MARGIN_S,
+        token: str | None = None,
     ):
         """Wait until the service is ready and check that it serves the expected functions.
 
@@ -79,6 +80,7 @@ class RemoteRewardPool:
             expected_weights: the weights this run expects; None skips the check.
             connect_timeout_s: how long (seconds) to wait for /health to answer 200.
             request_margin_s: seconds beyond timeout_s allowed for JSON, the network and the server's queue.
+            token: bearer token sent with every request; None reads env ASYNC_GRPO_REWARD_TOKEN (unset: none).
 
         Raises:
             ValueError: a bad argument, or the service serves other functions or weights than expected
@@ -96,6 +98,8 @@ class RemoteRewardPool:
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency={max_concurrency!r} must be an int >= 1. Fix: e.g. reward_num_workers.")
         self.url = url.rstrip("/")
+        token = token if token is not None else os.environ.get(AUTH_TOKEN_ENV, "")
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
         info = self._connect(connect_timeout_s)
         self.names: list[str] = info["names"]
         self.weights: list[float] = info["weights"]
@@ -118,12 +122,14 @@ class RemoteRewardPool:
                            self.url, info.get("version"), __version__)
         self.request_timeout_s = max(float(timeout_s), self.timeout_s) + 2 * request_margin_s
         self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=httpx.Timeout(self.request_timeout_s, connect=TCP_CONNECT_TIMEOUT_S),
+            base_url=self.url, headers=self._headers,
+            timeout=httpx.Timeout(self.request_timeout_s, connect=TCP_CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency))
         self._slots = asyncio.Semaphore(max_concurrency)
         self._lock = threading.Lock()
         self._pending: set[Future] = set()
         self._closed = False
+        self._trainer_state: dict[str, int] = RewardTrainerState().to_dict()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="reward-http", daemon=True)
         self._thread.start()
@@ -133,7 +139,7 @@ class RemoteRewardPool:
         """Poll /health until 200 within `timeout_s`, then read /v1/reward_functions (validated)."""
         deadline = time.monotonic() + timeout_s
         last = "no answer"
-        with httpx.Client(base_url=self.url, timeout=PROBE_TIMEOUT_S) as http:
+        with httpx.Client(base_url=self.url, timeout=PROBE_TIMEOUT_S, headers=self._headers) as http:
             while True:
                 try:
                     resp = http.get(HEALTH_PATH, timeout=max(0.1, min(PROBE_TIMEOUT_S, deadline - time.monotonic())))
@@ -167,12 +173,17 @@ class RemoteRewardPool:
         return info
 
     # -------------------------------------------------------------------------------------------- scoring
+    def set_trainer_state(self, **fields: int) -> None:
+        """Update the `trainer_state` sent with later groups (e.g. global_step after each step)."""
+        self._trainer_state = {**self._trainer_state, **fields}
+
     def submit(
         self,
         prompts: Sequence[Any],
         completions: Sequence[Any],
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Sequence[Any]] | None = None,
+        trainer_state: Mapping[str, int] | None = None,
     ) -> Future:
         """Score one group of G completions with every served reward function, on the service.
 
@@ -181,6 +192,7 @@ class RemoteRewardPool:
             completions: G completions (strings, or message lists for conversational prompts).
             completion_ids: G lists of completion token ids.
             columns: the dataset's other columns, each a list of G JSON-encodable values.
+            trainer_state: the `trainer_state` fields for this group; None: this client's (`set_trainer_state`).
 
         Returns:
             A Future resolving to a (G, F) list of lists of floats, F = len(names), NaN where a function
@@ -197,7 +209,8 @@ class RemoteRewardPool:
         cols = check_group("RemoteRewardPool.submit", prompts, completions, completion_ids, columns)
         n = len(completions)
         payload = {"prompts": list(prompts), "completions": list(completions),
-                   "completion_ids": [list(c) for c in completion_ids], "columns": cols}
+                   "completion_ids": [list(c) for c in completion_ids], "columns": cols,
+                   "trainer_state": dict(trainer_state) if trainer_state is not None else self._trainer_state}
         out: Future = Future()
         out.set_running_or_notify_cancel()
         with self._lock:
@@ -239,7 +252,7 @@ class RemoteRewardPool:
         except ValueError:
             data = None
         if resp.status_code == 200 and isinstance(data, dict) and "rewards" in data:
-            return decode_rewards(data["rewards"], g, len(self.names))
+            return decode_scored(data, g, len(self.names))
         err = error_from_body(data)
         if err is not None and resp.status_code != 422:
             raise err
@@ -314,7 +327,7 @@ class RemoteRewardPool:
 
 def reward_service_url(config: GRPOConfig, url: str | None = None) -> str | None:
     """The reward service to use: `url`, else `config.reward_url`, else env ASYNC_GRPO_REWARD_URL, else None."""
-    return url or config.reward_url or os.environ.get(REWARD_URL_ENV) or None
+    return url or config.rewards.reward_url or os.environ.get(REWARD_URL_ENV) or None
 
 
 def make_reward_pool(config: GRPOConfig, url: str | None = None, *,
@@ -332,10 +345,10 @@ def make_reward_pool(config: GRPOConfig, url: str | None = None, *,
     """
     remote = reward_service_url(config, url)
     if remote is None:
-        return RewardPool(config.reward_funcs, config.reward_weights, config.reward_num_workers,
-                          config.reward_timeout_s)
-    names = [reward_func_name(s) for s in config.reward_funcs]
-    weights = config.reward_weights if config.reward_weights is not None else [1.0] * len(names)
+        return RewardPool.from_config(config)
+    names = [reward_func_name(s) for s in config.rewards.reward_funcs]
+    weights = config.rewards.reward_weights if config.rewards.reward_weights is not None else [1.0] * len(names)
     logger.info("scoring rewards on the reward service at %s", remote)
-    return RemoteRewardPool(remote, config.reward_timeout_s, config.reward_num_workers, expected_names=names,
+    return RemoteRewardPool(remote, config.rewards.reward_timeout_s, config.rewards.reward_num_workers,
+                            expected_names=names,
                             expected_weights=weights, connect_timeout_s=connect_timeout_s)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import hmac
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -27,8 +30,10 @@ from fastapi.responses import JSONResponse
 from async_grpo import __version__
 from async_grpo.config import ConfigError, load_config
 from async_grpo.rewards.pool import RewardError, RewardPool, RewardTimeout
-from async_grpo.rewards.wire import (FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, SCORE_PATH, ScoreRequest,
-                                     encode_rewards, error_body)
+from async_grpo.rewards.tool_routes import add_tool_routes, tool_executor
+from async_grpo.rewards.wire import (AUTH_TOKEN_ENV, FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, SCORE_PATH,
+                                     ScoreRequest, encode_scored, error_body)
+from async_grpo.tools.executor import ToolExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +55,10 @@ def _validation_message(err: RequestValidationError) -> str:
             f"\"completion_ids\": [G lists of ints], \"columns\": {{name: [G]}}}}.")
 
 
-def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S) -> FastAPI:
-    """The reward service's FastAPI app, scoring with `pool`; the app owns the pool and closes it on shutdown.
+def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S, token: str | None = None,
+              tools: ToolExecutor | None = None) -> FastAPI:
+    """The reward service's FastAPI app, scoring with `pool` (and running `tools` when the run declares tools, see
+    `tool_routes`); the app owns both and closes them on shutdown.
 
     Routes:
         GET /health: 200 {"status": "ok"} while the pool is open (the readiness probe).
@@ -65,15 +72,33 @@ def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S) -> F
         pool: the reward pool to score with (closed when the app shuts down).
         request_margin_s: seconds beyond `pool.timeout_s` a request may wait (for a free worker, say)
             before it fails with reason "reward_timeout".
+        token: when set, every route but /health answers 401 {"reason": "unauthorized"} unless the request
+            carries `Authorization: Bearer <token>` (a second layer under the NetworkPolicy).
+        tools: the run's tool executor: adds GET /v1/tools and POST /v1/tools/call (`tool_routes`).
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await asyncio.to_thread(pool.close)
+        if tools is not None:
+            await asyncio.to_thread(tools.close)
 
     app = FastAPI(title="async-grpo reward service", version=__version__, lifespan=lifespan)
     max_wait_s = pool.timeout_s + request_margin_s
+
+    if token:
+        digest = hashlib.sha256(token.encode()).digest()
+
+        @app.middleware("http")
+        async def _require_token(request: Request, call_next: Any) -> Any:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(hashlib.sha256(given.encode()).digest(), digest)
+            if ok or request.url.path == HEALTH_PATH:
+                return await call_next(request)
+            return JSONResponse({"reason": "unauthorized", "function": None, "message": "missing or wrong bearer "
+                                 f"token. Fix: send the service's token (env {AUTH_TOKEN_ENV}) as "
+                                 "`Authorization: Bearer <token>`."}, status_code=401)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -93,7 +118,8 @@ def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S) -> F
     @app.post(SCORE_PATH)
     async def score(req: ScoreRequest) -> JSONResponse:
         try:
-            future = pool.submit(req.prompts, req.completions, req.completion_ids, req.columns)
+            future = pool.submit(req.prompts, req.completions, req.completion_ids, req.columns,
+                                 trainer_state=req.trainer_state)
         except ValueError as err:  # lengths; ScoreRequest checks them first
             return JSONResponse({"reason": "bad_request", "function": None, "message": str(err)}, status_code=422)
         except RuntimeError as err:  # the pool is closed: the server is shutting down
@@ -109,8 +135,10 @@ def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S) -> F
         except RewardError as err:
             logger.warning("group of %d failed (%s): %s", len(req.completions), err.reason, str(err).splitlines()[0])
             return JSONResponse(error_body(err), status_code=_status(err))
-        return JSONResponse({"rewards": encode_rewards(rows)})
+        return JSONResponse(encode_scored(rows))
 
+    if tools is not None:
+        add_tool_routes(app, tools, request_margin_s)
     return app
 
 
@@ -123,7 +151,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m async_grpo.rewards.server",
                                 description="Serve a run's reward functions over HTTP (the reward Deployment).")
     p.add_argument("--config", required=True, help="run config YAML; its reward_funcs, reward_weights and "
-                   "reward_timeout_s are served")
+                   "reward_timeout_s are served, and its tools (with their limits) when it declares any")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a pod)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     p.add_argument("--num-workers", type=int, default=None,
@@ -135,19 +163,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the config, validate the reward functions, serve until SIGTERM/SIGINT, then close the pool.
 
+    With env ASYNC_GRPO_REWARD_TOKEN set, scoring requires that bearer token (see `build_app`).
+
     Returns:
         0 after a SIGTERM (graceful stop), 2 for a bad config, reward spec or argument (the message on
         stderr names the field and the fix), 130 after Ctrl-C.
     """
     args = parse_args(argv)
-    pool = None
+    token = os.environ.pop(AUTH_TOKEN_ENV, "") or None  # popped: the reward workers (user code) never inherit it
+    pool = tools = None
     try:
         try:
             config = load_config(args.config)
-            num_workers = config.reward_num_workers if args.num_workers is None else args.num_workers
+            num_workers = config.rewards.reward_num_workers if args.num_workers is None else args.num_workers
             if not 1 <= args.port <= 65535:
                 raise ValueError(f"--port {args.port} is not a TCP port. Fix: give 1-65535.")
-            pool = RewardPool(config.reward_funcs, config.reward_weights, num_workers, config.reward_timeout_s)
+            pool = RewardPool.from_config(config, num_workers)
+            tools = tool_executor(config)
         except (ConfigError, ValueError) as err:  # RewardSpecError is a ValueError
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -157,13 +189,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _raise_exit)
         logger.info("serving reward functions %s (weights %s, timeout %g s, %d workers) on http://%s:%d",
                     pool.names, pool.weights, pool.timeout_s, num_workers, args.host, args.port)
-        uvicorn.run(build_app(pool), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        uvicorn.run(build_app(pool, token=token, tools=tools), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                     timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     except KeyboardInterrupt:
         return 130
     finally:
         if pool is not None:
             pool.close()
+        if tools is not None:
+            tools.close()
     return 0
 
 

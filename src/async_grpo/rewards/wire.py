@@ -8,17 +8,23 @@ local pool would have raised, and the orchestrator counts it under the same reas
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from async_grpo.rewards.contract import ScoredGroup
 from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardTimeout
 
+REWARD_URL_ENV = "ASYNC_GRPO_REWARD_URL"  # the reward service URL, set in the trainer pod by the kubernetes launcher
 HEALTH_PATH = "/health"
 FUNCTIONS_PATH = "/v1/reward_functions"
 SCORE_PATH = "/v1/score"
+# Env var holding the service's bearer token: the server requires `Authorization: Bearer <it>` on every route
+# but /health when it is set, and the client sends it (on Kubernetes it comes from the run's tokens Secret).
+AUTH_TOKEN_ENV = "ASYNC_GRPO_REWARD_TOKEN"
 # Seconds a score request may take beyond reward_timeout_s: JSON, the network, and a short wait for a free
 # worker. The server stops waiting after timeout_s + margin; the client waits that long plus the margin again.
 REQUEST_MARGIN_S = 10.0
@@ -34,6 +40,7 @@ class ScoreRequest(BaseModel):
         completions: G completions (strings or message lists).
         completion_ids: G lists of completion token ids.
         columns: the dataset's other columns, each a list of G values (keyword arguments of the functions).
+        trainer_state: the `trainer_state` fields (`contract.RewardTrainerState`); None: the pool's.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -42,6 +49,7 @@ class ScoreRequest(BaseModel):
     completions: list[Any] = Field(description="G completions.")
     completion_ids: list[list[int]] = Field(description="G lists of completion token ids.")
     columns: dict[str, list[Any]] = Field(default_factory=dict, description="Dataset columns, G values each.")
+    trainer_state: dict[str, int] | None = Field(None, description="trainer_state fields (global_step, max_steps).")
 
     @model_validator(mode="after")
     def _check_lengths(self) -> ScoreRequest:
@@ -61,6 +69,24 @@ class ScoreRequest(BaseModel):
 def encode_rewards(rows: Sequence[Sequence[float]]) -> list[list[float | None]]:
     """(G, F) floats -> JSON-safe rows: NaN (an abstaining function) becomes None (JSON null)."""
     return [[None if math.isnan(v) else v for v in row] for row in rows]
+
+
+def encode_scored(rows: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """A 200 score response's body: {"rewards": G x F numbers or null, "extra": {column: G values},
+    "metrics": {name: [values]}} (what the functions logged; values JSON-encoded, str as the fallback)."""
+    logged = {"extra": getattr(rows, "extra", {}), "metrics": getattr(rows, "metrics", {})}
+    return {"rewards": encode_rewards(rows), **json.loads(json.dumps(logged, default=str))}
+
+
+def decode_scored(body: dict[str, Any], g: int, f: int) -> ScoredGroup:
+    """A 200 score response -> `ScoredGroup` (an older service without "extra"/"metrics" logs nothing).
+
+    Raises:
+        RewardError: the rewards are not `g` rows of `f` numbers or nulls (see `decode_rewards`).
+    """
+    extra, metrics = body.get("extra"), body.get("metrics")
+    return ScoredGroup(decode_rewards(body["rewards"], g, f), extra if isinstance(extra, dict) else {},
+                       metrics if isinstance(metrics, dict) else {})
 
 
 def decode_rewards(data: Any, g: int, f: int) -> list[list[float]]:

@@ -6,10 +6,10 @@ neither torch nor datasets, so reward worker processes resolve builtin rewards c
 
 from __future__ import annotations
 
-from async_grpo.tasks import add, reverse
+from async_grpo.tasks import add, calc, math_reasoning, reverse
 from async_grpo.tasks.base import RewardFunc, Task
 
-TASKS: dict[str, Task] = {t.name: t for t in (reverse.TASK, add.TASK)}
+TASKS: dict[str, Task] = {t.name: t for t in (reverse.TASK, add.TASK, calc.TASK)}
 
 
 def get_task(name: str) -> Task:
@@ -25,8 +25,10 @@ def get_task(name: str) -> Task:
 
 
 def builtin_reward_funcs() -> dict[str, RewardFunc]:
-    """Every builtin task's reward functions by name (e.g. "reverse_exact_match")."""
-    return {name: fn for task in TASKS.values() for name, fn in task.reward_funcs.items()}
+    """Every builtin reward function by name: the builtin tasks' (e.g. "reverse_exact_match") and the real-task
+    ones of `math_reasoning` ("math_accuracy", "think_answer_format", "soft_overlong_penalty")."""
+    funcs = {name: fn for task in TASKS.values() for name, fn in task.reward_funcs.items()}
+    return {**funcs, **math_reasoning.REWARD_FUNCS}
 
 
 def get_reward_func(name: str) -> RewardFunc:

@@ -38,6 +38,12 @@ class Task:
             `f(prompts, completions, completion_ids, *, answer, **kwargs) -> list[float | None]`.
         train_size: rows in `train_dataset`.
         eval_size: rows in `eval_dataset`.
+        chat: the dataset's prompts are conversational (one user message holding the sampled prompt text).
+        tools: tool specs the task is meant to be solved with (`tools: [...]` in the config), e.g.
+            ("builtin:calculator",); empty for tasks without tools.
+        transcript: (prompt text, answer) -> the reference conversation in TRL's conversational form (tool calls and
+            tool results included), for tasks whose warm start is multi-turn; None: the warm start trains the bare
+            answer (`sft_examples`).
     """
 
     name: str
@@ -46,6 +52,9 @@ class Task:
     reward_funcs: Mapping[str, RewardFunc] = field(default_factory=dict)
     train_size: int = 4000
     eval_size: int = 200
+    chat: bool = False
+    tools: tuple[str, ...] = ()
+    transcript: Callable[[str, str], list[dict]] | None = None
 
     def _draw(self, rng: random.Random, n: int, exclude: frozenset[str], unique: bool) -> list[Item]:
         items: list[Item] = []
@@ -73,10 +82,11 @@ class Task:
         """The held-out split: `eval_size` distinct items drawn with a fixed seed.
 
         Returns:
-            datasets.Dataset with columns `prompt` (str) and `answer` (str); identical on every call.
+            datasets.Dataset with columns `prompt` (str, or one user message for a `chat` task) and `answer`
+            (str); identical on every call.
         """
         items = self._draw(random.Random(EVAL_SEED), self.eval_size, frozenset(), unique=True)
-        return _to_dataset(items)
+        return _to_dataset(items, self.chat)
 
     def train_dataset(self, seed: int) -> datasets.Dataset:
         """`train_size` distinct training items for `seed`, disjoint from the held-out split.
@@ -85,7 +95,7 @@ class Task:
             datasets.Dataset with columns `prompt` (str) and `answer` (str), in a seed-dependent order.
         """
         items = self._draw(random.Random(f"{self.name}/train/{seed}"), self.train_size, self.eval_keys(), True)
-        return _to_dataset(items)
+        return _to_dataset(items, self.chat)
 
     def sft_examples(self, seed: int, n: int) -> list[tuple[str, str]]:
         """`n` (prompt, completion) pairs for a supervised warm start, never from the held-out split.
@@ -102,11 +112,22 @@ class Task:
         items = self._draw(random.Random(f"{self.name}/sft/{seed}"), n, self.eval_keys(), unique=False)
         return [(prompt, answer) for _, prompt, answer in items]
 
+    def sft_transcripts(self, seed: int, n: int) -> list[list[dict]]:
+        """`n` reference conversations (`transcript`) for a multi-turn warm start, never from the held-out split.
 
-def _to_dataset(items: list[Item]) -> Any:
+        Raises:
+            ValueError: the task has no `transcript`, or n < 0.
+        """
+        if self.transcript is None:
+            raise ValueError(f"task {self.name!r} has no multi-turn transcripts. Fix: use sft_examples.")
+        return [self.transcript(prompt, answer) for prompt, answer in self.sft_examples(seed, n)]
+
+
+def _to_dataset(items: list[Item], chat: bool = False) -> Any:
     import datasets
 
-    return datasets.Dataset.from_dict({"prompt": [p for _, p, _ in items], "answer": [a for _, _, a in items]})
+    prompts = [[{"role": "user", "content": p}] if chat else p for _, p, _ in items]
+    return datasets.Dataset.from_dict({"prompt": prompts, "answer": [a for _, _, a in items]})
 
 
 def completion_text(completion: Any) -> str:

@@ -6,7 +6,8 @@ replica of the policy. For each optimizer step rank 0 broadcasts the step batch;
 its contiguous share of the groups, and `GRPOLearner` averages the gradients across ranks in one flat
 all-reduce, with TRL's normalizers (global token count / num_processes for dapo and cispo), so the
 update equals a single process training on the whole batch with the same micro-batches
-(`tests/trainer/test_distributed.py` checks this with two gloo ranks).
+(`tests/trainer/test_streaming_reuse_distributed.py` checks this with two gloo ranks). Rank 0 drives the other
+ranks with the typed commands of `transports.ranks`.
 
 By default each rank holds a replica of the policy, which suits models whose float32 weights,
 gradients and AdamW state (16 bytes per parameter) fit one device. With `fsdp: true` the ranks shard
@@ -17,6 +18,7 @@ all-gathers when rank 0 pushes weights to vLLM or saves the model.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import logging
@@ -25,7 +27,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from vllm.distributed.weight_transfer import ParamMeta, WeightSource
 
+from async_grpo.transports import ranks
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -141,30 +145,52 @@ def save_pretrained(model: torch.nn.Module, state: dict[str, torch.Tensor], path
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def shard(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
-    """Rank `rank`'s contiguous share of `batch`'s groups (the first len % world_size ranks get one more).
+def shard(batch: TrainBatch, rank: int, world_size: int, micro_batch_size: int) -> TrainBatch:
+    """Rank `rank`'s share of `batch`: a contiguous run of the micro-batches one process would cut from the whole
+    batch (`micro_batch_size` completions each, in order), the first n % world_size ranks taking one more.
 
-    With whole steps of groups_per_step = world_size x per-rank groups, every rank gets the same number of
-    groups; after stale drops the shares may differ by one group, or be empty (the rank then contributes
-    zero gradients).
+    So the ranks together train on exactly one process's micro-batches, and the update equals one process's for
+    every loss type (per-micro-batch means included). With whole steps every rank gets the same number; after stale
+    drops the shares may differ by one micro-batch, or be empty (the rank then contributes zero gradients). A group
+    is split between two ranks only when a micro-batch boundary falls inside it (micro_batch_size not a multiple of
+    the group size).
+
+    Raises:
+        ValueError: micro_batch_size < 1.
     """
-    n = len(batch.groups)
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    end = start + base + (1 if rank < extra else 0)
-    return TrainBatch(groups=batch.groups[start:end], metrics=batch.metrics, final=batch.final)
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1")
+    rows = sum(g.size for g in batch.groups)
+    n_micro = -(-rows // micro_batch_size)
+    base, extra = divmod(n_micro, world_size)
+    first = rank * base + min(rank, extra)
+    start, end = first * micro_batch_size, min((first + base + (1 if rank < extra else 0)) * micro_batch_size, rows)
+    groups, offset = [], 0
+    for grp in batch.groups:
+        lo, hi = max(start - offset, 0), min(end - offset, grp.size)
+        if lo < hi:
+            groups.append(grp if (lo, hi) == (0, grp.size) else _rows(grp, lo, hi))
+        offset += grp.size
+    return TrainBatch(groups=groups, metrics=batch.metrics, final=batch.final)
 
 
-_STOP = ("stop",)
+def _rows(group, lo: int, hi: int):
+    """Completions [lo, hi) of a `RolloutGroup` (their advantages were computed over the whole group already)."""
+    per_completion = ("completion_ids", "sampling_logprobs", "truncated", "completions", "rewards_per_func",
+                      "rewards", "advantages", "loss_mask", "token_versions")
+    return dataclasses.replace(group, **{f: getattr(group, f)[lo:hi] for f in per_completion})
 
 
 class DataParallelLearner:
-    """Rank 0's view of a learner replicated on every rank: the same `old_logps` / `step` calls as
-    `GRPOLearner`, each broadcast to the followers (`follow`) and run on this rank's shard.
+    """Rank 0's `Learner` over a learner on every rank: each call that needs every rank is broadcast as a typed
+    command (`transports.ranks`) to the followers (`follow`), and run here on rank 0's share.
 
     Args:
         learner: this rank's `GRPOLearner`.
         info: this rank's `DistInfo` (must be rank 0).
+
+    Raises:
+        ValueError: built on a rank other than 0.
     """
 
     def __init__(self, learner, info: DistInfo):
@@ -172,11 +198,9 @@ class DataParallelLearner:
             raise ValueError("DataParallelLearner runs on rank 0; the other ranks call follow().")
         self.learner = learner
         self.info = info
+        self.model = learner.model
         self._keys = itertools.count()
         self._key_of: dict[int, int] = {}
-
-    def __getattr__(self, name):  # model, optimizer, counters... of the local learner
-        return getattr(self.learner, name)
 
     def _key(self, batch: TrainBatch) -> tuple[int, bool]:
         key = self._key_of.get(id(batch))
@@ -185,11 +209,14 @@ class DataParallelLearner:
         key = self._key_of[id(batch)] = next(self._keys)
         return key, True
 
+    def _share(self, batch: TrainBatch) -> TrainBatch:
+        return shard(batch, 0, self.info.world_size, self.learner.micro_batch_size)
+
     def old_logps(self, batch: TrainBatch) -> list[torch.Tensor]:
         """Every rank computes and keeps pi_old for its shard; returns this rank's (see `GRPOLearner.old_logps`)."""
         key, new = self._key(batch)
-        _broadcast(("old_logps", key, batch if new else None))
-        return self.learner.old_logps(shard(batch, 0, self.info.world_size))
+        ranks.broadcast_command(ranks.OldLogps(key, batch if new else None))
+        return self.learner.old_logps(self._share(batch))
 
     def step(self, batch: TrainBatch, *, old_logps: list[torch.Tensor] | None = None) -> dict[str, float]:
         """One data-parallel optimizer step (see `GRPOLearner.step`); metrics merged over the ranks
@@ -201,35 +228,63 @@ class DataParallelLearner:
         if not isinstance(batch, TrainBatch):
             raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
         key, new = self._key(batch)
-        _broadcast(("step", key, batch if new else None, old_logps is not None))
-        metrics = self.learner.step(shard(batch, 0, self.info.world_size), old_logps=old_logps)
-        return merge_rank_metrics(_gather(metrics))
+        ranks.broadcast_command(ranks.Step(key, batch if new else None, old_logps is not None))
+        metrics = self.learner.step(self._share(batch), old_logps=old_logps)
+        return merge_rank_metrics(ranks.gather_objects(metrics))
 
-    def push_weights(self, pusher, version: int) -> float:
-        """`pusher.push(version)` (seconds); under FSDP the followers join each parameter's all-gather."""
+    def state_dict(self) -> dict:
+        """The learner state (rank 0's; under FSDP every rank joins the full gather)."""
         if self.learner.sharded:
-            _broadcast(("gather",))
-        return pusher.push(version)
+            ranks.broadcast_command(ranks.StateDict())
+        return self.learner.state_dict()
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full policy state dict on CPU (every rank joins the gather under FSDP)."""
+    def load_state_dict(self, state: dict) -> None:
+        """Load `state` on every rank (replicas receive it in the command; FSDP broadcasts it from rank 0)."""
+        # under FSDP the tensors are broadcast by the load itself; the schedule's position travels in the command
+        light = {"model": {}, "optimizer": {}, "lr_scheduler": state.get("lr_scheduler"),
+                 "skipped_zero_adv_microbatches": state["skipped_zero_adv_microbatches"]}
+        ranks.broadcast_command(ranks.LoadStateDict(light if self.learner.sharded else state))
+        self.learner.load_state_dict(state)
+
+    def named_parameters_for_push(self) -> WeightSource:
+        """The policy's full weights; iterating them first tells the followers to join the FSDP all-gathers."""
+        return _FollowedSource(self.learner.named_parameters_for_push(), self.learner.sharded)
+
+    def save_pretrained(self, path) -> None:
+        """Write the full policy as a Hugging Face folder (every rank joins the gather under FSDP)."""
         if self.learner.sharded:
-            _broadcast(("state_dict",))
-        return self.learner.full_state_dict()
+            ranks.broadcast_command(ranks.FullModelState())
+        self.learner.save_pretrained(path)
 
     def forget(self, batch: TrainBatch) -> None:
         """Drop every rank's cached copy of `batch` (call when a rollout is done)."""
         key = self._key_of.pop(id(batch), None)
         if key is not None:
-            _broadcast(("forget", key))
+            ranks.broadcast_command(ranks.Forget(key))
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """Release the followers (they return from `follow`)."""
-        _broadcast(_STOP)
+        ranks.broadcast_command(ranks.Stop())
+
+
+class _FollowedSource(WeightSource):
+    """A rank-0 `WeightSource` whose every pass first sends `GatherWeights` when the weights are sharded, so the
+    followers iterate their own source in the same order (each parameter's all-gather is a collective)."""
+
+    def __init__(self, inner: WeightSource, sharded: bool):
+        self._inner, self._sharded = inner, sharded
+
+    def metadata(self) -> list[ParamMeta]:
+        return self._inner.metadata()
+
+    def __iter__(self):
+        if self._sharded:
+            ranks.broadcast_command(ranks.GatherWeights())
+        return iter(self._inner)
 
 
 def follow(learner, info: DistInfo) -> int:
-    """Run on ranks > 0: execute rank 0's broadcast commands on this rank's shards until stopped.
+    """Run on ranks > 0: execute rank 0's commands (`transports.ranks`) on this rank's shards until `Stop`.
 
     Returns:
         The number of optimizer steps taken.
@@ -241,30 +296,31 @@ def follow(learner, info: DistInfo) -> int:
     olds: dict[int, list[torch.Tensor]] = {}
     steps = 0
     while True:
-        cmd = _broadcast(None)
-        if cmd[0] == "stop":
-            return steps
-        if cmd[0] == "forget":
-            batches.pop(cmd[1], None)
-            olds.pop(cmd[1], None)
-            continue
-        if cmd[0] == "gather":  # rank 0 is sending the weights to vLLM: all-gather in the same order
-            from vllm.distributed.weight_transfer import ModuleSource
-
-            for _ in ModuleSource(learner.model):
-                pass
-            continue
-        if cmd[0] == "state_dict":
-            learner.full_state_dict()
-            continue
-        key, batch = cmd[1], cmd[2]
-        if batch is not None:
-            batches[key] = shard(batch, info.rank, info.world_size)
-        if cmd[0] == "old_logps":
-            olds[key] = learner.old_logps(batches[key])
-        elif cmd[0] == "step":
-            _gather(learner.step(batches[key], old_logps=olds.get(key) if cmd[3] else None))
-            steps += 1
+        cmd = ranks.broadcast_command(None)
+        match cmd:
+            case ranks.Stop():
+                return steps
+            case ranks.Forget(key=key):
+                batches.pop(key, None)
+                olds.pop(key, None)
+            case ranks.GatherWeights():  # rank 0 is sending the weights to vLLM: all-gather in the same order
+                for _ in learner.named_parameters_for_push():
+                    pass
+            case ranks.FullModelState():
+                learner.full_state_dict()
+            case ranks.StateDict():
+                learner.state_dict()
+            case ranks.LoadStateDict(state=state):
+                learner.load_state_dict(state)
+            case ranks.OldLogps(key=key, batch=batch):
+                if batch is not None:
+                    batches[key] = shard(batch, info.rank, info.world_size, learner.micro_batch_size)
+                olds[key] = learner.old_logps(batches[key])
+            case ranks.Step(key=key, batch=batch, use_old_logps=use_old):
+                if batch is not None:
+                    batches[key] = shard(batch, info.rank, info.world_size, learner.micro_batch_size)
+                ranks.gather_objects(learner.step(batches[key], old_logps=olds.get(key) if use_old else None))
+                steps += 1
 
 
 _SAME_ON_EVERY_RANK = ("grad_norm", "learning_rate", "num_tokens")  # computed after the collectives
@@ -290,17 +346,3 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[key] = sum(values) / len(values)
     return out
-
-
-def _gather(obj) -> list:
-    """Every rank's `obj`, in rank order (on every rank)."""
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _broadcast(obj):
-    """Rank 0 sends `obj`; every other rank receives and returns it."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -87,3 +87,23 @@ def completion_logps_from_model(model: torch.nn.Module, input_ids: Tensor, atten
                   use_cache=False).last_hidden_state[:, -(t + 1) : -1, :]  # (N, T, H)
     return chunked_token_logps(hidden, model.get_output_embeddings(), completion_ids, chunk_size, with_entropy,
                                temperature)
+
+
+def completion_hidden_states(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                             position_ids: Tensor, num_completion_tokens: int) -> Tensor:
+    """Decoder hidden states (N, T, H) at the positions that predict the last T tokens of `input_ids`.
+
+    The body forward of `completion_logps_from_model`'s chunked path: `model.get_decoder()` on (N, P + T)
+    inputs, then `last_hidden_state[:, -(T + 1):-1]`. Feed it to `async_grpo.algorithms.fused_grpo_loss` with
+    `model.get_output_embeddings()`.
+
+    Raises:
+        ValueError: num_completion_tokens < 1 or not below the sequence length.
+    """
+    t = num_completion_tokens
+    if not 1 <= t < input_ids.size(1):
+        raise ValueError(f"num_completion_tokens={t} must be in [1, {input_ids.size(1) - 1}] for input_ids "
+                         f"{tuple(input_ids.shape)} (at least one prompt token precedes the completion).")
+    body = model.get_decoder()
+    out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state[:, -(t + 1) : -1, :]

@@ -1,138 +1,34 @@
 """The trainer: one optimizer step per `TrainBatch`, with the stale-rollout correction.
 
-It is algorithm-blind where it can be: advantages arrive with the batch, and the loss, the
-importance-sampling weights and the KL are plain functions from `async_grpo.algorithms`. Per step it
-(1) packs the groups into padded tensors, (2) recomputes the policy's per-token logprobs of the
-sampled tokens, (3) weights tokens by rho = exp(trainer-old logp - vLLM sampling logp) bounded per
-`vllm_importance_sampling_mode`, (4) takes the clipped GRPO/DAPO loss (+ k3 KL when beta > 0) with
-gradient accumulation and one AdamW step.
+It is algorithm-blind: advantages arrive with the batch, and each micro-batch's loss comes from the
+`GRPOObjective` built from the `LossSettings` (`async_grpo.algorithms.objective`), which owns the
+importance-sampling weights, OPSM, the entropy mask, the KL and the plain or liger-fused loss. Per step the
+learner (1) packs the groups into padded tensors, (2) runs the forward passes the objective asks for (the
+policy's per-token logprobs and entropies, or its hidden states for the fused loss; the reference model's
+logprobs when there is a KL term), (3) backpropagates each micro-batch's loss with gradient accumulation and
+(4) takes one AdamW step.
 
-Old logprobs are always the trainer's own (one optimizer step per batch, so `old = logp.detach()`);
-vLLM's sampling logprobs enter only the stale-policy IS weight and OPSM. Rows of replayed groups
-(`RolloutGroup.replayed`) were sampled by a policy many versions back: with `replay_recompute_logps`
-their sampling logprobs are replaced by the trainer's old logprobs, so their IS weight is exactly 1 and
-OPSM sees no drift (they are trained as if on-policy); without it they keep vLLM's logprobs and the IS
-correction truncates or masks them by their real staleness.
+Old logprobs are the trainer's own (one optimizer step per batch: the current policy, detached; with rollout
+reuse the cached ones from `old_logps`); vLLM's sampling logprobs enter only the stale-policy IS weight and
+OPSM, and replayed rows are handled by the objective (`LossSettings.replay_recompute_logps`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import torch
 
-from async_grpo.algorithms import grpo_loss, high_entropy_mask, importance_sampling_weights
-from async_grpo.trainer.liger import completion_hidden_states, fused_grpo_loss
-from async_grpo.trainer.logprobs import chunked_token_logps, completion_logps_from_model
+from async_grpo.algorithms.objective import GRPOObjective, LossSettings, MicroBatchInputs
+from async_grpo.trainer.logprobs import chunked_token_logps, completion_hidden_states
+from async_grpo.trainer.packing import PackedBatch, completion_logps, pack_batch
+from async_grpo.trainer.schedule import LRSchedule
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class LossSettings:
-    """Loss options (TRL names). See `async_grpo.config.GRPOConfig` for meanings."""
-
-    loss_type: str = "dapo"
-    epsilon: float = 0.2
-    epsilon_high: float = 0.2
-    beta: float = 0.0
-    max_completion_length: int = 16
-    mask_truncated_completions: bool = False
-    vllm_importance_sampling_correction: bool = True
-    vllm_importance_sampling_mode: str = "token_truncate"
-    vllm_importance_sampling_cap: float = 3.0
-    vllm_importance_sampling_clip_min: float | None = None
-    delta: float | None = None
-    importance_sampling_level: str = "token"
-    use_bias_correction_kl: bool = True
-    off_policy_mask_threshold: float | None = None
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    top_entropy_quantile: float = 1.0
-    replay_recompute_logps: bool = True
-    temperature: float = 1.0
-    use_liger_kernel: bool = False
-
-
-@dataclass
-class PackedBatch:
-    """A batch as padded tensors. N = completions, P = longest prompt, T = longest completion.
-
-    Attributes:
-        input_ids: (N, P + T) left-padded prompt followed by right-padded completion.
-        attention_mask: (N, P + T) 1 on real tokens.
-        position_ids: (N, P + T) positions counted from each sequence's first real token.
-        completion_ids: (N, T) sampled tokens.
-        completion_mask: (N, T) 1 on tokens that enter the loss.
-        sampling_logps: (N, T) vLLM sampling logprobs (0 on padding).
-        advantages: (N,) per-completion advantages.
-        replayed: (N,) bool, True on rows of replayed groups.
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    sampling_logps: torch.Tensor
-    advantages: torch.Tensor
-    replayed: torch.Tensor
-
-    def __len__(self) -> int:
-        return self.input_ids.size(0)
-
-    def to(self, device: torch.device) -> PackedBatch:
-        """The same tensors on `device` (no copy when already there)."""
-        return PackedBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
-
-    def slice(self, start: int, end: int) -> PackedBatch:
-        """Rows [start, end) as a new PackedBatch (views)."""
-        return PackedBatch(*(getattr(self, f)[start:end] for f in self.__dataclass_fields__))
-
-
-def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = False) -> PackedBatch:
-    """Flatten the groups of `batch` into padded tensors (see `PackedBatch` for shapes)."""
-    rows = [
-        (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed)
-        for grp in batch.groups
-        for ids, lps, trunc, adv in zip(grp.completion_ids, grp.sampling_logprobs, grp.truncated, grp.advantages,
-                                        strict=True)
-    ]
-    n = len(rows)
-    p = max(len(r[0]) for r in rows)
-    t = max(max(len(r[1]) for r in rows), 1)
-    input_ids = torch.full((n, p + t), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, p + t), dtype=torch.long)
-    completion_mask = torch.zeros((n, t), dtype=torch.float32)
-    sampling_logps = torch.zeros((n, t), dtype=torch.float32)
-    for i, (prompt, comp, lps, trunc, _, _) in enumerate(rows):
-        input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
-        input_ids[i, p : p + len(comp)] = torch.tensor(comp, dtype=torch.long)
-        attention_mask[i, p - len(prompt) : p + len(comp)] = 1
-        if not (mask_truncated and trunc):
-            completion_mask[i, : len(comp)] = 1.0
-        sampling_logps[i, : len(lps)] = torch.tensor(lps)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    advantages = torch.tensor([r[4] for r in rows], dtype=torch.float32)
-    replayed = torch.tensor([r[5] for r in rows], dtype=torch.bool)
-    return PackedBatch(input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps,
-                       advantages, replayed)
-
-
-def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False,
-                     chunk_size: int | None = None, temperature: float = 1.0):
-    """Per-token logprobs (N, T) of `mb.completion_ids` under `model`, and optionally entropies (N, T).
-
-    `chunk_size=None` materializes only the last T+1 positions' logits (`logits_to_keep`); an int applies
-    the LM head `chunk_size` positions at a time (see `trainer.logprobs`). Logits are divided by the sampling
-    `temperature` (TRL), so the logprobs compare with vLLM's processed sampling logprobs.
-    """
-    return completion_logps_from_model(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.completion_ids,
-                                       chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature)
 
 
 class GRPOLearner:
@@ -142,18 +38,33 @@ class GRPOLearner:
         model: a transformers causal LM in float32 (train mode is set here).
         learning_rate, weight_decay, max_grad_norm: AdamW settings.
         micro_batch_size: completions per forward/backward (TRL per_device_train_batch_size).
-        loss: loss settings.
+        loss: the loss options; each micro-batch's loss is `GRPOObjective(loss)`'s.
         pad_token_id: id used for padding.
         skip_zero_advantage_batches: skip micro-batches whose advantages are all 0 (requires beta == 0).
         logprob_chunk_size: LM-head positions per block, or None for full logits (see `trainer.logprobs`).
+        fsdp: shard the model over the ranks with FSDP2 (several ranks only).
+        mixed_precision: None (float32 everywhere) or "bf16": forward passes under bfloat16 autocast with float32
+            master weights, gradients and optimizer state (TRL `bf16`; `_autocast`).
+        lr_schedule: the learning-rate schedule (`trainer.schedule.LRSchedule`, stepped after every optimizer
+            step, its state in `state_dict`); None keeps learning_rate constant.
+        adam_betas, adam_epsilon: AdamW's betas and eps (transformers `adam_beta1/2`, `adam_epsilon`).
+
+    Raises:
+        ValueError: skip_zero_advantage_batches with a KL term, fsdp with options it cannot run, or an unknown
+            mixed_precision.
     """
 
     def __init__(self, model: torch.nn.Module, *, learning_rate: float, weight_decay: float, max_grad_norm: float,
                  micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None,
-                 skip_zero_advantage_batches: bool = False, fsdp: bool = False):
+                 skip_zero_advantage_batches: bool = False, fsdp: bool = False, mixed_precision: str | None = None,
+                 lr_schedule: LRSchedule | None = None, adam_betas: tuple[float, float] = (0.9, 0.999),
+                 adam_epsilon: float = 1e-8):
+        if mixed_precision not in (None, "bf16"):
+            raise ValueError(f"mixed_precision={mixed_precision!r} is not None or 'bf16'. Fix: use bf16=true or false.")
+        self.mixed_precision = mixed_precision
         self.model = model
         self.model.train()
-        self.loss = loss
+        self.objective = GRPOObjective(loss)
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
         self.pad_token_id = pad_token_id
@@ -163,11 +74,14 @@ class GRPOLearner:
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.device = next(model.parameters()).device
         self.ref_model = None
-        if loss.beta > 0:
+        if skip_zero_advantage_batches and self.objective.needs_reference:
+            raise ValueError("skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL "
+                             "term. Fix: set beta=0 or skip_zero_advantage_batches=false.")
+        if self.objective.needs_reference:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.sharded = fsdp and self.world_size > 1
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
-            if logprob_chunk_size is not None or loss.use_liger_kernel or skip_zero_advantage_batches:
+            if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
                 raise ValueError("fsdp needs logprob_chunk_size=None, use_liger_kernel=false and "
                                  "skip_zero_advantage_batches=false. Fix: unset them.")
             from async_grpo.trainer.distributed import shard_model
@@ -175,7 +89,9 @@ class GRPOLearner:
             shard_model(self.model)
             if self.ref_model is not None:
                 shard_model(self.ref_model)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay,
+                                           betas=adam_betas, eps=adam_epsilon)
+        self.scheduler = lr_schedule.build(self.optimizer) if lr_schedule is not None else None
 
     def _micro_batches(self, chunks: Iterable[TrainBatch]) -> Iterator[PackedBatch]:
         """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches of
@@ -183,7 +99,8 @@ class GRPOLearner:
         for chunk in chunks:
             if not chunk.groups:
                 continue
-            packed = pack_batch(chunk, self.pad_token_id, self.loss.mask_truncated_completions).to(self.device)
+            mask_truncated = self.objective.settings.mask_truncated_completions
+            packed = pack_batch(chunk, self.pad_token_id, mask_truncated).to(self.device)
             for start in range(0, len(packed), self.micro_batch_size):
                 yield packed.slice(start, min(start + self.micro_batch_size, len(packed)))
 
@@ -200,10 +117,11 @@ class GRPOLearner:
         try:
             micro = list(self._micro_batches([batch]))
             placeholders = self._max_over_ranks(len(micro)) - len(micro) if self.sharded else 0
-            out = [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size,
-                                    temperature=self.loss.temperature)[0].detach() for mb in micro]
-            for _ in range(placeholders):  # as many FSDP forwards as the busiest rank
-                completion_logps(self.model, self._dummy_packed(), temperature=self.loss.temperature)
+            with self._autocast():
+                out = [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size,
+                                        temperature=self.objective.temperature)[0].detach() for mb in micro]
+                for _ in range(placeholders):  # as many FSDP forwards as the busiest rank
+                    completion_logps(self.model, self._dummy_packed(), temperature=self.objective.temperature)
             return out
         finally:
             self.model.train(was_training)
@@ -224,7 +142,6 @@ class GRPOLearner:
             ValueError: `old_logps` does not match the batch's micro-batches, or a streamed step with several
                 ranks (not supported).
         """
-        cfg = self.loss
         streamed = not isinstance(batch, TrainBatch)
         if streamed and self.world_size > 1:
             raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
@@ -239,9 +156,13 @@ class GRPOLearner:
             if old_logps is not None and len(old_logps) != len(micro):
                 raise ValueError(f"old_logps has {len(old_logps)} micro-batches, the batch {len(micro)}. "
                                  "Fix: compute them with old_logps(batch) on the same batch.")
+            # TRL divides grpo/bnpo/dr_grpo/sapo by the micro-batches per step; over ranks with unequal shares
+            # that is the real micro-batches of all ranks / world size, so that averaging the ranks' gradients
+            # gives exactly one process's update over the same micro-batches (placeholders do not count)
+            accumulation = float(self._all_reduce_sum(torch.tensor(float(len(micro)), device=self.device)))
+            accumulation /= self.world_size
             if self.sharded:  # FSDP collectives run per forward/backward: every rank does as many
                 micro += [_DUMMY] * (self._max_over_ranks(len(micro)) - len(micro))
-            accumulation = len(micro)
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         step_loss = 0.0
@@ -250,7 +171,7 @@ class GRPOLearner:
         self.optimizer.zero_grad(set_to_none=True)
         for index, mb in enumerate(micro):
             if self.sharded:  # reduce-scatter the gradients once, after the last micro-batch
-                self.model.set_requires_gradient_sync(index == accumulation - 1)
+                self.model.set_requires_gradient_sync(index == len(micro) - 1)
             if mb is _DUMMY:
                 self._dummy_pass()
                 continue
@@ -262,64 +183,22 @@ class GRPOLearner:
                 # the loss normalizer still counts these tokens, so the step equals the unskipped one
                 self.skipped_zero_adv_microbatches += 1
                 continue
-            hidden = None
-            if cfg.use_liger_kernel:  # the fused loss applies the LM head itself; logps here only feed IS/OPSM/metrics
-                t = mb.completion_ids.size(1)
-                hidden = completion_hidden_states(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, t)
-                with torch.no_grad():
-                    logps, entropy = chunked_token_logps(hidden.detach(), self.model.get_output_embeddings(),
-                                                         mb.completion_ids, self.logprob_chunk_size or t,
-                                                         with_entropy=True, temperature=cfg.temperature)
-            else:
-                logps, entropy = completion_logps(self.model, mb, with_entropy=True,
-                                                  chunk_size=self.logprob_chunk_size, temperature=cfg.temperature)
-            # one optimizer step per batch: the behaviour policy is the current one; with reuse, the cached pi_old
-            old = logps.detach() if old_logps is None else old_logps[index]
-            sampling_logps = mb.sampling_logps
-            if cfg.replay_recompute_logps and bool(mb.replayed.any()):  # replayed rows count as on-policy
-                sampling_logps = torch.where(mb.replayed.unsqueeze(1), old, sampling_logps)
-            entropy_mask = None
-            if cfg.top_entropy_quantile < 1.0:  # quantile over this micro-batch's valid tokens (TRL, one rank)
-                entropy_mask = high_entropy_mask(entropy, mb.completion_mask, cfg.top_entropy_quantile)
-            is_weights = None
-            if cfg.vllm_importance_sampling_correction:
-                is_weights, is_metrics = importance_sampling_weights(
-                    old, sampling_logps, mb.completion_mask, cfg.vllm_importance_sampling_mode,
-                    cfg.vllm_importance_sampling_cap, cfg.vllm_importance_sampling_clip_min,
-                )
-                _accumulate(sums, weights, is_metrics, tokens)
-            ref_logps = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_logps, _ = completion_logps(self.ref_model, mb, chunk_size=self.logprob_chunk_size,
-                                                    temperature=cfg.temperature)
-            loss_kwargs = dict(
-                loss_type=cfg.loss_type, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
-                importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta, ref_logps=ref_logps,
-                use_bias_correction_kl=cfg.use_bias_correction_kl, is_weights=is_weights,
-                off_policy_threshold=cfg.off_policy_mask_threshold, sampling_logps=sampling_logps,
-                entropy_mask=entropy_mask,
-                sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
-                max_completion_length=cfg.max_completion_length, num_items_in_batch=num_items,
-                gradient_accumulation_steps=accumulation, num_processes=self.world_size,
+            with self._autocast():
+                logps, entropy, hidden, head, ref_logps = self._forward(mb)
+            inputs = MicroBatchInputs(
+                logps, entropy, mb.completion_mask, mb.advantages, mb.sampling_logps, replayed=mb.replayed,
+                old_logps=None if old_logps is None else old_logps[index], ref_logps=ref_logps, hidden=hidden,
+                lm_head=head, completion_ids=mb.completion_ids,
             )  # fmt: skip
-            if hidden is not None:
-                out = fused_grpo_loss(hidden, self.model.get_output_embeddings(), mb.completion_ids,
-                                      mb.completion_mask, mb.advantages, None if old_logps is None else old,
-                                      current_logps=logps, temperature=cfg.temperature, **loss_kwargs)
-            else:
-                out = grpo_loss(logps, old, mb.advantages, mb.completion_mask, **loss_kwargs)
-            out.loss.backward()
-            step_loss += out.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
-            _accumulate(sums, weights, out.metrics, tokens)
-            mask = mb.completion_mask
-            _accumulate(sums, weights, {"entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}, tokens)
-            if entropy_mask is not None:
-                kept = float(entropy_mask.sum() / mask.sum().clamp(min=1))
-                _accumulate(sums, weights, {"entropy_mask/kept_fraction": kept}, tokens)
+            result = self.objective.micro_batch_loss(inputs, num_items_in_batch=num_items,
+                                                     gradient_accumulation_steps=accumulation,
+                                                     num_processes=self.world_size)
+            result.output.loss.backward()
+            step_loss += result.output.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
+            _accumulate(sums, weights, result.metrics, result.weight)
         if streamed:
             num_items = seen_items
-            scale = 1.0 / max(seen_items, 1.0) if cfg.loss_type in ("dapo", "cispo") else 1.0 / max(seen_micro, 1)
+            scale = self.objective.normalizer_scale(seen_items, seen_micro)
             for param in self.model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(scale)
@@ -327,14 +206,49 @@ class GRPOLearner:
         if not self.sharded:  # FSDP averaged the gradients in its reduce-scatter
             self._all_reduce_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        learning_rate = self.optimizer.param_groups[0]["lr"]  # the rate this step applied
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
+        if streamed:  # the per-micro-batch metrics were computed with unit normalizers too
+            metrics = self.objective.normalize_streamed_metrics(metrics, seen_items)
         metrics["loss"] = step_loss
         metrics["skipped_zero_adv_microbatches"] = float(self.skipped_zero_adv_microbatches)
         metrics["grad_norm"] = float(grad_norm)
-        metrics["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        metrics["learning_rate"] = learning_rate
         metrics["num_tokens"] = float(num_items)
         return metrics
+
+    def _forward(self, mb: PackedBatch):
+        """The forward passes the objective asks for on one micro-batch: (logps (N, T) with grad, entropies (N, T),
+        hidden states (N, T, H) and LM head on the fused path else None, reference logps (N, T) or None)."""
+        temperature = self.objective.temperature
+        hidden = head = None
+        if self.objective.wants_hidden_states:  # the fused loss applies the LM head itself; logps: IS/OPSM/metrics
+            t, head = mb.completion_ids.size(1), self.model.get_output_embeddings()
+            hidden = completion_hidden_states(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, t)
+            with torch.no_grad():
+                logps, entropy = chunked_token_logps(hidden.detach(), head, mb.completion_ids,
+                                                     self.logprob_chunk_size or t, with_entropy=True,
+                                                     temperature=temperature)
+        else:
+            logps, entropy = completion_logps(self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size,
+                                              temperature=temperature)
+        ref_logps = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logps, _ = completion_logps(self.ref_model, mb, chunk_size=self.logprob_chunk_size,
+                                                temperature=temperature)
+        return logps, entropy, hidden, head, ref_logps
+
+    def _autocast(self):
+        """bf16 autocast around the forward passes (`bf16`, TRL name), else a no-op: matmuls run in bfloat16 while
+        the parameters, their gradients and AdamW's state stay float32 (master weights), and logits are cast to
+        float32 before the log-softmax (`trainer.logprobs`), so logprobs and the loss are float32."""
+        if self.mixed_precision is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
     # ------------------------------------------------------------------ several ranks (data parallel)
     def _max_over_ranks(self, n: int) -> int:
@@ -354,10 +268,11 @@ class GRPOLearner:
         backward of a placeholder row with weight 0, i.e. zero gradients through the same all-gathers and
         reduce-scatters as a real micro-batch."""
         mb = self._dummy_packed()
-        logps, _ = completion_logps(self.model, mb, temperature=self.loss.temperature)
-        if self.ref_model is not None:
-            with torch.no_grad():
-                completion_logps(self.ref_model, mb, temperature=self.loss.temperature)
+        with self._autocast():
+            logps, _ = completion_logps(self.model, mb, temperature=self.objective.temperature)
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    completion_logps(self.ref_model, mb, temperature=self.objective.temperature)
         (logps.sum() * 0.0).backward()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -367,6 +282,60 @@ class GRPOLearner:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    # ------------------------------------------------------------------ the rest of the Learner protocol
+    def state_dict(self) -> dict:
+        """Model weights, AdamW state and counters as CPU copies (`Learner.state_dict`); under FSDP the full
+        (unsharded) state, gathered with `torch.distributed.checkpoint` (a collective: every rank calls it)."""
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            model, optim = get_state_dict(self.model, self.optimizer,
+                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            model = _cpu_copy(self.model.state_dict())
+            optim = _cpu_copy(self.optimizer.state_dict())
+        return {"model": model, "optimizer": optim, "lr_scheduler": self.scheduler and self.scheduler.state_dict(),
+                "skipped_zero_adv_microbatches": self.skipped_zero_adv_microbatches}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore a `state_dict()`. Under FSDP every rank calls it and rank 0's full state is broadcast (the
+        others may pass None).
+
+        Raises:
+            KeyError / RuntimeError: the state does not fit this model or optimizer.
+        """
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            state = state or {"model": {}, "optimizer": {}, "skipped_zero_adv_microbatches": 0}
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.skipped_zero_adv_microbatches = int(state["skipped_zero_adv_microbatches"])
+        if self.scheduler is not None and state.get("lr_scheduler") is not None:
+            self.scheduler.load_state_dict(state["lr_scheduler"])
+
+    def named_parameters_for_push(self):
+        """The policy's parameters as vLLM's `ModuleSource` (full tensors; all-gathered under FSDP)."""
+        from vllm.distributed.weight_transfer import ModuleSource
+
+        return ModuleSource(self.model)
+
+    def save_pretrained(self, path) -> None:
+        """Write the full policy as a Hugging Face folder (a collective under FSDP)."""
+        from async_grpo.trainer.distributed import save_pretrained
+
+        save_pretrained(self.model, self.full_state_dict(), path)
+
+    def forget(self, batch: TrainBatch) -> None:
+        """Nothing is cached per batch on one rank."""
+
+    def close(self) -> None:
+        """No other ranks to release."""
 
     def _all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
         """`value` summed over the trainer ranks (itself with one rank)."""
@@ -397,6 +366,17 @@ class GRPOLearner:
 
 
 _DUMMY = object()  # marks a placeholder micro-batch in `GRPOLearner.step` (see `_dummy_pass`)
+
+
+def _cpu_copy(obj):
+    """A copy of a (nested) state dict with every tensor cloned to CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
 
 
 def _accumulate(sums: dict[str, float], weights: dict[str, float], metrics: dict[str, float], w: float) -> None:

@@ -7,7 +7,6 @@ orchestrator and the trainer meet only here and in `transports.queue`.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 
@@ -30,13 +29,26 @@ class RolloutGroup:
         rewards_per_func: G rows of F floats; NaN where a function returned None.
         rewards: (G,) weighted reward per completion (nansum over functions).
         advantages: (G,) per-completion advantage (filled by the orchestrator's batcher).
-        policy_version: trainer policy version whose weights generated this group.
-        created_at: wall time (s since epoch) when generation was requested.
+        policy_version: the oldest trainer policy version whose weights sampled any token of this group
+            (staleness = current version - policy_version). With `token_versions` given it is their minimum.
         replayed: True for a copy drawn from the orchestrator's replay buffer (`replay_buffer_size`) in
             place of a zero-std group. It is deliberately old: the rollout queue never drops it as stale,
             and with `replay_recompute_logps` the trainer treats its rows as on-policy.
         rerolled: True when the prompt was generated again by deferred re-roll (`reroll_start_fraction`)
             after an earlier group of it scored ~0. Informational.
+        loss_mask: G lists, (T_i,) 1 for a token the policy sampled and is trained on, 0 for a token it did
+            not sample (tool output in a multi-turn rollout): no policy loss, KL, entropy, IS ratio or token
+            count there. Empty (the default) means all ones.
+        token_versions: G lists, (T_i,) the policy version that sampled each token (a multi-turn rollout whose
+            turns straddle a weight push carries two). Empty (the default) means `policy_version` everywhere.
+        reward_extra: column -> G values the reward functions logged with TRL's `log_extra` (completions table).
+        reward_metrics: name -> values the reward functions logged with TRL's `log_metric` (step means).
+        rollout_stats: per-completion numbers the rollout recorded, name -> (G,) floats (the multi-turn rollout's
+            `tools/calls`, `tools/failures`, `tools/turns`, `tools/seconds`, ...); the batcher turns them into step
+            metrics. Empty for a single-turn rollout.
+
+    Raises:
+        ValueError: a per-completion list has the wrong number of rows, or a per-token list the wrong length.
     """
 
     prompt_ids: list[int]
@@ -50,9 +62,32 @@ class RolloutGroup:
     rewards_per_func: list[list[float]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
-    created_at: float = field(default_factory=time.time)
     replayed: bool = False
     rerolled: bool = False
+    loss_mask: list[list[int]] = field(default_factory=list)
+    token_versions: list[list[int]] = field(default_factory=list)
+    reward_extra: dict[str, list] = field(default_factory=dict)
+    reward_metrics: dict[str, list[float]] = field(default_factory=dict)
+    rollout_stats: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        g = len(self.completion_ids)
+        for name in ("sampling_logprobs", "truncated", "completions"):
+            if len(getattr(self, name)) != g:
+                raise ValueError(f"RolloutGroup.{name} has {len(getattr(self, name))} rows for {g} completions")
+        lengths = [len(ids) for ids in self.completion_ids]
+        if not self.loss_mask:
+            self.loss_mask = [[1] * n for n in lengths]
+        if self.token_versions:
+            self.policy_version = min((v for row in self.token_versions for v in row), default=self.policy_version)
+        else:
+            self.token_versions = [[self.policy_version] * n for n in lengths]
+        for name in ("sampling_logprobs", "loss_mask", "token_versions"):
+            if [len(row) for row in getattr(self, name)] != lengths:
+                raise ValueError(f"RolloutGroup.{name} rows must have one entry per completion token")
+        for name, values in self.rollout_stats.items():
+            if len(values) != g:
+                raise ValueError(f"RolloutGroup.rollout_stats[{name!r}] has {len(values)} values for {g} completions")
 
     @property
     def size(self) -> int:
@@ -86,13 +121,3 @@ class TrainBatch:
     groups: list[RolloutGroup]
     metrics: dict[str, float] = field(default_factory=dict)
     final: bool = True
-
-    @property
-    def num_samples(self) -> int:
-        """Total completions in the batch."""
-        return sum(g.size for g in self.groups)
-
-    @property
-    def min_policy_version(self) -> int:
-        """Oldest policy version in the batch."""
-        return min(g.policy_version for g in self.groups)

@@ -22,7 +22,7 @@ WARN_EVERY = 100  # groups between two warnings for the same drop reason
 
 
 class PolicyVersion:
-    """Thread-safe policy version counter: the trainer bumps it at each weight push."""
+    """Thread-safe policy version counter: the trainer bumps it after each weight push (`GRPORecipe.push_weights`)."""
 
     def __init__(self, value: int = 0):
         self._value = value
@@ -30,7 +30,7 @@ class PolicyVersion:
 
     @property
     def value(self) -> int:
-        """Current version (the one vLLM is serving, or about to)."""
+        """Current version: the one vLLM serves (the trainer bumps it once a push has finished)."""
         with self._lock:
             return self._value
 
@@ -39,6 +39,17 @@ class PolicyVersion:
         with self._lock:
             self._value += 1
             return self._value
+
+    def reset(self, value: int) -> None:
+        """Set the version (checkpoint resume, before any producer runs).
+
+        Raises:
+            ValueError: value < 0.
+        """
+        if value < 0:
+            raise ValueError(f"policy version {value} must be >= 0")
+        with self._lock:
+            self._value = value
 
 
 class DropCounter:
@@ -63,6 +74,11 @@ class DropCounter:
         with self._lock:
             return dict(self._counts)
 
+    def load_state_dict(self, counts: dict[str, int]) -> None:
+        """Replace the counts with a `snapshot()` (checkpoint resume)."""
+        with self._lock:
+            self._counts = collections.Counter({k: int(v) for k, v in counts.items()})
+
 
 class RolloutQueue:
     """Bounded FIFO of `TrainBatch`es.
@@ -79,6 +95,15 @@ class RolloutQueue:
         self._q: queue.Queue[TrainBatch] = queue.Queue(maxsize=maxsize)
         self.max_staleness = max_staleness
         self.drops = drops
+        self._skipped_steps = 0
+        self._lock = threading.Lock()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Whole step batches (`final` ones) that `get` skipped because every group was stale: steps the
+        producer's pacing must not count as consumed (the trainer trained on the next batch instead)."""
+        with self._lock:
+            return self._skipped_steps
 
     @property
     def depth(self) -> int:
@@ -111,7 +136,8 @@ class RolloutQueue:
     def get(self, current_version: int, timeout_s: float, stop: threading.Event | None = None,
             keep_empty_final: bool = False) -> TrainBatch:
         """Next batch with stale groups (other than replayed ones) removed and counted; skips batches left empty,
-        except, with `keep_empty_final`, a step's final chunk (its `final` flag ends the step for the reader).
+        except, with `keep_empty_final`, a step's final chunk (its `final` flag ends the step for the reader). A
+        skipped final batch is counted in `skipped_steps`.
 
         Raises:
             TimeoutError: no usable batch within `timeout_s` seconds.
@@ -138,3 +164,6 @@ class RolloutQueue:
             if fresh or (keep_empty_final and batch.final):
                 batch.groups = fresh
                 return batch
+            if batch.final:
+                with self._lock:
+                    self._skipped_steps += 1

@@ -13,7 +13,7 @@ import time
 
 import requests
 import torch
-from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+from vllm.distributed.weight_transfer import ModuleSource, WeightSource, WeightTransferTrainerFactory
 
 from async_grpo.inference.client import VersionedWeightSyncClient, VLLMControlClient
 from async_grpo.inference.server import free_port
@@ -29,19 +29,20 @@ def resolve_backend(backend: str) -> str:
 
 
 class WeightPusher:
-    """Sends `model`'s parameters to one vLLM server each time `push(version)` is called.
+    """Sends the trainer's parameters to one vLLM server each time `push(version)` is called.
 
     Args:
-        model: the trainer's `torch.nn.Module` (HF parameter names, as vLLM's `load_weights` expects).
+        source: the parameters to send: vLLM's `WeightSource` (`Learner.named_parameters_for_push()`; HF
+            parameter names, as vLLM's `load_weights` expects), or a `torch.nn.Module` (wrapped in `ModuleSource`).
         server_url: vLLM base URL (dev mode on).
         backend: "gloo", "nccl" or "auto".
         master_address: address of this trainer that the vLLM workers can reach for the rendezvous.
         timeout_s: timeout for the rendezvous, each control-plane call and each broadcast (seconds).
     """
 
-    def __init__(self, model: torch.nn.Module, server_url: str, *, backend: str = "auto",
+    def __init__(self, source: WeightSource | torch.nn.Module, server_url: str, *, backend: str = "auto",
                  master_address: str = "127.0.0.1", timeout_s: float = 300.0):
-        self.model = model
+        self.source = ModuleSource(source) if isinstance(source, torch.nn.Module) else source
         self.backend = resolve_backend(backend)
         self.control = VLLMControlClient(server_url, timeout_s=timeout_s)
         self.client = VersionedWeightSyncClient(server_url, timeout=timeout_s)
@@ -72,7 +73,7 @@ class WeightPusher:
             raise ValueError(f"weight_sync_backend={self.backend!r} is not one of gloo, nccl, auto")
         t0 = time.perf_counter()
         self.engine = WeightTransferTrainerFactory.trainer_init(init_info, client=self.client,
-                                                                source=ModuleSource(self.model))
+                                                                source=self.source)
         logger.info("weight transfer (%s) ready in %.2f s, world size %d", self.backend,
                     time.perf_counter() - t0, world_size)
 

@@ -1,0 +1,81 @@
+"""The Kubernetes API as the `kubernetes` backend uses it: the RBAC it needs, which client serves each kind,
+and small readers of API responses (client models and plain dicts alike, so test doubles can return either).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from async_grpo.launch.k8s_pods import PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL
+
+TERMINAL_CONDITIONS = ("Succeeded", "Failed")
+
+# What the backend calls, as RBAC rules (apiGroup, resource) -> verbs. manifests/base/rbac.yaml grants
+# exactly this; tests check both that the Role matches and that the calls the backend makes match.
+# Secrets: create only (never get/list, which would read every secret of the namespace, nor delete);
+# a run's Secrets are owned by its PyTorchJob or Deployment and go with them.
+LAUNCHER_RBAC_RULES: dict[tuple[str, str], frozenset[str]] = {
+    (PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL): frozenset({"create", "get", "list", "delete"}),
+    ("apps", "deployments"): frozenset({"create", "list", "delete"}),
+    ("", "services"): frozenset({"create", "list", "delete"}),
+    ("", "configmaps"): frozenset({"create", "patch", "list", "delete"}),
+    ("", "secrets"): frozenset({"create"}),
+    ("networking.k8s.io", "networkpolicies"): frozenset({"create", "list", "delete"}),
+    ("", "pods"): frozenset({"list"}),
+    ("", "pods/log"): frozenset({"get"}),
+}
+
+# kind -> (API attribute of the backend, method suffix) for the built-in kinds.
+KIND_API = {
+    "ConfigMap": ("core", "config_map"), "Service": ("core", "service"), "Secret": ("core", "secret"),
+    "Deployment": ("apps", "deployment"), "NetworkPolicy": ("networking", "network_policy"),
+}
+
+
+def api_error_status(err: BaseException) -> int | None:
+    """The HTTP status of a `kubernetes.client.ApiException` (None for other errors)."""
+    return getattr(err, "status", None)
+
+
+def latest_condition(status: dict[str, Any]) -> dict[str, Any]:
+    """The PyTorchJob's current state: a terminal condition that is True, else the last True one ({} if none).
+
+    Args:
+        status: the job's `.status` (conditions as the Training Operator writes them).
+    """
+    true = [c for c in status.get("conditions") or [] if str(c.get("status")) == "True"]
+    for c in true:
+        if c.get("type") in TERMINAL_CONDITIONS:
+            return c
+    return true[-1] if true else {}
+
+
+def items(listing: Any) -> list[Any]:
+    """The `items` of a list response (a client model or a dict)."""
+    return listing.get("items", []) if isinstance(listing, dict) else list(listing.items or [])
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A listed object as a dict with `metadata` {name, uid, labels} (client models or plain dicts)."""
+    if isinstance(obj, dict):
+        return obj
+    meta = obj.metadata
+    return {"metadata": {"name": meta.name, "uid": meta.uid, "labels": dict(meta.labels or {})}}
+
+
+def pod_name(pod: Any) -> str:
+    """The name of a listed pod (a client model or a dict)."""
+    return pod["metadata"]["name"] if isinstance(pod, dict) else pod.metadata.name
+
+
+def default_apis(core: Any, apps: Any, networking: Any, custom: Any) -> dict[str, Any]:
+    """The given API clients, the missing ones made from the in-cluster config, else ~/.kube/config."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return {"core": core or client.CoreV1Api(), "apps": apps or client.AppsV1Api(),
+            "networking": networking or client.NetworkingV1Api(), "custom": custom or client.CustomObjectsApi()}
+

@@ -1,0 +1,88 @@
+"""A run's NetworkPolicies: who may reach each pod (ingress) and what each pod may reach (egress).
+
+One policy per component isolates its pods both ways. What is open is only what the run needs:
+the trainer reaches its own ranks, vLLM, the reward service, MLflow and DNS; vLLM reaches the
+trainer's weight-transfer ports and DNS; reward pods reach nothing unless the platform opens it.
+No rule names the Kubernetes API or any address outside the cluster, so neither is reachable (the
+platform's extra egress ranges always have the cloud metadata addresses carved out).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from async_grpo.launch.k8s_policy import EgressRule, PlatformPolicy
+from async_grpo.launch.k8s_pods import Manifest, meta, selector
+from async_grpo.launch.k8s_settings import ClusterSettings
+
+EVALUATOR_LABELS = {"async-grpo/role": "evaluate"}  # the pipeline's evaluate step pods (reach eval-reward)
+
+
+def dns_peer(policy: PlatformPolicy) -> dict[str, Any]:
+    """Egress rule to the cluster DNS pods on port 53 (UDP and TCP)."""
+    return {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": policy.dns_namespace}},
+                    "podSelector": {"matchLabels": dict(policy.dns_pod_labels)}}],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+
+
+def _extra(rules: list[EgressRule]) -> list[dict[str, Any]]:
+    out = []
+    for rule in rules:
+        entry: dict[str, Any] = {"to": [{"ipBlock": rule.ip_block()}]}
+        if rule.ports:
+            entry["ports"] = [{"protocol": "TCP", "port": p} for p in rule.ports]
+        out.append(entry)
+    return out
+
+
+def _policy(settings: ClusterSettings, run_name: str, component: str, ingress: list[dict], egress: list[dict],
+            owner: dict[str, Any] | None) -> Manifest:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
+            "spec": {"podSelector": {"matchLabels": selector(run_name, component)},
+                     "policyTypes": ["Ingress", "Egress"], "ingress": ingress, "egress": egress}}
+
+
+def reward_policy(settings: ClusterSettings, run_name: str, policy: PlatformPolicy, *, component: str = "reward",
+                  clients: dict[str, Any] | None = None, owner: dict[str, Any] | None = None) -> Manifest:
+    """The reward pods' policy: ingress from `clients` (a peer; default this run's trainer) on the reward
+    port only; egress to the platform's `reward_egress` ranges only (none by default, not even DNS)."""
+    clients = clients or {"podSelector": {"matchLabels": selector(run_name, "trainer")}}
+    ingress = [{"from": [clients], "ports": [{"protocol": "TCP", "port": settings.reward_port}]}]
+    return _policy(settings, run_name, component, ingress, _extra(policy.reward_egress), owner)
+
+
+def build_network_policies(settings: ClusterSettings, run_name: str, policy: PlatformPolicy | None = None,
+                           owner: dict[str, Any] | None = None) -> list[Manifest]:
+    """The run's policies: vllm, trainer and (with reward_replicas > 0) reward.
+
+    vLLM's dev-mode endpoints load weights, so only this run's trainer pods reach vLLM (HTTP port +
+    weight-transfer range); the reward service admits only the trainer; trainer pods admit each other
+    (torchrun, NCCL) and vLLM's weight-transfer connections back to rank 0.
+
+    Args:
+        policy: the platform policy (DNS pods, MLflow pods and port, extra egress); None: its defaults.
+    """
+    policy = policy or PlatformPolicy()
+    lo, hi = settings.weight_transfer_ports
+    wt_ports = {"protocol": "TCP", "port": lo, "endPort": hi}
+    trainer_peer = {"podSelector": {"matchLabels": selector(run_name, "trainer")}}
+    vllm_peer = {"podSelector": {"matchLabels": selector(run_name, "vllm")}}
+    mlflow = {"to": [{"podSelector": {"matchLabels": dict(policy.mlflow_pod_labels)}}],
+              "ports": [{"protocol": "TCP", "port": policy.mlflow_port}]}
+    trainer_egress = [dns_peer(policy), {"to": [trainer_peer]},
+                      {"to": [vllm_peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}, wt_ports]},
+                      mlflow, *_extra(policy.trainer_egress)]
+    if settings.reward_replicas:
+        trainer_egress.insert(3, {"to": [{"podSelector": {"matchLabels": selector(run_name, "reward")}}],
+                                  "ports": [{"protocol": "TCP", "port": settings.reward_port}]})
+    policies = [
+        _policy(settings, run_name, "vllm",
+                [{"from": [trainer_peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}, wt_ports]}],
+                [dns_peer(policy), {"to": [trainer_peer], "ports": [wt_ports]}], owner),
+        _policy(settings, run_name, "trainer", [{"from": [trainer_peer]}, {"from": [vllm_peer], "ports": [wt_ports]}],
+                trainer_egress, owner),
+    ]
+    if settings.reward_replicas:
+        policies.append(reward_policy(settings, run_name, policy, owner=owner))
+    return policies

@@ -1,0 +1,216 @@
+"""The parts every pod of a run is made of: names and labels, security contexts, volumes, env, resources.
+
+Kept apart from the workload builders (`k8s_objects.py`) and the network rules (`k8s_network.py`) so
+that each security property (non-root, read-only root, no token, which secret reaches which pod) is
+decided in exactly one function here and every pod gets it the same way.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.naming import DNS_LABEL  # noqa: F401 - re-exported
+from async_grpo.rewards.wire import AUTH_TOKEN_ENV, REWARD_URL_ENV  # noqa: F401 - REWARD_URL_ENV re-exported
+
+Manifest = dict[str, Any]
+
+PART_OF = "async-grpo"
+RUN_LABEL = "async-grpo/run"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+PYTORCH_CONTAINER = "pytorch"  # the Training Operator requires this container name
+CONFIG_DIR = "/etc/async-grpo"
+CONFIG_FILE = "config.yaml"
+CACHE_DIR = "/cache"  # HOME and every framework cache (the root filesystem is read-only)
+TINY_MODEL_DIR = "/models/tiny"
+REWARD_SERVER_MODULE = "async_grpo.rewards.server"
+REWARD_TOKEN_ENV = AUTH_TOKEN_ENV  # the reward service's bearer token (server checks it, client sends it)
+VLLM_API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable: its middleware guards /v1, ours the dev-mode routes
+POD_IP_ENV = "POD_IP"  # the trainer's address for the weight-transfer rendezvous (vLLM workers dial it)
+TOKENS_SECRET_SUFFIX = "-tokens"
+VLLM_TOKEN_KEY, REWARD_TOKEN_KEY = "vllm-api-key", "reward-token"
+# Keys of the MLflow secret that reach the trainer (each optional); nothing else in that secret does.
+MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+# ------------------------------------------------------------------------------------------------ naming
+def labels(run_name: str, component: str) -> dict[str, str]:
+    """Labels of every object of the run (`async-grpo/run` ties them together; cleanup selects on it)."""
+    return {"app.kubernetes.io/part-of": PART_OF, MANAGED_BY_LABEL: PART_OF, COMPONENT_LABEL: component,
+            RUN_LABEL: run_name}
+
+
+def run_selector(run_name: str) -> str:
+    """The label selector (string form) of every object a launch of `run_name` creates."""
+    return f"{RUN_LABEL}={run_name},{MANAGED_BY_LABEL}={PART_OF}"
+
+
+def selector(run_name: str, component: str) -> dict[str, str]:
+    """The pod selector of one component of one run."""
+    return {RUN_LABEL: run_name, COMPONENT_LABEL: component}
+
+
+def vllm_url(run_name: str, settings: ClusterSettings) -> str:
+    """Base URL of the run's vLLM server through its headless Service (resolves to the pod IP)."""
+    return f"http://{run_name}-vllm.{settings.namespace}.svc.cluster.local:{settings.vllm_port}"
+
+
+def reward_url(run_name: str, settings: ClusterSettings, component: str = "reward") -> str:
+    """Base URL of the run's reward service (`component` "eval-reward": the evaluate step's own)."""
+    return f"http://{run_name}-{component}.{settings.namespace}.svc.cluster.local:{settings.reward_port}"
+
+
+def owner_reference(job: Manifest) -> dict[str, Any]:
+    """An ownerReference to a created object (needs `metadata.uid`), so deleting it deletes the owned ones.
+
+    Raises:
+        KeyError: `job` has no `metadata.uid` (it was not returned by the API server).
+    """
+    api = job.get("apiVersion", f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}")
+    return {"apiVersion": api, "kind": job.get("kind", "PyTorchJob"), "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"]}
+
+
+def meta(name: str, run_name: str, component: str, settings: ClusterSettings,
+         owner: dict[str, Any] | None) -> dict[str, Any]:
+    """`metadata` of a run object: name, namespace, the run's labels, and the ownerReference if any."""
+    out: dict[str, Any] = {"name": name, "namespace": settings.namespace, "labels": labels(run_name, component)}
+    if owner is not None:
+        out["ownerReferences"] = [owner]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ tokens
+@dataclass(frozen=True)
+class RunTokens:
+    """The run's two bearer tokens, kept in Secret `<run>-tokens` (a second layer under the NetworkPolicies).
+
+    Attributes:
+        vllm_api_key: guards every vLLM route but /health (vLLM's VLLM_API_KEY plus our dev-mode middleware).
+        reward_token: guards the reward service's scoring routes.
+    """
+
+    vllm_api_key: str
+    reward_token: str
+
+    @classmethod
+    def generate(cls) -> RunTokens:
+        """Two fresh random tokens (256 bits each, URL-safe)."""
+        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+
+
+def tokens_secret_name(run_name: str) -> str:
+    """Name of the Secret holding a run's tokens."""
+    return f"{run_name}{TOKENS_SECRET_SUFFIX}"
+
+
+def build_tokens_secret(settings: ClusterSettings, run_name: str, tokens: RunTokens, *,
+                        component: str = "tokens", owner: dict[str, Any] | None = None) -> Manifest:
+    """Secret `<run>-<component>` (`<run>-tokens` for the run itself) holding the bearer tokens."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
+            "stringData": {VLLM_TOKEN_KEY: tokens.vllm_api_key, REWARD_TOKEN_KEY: tokens.reward_token}}
+
+
+def token_env(secret_name: str, *keys: tuple[str, str]) -> list[dict[str, Any]]:
+    """Env entries `name <- secret key` for (env name, key) pairs; the key must exist (optional: false)."""
+    return [{"name": env, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": key}}} for env, key in keys]
+
+
+# ------------------------------------------------------------------------------------------------ pod parts
+def pod_security(settings: ClusterSettings) -> dict[str, Any]:
+    """Pod securityContext: non-root UID/GID, RuntimeDefault seccomp, the weight-transfer ephemeral range."""
+    lo, hi = settings.weight_transfer_ports
+    uid = settings.run_as_user
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": f"{lo} {hi}"}]}
+
+
+def container_security() -> dict[str, Any]:
+    """Container securityContext: no escalation, read-only root filesystem, every capability dropped."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def scratch_volumes(settings: ClusterSettings, shm: bool) -> tuple[list[dict], list[dict]]:
+    """emptyDirs for /tmp and the caches (and /dev/shm, `shm_size_gib` GiB): the root filesystem stays
+    read-only. Returns (volumes, volumeMounts)."""
+    vols = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}]
+    if shm:
+        vols.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{settings.shm_size_gib}Gi"}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    return vols, mounts
+
+
+def base_env() -> list[dict[str, Any]]:
+    """HOME and every JIT/framework cache on the writable /cache emptyDir (numba, triton and inductor
+    otherwise try to write next to their sources or under ~); no hub access (models live on the PVC)."""
+    env = {"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface",
+           "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/inductor",
+           "NUMBA_CACHE_DIR": f"{CACHE_DIR}/numba", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def nccl_env(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """The NCCL/gloo socket interface and the settings' extra NCCL_* variables."""
+    env = {"NCCL_SOCKET_IFNAME": settings.nccl_socket_ifname, "GLOO_SOCKET_IFNAME": settings.nccl_socket_ifname,
+           "NCCL_DEBUG": "WARN", **settings.nccl_env}
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def resources(cpu: float, memory_gib: int, gpus: int, settings: ClusterSettings) -> dict[str, Any]:
+    """Requests and limits: `cpu` cores, `memory_gib` GiB (limit = request), `gpus` GPUs on gpu clusters."""
+    requests: dict[str, Any] = {"cpu": f"{cpu:g}", "memory": f"{memory_gib}Gi"}
+    limits: dict[str, Any] = {"memory": f"{memory_gib}Gi"}
+    if gpus and settings.device == "gpu":
+        requests[settings.gpu_resource] = gpus
+        limits[settings.gpu_resource] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def pod_spec(settings: ClusterSettings, containers: list[dict], volumes: list[dict], *,
+             init_containers: list[dict] | None = None, compute: bool = True,
+             restart_policy: str | None = None) -> dict[str, Any]:
+    """A run pod's spec: the workload ServiceAccount with no token mounted, no service links, the pod
+    securityContext, and (for `compute` pods) the node selector and tolerations."""
+    spec: dict[str, Any] = {"serviceAccountName": settings.service_account, "automountServiceAccountToken": False,
+                            "enableServiceLinks": False, "securityContext": pod_security(settings),
+                            "containers": containers, "volumes": volumes}
+    if init_containers:
+        spec["initContainers"] = init_containers
+    if restart_policy:
+        spec["restartPolicy"] = restart_policy
+    if compute and settings.node_selector:
+        spec["nodeSelector"] = dict(settings.node_selector)
+    if compute and settings.tolerations:
+        spec["tolerations"] = [dict(t) for t in settings.tolerations]
+    return spec
+
+
+def template(run_name: str, component: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod template with the run's labels; Istio sidecars are kept out (they keep PyTorchJob pods from
+    ever completing and sit in the NCCL path)."""
+    return {"metadata": {"labels": labels(run_name, component), "annotations": {"sidecar.istio.io/inject": "false"}},
+            "spec": spec}
+
+
+def data_volume(settings: ClusterSettings, read_only: bool) -> tuple[dict, dict]:
+    """The shared workspace PVC and its mount at `data_mount_path` (read-only where code is loaded)."""
+    return ({"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_name, "readOnly": read_only}},
+            {"name": "data", "mountPath": settings.data_mount_path, "readOnly": read_only})
+
+
+def mlflow_secret_env(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """The MLflow credentials of the trainer: only MLFLOW_SECRET_KEYS of `mlflow_secret`, each optional
+    (never the whole secret as envFrom)."""
+    if not settings.mlflow_secret:
+        return []
+    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.mlflow_secret, "key": key,
+                                                          "optional": True}}} for key in MLFLOW_SECRET_KEYS]

@@ -1,0 +1,315 @@
+"""The platform's allow-list: what a run submitter may choose on the cluster, set by the platform engineer.
+
+A submitter controls the run config and `ClusterSettings` (the pipeline's `kubernetes_options`); the
+platform engineer controls this policy, in ConfigMap `async-grpo-policy` (manifests/base/policy.yaml),
+which the pipeline mounts into its steps. `check_run` is the one gate: `render`, `pipeline submit`,
+the kubernetes backend and the evaluate step all call it, so a run that passes one passes all.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from async_grpo.config import ConfigError, GRPOConfig, format_validation_error
+from async_grpo.launch.k8s_settings import ClusterSettings
+
+logger = logging.getLogger(__name__)
+
+POLICY_FILE_ENV = "ASYNC_GRPO_POLICY_FILE"
+POLICY_CONFIG_MAP = "async-grpo-policy"
+POLICY_MOUNT_DIR = "/etc/async-grpo/policy"  # where the pipeline mounts the ConfigMap
+POLICY_KEY = "policy.yaml"
+PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # marks "set your image's digest here" in the manifests
+METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")  # cloud metadata endpoints, never reachable
+DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
+FIX = f"Fix: change it, or ask your platform engineer to allow it in ConfigMap {POLICY_CONFIG_MAP}"
+# vLLM flags a submitter may pass in vllm_extra_args: sizing and scheduling only. Flags that load code
+# (--trust-remote-code, --worker-extension-cls, --middleware, plugins), change auth or the listening
+# address, or fetch files are absent on purpose; the platform may widen the list.
+DEFAULT_VLLM_FLAGS = (
+    "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
+    "--no-enable-prefix-caching", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--kv-cache-dtype",
+    "--block-size", "--swap-space", "--cpu-offload-gb", "--quantization", "--enforce-eager",
+    "--pipeline-parallel-size", "--tensor-parallel-size", "--data-parallel-size", "--enable-expert-parallel",
+    "--disable-custom-all-reduce", "--max-logprobs", "--scheduling-policy", "--long-prefill-token-threshold",
+    "--max-num-partial-prefills", "--async-scheduling", "--served-model-name", "--tokenizer-mode",
+)
+
+
+class PolicyViolation(ValueError):
+    """A run asks for something the platform policy does not allow; the message names each field and the fix."""
+
+
+class EgressRule(BaseModel):
+    """One extra egress destination opened by the platform (an external MLflow, an object store, a judge API).
+
+    A range that holds a cloud metadata address gets it carved out (`except`): metadata is never reachable.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cidr: str = Field(description="Destination range, e.g. 10.20.0.0/16.")
+    except_cidrs: list[str] = Field(default_factory=list, description="Ranges carved out of `cidr`.")
+    ports: list[int] = Field(default_factory=list, description="TCP ports; empty opens every port.")
+
+    @field_validator("cidr", "except_cidrs")
+    @classmethod
+    def _valid_cidrs(cls, value: Any) -> Any:
+        for cidr in [value] if isinstance(value, str) else value:
+            ipaddress.ip_network(cidr, strict=False)  # ValueError names the bad range
+        return value
+
+    def ip_block(self) -> dict[str, Any]:
+        """The NetworkPolicy `ipBlock`, with every metadata address inside `cidr` excepted."""
+        net = ipaddress.ip_network(self.cidr, strict=False)
+        excepts = list(self.except_cidrs)
+        for meta in METADATA_CIDRS:
+            m = ipaddress.ip_network(meta)
+            if m.version == net.version and m.subnet_of(net) and meta not in excepts:
+                excepts.append(meta)
+        return {"cidr": str(net), **({"except": excepts} if excepts else {})}
+
+
+class PlatformPolicy(BaseModel):
+    """What runs in this namespace may use. Defaults are the base manifests' values (and are strict).
+
+    Images are allowed by prefix (`image_prefixes`) or exact reference (`images`); with `require_digest`
+    each must also be pinned (`@sha256:...`). `default_images` (keys trainer, vllm, reward, cpu) are the
+    references a run gets when it names no image of its own.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image_prefixes: list[str] = Field(default_factory=lambda: ["ghcr.io/async-grpo/"],
+                                      description="Allowed image reference prefixes (registry/repository).")
+    images: list[str] = Field(default_factory=list, description="Allowed exact image references.")
+    require_digest: bool = Field(False, description="Every run image must be pinned by digest.")
+    default_images: dict[str, str] = Field(default_factory=dict, description="Image per role (trainer, vllm, "
+                                           "reward, cpu) for runs that name none.")
+    service_accounts: list[str] = Field(default_factory=lambda: ["async-grpo-workload"],
+                                        description="ServiceAccounts run pods may use.")
+    secrets: list[str] = Field(default_factory=lambda: ["mlflow-tracking", "hf-token"],
+                               description="Secrets a run or a pipeline step may read.")
+    pvcs: list[str] = Field(default_factory=lambda: ["async-grpo-workspace"],
+                            description="PersistentVolumeClaims a run may mount as its workspace.")
+    mlflow_tracking_uris: list[str] = Field(default_factory=lambda: ["http://mlflow:5000"],
+                                            description="MLflow servers a run may log to (and send credentials).")
+    reward_urls: list[str] = Field(default_factory=list, description="External reward services (reward_url).")
+    vllm_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_FLAGS),
+                                  description="Flags allowed in vllm_extra_args.")
+    user_code_with_credentials: bool = Field(False, description="Allow submitter code to run where credentials "
+                                             "are: reward functions or a data producer loaded from files in the "
+                                             "trainer pod, or the local backend inside a pipeline pod.")
+    dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
+    dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"},
+                                           description="Labels of the cluster DNS pods.")
+    mlflow_pod_labels: dict[str, str] = Field(default_factory=lambda: {"app.kubernetes.io/name": "mlflow"},
+                                              description="Labels of the in-namespace MLflow server pods.")
+    mlflow_port: int = Field(5000, ge=1, le=65535, description="Port of the MLflow server pods.")
+    trainer_egress: list[EgressRule] = Field(default_factory=list, description="Extra trainer egress "
+                                             "(an MLflow server or object store outside the namespace).")
+    reward_egress: list[EgressRule] = Field(default_factory=list, description="Egress of reward pods (none: "
+                                            "reward code reaches nothing, not even DNS).")
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str) -> PlatformPolicy:
+        """Parse a policy YAML mapping.
+
+        Raises:
+            ConfigError: not a mapping, unknown or invalid fields (named, with `source`).
+        """
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"platform policy {source} must be a YAML mapping of field: value.")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            text = format_validation_error(err).replace("invalid config", f"invalid platform policy {source}")
+            raise ConfigError(text.replace("against GRPOConfig", "against PlatformPolicy")) from None
+
+
+def load_policy(path: str | Path | None = None) -> tuple[PlatformPolicy, str]:
+    """The platform policy: from `path`, else the file named by $ASYNC_GRPO_POLICY_FILE, else the mounted
+    ConfigMap (POLICY_MOUNT_DIR/policy.yaml), else the built-in defaults. Returns (policy, its source).
+
+    Raises:
+        ConfigError: a named file does not exist or holds an invalid policy.
+    """
+    named = path or os.environ.get(POLICY_FILE_ENV)
+    mounted = Path(POLICY_MOUNT_DIR) / POLICY_KEY
+    if named:
+        p = Path(named)
+        if not p.is_file():
+            raise ConfigError(f"platform policy file {str(p)!r} does not exist. Fix: give the path of a YAML "
+                              f"copy of ConfigMap {POLICY_CONFIG_MAP} (key {POLICY_KEY}).")
+    elif mounted.is_file():
+        p = mounted
+    else:
+        return PlatformPolicy(), "built-in defaults"
+    return PlatformPolicy.from_yaml(p.read_text(), str(p)), str(p)
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def image_roles(settings: ClusterSettings) -> dict[str, str]:
+    """Settings field -> the image name that role runs (cpu clusters run the cpu image for trainer and vLLM)."""
+    cpu = settings.device == "cpu"
+    return {"trainer_image": "cpu" if cpu else "trainer", "vllm_image": "cpu" if cpu else "vllm",
+            "reward_image": "reward"}
+
+
+def resolve_images(settings: ClusterSettings, policy: PlatformPolicy) -> ClusterSettings:
+    """`settings` with each image the run does not choose (no override, no image_registry/image_tag) set to
+    the policy's default image for that role, where the policy has one."""
+    if settings.image_registry is not None or settings.image_tag is not None:
+        return settings
+    update = {f: policy.default_images[name] for f, name in image_roles(settings).items()
+              if getattr(settings, f) is None and name in policy.default_images}
+    return settings.model_copy(update=update) if update else settings
+
+
+def _normal_uri(uri: str) -> tuple[str, str, int | None, str]:
+    parts = urlsplit(uri)
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or default, parts.path.rstrip("/")
+
+
+def uri_allowed(uri: str, allowed: list[str]) -> bool:
+    """True when `uri` has the scheme, host and port of an allowed URI and lies under its path (False for a
+    malformed URI)."""
+    try:
+        scheme, host, port, path = _normal_uri(uri)
+    except ValueError:  # e.g. a port that is not a number
+        return False
+    for entry in allowed:
+        a_scheme, a_host, a_port, a_path = _normal_uri(entry)
+        if (scheme, host, port) == (a_scheme, a_host, a_port) and host and (path + "/").startswith(a_path + "/"):
+            return True
+    return False
+
+
+def _image_problems(field: str, ref: str, policy: PlatformPolicy, allow_placeholders: bool) -> list[str]:
+    problems = []
+    if ref not in policy.images and not any(ref.startswith(p) for p in policy.image_prefixes):
+        problems.append(f"{field}={ref!r} is not an allowed image (allowed prefixes {policy.image_prefixes}, "
+                        f"references {policy.images}). {FIX} (image_prefixes or images).")
+    if policy.require_digest and not DIGEST_RE.search(ref):
+        problems.append(f"{field}={ref!r} is not pinned by digest and the platform requires it. Fix: use "
+                        f"{ref.split('@')[0]}@sha256:<digest of the pushed image>.")
+    if ref.endswith(PLACEHOLDER_DIGEST) and not allow_placeholders:
+        problems.append(f"{field}={ref!r} carries the placeholder digest. Fix: put the digest of the image you "
+                        f"pushed into default_images of ConfigMap {POLICY_CONFIG_MAP} (or the image override).")
+    return problems
+
+
+def _flag_problems(args: list[str], policy: PlatformPolicy) -> list[str]:
+    problems = []
+    for arg in args:
+        if not arg.startswith("-") or re.fullmatch(r"-?\d+(\.\d+)?([eE]-?\d+)?", arg):
+            continue  # a flag's value
+        flag = arg.split("=", 1)[0]
+        if flag not in policy.vllm_flags:
+            problems.append(f"vllm_extra_args: flag {flag!r} is not allowed (it may load code, change the "
+                            f"server's address or auth, or fetch files). {FIX} (vllm_flags).")
+    return problems
+
+
+def _is_file_spec(spec: str) -> bool:
+    return spec.rsplit(":", 1)[0].endswith(".py")
+
+
+def check_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *,
+              allow_placeholders: bool = False) -> None:
+    """Refuse a run that asks for anything the policy does not allow: images, the ServiceAccount, secrets,
+    the workspace PVC, the MLflow server, an external reward service, vLLM flags, user code in the trainer.
+
+    Args:
+        settings: as resolved by `resolve_images` (the images the pods will run).
+        allow_placeholders: accept images with PLACEHOLDER_DIGEST (rendering documentation, never launching).
+
+    Raises:
+        PolicyViolation: one line per problem, each naming the field and the fix.
+    """
+    problems: list[str] = []
+    for field in image_roles(settings):
+        problems += _image_problems(field, settings.image(_role(field)), policy, allow_placeholders)
+    if settings.service_account not in policy.service_accounts:
+        problems.append(f"service_account={settings.service_account!r} is not allowed (allowed: "
+                        f"{policy.service_accounts}). {FIX} (service_accounts).")
+    if settings.mlflow_secret is not None and settings.mlflow_secret not in policy.secrets:
+        problems.append(f"mlflow_secret={settings.mlflow_secret!r} is not an allowed secret (allowed: "
+                        f"{policy.secrets}). {FIX} (secrets).")
+    if settings.pvc_name not in policy.pvcs:
+        problems.append(f"pvc_name={settings.pvc_name!r} is not an allowed workspace volume (allowed: "
+                        f"{policy.pvcs}). {FIX} (pvcs).")
+    uri = config.tracking.mlflow_tracking_uri or settings.mlflow_tracking_uri
+    if not uri_allowed(uri, policy.mlflow_tracking_uris):
+        problems.append(f"mlflow_tracking_uri={uri!r} is not an allowed MLflow server (allowed: "
+                        f"{policy.mlflow_tracking_uris}); the run's MLflow credentials would go there. "
+                        f"{FIX} (mlflow_tracking_uris).")
+    if config.rewards.reward_url and not settings.reward_replicas and not uri_allowed(config.rewards.reward_url, policy.reward_urls):
+        problems.append(f"reward_url={config.rewards.reward_url!r} is not an allowed reward service (allowed: "
+                        f"{policy.reward_urls}); every rollout would be sent there. {FIX} (reward_urls).")
+    problems += _flag_problems(config.vllm_serve_args, policy)
+    if not policy.user_code_with_credentials:
+        in_trainer = [s for s in config.rewards.reward_funcs if _is_file_spec(s)] if not (settings.reward_replicas
+                                                                                  or config.rewards.reward_url) else []
+        if in_trainer:
+            problems.append(f"reward_funcs {in_trainer} are files and reward_replicas=0 would run them in the "
+                            "trainer pod, which holds the MLflow credentials. Fix: set reward_replicas >= 1 (they "
+                            "then run in reward pods without credentials).")
+        tools = [s for s in config.tools.tools if _is_file_spec(s)] if not (settings.reward_replicas
+                                                                            or config.rewards.reward_url) else []
+        if tools:  # tool calls run where rewards are scored: the reward pods, or else the trainer pod
+            problems.append(f"tools {tools} are files and reward_replicas=0 would run them in the trainer pod, which "
+                            "holds the MLflow credentials. Fix: set reward_replicas >= 1 (tool calls then run in the "
+                            "reward pods, without credentials).")
+        if config.producer.data_producer and _is_file_spec(config.producer.data_producer):
+            problems.append(f"data_producer={config.producer.data_producer!r} is a file: it would run in the trainer pod, "
+                            "which holds the MLflow credentials. Fix: install it in the trainer image and name it "
+                            f"as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials.")
+    if problems:
+        raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))
+
+
+def check_backend_choice(launch_backend: str, policy: PlatformPolicy | None = None) -> None:
+    """Refuse the `local` backend inside a Kubernetes pod (a pipeline step): it would run the submitter's
+    reward code, data producer and vLLM flags in that pod, next to the MLflow credentials and the launcher's
+    ServiceAccount token. Outside a pod (kfp.local, a laptop) anything goes.
+
+    Raises:
+        PolicyViolation: launch_backend is "local", this process runs in a pod (KUBERNETES_SERVICE_HOST is
+            set) and the policy does not allow user_code_with_credentials.
+    """
+    if launch_backend != "local" or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    policy = policy or load_policy()[0]
+    if not policy.user_code_with_credentials:
+        raise PolicyViolation("launch_backend='local' inside a cluster pod would run the run's reward code next to "
+                              "the pipeline's credentials and ServiceAccount token. Fix: use launch_backend="
+                              "kubernetes (reward code then runs in pods without credentials).")
+
+
+def _role(field: str) -> str:
+    return field.removesuffix("_image")
+
+
+def prepare_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *,
+                allow_placeholders: bool = False) -> ClusterSettings:
+    """`resolve_images` then `check_run`: the settings a run is built with. Raises PolicyViolation."""
+    resolved = resolve_images(settings, policy)
+    check_run(config, resolved, policy, allow_placeholders=allow_placeholders)
+    return resolved
+
+
+def placeholder_images(settings: ClusterSettings) -> list[str]:
+    """The run images that still carry PLACEHOLDER_DIGEST."""
+    return [settings.image(r) for r in ("trainer", "vllm", "reward") if settings.image(r).endswith(PLACEHOLDER_DIGEST)]

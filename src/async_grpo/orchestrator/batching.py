@@ -1,0 +1,102 @@
+"""Advantages and rollout metrics over a step's groups: what turns scored groups into a `TrainBatch`.
+
+Advantages come from `algorithms.compute_advantages` (TRL's group-mean baseline and scaling), computed over
+exactly the groups handed in (a whole step, or one streamed chunk); metrics use TRL's names.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from async_grpo.algorithms import compute_advantages
+from async_grpo.transports.messages import RolloutGroup, TrainBatch
+
+
+def rollout_metrics(
+    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
+    multi_objective_aggregation: str = "sum_then_normalize",
+) -> dict[str, float]:
+    """The rollout metrics `make_train_batch` would attach to `groups`, without touching the groups."""
+    return _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
+                                   assign=False)
+
+
+def make_train_batch(
+    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
+    multi_objective_aggregation: str = "sum_then_normalize",
+) -> TrainBatch:
+    """Compute advantages over `groups` (in place) and wrap them with rollout metrics.
+
+    Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
+    `rewards/<func>/mean|std`, `completions/mean_length|max_length` (tokens the model generated: the loss mask's
+    ones, tool output excluded, as TRL), `completions/clipped_ratio`, and `tool_metrics` for multi-turn groups.
+    """
+    metrics = _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards,
+                                      multi_objective_aggregation, assign=True)
+    return TrainBatch(groups=groups, metrics=metrics)
+
+
+def _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
+                            assign: bool) -> dict[str, float]:
+    g = groups[0].size
+    rewards_per_func = torch.tensor(
+        [row for grp in groups for row in grp.rewards_per_func], dtype=torch.float32
+    )  # (B, F)
+    out = compute_advantages(rewards_per_func, torch.tensor(reward_weights, dtype=torch.float32), g, scale_rewards,
+                             multi_objective_aggregation)
+    if assign:
+        adv = out.advantages.tolist()
+        rewards = out.rewards.tolist()
+        for i, grp in enumerate(groups):
+            grp.advantages = adv[i * g : (i + 1) * g]
+            grp.rewards = rewards[i * g : (i + 1) * g]
+    metrics: dict[str, float] = {}
+    for key, value in out.metrics.items():
+        for idx, name in enumerate(reward_names):  # rewards/<i>/... -> rewards/<func name>/...
+            key = key.replace(f"rewards/{idx}/", f"rewards/{name}/")
+        metrics[key] = float(value)
+    lengths = [sum(mask) for grp in groups for mask in grp.loss_mask]  # the model's tokens: tool output excluded
+    truncated = [t for grp in groups for t in grp.truncated]
+    metrics["completions/mean_length"] = sum(lengths) / len(lengths)
+    metrics["completions/max_length"] = float(max(lengths))
+    metrics["completions/clipped_ratio"] = sum(truncated) / len(truncated)
+    metrics.update(tool_metrics(groups))
+    return {k: v for k, v in metrics.items() if not math.isnan(v)}
+
+
+def tool_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """Tool-calling metrics over the completions of `groups` that a multi-turn rollout produced ({} when none did).
+
+    TRL's names and meanings where TRL has them: `tools/call_frequency` (tool calls per completion) and
+    `tools/failure_frequency` (failed calls per call, 0 without calls). Also `tools/success_frequency` (calls that ran
+    and returned, per completion), `tools/calls_per_rollout/mean|max` and `tools/turns_per_rollout/mean|max` (per
+    completion: calls, and assistant turns generated), `tools/seconds` (mean wall-clock seconds per call that ran),
+    `tools/failures/<kind>` (failed calls of that kind per call: malformed, unknown_tool, bad_arguments,
+    exception, timeout, crashed), `tools/template_drift` (turns whose chat-template re-render differed from the held
+    tokens, per completion) and `tools/loop_exhausted_frac` (completions stopped by max_tool_calling_iterations).
+    """
+    stats = [grp.rollout_stats for grp in groups if "tools/calls" in grp.rollout_stats]
+    if not stats:
+        return {}
+
+    def values(key: str) -> list[float]:
+        return [v for st in stats for v in st.get(key, [])]
+
+    calls, failures, turns = values("tools/calls"), values("tools/failures"), values("tools/turns")
+    n, total, failed = len(calls), sum(calls), sum(failures)
+    out = {
+        "tools/call_frequency": total / n, "tools/failure_frequency": failed / total if total else 0.0,
+        "tools/success_frequency": (total - failed) / n,
+        "tools/calls_per_rollout/mean": total / n, "tools/calls_per_rollout/max": max(calls),
+        "tools/turns_per_rollout/mean": sum(turns) / n, "tools/turns_per_rollout/max": max(turns),
+        "tools/template_drift": sum(values("tools/template_drift")) / n,
+        "tools/loop_exhausted_frac": sum(values("tools/loop_exhausted")) / n,
+    }  # fmt: skip
+    ran = total - sum(values("tools/failures/malformed")) - sum(values("tools/failures/unknown_tool")) - sum(
+        values("tools/failures/bad_arguments"))
+    out["tools/seconds"] = sum(values("tools/seconds")) / ran if ran else 0.0
+    for key in sorted({k for st in stats for k in st if k.startswith("tools/failures/")}):
+        out[key] = sum(values(key)) / total if total else 0.0
+    return out

@@ -1,0 +1,172 @@
+"""The rollout seam: one prompt in, one scored group out.
+
+A `Rollout` turns a `PromptItem` into a `RolloutGroup` of `num_generations` completions, each with its sampled
+token ids, vLLM's sampling logprobs, a per-token loss mask and per-token policy versions, scored by the run's
+reward functions. The orchestrator (training) and `evaluation` (held-out reward) both call a `Rollout`, so what
+is trained on and what is measured are produced by the same code. `SingleTurnRollout` is the builtin one: one
+`/v1/completions` request for the whole group (token ids in, sampled ids and logprobs out), then one scoring
+call. A multi-turn rollout (tool calling) is a second implementation of the same protocol.
+
+Failures propagate as exceptions, and the caller counts them: `RolloutDropped` (its `reason`), a
+`rewards.pool.RewardError` (its `reason`), `httpx.HTTPError` / `GenerationError` (vLLM unreachable or
+erroring), anything else as a bug in a user rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from async_grpo.data import PromptItem
+from async_grpo.inference.client import GenerationClient
+from async_grpo.transports.messages import RolloutGroup
+from async_grpo.transports.scorer import Scorer
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Per-request sampling settings (TRL names).
+
+    Attributes:
+        num_generations: completions per prompt, the group size G.
+        max_completion_length: most tokens generated per completion.
+        temperature: sampling temperature (> 0; 0 is greedy where the caller allows it).
+        top_p: nucleus threshold in (0, 1].
+        top_k: top-k cut-off; -1 (or 0) disables it.
+        min_p, repetition_penalty: vLLM sampling parameters (TRL names); None / 1.0 leave vLLM's defaults.
+        generation_kwargs: further vLLM sampling parameters added to each request (TRL name).
+    """
+
+    num_generations: int
+    max_completion_length: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    generation_kwargs: dict | None = None
+
+    def extra_body(self) -> dict:
+        """The request fields beyond the client's named ones: min_p, repetition_penalty (when set) and
+        generation_kwargs; {} when there are none (the plain request)."""
+        extra = dict(self.generation_kwargs or {})
+        if self.min_p is not None:
+            extra["min_p"] = self.min_p
+        if self.repetition_penalty != 1.0:
+            extra["repetition_penalty"] = self.repetition_penalty
+        return extra
+
+
+class RolloutDropped(Exception):
+    """A rollout produced no usable group; `reason` is the drop-counter key (e.g. `aborted`)."""
+
+    def __init__(self, reason: str, message: str = ""):
+        super().__init__(message or reason)
+        self.reason = reason
+
+
+@runtime_checkable
+class Rollout(Protocol):
+    """One prompt in, one scored group out (see the module docstring)."""
+
+    async def __call__(self, client: GenerationClient, item: PromptItem, sampling: SamplingSettings, *,
+                       version: Callable[[], int], seed: int | None = None) -> RolloutGroup:
+        """Generate and score one group.
+
+        Args:
+            client: the inference client, bound to the caller's event loop.
+            item: the prompt.
+            sampling: sampling settings (G = sampling.num_generations).
+            version: returns the policy version vLLM serves now; read when each generation request is sent,
+                so every token is stamped with the version that sampled it.
+            seed: per-request sampling seed (evaluation), or None.
+
+        Returns:
+            A `RolloutGroup` with `rewards_per_func` filled (advantages are the batcher's job).
+
+        Raises:
+            RolloutDropped, RewardError, httpx.HTTPError, GenerationError: see the module docstring.
+        """
+
+
+class SingleTurnRollout:
+    """The builtin rollout: one `/v1/completions` call of `num_generations` samples, then one scoring call.
+
+    Args:
+        scorer: the run's reward backend.
+        decode: completion token ids -> text (what reward functions receive).
+    """
+
+    def __init__(self, scorer: Scorer, decode: Callable[[list[int]], str]):
+        self.scorer = scorer
+        self.decode = decode
+
+    async def __call__(self, client: GenerationClient, item: PromptItem, sampling: SamplingSettings, *,
+                       version: Callable[[], int], seed: int | None = None) -> RolloutGroup:
+        """See `Rollout.__call__`. Raises `RolloutDropped("aborted")` when vLLM aborted a sample."""
+        sent_at = version()
+        extra = sampling.extra_body()
+        completions = await client.generate(
+            item.prompt_ids, n=sampling.num_generations, max_tokens=sampling.max_completion_length,
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
+            **({"extra_body": extra} if extra else {}),
+        )  # fmt: skip
+        if any(c.finish_reason == "abort" for c in completions):
+            raise RolloutDropped("aborted", "vLLM aborted a request of the group")
+        group = RolloutGroup(
+            prompt_ids=item.prompt_ids,
+            completion_ids=[c.token_ids for c in completions],
+            sampling_logprobs=[c.logprobs for c in completions],
+            truncated=[c.finish_reason == "length" for c in completions],
+            completions=[self.decode(c.token_ids) for c in completions],
+            prompt=item.prompt,
+            columns=item.columns,
+            policy_version=sent_at,
+        )
+        await score_group(self.scorer, group)
+        return group
+
+
+async def score_group(scorer: Scorer, group: RolloutGroup) -> None:
+    """Fill `group.rewards_per_func` ((G, F), NaN for None) with one scoring call, TRL's reward contract: the
+    group's prompt repeated G times, its completions, completion ids, and each dataset column repeated G times.
+    For a conversational prompt (a list of messages) each text completion reaches the reward functions as TRL
+    passes it, `[{"role": "assistant", "content": text}]`. What the functions logged (`log_extra`,
+    `log_metric`) lands in `group.reward_extra` / `group.reward_metrics`.
+
+    Raises:
+        RewardError: the reward functions failed (its `reason` is the drop-counter key).
+    """
+    g = group.size
+    columns = {k: [v] * g for k, v in group.columns.items()}
+    completions = group.completions
+    if isinstance(group.prompt, list):  # conversational (TRL is_conversational)
+        completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
+    future = scorer.submit([group.prompt] * g, completions, group.completion_ids, columns)
+    rows = await asyncio.wrap_future(future)
+    group.rewards_per_func = [list(row) for row in rows]
+    group.reward_extra = dict(getattr(rows, "extra", {}))
+    group.reward_metrics = dict(getattr(rows, "metrics", {}))
+
+
+def completion_display(completion: object) -> str:
+    """One completion as text for sample tables: a string as is; a conversational completion (TRL's message list,
+    with tool calls and tool results) as one line per message, e.g.
+    `assistant: [call calculator {"expression": "12*34"}]` / `tool calculator: 408` / `assistant: 408`."""
+    if not isinstance(completion, list):
+        return str(completion)
+    lines = []
+    for msg in completion:
+        if not isinstance(msg, dict):
+            lines.append(str(msg))
+            continue
+        role, content = msg.get("role", "?"), msg.get("content") or ""
+        calls = [c.get("function", c) for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+        parts = [content] if content else []
+        parts += [f"[call {fn.get('name')} {json.dumps(fn.get('arguments'), ensure_ascii=False)}]" for fn in calls]
+        label = f"{role} {msg['name']}" if role == "tool" and msg.get("name") else role
+        lines.append(f"{label}: {' '.join(parts)}")
+    return "\n".join(lines)

@@ -1,0 +1,358 @@
+"""The GRPO recipe, in torchtune's shape: `setup` builds every role, `train` runs the step loop,
+`save_checkpoint` / `load_checkpoint` move the `TrainState`, `cleanup` ends what setup started.
+
+Every launch backend runs this one recipe on trainer rank 0 (the other ranks run `runner.follower`): the local
+backend after starting a vLLM subprocess, the Kubernetes trainer pod against the run's vLLM Service. Setup is
+ordered so that everything cheap and checkable (model folder, tokenizer, datasets, reward functions) fails
+before anything expensive starts, and vLLM's start-up overlaps the model load and warm start.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from async_grpo.config import GRPOConfig, dump_config
+from async_grpo.data import load_prompt_items
+from async_grpo.evaluation import evaluate_reward
+from async_grpo.inference.client import AsyncVLLMClient, InferenceEndpoint
+from async_grpo.orchestrator.producer import StepStream
+from async_grpo.rewards.remote import make_reward_pool
+from async_grpo.runner import builders
+from async_grpo.runner import report
+from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
+from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from async_grpo.tracking import Tracker
+from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
+from async_grpo.trainer.protocol import Learner
+from async_grpo.transports.queue import DropCounter, PolicyVersion
+from async_grpo.transports.weights.sync import WeightPusher
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_LOG_INTERVAL_S = 15.0  # progress-bar refresh when stderr is a log file or a pipeline step, not a terminal
+
+
+class GRPORecipe:
+    """One async GRPO run on trainer rank 0.
+
+    Args:
+        config: the validated run config.
+        info: this process's place among the trainer ranks (rank 0).
+        progress: show a progress bar.
+    """
+
+    def __init__(self, config: GRPOConfig, info: DistInfo, *, progress: bool = True):
+        self.config = config
+        self.info = info
+        self.progress = progress
+        self.out_dir = Path(config.output_dir)
+        self.drops = DropCounter()
+        self.version = PolicyVersion(0)
+        self.step = 0
+        self.rollouts = 0
+        self.sync_times: list[float] = []
+        self.tokens_per_s: list[float] = []
+        self.idle_s = 0.0
+        self.train_s = 0.0
+        self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
+        self.eval_before: dict[str, float] = {}
+        self.eval_after: dict[str, float] = {}
+        self.t_start = time.perf_counter()
+        self.scorer = self.tracker = self.learner = self.pusher = self.producer = None
+        self.orchestrator = self.queue = None
+        self.endpoint: InferenceEndpoint | None = None
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, start_inference: Callable[[Path], InferenceEndpoint]) -> None:
+        """Build every role: validate the cheap parts, start inference (`start_inference(model_path)`, which may
+        return before the server is up), load and warm-start the policy, build the learner, wait for the server,
+        open the MLflow run, rendezvous for weight transfer, and build the rollout producer.
+
+        Raises:
+            ValueError: bad model folder, dataset, reward spec or data_producer (before inference starts).
+            VLLMStartupError: the server did not come up.
+        """
+        from transformers import AutoTokenizer
+
+        config = self.config
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "config.resolved.yaml").write_text(dump_config(config))
+        torch.manual_seed(config.seed)
+        # ---- cheap validation first
+        builders.check_warm_start(config)
+        model_path = builders.resolve_model_path(config)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
+        self.train_items = self._items(config.data.dataset, "train")
+        self.config = config = builders.with_epochs_resolved(config, len(self.train_items) + self.drops.snapshot().get(
+            "prompt_too_long", 0), self.info.world_size)  # max_steps=-1: TRL's num_train_epochs
+        eval_spec = builders.eval_dataset_spec(config)
+        self.eval_items = self._items(eval_spec, "eval", limit=config.data.eval_num_prompts) if eval_spec else []
+        self.scorer = make_reward_pool(config)  # the reward service when reward_url / $ASYNC_GRPO_REWARD_URL is set
+        self.rollout = builders.build_rollout(config, self.scorer, self.tokenizer, self.decode,
+                                              self.train_items + self.eval_items)
+        # ---- inference starts; the model loads and warm-starts meanwhile
+        self.endpoint = start_inference(model_path)
+        model = builders.load_policy(config, model_path)
+        sft_loss = builders.warm_start(config, model, self.tokenizer)
+        model.to(self.info.device)
+        broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
+        self.learner: Learner = builders.build_learner(config, model, self.tokenizer.pad_token_id, self.info)
+        self.endpoint.wait_ready()
+        self.served_model = self.endpoint.model_name()
+        self.tracker = Tracker(config)
+        self.tracker.log_text(dump_config(config), "config.resolved.yaml")
+        self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
+        self.pusher = WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
+                                   backend=config.weight_sync.weight_sync_backend,
+                                   timeout_s=config.weight_sync.weight_sync_timeout_s,
+                                   master_address=builders.rendezvous_address(self.endpoint.url))
+        self.pusher.setup()
+        if sft_loss is not None:
+            self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
+        if sft_loss is not None or not self.endpoint.launched:
+            # serve exactly the trainer's starting weights as version 0 (warm-started, or an attached server
+            # whose current weights are unknown)
+            self.sync_times.append(self.pusher.push(self.version.value))
+        self.producer, self.orchestrator, self.queue = builders.build_producer(
+            config, tokenizer=self.tokenizer, train_items=self.train_items, rollout=self.rollout,
+            client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
+            version=self.version, drops=self.drops, world_size=self.info.world_size,
+        )  # fmt: skip
+
+    def _items(self, spec: str, split: str, limit: int | None = None) -> list:
+        items, too_long = load_prompt_items(self.tokenizer, spec, split, seed=self.config.seed,
+                                            max_prompt_length=self.config.data.max_prompt_length, limit=limit,
+                                            **builders.dataset_options(self.config, split))
+        if too_long:
+            self.drops.add("prompt_too_long", too_long)
+        return items
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids -> text, special tokens skipped (what reward functions and tables see)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def make_client(self) -> AsyncVLLMClient:
+        """A generation client for the run's server (build it inside the event loop that uses it)."""
+        return AsyncVLLMClient(self.endpoint.url, self.served_model,
+                               timeout_s=self.config.inference.vllm_request_timeout_s)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, rollout: Any = None, prefix: str = "eval") -> dict[str, float]:
+        """Held-out reward at the current step with the run's own rollout (or `rollout`), logged as `<prefix>/*`
+        ({} without a held-out set)."""
+        if not self.eval_items:
+            return {}
+        metrics, rows = evaluate_reward(
+            rollout or self.rollout, self.make_client, self.eval_items,
+            builders.sampling_settings(self.config, evaluation=True), reward_names=self.scorer.names,
+            reward_weights=self.scorer.weights, seed=self.config.seed, version=self.version.value,
+        )  # fmt: skip
+        metrics = {prefix + k.removeprefix("eval"): v for k, v in metrics.items()}
+        self.tracker.log_metrics(metrics, step=self.step)
+        if rollout is None:  # one table per step: the run's own rollout's
+            self.tracker.log_completions(rows[: self.config.tracking.num_completions_to_print], step=self.step,
+                                         folder="eval_completions")
+        return metrics
+
+    # ------------------------------------------------------------------ the step loop
+    def train(self) -> None:
+        """Held-out reward before training, then rollouts and optimizer steps until `max_steps` (or
+        `max_rollouts`), pushing weights every `vllm_sync_interval` steps.
+
+        Raises:
+            TimeoutError: no rollout within rollout_timeout_s.
+            RuntimeError: the orchestrator failed (its error is chained).
+        """
+        config = self.config
+        self.eval_before = self.evaluate()
+        if self.orchestrator is not None:
+            self.orchestrator.start()
+        t_train = time.perf_counter()
+        bar = tqdm(total=config.optim.max_steps, initial=self.step, desc="GRPO", unit="step", disable=not self.progress,
+                   mininterval=0.5 if sys.stderr.isatty() else PROGRESS_LOG_INTERVAL_S)  # sparse lines in logs
+        pconf = self.producer.config
+        try:
+            while self.step < config.optim.max_steps:
+                if pconf.max_rollouts is not None and self.rollouts >= pconf.max_rollouts:
+                    logger.info("max_rollouts=%d reached after %d steps", pconf.max_rollouts, self.step)
+                    break
+                t_wait = time.perf_counter()
+                depth = self.queue.depth if self.queue is not None else 0
+                self.producer.on_rollout_begin(self.step)
+                rollout = self.producer.produce(self.learner.model, self.step,
+                                                timeout_s=config.producer.rollout_timeout_s)
+                self.producer.on_rollout_end(rollout, self.step)
+                self.rollouts += 1
+                waited = time.perf_counter() - t_wait
+                self.idle_s += waited
+                self._train_on_rollout(rollout, depth, waited, bar)
+        finally:
+            bar.close()
+            self.train_s = time.perf_counter() - t_train
+            if self.orchestrator is not None:
+                self.orchestrator.stop()
+
+    def _train_on_rollout(self, rollout: list, depth: int, waited: float, bar) -> None:
+        """Every optimizer step one rollout feeds: mini_epochs x step batches x num_iterations (pi_old cached once
+        when the rollout is trained more than once)."""
+        pconf = self.producer.config
+        reuse = pconf.mini_epochs * pconf.num_iterations
+        cache = [self.learner.old_logps(item) for item in rollout] if reuse * len(rollout) > 1 else None
+        for _epoch in range(pconf.mini_epochs):
+            for index, item in enumerate(rollout):
+                for _ in range(pconf.num_iterations):
+                    if self.step >= self.config.optim.max_steps:
+                        break
+                    waited = self._one_step(item, cache[index] if cache else None, depth, waited)
+                    bar.update(1)
+        for item in rollout:
+            self.learner.forget(item)
+
+    def _one_step(self, item: Any, old_logps: list | None, depth: int, waited: float) -> float:
+        """One optimizer step on `item` (a step batch or a stream of its chunks), its weight push and its
+        metrics; returns the idle time still to report (0 once logged)."""
+        config = self.config
+        t0 = time.perf_counter()
+        metrics = dict(item.metrics)
+        metrics.update(self.learner.step(item, old_logps=old_logps))
+        if isinstance(item, StepStream):  # streamed: chunk count and waits are known once the step consumed it
+            metrics.update(item.metrics)
+            waited += item.wait_s
+            self.idle_s += item.wait_s
+        self.step += 1
+        # replayed groups are old on purpose and exempt from max_staleness: they are counted by replayed_groups
+        staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
+        if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
+            metrics["weight_sync/seconds"] = self.push_weights()
+        self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
+        for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
+            metrics.setdefault(name, value)
+        self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
+        metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
+        if self.scorer is not None and hasattr(self.scorer, "set_trainer_state"):
+            self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
+        every = builders.eval_every(config)
+        if every and self.step % every == 0 and self.step < config.optim.max_steps:  # the last: `finish`
+            self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
+        metrics["groups"] = float(len(item.groups))
+        metrics.update(pipeline_metrics(
+            staleness, version=self.version.value, depth=depth, waited_s=waited,
+            step_s=time.perf_counter() - t0, rollouts=self.rollouts, world_size=self.info.world_size,
+            drops=self.drops.snapshot(),
+        ))  # fmt: skip
+        if self.step % config.tracking.logging_steps == 0 or self.step == config.optim.max_steps:
+            self.tracker.log_metrics(metrics, step=self.step)
+        if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
+            rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
+            self.tracker.log_completions(rows, step=self.step)
+        return 0.0
+
+    def push_weights(self) -> float:
+        """Send the current weights to vLLM as the next policy version, then bump the shared version; returns the
+        push's seconds. The version moves only once vLLM serves the new weights (TRL's async GRPO bumps after
+        resume): a group requested during the push is stamped with the version that really samples it, and a
+        failed push leaves the version where it was.
+
+        Raises:
+            whatever the push raised (vLLM is resumed first by `WeightPusher.push`).
+        """
+        seconds = self.pusher.push(self.version.value + 1)
+        self.version.bump()
+        self.sync_times.append(seconds)
+        return seconds
+
+    # ------------------------------------------------------------------ the end
+    def finish(self) -> RunSummary:
+        """Save the final model (before evaluating, so an evaluation failure never loses it), measure the
+        held-out reward (vLLM already serves the final weights), and summarize the run."""
+        model_dir = None
+        if self.config.checkpoint.save_model:
+            model_dir = self.out_dir / "final-model"
+            self.learner.save_pretrained(model_dir)
+            self.tokenizer.save_pretrained(model_dir)
+        self.eval_after = self.evaluate()
+        if hasattr(self.rollout, "without_tools"):  # the same final model with no tools: what the tools are worth
+            self.eval_after.update(self.evaluate(self.rollout.without_tools(), prefix="eval_no_tools"))
+        if model_dir is not None:
+            self.tracker.log_model(model_dir)
+        s = RunSummary(
+            run_id=self.tracker.run_id, tracking_uri=self.tracker.tracking_uri, output_dir=str(self.out_dir),
+            eval_before=self.eval_before, eval_after=self.eval_after, steps=self.step,
+            wall_s=time.perf_counter() - self.t_start, train_s=self.train_s,
+            steps_per_s=self.step / max(self.train_s, 1e-9),
+            generation_tokens_per_s=sum(self.tokens_per_s) / max(len(self.tokens_per_s), 1),
+            weight_sync_s_mean=sum(self.sync_times) / max(len(self.sync_times), 1), weight_syncs=len(self.sync_times),
+            trainer_idle_fraction=self.idle_s / max(self.train_s, 1e-9), dropped_groups=self.drops.snapshot(),
+            model_dir=str(model_dir) if model_dir else None,
+        )  # fmt: skip
+        self.tracker.log_metrics({"summary/steps_per_s": s.steps_per_s,
+                                  "summary/trainer_idle_fraction": s.trainer_idle_fraction,
+                                  "summary/weight_sync_s_mean": s.weight_sync_s_mean, "summary/wall_s": s.wall_s},
+                                 step=self.step)
+        return s
+
+    # ------------------------------------------------------------------ state and checkpoints
+    def state(self) -> TrainState:
+        """The run's `TrainState` now (between steps)."""
+        orch = self.orchestrator
+        return TrainState(
+            step=self.step, policy_version=self.version.value, rollouts=self.rollouts,
+            learner=self.learner.state_dict(), rng=capture_rng(),
+            sampler=orch.prompts.state_dict() if orch is not None else None,
+            replay=orch.replay.state_dict() if orch is not None and orch.replay is not None else None,
+            reroll=orch.reroll.state_dict() if orch is not None and orch.reroll is not None else None,
+            drops=self.drops.snapshot(), mlflow_run_id=self.tracker.run_id if self.tracker else None,
+            weight_syncs=len(self.sync_times), num_tokens=self.num_tokens,
+        )  # fmt: skip
+
+    def restore(self, state: TrainState) -> None:
+        """Put `state` into the live roles (after `setup`, before `train`)."""
+        self.step, self.rollouts, self.num_tokens = state.step, state.rollouts, state.num_tokens
+        self.version.reset(state.policy_version)
+        self.learner.load_state_dict(state.learner)
+        self.drops.load_state_dict(state.drops)
+        orch = self.orchestrator
+        if orch is not None and state.sampler is not None:
+            orch.prompts.load_state_dict(state.sampler)
+        if orch is not None and orch.replay is not None and state.replay is not None:
+            orch.replay.load_state_dict(state.replay)
+        if orch is not None and orch.reroll is not None and state.reroll is not None:
+            orch.reroll.load_state_dict(state.reroll)
+        restore_rng(state.rng)
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Write the `TrainState` and the policy (Hugging Face folder) to `path`, atomically."""
+        return save_checkpoint(self.state(), path, write_model=self._write_model)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore a `save_checkpoint` folder into the live roles."""
+        self.restore(load_checkpoint(path))
+
+    def _write_model(self, folder: Path) -> None:
+        self.learner.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    def cleanup(self, status: str) -> None:
+        """End what setup started, in reverse order, whatever happened; close the MLflow run with `status`
+        (FINISHED, FAILED or KILLED). Never raises for a role that failed to stop (it is logged). After an
+        interrupt the other trainer ranks got the same signal, so they are not waited for."""
+        release_ranks = status != "KILLED"
+        for name, stop in (("orchestrator", lambda: self.orchestrator and self.orchestrator.stop()),
+                           ("trainer ranks", lambda: self.learner and release_ranks and self.learner.close()),
+                           ("weight transfer", lambda: self.pusher and self.pusher.close()),
+                           ("reward workers", lambda: self.scorer and self.scorer.close()),
+                           ("tool workers", lambda: hasattr(self, "rollout") and hasattr(self.rollout, "close")
+                            and self.rollout.close()),
+                           ("tracking", lambda: self.tracker and self.tracker.end(status))):
+            try:
+                stop()
+            except Exception as err:  # noqa: BLE001 - keep stopping the rest
+                logger.warning("cleanup: could not stop the %s: %r", name, err)

@@ -1,0 +1,116 @@
+"""What a run reports: per-step pipeline metrics, sample-completion rows and the final `RunSummary`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from async_grpo.orchestrator.rollout import completion_display
+from async_grpo.transports.messages import RolloutGroup
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports (also printed by the CLI). Times are seconds; rates are per second.
+
+    Attributes:
+        run_id, tracking_uri: the MLflow run.
+        output_dir: the run folder.
+        eval_before, eval_after: held-out metrics (`eval/reward`, ...) at the first and last step ({} without
+            a held-out set).
+        steps: optimizer steps taken.
+        wall_s: seconds from start to end, setup included.
+        train_s: seconds of the step loop.
+        steps_per_s: steps / train_s.
+        generation_tokens_per_s: mean over steps of the tokens generated between two steps per second.
+        weight_sync_s_mean, weight_syncs: mean seconds of one weight push, and how many.
+        trainer_idle_fraction: share of train_s the trainer waited for rollouts.
+        dropped_groups: dropped groups by reason.
+        model_dir: the saved final model folder, or None.
+    """
+
+    run_id: str
+    tracking_uri: str
+    output_dir: str
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+    steps: int
+    wall_s: float
+    train_s: float
+    steps_per_s: float
+    generation_tokens_per_s: float
+    weight_sync_s_mean: float
+    weight_syncs: int
+    trainer_idle_fraction: float
+    dropped_groups: dict[str, int] = field(default_factory=dict)
+    model_dir: str | None = None
+
+
+def pipeline_metrics(staleness: list[int], *, version: int, depth: int, waited_s: float, step_s: float,
+                     rollouts: int, world_size: int, drops: dict[str, int]) -> dict[str, float]:
+    """The async pipeline's per-step metrics.
+
+    Args:
+        staleness: per freshly generated group of the step (replayed ones excluded), the policy version it was
+            trained at minus the oldest one that sampled it.
+        version: the policy version after the step's weight push (if any).
+        depth: step batches waiting in the rollout queue when the step began.
+        waited_s: seconds the trainer waited for this step's rollouts.
+        step_s: seconds of the optimizer step (and push).
+        rollouts: rollouts produced so far.
+        world_size: trainer ranks.
+        drops: dropped groups by reason, cumulative.
+
+    Returns:
+        `staleness/mean|max` (policy versions between sampling and training, per fresh group), `queue/depth`,
+        `trainer/idle_seconds`, `trainer/step_seconds`, `policy_version`, `rollouts`, `trainer/ranks`,
+        `dropped_groups/total` and `dropped_groups/<reason>`.
+    """
+    metrics = {
+        "staleness/mean": sum(staleness) / max(len(staleness), 1),
+        "staleness/max": float(max(staleness, default=0)),
+        "queue/depth": float(depth), "trainer/idle_seconds": waited_s, "trainer/step_seconds": step_s,
+        "policy_version": float(version), "rollouts": float(rollouts),
+        "trainer/ranks": float(world_size), "dropped_groups/total": float(sum(drops.values())),
+    }  # fmt: skip
+    metrics.update({f"dropped_groups/{k}": float(v) for k, v in drops.items()})
+    return metrics
+
+
+def completion_rows(groups: list[RolloutGroup], decode: Callable[[list[int]], str], n: int) -> list[dict]:
+    """Up to `n` rows (prompt, completion, reward, advantage, policy_version, then the columns reward functions
+    logged with TRL's `log_extra`, None where a group has none) for a sample-completions table; a conversational
+    completion shows the whole conversation (tool calls and results, `completion_display`)."""
+    rows = []
+    extra = sorted({col for grp in groups for col in grp.reward_extra})
+    for grp in groups:
+        for i, (text, reward, adv) in enumerate(zip(grp.completions, grp.rewards, grp.advantages, strict=True)):
+            logged = {col: _nth(grp.reward_extra.get(col), i) for col in extra}
+            rows.append({"prompt": decode(grp.prompt_ids), "completion": completion_display(text), "reward": reward,
+                         "advantage": adv, "policy_version": grp.policy_version, **logged})
+            if len(rows) >= n:
+                return rows
+    return rows
+
+
+def step_tokens(groups: list[RolloutGroup]) -> int:
+    """Prompt + completion tokens of a step's groups, each completion with its own copy of the prompt (TRL's
+    `num_tokens` counts the attention mask of every prompt-completion pair)."""
+    return sum(g.size * len(g.prompt_ids) + sum(len(ids) for ids in g.completion_ids) for g in groups)
+
+
+def _nth(values: list | None, i: int):
+    """values[i] as a table cell (str unless a number or None), or None when there is no such value."""
+    if not values or i >= len(values):
+        return None
+    v = values[i]
+    return v if v is None or isinstance(v, (int, float, str)) else str(v)
+
+
+def reward_log_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """The step's means of what reward functions logged with TRL's `log_metric` (name -> mean of every value)."""
+    values: dict[str, list[float]] = {}
+    for grp in groups:
+        for name, vals in grp.reward_metrics.items():
+            values.setdefault(name, []).extend(vals)
+    return {name: sum(vals) / len(vals) for name, vals in values.items() if vals}

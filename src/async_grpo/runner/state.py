@@ -1,0 +1,124 @@
+"""`TrainState`: everything a resumed run needs, in one dataclass, and its checkpoint on disk.
+
+The runner captures a `TrainState` from its live roles (`GRPORecipe.state()`) and restores one into them
+(`GRPORecipe.restore()`); `save_checkpoint` / `load_checkpoint` move it to and from a folder:
+
+    <checkpoint>/
+        train_state.pt    the TrainState (torch.save: tensors and plain Python values)
+        meta.json         step, policy version, MLflow run id (readable without torch)
+        model/            the policy as a Hugging Face folder (written by the runner; loadable by vllm serve)
+
+A checkpoint is written into a temporary sibling folder and renamed into place, so a crash mid-write never
+leaves a folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "train_state.pt"
+META_FILE = "meta.json"
+MODEL_DIR = "model"
+
+
+@dataclass
+class TrainState:
+    """A run's resumable state.
+
+    Attributes:
+        step: optimizer steps completed.
+        policy_version: the version vLLM serves (bumped at each weight push).
+        rollouts: rollouts produced so far (`max_rollouts`).
+        learner: `Learner.state_dict()`: model weights, optimizer and scheduler state, counters.
+        rng: the process RNG states (`capture_rng()`): python, numpy, torch CPU and CUDA.
+        sampler: the prompt sampler's position (`PromptSampler.state_dict()`), None without one.
+        replay: the replay buffer (`ReplayBuffer.state_dict()`), None when off.
+        reroll: the deferred re-roll FIFO (`RerollQueue.state_dict()`), None when off.
+        drops: dropped groups by reason.
+        mlflow_run_id: the MLflow run to continue, None before tracking started.
+        weight_syncs: weight pushes so far.
+        num_tokens: prompt + completion tokens trained on so far (TRL's cumulative `num_tokens` metric).
+    """
+
+    step: int = 0
+    policy_version: int = 0
+    rollouts: int = 0
+    learner: dict[str, Any] = field(default_factory=dict)
+    rng: dict[str, Any] = field(default_factory=dict)
+    sampler: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None
+    reroll: dict[str, Any] | None = None
+    drops: dict[str, int] = field(default_factory=dict)
+    mlflow_run_id: str | None = None
+    weight_syncs: int = 0
+    num_tokens: int = 0
+
+
+def capture_rng() -> dict[str, Any]:
+    """The global RNG states of this process: python `random`, numpy, torch CPU, and every CUDA device."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the global RNG states from `capture_rng()` (CUDA only when both sides have it)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(state: TrainState, path: str | os.PathLike, write_model=None) -> Path:
+    """Write `state` to the folder `path` atomically (temporary sibling, then rename); returns the path.
+
+    Args:
+        state: what to save.
+        path: the checkpoint folder (replaced if it exists).
+        write_model: optional callable(folder) that writes the Hugging Face model into `folder/model`.
+
+    Raises:
+        OSError: the parent folder is not writable (nothing is left behind but the temporary folder's removal).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        torch.save({f.name: getattr(state, f.name) for f in fields(state)}, tmp / STATE_FILE)  # no deep copy
+        meta = {"step": state.step, "policy_version": state.policy_version, "mlflow_run_id": state.mlflow_run_id}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if write_model is not None:
+            write_model(tmp / MODEL_DIR)
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> TrainState:
+    """Read a `save_checkpoint` folder.
+
+    Raises:
+        FileNotFoundError: `path` holds no `train_state.pt` (not a checkpoint, or an interrupted write).
+    """
+    file = Path(path) / STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE}). Fix: point at a folder written by "
+                                "save_checkpoint.")
+    data = torch.load(file, map_location="cpu", weights_only=False)  # our own file: RNG tuples, dataclasses
+    return TrainState(**data)

@@ -1,0 +1,95 @@
+"""The rollout a run uses, and the tool-calling parts of its set-up.
+
+With `tools` declared, the run's rollout is the multi-turn `MultiTurnRollout`, its tool calls running in a local
+`ToolExecutor` (spawned workers) or, when rewards are scored on the reward service, on that service. Everything
+here runs before vLLM or any worker starts, so bad tools, a chat template that cannot carry tool calls and
+non-conversational prompts are refused first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from async_grpo.config import GRPOConfig
+from async_grpo.data import PromptItem
+from async_grpo.orchestrator.multiturn import MultiTurnRollout, ToolCallingSettings
+from async_grpo.orchestrator.rollout import Rollout, SingleTurnRollout
+from async_grpo.rewards.remote import reward_service_url
+from async_grpo.tools.executor import ToolBackend, ToolExecutor
+from async_grpo.tools.loading import load_tools
+from async_grpo.tools.remote import RemoteToolExecutor
+from async_grpo.tools.render import turn_pairs
+from async_grpo.transports.scorer import Scorer
+
+logger = logging.getLogger(__name__)
+
+
+def build_tool_backend(config: GRPOConfig, service: tuple[str, str | None] | None = None) -> ToolBackend:
+    """Where the run's tool calls run: the reward service when one is used (`service` = (URL, bearer token), else
+    `reward_url` or env ASYNC_GRPO_REWARD_URL with env ASYNC_GRPO_REWARD_TOKEN; on Kubernetes), else
+    `tool_num_workers` local spawned workers.
+
+    Raises:
+        ToolSpecError: a tool does not import, lacks type hints or a docstring, or two share a name.
+        ToolServiceError: the reward service serves other tools.
+    """
+    t = config.tools
+    tools = load_tools(t.tools)
+    url, token = service if service is not None else (reward_service_url(config), None)
+    if url is not None:
+        logger.info("running tool calls on the reward service at %s", url)
+        return RemoteToolExecutor(url, tools, timeout_s=t.tool_timeout_s, token=token,
+                                  max_concurrency=max(t.tool_num_workers, config.producer.max_inflight_groups))
+    return ToolExecutor(tools, num_workers=t.tool_num_workers, timeout_s=t.tool_timeout_s,
+                        cpu_seconds=t.tool_cpu_seconds, memory_mb=t.tool_memory_mb)
+
+
+def check_conversational(items: Sequence[PromptItem], spec: str) -> None:
+    """Tools need conversational prompts (as TRL's).
+
+    Raises:
+        ValueError: a prompt is a string; names the dataset and the fix.
+    """
+    for i, item in enumerate(items):
+        if not isinstance(item.prompt, list):
+            raise ValueError(f"dataset {spec!r}: row {i} has a string prompt, but tools need conversational prompts "
+                             "(a list of {'role', 'content'} messages, rendered with the tools by the chat template). "
+                             "Fix: make each prompt [{'role': 'user', 'content': prompt}], or unset tools.")
+
+
+def build_rollout(config: GRPOConfig, scorer: Scorer, tokenizer: Any, decode: Callable[[list[int]], str],
+                  items: Sequence[PromptItem], tool_service: tuple[str, str | None] | None = None) -> Rollout:
+    """The run's rollout: `SingleTurnRollout`, or `MultiTurnRollout` when `tools` are declared.
+
+    Args:
+        items: the training and held-out prompts (checked to be conversational when tools are declared).
+        tool_service: (URL, bearer token) of a reward service to run the tool calls on (see `build_tool_backend`).
+
+    Raises:
+        ValueError: bad tools (ToolSpecError), string prompts, a tool format the tokenizer cannot parse
+            (ToolFormatError) or a chat template that cannot carry tool calls (ChatTemplateError); each names the fix.
+    """
+    if not config.tools.tools:
+        return SingleTurnRollout(scorer, decode)
+    check_conversational(items, config.data.dataset)
+    backend = build_tool_backend(config, tool_service)
+    settings = ToolCallingSettings(max_tool_calling_iterations=config.tools.max_tool_calling_iterations,
+                                   max_tool_response_length=config.tools.max_tool_response_length)
+    try:
+        return MultiTurnRollout(scorer, tokenizer, backend, settings=settings)
+    except Exception:
+        backend.close()
+        raise
+
+
+def warm_start_pairs(config: GRPOConfig, task: Any, tokenizer: Any, n: int) -> list[tuple[list[int], list[int]]]:
+    """(context ids, turn ids) pairs of a builtin task's reference conversations (`Task.sft_transcripts`), rendered
+    with the tools' schemas (the configured `tools`, else the task's own), one pair per assistant turn.
+
+    Raises:
+        ToolSpecError: a tool does not resolve; ChatTemplateError: the template is not prefix-preserving.
+    """
+    schemas = [t.schema for t in load_tools(config.tools.tools or list(task.tools))]
+    return [pair for conv in task.sft_transcripts(config.seed, n) for pair in turn_pairs(tokenizer, conv, schemas)]

@@ -1,0 +1,19 @@
+"""Tool calling: declaring tools, running calls safely, parsing calls out of generated text, and the chat
+template's side (rendering, start-up checks, the tokens of tool messages).
+
+    loading   tool specs -> functions and JSON schemas (transformers.utils.get_json_schema), refused early
+    builtin   builtin tools (`builtin:calculator`)
+    executor  spawned worker processes with per-call timeout, CPU-seconds and memory limits; `ToolOutcome`
+    remote    the same calls on the reward service (Kubernetes)
+    parsing   tool calls out of an assistant turn (the tokenizer's response parsing; Hermes/Qwen fallback)
+    render    chat-template rendering, the prefix-preserving check, tool-message tokens, warm-start turns
+
+The multi-turn rollout that uses them is `orchestrator.multiturn.MultiTurnRollout`. Importing this package pulls
+in neither torch nor transformers (tool workers import it).
+"""
+
+from async_grpo.tools.executor import FAILURE_KINDS, ToolBackend, ToolExecutor, ToolOutcome
+from async_grpo.tools.loading import Tool, ToolSpecError, load_tools, resolve_tool
+
+__all__ = ["FAILURE_KINDS", "Tool", "ToolBackend", "ToolExecutor", "ToolOutcome", "ToolSpecError", "load_tools",
+           "resolve_tool"]

@@ -1,0 +1,96 @@
+"""Packing a step batch into padded tensors, and the policy's per-token logprobs of the sampled tokens.
+
+`pack_batch` turns the groups of a `TrainBatch` into one left-padded prompt + right-padded completion tensor per
+completion, with the groups' per-token loss masks as the completion mask; `completion_logps` scores the sampled
+tokens under a model at the sampling temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from async_grpo.trainer.logprobs import completion_logps_from_model
+from async_grpo.transports.messages import TrainBatch
+
+
+@dataclass
+class PackedBatch:
+    """A batch as padded tensors. N = completions, P = longest prompt, T = longest completion.
+
+    Attributes:
+        input_ids: (N, P + T) left-padded prompt followed by right-padded completion.
+        attention_mask: (N, P + T) 1 on real tokens.
+        position_ids: (N, P + T) positions counted from each sequence's first real token.
+        completion_ids: (N, T) sampled tokens.
+        completion_mask: (N, T) 1 on tokens that enter the loss (the groups' `loss_mask`), 0 on padding.
+        sampling_logps: (N, T) vLLM sampling logprobs (0 on padding).
+        advantages: (N,) per-completion advantages.
+        replayed: (N,) bool, True on rows of replayed groups.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    sampling_logps: torch.Tensor
+    advantages: torch.Tensor
+    replayed: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.size(0)
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same tensors on `device` (no copy when already there)."""
+        return PackedBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+    def slice(self, start: int, end: int) -> PackedBatch:
+        """Rows [start, end) as a new PackedBatch (views)."""
+        return PackedBatch(*(getattr(self, f)[start:end] for f in self.__dataclass_fields__))
+
+
+def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = False) -> PackedBatch:
+    """Flatten the groups of `batch` into padded tensors (see `PackedBatch` for shapes).
+
+    `completion_mask` is each completion's `RolloutGroup.loss_mask` (1 on tokens the policy sampled, 0 on tokens it
+    did not, e.g. tool output) on its tokens and 0 on padding; with `mask_truncated`, all 0 for a truncated row.
+    """
+    rows = [
+        (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed, lmask)
+        for grp in batch.groups
+        for ids, lps, trunc, adv, lmask in zip(grp.completion_ids, grp.sampling_logprobs, grp.truncated,
+                                               grp.advantages, grp.loss_mask, strict=True)
+    ]
+    n = len(rows)
+    p = max(len(r[0]) for r in rows)
+    t = max(max(len(r[1]) for r in rows), 1)
+    input_ids = torch.full((n, p + t), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, p + t), dtype=torch.long)
+    completion_mask = torch.zeros((n, t), dtype=torch.float32)
+    sampling_logps = torch.zeros((n, t), dtype=torch.float32)
+    for i, (prompt, comp, lps, trunc, _, _, lmask) in enumerate(rows):
+        input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
+        input_ids[i, p : p + len(comp)] = torch.tensor(comp, dtype=torch.long)
+        attention_mask[i, p - len(prompt) : p + len(comp)] = 1
+        if not (mask_truncated and trunc):
+            completion_mask[i, : len(comp)] = torch.tensor(lmask, dtype=torch.float32)
+        sampling_logps[i, : len(lps)] = torch.tensor(lps)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    advantages = torch.tensor([r[4] for r in rows], dtype=torch.float32)
+    replayed = torch.tensor([r[5] for r in rows], dtype=torch.bool)
+    return PackedBatch(input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps,
+                       advantages, replayed)
+
+
+def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False,
+                     chunk_size: int | None = None, temperature: float = 1.0):
+    """Per-token logprobs (N, T) of `mb.completion_ids` under `model`, and optionally entropies (N, T).
+
+    `chunk_size=None` materializes only the last T+1 positions' logits (`logits_to_keep`); an int applies
+    the LM head `chunk_size` positions at a time (see `trainer.logprobs`). Logits are divided by the sampling
+    `temperature` (TRL), so the logprobs compare with vLLM's processed sampling logprobs.
+    """
+    return completion_logps_from_model(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.completion_ids,
+                                       chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature)

@@ -1,0 +1,86 @@
+"""The learning-rate schedule and the policy's memory savers: transformers' own code, with TRL's knob names.
+
+`LRSchedule` is what a learner needs to build `transformers.get_scheduler` over its optimizer (the schedule
+steps once per optimizer step, like the HF Trainer's); `prepare_policy` applies `gradient_checkpointing` and
+`disable_dropout` to a freshly loaded policy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """A learning-rate schedule over a run (TRL / transformers names).
+
+    Attributes:
+        name: a transformers `SchedulerType` value (`linear`, `cosine`, `constant`, ...).
+        num_training_steps: optimizer steps of the run (>= 1).
+        num_warmup_steps: steps of linear warm-up from 0 (>= 0).
+        kwargs: `scheduler_specific_kwargs` of `transformers.get_scheduler` (e.g. `min_lr_rate`).
+    """
+
+    name: str = "constant"
+    num_training_steps: int = 1
+    num_warmup_steps: int = 0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        """`transformers.get_scheduler(name, optimizer, ...)`: a `LambdaLR` (or similar) whose `step()` follows
+        each optimizer step.
+
+        Raises:
+            ValueError: an unknown name, or arguments the schedule does not take (transformers' message).
+        """
+        from transformers import get_scheduler
+
+        return get_scheduler(self.name, optimizer, num_warmup_steps=self.num_warmup_steps,
+                             num_training_steps=self.num_training_steps,
+                             scheduler_specific_kwargs=dict(self.kwargs) or None)
+
+
+def warmup_steps(warmup_steps: float, warmup_ratio: float | None, max_steps: int) -> int:
+    """Warm-up steps from TRL's knobs: `warmup_steps` >= 1 is a count, below 1 a fraction of `max_steps`
+    (transformers 5); `warmup_ratio` (transformers 4) is a fraction. Fractions round up (transformers'
+    `get_warmup_steps`: ceil(max_steps x ratio))."""
+    if warmup_ratio:
+        return math.ceil(max_steps * warmup_ratio)
+    if 0 < warmup_steps < 1:
+        return math.ceil(max_steps * warmup_steps)
+    return int(warmup_steps)
+
+
+def prepare_policy(model: torch.nn.Module, *, gradient_checkpointing: bool = False,
+                   gradient_checkpointing_kwargs: dict[str, Any] | None = None,
+                   disable_dropout: bool = False) -> torch.nn.Module:
+    """Apply TRL's model options to a loaded policy, in place; returns it.
+
+    Args:
+        model: a transformers causal LM.
+        gradient_checkpointing: recompute decoder-layer activations in backward
+            (`model.gradient_checkpointing_enable`, non-reentrant by default; the KV cache is turned off, as
+            transformers requires). Gradients are those of the plain model; only memory and time change.
+        gradient_checkpointing_kwargs: its arguments (default {"use_reentrant": False}).
+        disable_dropout: set every `torch.nn.Dropout`'s p to 0 (TRL `disable_dropout_in_model`).
+
+    Raises:
+        ValueError: gradient checkpointing on a model that does not support it.
+    """
+    if gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it. Fix: set "
+                             "gradient_checkpointing=false.")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs
+                                            or {"use_reentrant": False})
+        if getattr(model, "config", None) is not None:
+            model.config.use_cache = False
+    if disable_dropout:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    return model

@@ -1,0 +1,219 @@
+"""The multi-turn rollout against a scripted generation client (no vLLM here; tests/integration/test_tools.py runs
+it on a real server): token ids, loss mask, logprobs and versions turn by turn against the chat template's rendering
+of the same conversation; the stop rules; errors the model reads; the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from concurrent.futures import Future
+
+import pytest
+
+from async_grpo.data import PromptItem
+from async_grpo.inference.client import Completion
+from async_grpo.orchestrator.batching import make_train_batch, tool_metrics
+from async_grpo.orchestrator.multiturn import TRUNCATION_MARK, MultiTurnRollout, ToolCallingSettings
+from async_grpo.orchestrator.rollout import RolloutDropped, SamplingSettings, SingleTurnRollout, completion_display
+from async_grpo.tasks.calc import calc_exact_match
+from async_grpo.tiny_model import build_tiny_tokenizer
+from async_grpo.tools.executor import ToolExecutor
+from async_grpo.tools.loading import load_tools
+from async_grpo.tools.render import render_ids
+
+IM_END = 258
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def backend():
+    with ToolExecutor(load_tools(["builtin:calculator"]), num_workers=1, timeout_s=20.0) as ex:
+        yield ex
+
+
+class ExactScorer:
+    """Scores with the calc task's exact-match reward, in-process (a `Scorer`)."""
+
+    names, weights = ["calc_exact_match"], [1.0]
+
+    def submit(self, prompts, completions, completion_ids, columns=None) -> Future:
+        out: Future = Future()
+        out.set_result([[r] for r in calc_exact_match(prompts, completions, completion_ids, **(columns or {}))])
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class Scripted:
+    """A `GenerationClient` whose replies come from `reply(prompt_text, call_index, sample_index)`; each reply gets
+    <|im_end|> appended, is cut at max_tokens ("length"), and carries logprob -(k+1)/100 at its k-th token."""
+
+    def __init__(self, tok, reply, finish: str = "stop"):
+        self.tok, self.reply, self.finish, self.requests = tok, reply, finish, []
+
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p=1.0, top_k=-1, seed=None):
+        self.requests.append((list(prompt_ids), n, max_tokens))
+        out = []
+        for i in range(n):
+            ids = self.tok.encode(self.reply(self.tok.decode(prompt_ids), len(self.requests) - 1, i)) + [IM_END]
+            finish = self.finish
+            if len(ids) > max_tokens:
+                ids, finish = ids[:max_tokens], "length"
+            out.append(Completion(ids, [-(k + 1) / 100 for k in range(len(ids))], "", finish))
+        return out
+
+    async def aclose(self) -> None:
+        pass
+
+
+def calculator_agent(prompt: str, call: int, sample: int) -> str:
+    """Calls the calculator on the user's expression, then answers with the tool's result (sample 1 answers at once)."""
+    if sample == 1 and call == 0:
+        return "7"
+    if "<|im_start|>tool\n" in prompt:
+        return prompt.rsplit("<|im_start|>tool\n", 1)[1].split("<|im_end|>")[0]
+    return CALL % prompt.split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+
+
+def item(expr: str = "12*34", **columns) -> PromptItem:
+    return PromptItem([{"role": "user", "content": expr}], [], {"answer": str(eval(expr)), **columns})
+
+
+def run(rollout, client, it, g=2, max_len=200, versions=None, seed=None):
+    counter = iter(versions or range(100))
+    return asyncio.run(rollout(client, it, SamplingSettings(g, max_len, 1.0), version=lambda: next(counter),
+                               seed=seed))
+
+
+def test_tokens_mask_logprobs_and_versions_turn_by_turn(tok, backend):
+    rollout = MultiTurnRollout(ExactScorer(), tok, backend)
+    client = Scripted(tok, calculator_agent)
+    group = run(rollout, client, item("12*34"), versions=[5, 6, 7])
+    schemas = [rollout.schemas["calculator"]]
+    conv = group.prompt + group.completions[0]
+    assert [m["role"] for m in group.completions[0]] == ["assistant", "tool", "assistant"]
+    assert group.completions[0][0]["tool_calls"][0]["function"] == {"name": "calculator",
+                                                                    "arguments": {"expression": "12*34"}}
+    assert group.completions[0][1] == {"role": "tool", "name": "calculator", "content": "408"}
+    assert group.completions[0][2] == {"role": "assistant", "content": "408"}
+    rendered = render_ids(tok, conv, schemas, add_generation_prompt=False)
+    assert group.prompt_ids == render_ids(tok, group.prompt, schemas, add_generation_prompt=True)
+    assert group.prompt_ids + group.completion_ids[0] == rendered[:-1]  # the template's trailing "\n" is not sampled
+    turn1 = tok.encode(CALL % "12*34") + [IM_END]
+    tool = tok.encode("\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n")
+    turn2 = tok.encode("408") + [IM_END]
+    assert group.completion_ids[0] == turn1 + tool + turn2
+    assert group.loss_mask[0] == [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2)
+    lp = lambda ids: [-(k + 1) / 100 for k in range(len(ids))]  # noqa: E731
+    assert group.sampling_logprobs[0] == lp(turn1) + [0.0] * len(tool) + lp(turn2)
+    assert group.token_versions[0] == [5] * (len(turn1) + len(tool)) + [6] * len(turn2)  # read at each request
+    assert group.policy_version == 5 and group.truncated == [False, False]
+    assert client.requests[1][0] == group.prompt_ids + turn1 + tool  # turn 2 generated from the held ids
+    assert client.requests[1][2] == 200 - len(turn1) - len(tool)  # with the remaining budget
+    # sample 1 answered without a tool: one turn, all trained
+    assert group.completions[1] == [{"role": "assistant", "content": "7"}] and group.loss_mask[1] == [1, 1]
+    assert group.rewards_per_func == [[1.0], [0.0]]  # rewards saw the conversation's final answer
+    assert group.rollout_stats["tools/calls"] == [1.0, 0.0] and group.rollout_stats["tools/turns"] == [2.0, 1.0]
+    assert group.rollout_stats["tools/failures"] == [0.0, 0.0] and group.rollout_stats["tools/template_drift"] == [0, 0]
+    assert "tool calculator: 408" in completion_display(group.completions[0])
+
+
+def test_without_a_tool_call_it_equals_the_single_turn_rollout(tok, backend):
+    answer = lambda prompt, call, sample: str(sample)  # noqa: E731
+    multi = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, answer), item("0*9"), g=3, seed=3)
+    it = item("0*9")
+    it.prompt_ids = multi.prompt_ids
+    single = asyncio.run(SingleTurnRollout(ExactScorer(), lambda ids: tok.decode(ids, skip_special_tokens=True))(
+        Scripted(tok, answer), it, SamplingSettings(3, 200, 1.0), version=lambda: 0, seed=3))
+    for name in ("completion_ids", "sampling_logprobs", "loss_mask", "token_versions", "truncated",
+                 "rewards_per_func", "policy_version"):
+        assert getattr(multi, name) == getattr(single, name), name
+    assert [completion_display(c) for c in multi.completions] == [f"assistant: {i}" for i in range(3)]
+
+
+def test_malformed_calls_unknown_tools_and_long_results_become_counted_error_messages(tok, backend):
+    replies = {0: '<tool_call>{"name": "calculator", "arguments": {"expression": "1*2"</tool_call>',
+               1: '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>',
+               2: CALL % "(10**60)*(10**60)*(10**50)",
+               3: "done"}
+    rollout = MultiTurnRollout(ExactScorer(), tok, backend, settings=ToolCallingSettings(max_tool_response_length=40))
+    group = run(rollout, Scripted(tok, lambda p, c, s: replies[c]), item(), g=1, max_len=1000)
+    tools = [m for m in group.completions[0] if m["role"] == "tool"]
+    assert tools[0]["name"] == "error" and tools[0]["content"].startswith("error: could not parse the tool call")
+    assert tools[1]["content"].startswith("error: there is no tool 'abacus'")
+    assert tools[2]["content"] == "1" + "0" * 39 + TRUNCATION_MARK  # verl: cut to max_tool_response_length chars
+    assert group.completions[0][0]["content"].startswith("<tool_call>")  # the unparsed turn is kept as text
+    stats = {k: v[0] for k, v in group.rollout_stats.items()}
+    assert stats["tools/calls"] == 3 and stats["tools/failures"] == 2 and stats["tools/turns"] == 4
+    assert stats["tools/failures/malformed"] == 1 and stats["tools/failures/unknown_tool"] == 1
+    assert stats["tools/template_drift"] == 0  # the unparsed turn is kept as text, so it re-renders as sampled
+    metrics = tool_metrics([group])
+    assert metrics["tools/call_frequency"] == 3 and metrics["tools/failure_frequency"] == pytest.approx(2 / 3)
+    assert metrics["tools/success_frequency"] == 1 and metrics["tools/turns_per_rollout/max"] == 4
+    assert metrics["tools/failures/malformed"] == pytest.approx(1 / 3) and metrics["tools/seconds"] > 0
+
+
+def test_stops_at_max_iterations_and_at_the_length_budget(tok, backend):
+    always = lambda p, c, s: CALL % "2*2"  # noqa: E731
+    rollout = MultiTurnRollout(ExactScorer(), tok, backend, settings=ToolCallingSettings(max_tool_calling_iterations=2))
+    group = run(rollout, Scripted(tok, always), item(), g=1, max_len=400)
+    assert group.rollout_stats["tools/calls"] == [2.0] and group.rollout_stats["tools/turns"] == [3.0]
+    assert group.rollout_stats["tools/loop_exhausted"] == [1.0] and group.truncated == [False]
+    assert tool_metrics([group])["tools/loop_exhausted_frac"] == 1.0
+    # budget: the first call fits, its result does not -> stop before appending it, truncated
+    call_len = len(tok.encode(CALL % "2*2")) + 1
+    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, always), item(), g=1,
+                max_len=call_len + 5)
+    assert group.completion_ids[0] == tok.encode(CALL % "2*2") + [IM_END] and group.truncated == [True]
+    assert [m["role"] for m in group.completions[0]] == ["assistant"]
+    # a turn cut by the budget: its call is not run
+    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, always), item(), g=1, max_len=20)
+    assert len(group.completion_ids[0]) == 20 and group.truncated == [True]
+    assert group.rollout_stats["tools/calls"] == [0.0]
+    assert sum(m for m in group.loss_mask[0]) == 20
+
+
+def test_without_tools_offers_none_and_answers_every_call_with_an_error(tok, backend):
+    rollout = MultiTurnRollout(ExactScorer(), tok, backend).without_tools()
+    client = Scripted(tok, calculator_agent)
+    group = run(rollout, client, item(), g=1)
+    assert "tools:" not in tok.decode(group.prompt_ids)
+    assert group.completions[0][1]["content"] == "error: no tools are available"
+    assert group.rollout_stats["tools/failures/unknown_tool"] == [1.0]
+
+
+def test_a_row_offers_the_tools_its_tools_column_names(tok):
+    with ToolExecutor(load_tools(["builtin:calculator", "tests/tools/tool_fns.py:add"]), num_workers=1) as ex:
+        rollout = MultiTurnRollout(ExactScorer(), tok, ex)
+        assert rollout.offered(item()) == ["calculator", "add"]
+        group = run(rollout, Scripted(tok, calculator_agent), item(tools=["add"]), g=1)
+        assert "calculator(" not in tok.decode(group.prompt_ids) and "add(a, b)" in tok.decode(group.prompt_ids)
+        assert group.completions[0][1]["content"].startswith("error: there is no tool 'calculator'")
+        with pytest.raises(ValueError, match="not declared"):
+            rollout.offered(item(tools=["abacus"]))
+
+
+def test_an_aborted_turn_drops_the_group_and_string_prompts_are_refused(tok, backend):
+    rollout = MultiTurnRollout(ExactScorer(), tok, backend)
+    with pytest.raises(RolloutDropped) as err:
+        run(rollout, Scripted(tok, calculator_agent, finish="abort"), item())
+    assert err.value.reason == "aborted"
+    with pytest.raises(ValueError, match="conversational prompts"):
+        run(rollout, Scripted(tok, calculator_agent), PromptItem("12*34", [], {"answer": "408"}))
+
+
+def test_batch_metrics_count_the_models_tokens_only(tok, backend):
+    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, calculator_agent), item())
+    batch = make_train_batch([group], ["calc_exact_match"], [1.0], "group")
+    generated = [sum(m) for m in group.loss_mask]
+    assert batch.metrics["completions/mean_length"] == sum(generated) / 2 < sum(map(len, group.completion_ids)) / 2
+    assert batch.metrics["completions/max_length"] == max(generated)
+    assert batch.metrics["tools/call_frequency"] == 0.5 and batch.metrics["tools/failure_frequency"] == 0.0
+    assert batch.metrics["tools/turns_per_rollout/mean"] == 1.5 and batch.metrics["tools/calls_per_rollout/max"] == 1
+    assert not math.isnan(batch.metrics["tools/seconds"])

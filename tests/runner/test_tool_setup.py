@@ -1,0 +1,85 @@
+"""Choosing the rollout: tools make the run multi-turn, and bad tools, string prompts or a chat template that cannot
+carry tool calls are refused during setup, before vLLM (or anything else expensive) starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from async_grpo.config import GRPOConfig
+from async_grpo.orchestrator.multiturn import MultiTurnRollout
+from async_grpo.orchestrator.rollout import SingleTurnRollout
+from async_grpo.runner.recipe import GRPORecipe
+from async_grpo.runner.tool_setup import warm_start_pairs
+from async_grpo.tasks import get_task
+from async_grpo.tiny_model import build_tiny_tokenizer
+from async_grpo.trainer.distributed import DistInfo
+
+FNS = Path(__file__).parents[1] / "tools" / "tool_fns.py"
+
+
+def setup_until_inference(config: GRPOConfig) -> GRPORecipe:
+    """Run `setup` until it would start vLLM (stopped there), so only the cheap checks and builders run."""
+    recipe = GRPORecipe(config, DistInfo(), progress=False)
+
+    def start_inference(path):
+        raise RuntimeError("inference would start here")
+
+    with pytest.raises(RuntimeError, match="inference would start here"):
+        recipe.setup(start_inference)
+    return recipe
+
+
+def base(tmp_path, **kw) -> GRPOConfig:
+    return GRPOConfig(output_dir=str(tmp_path / "run"), dataset="builtin:calc", reward_funcs=["builtin:calc_exact_match"],
+                      reward_num_workers=1, **kw)
+
+
+def test_tools_make_the_rollout_multi_turn_and_cleanup_stops_the_tool_workers(tmp_path):
+    recipe = setup_until_inference(base(tmp_path, tools=["builtin:calculator"]))
+    assert isinstance(recipe.rollout, MultiTurnRollout) and recipe.rollout.offered(recipe.train_items[0]) == ["calculator"]
+    recipe.scorer.close()
+    recipe.rollout.close()
+    assert recipe.rollout.backend.closed
+    plain = setup_until_inference(base(tmp_path))
+    assert isinstance(plain.rollout, SingleTurnRollout)
+    plain.scorer.close()
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    ({"tools": [f"{FNS}:untyped"]}, "missing a type hint"),
+    ({"tools": [f"{FNS}:add", "tests/tools/tool_fns.py:add"]}, "several tools are named"),
+    ({"tools": ["builtin:abacus"]}, "no builtin tool"),
+])
+def test_bad_tools_are_refused_before_inference_starts(tmp_path, overrides, says):
+    recipe = GRPORecipe(base(tmp_path, **overrides), DistInfo(),
+                        progress=False)
+    started = []
+    with pytest.raises(ValueError, match=says):
+        recipe.setup(lambda path: started.append(path))
+    assert not started
+    recipe.cleanup("FAILED")
+
+
+def test_string_prompts_are_refused_with_tools(tmp_path):
+    data = tmp_path / "plain.jsonl"
+    data.write_text(json.dumps({"prompt": "12*34", "answer": "408"}) + "\n")
+    config = base(tmp_path, tools=["builtin:calculator"]).model_copy(update={"dataset": str(data)})
+    recipe = GRPORecipe(config, DistInfo(), progress=False)
+    started = []
+    with pytest.raises(ValueError, match="tools need conversational prompts"):
+        recipe.setup(lambda path: started.append(path))
+    assert not started
+    recipe.cleanup("FAILED")
+
+
+def test_warm_start_pairs_are_one_per_assistant_turn_with_tool_results_as_context():
+    tok = build_tiny_tokenizer()
+    pairs = warm_start_pairs(GRPOConfig(dataset="builtin:calc"), get_task("calc"), tok, 3)
+    assert len(pairs) == 6
+    (ctx1, turn1), (ctx2, turn2) = pairs[:2]
+    assert tok.decode(turn1).startswith("<tool_call>{\"name\": \"calculator\"") and tok.decode(turn1).endswith("<|im_end|>")
+    assert tok.decode(ctx2).endswith("<|im_end|>\n<|im_start|>assistant\n") and "<|im_start|>tool\n" in tok.decode(ctx2)
+    assert tok.decode(turn2)[:-len("<|im_end|>")].isdigit()

@@ -1,0 +1,46 @@
+"""Every benchmark runs to completion in a reduced size and prints the ratio it exists for (CI has no GPU and two
+cores: the numbers are not checked, only that each script still measures what its docstring says)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str, timeout_s: float = 600) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
+                         timeout=timeout_s, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_trainer_precision_reduced():
+    stdout = run("trainer_precision.py", "--reduced", "--steps", "1")
+    assert '"variant": "bf16"' in stdout and "x the float32 steps/s" in stdout
+
+
+def test_chunked_logprobs_reduced():
+    stdout = run("chunked_logprobs.py", "--n", "2", "--t", "64", "--h", "32", "--v", "4096", "--chunk", "16")
+    assert "memory ratio full/chunked" in stdout
+
+
+def test_reward_scaling_reduced():
+    stdout = run("reward_scaling.py", "--groups", "4", "--generations", "2", "--busy-ms", "5", "--workers", "1", "2")
+    assert "2 worker(s)" in stdout and "efficiency" in stdout
+
+
+@pytest.mark.integration
+def test_weight_sync_reduced():
+    stdout = run("weight_sync.py", "--hidden", "128", "--layers", "2", "--pushes", "2")
+    assert "x the raw gloo broadcast" in stdout
+
+
+@pytest.mark.integration
+def test_vs_trl_reduced():
+    stdout = run("vs_trl.py", "--reduced", "--steps", "1")
+    assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout

@@ -1,0 +1,81 @@
+"""MLflow tracking as its users expect: MLFLOW_* environment variables (KFP's MLflow integration), a writer that
+never blocks a step and survives an outage (counted, reported), the dataset as a run input, report_to none."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import mlflow
+import pytest
+
+from async_grpo.config import GRPOConfig
+from async_grpo.tracking import Tracker
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    return uri
+
+
+def test_environment_wins_over_defaults_and_an_injected_run_id_is_continued(tmp_path, store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    config = GRPOConfig(output_dir=str(tmp_path / "run"))
+    assert config.tracking_uri == store  # mlflow_tracking_uri unset: the environment's
+    first = Tracker(config)
+    first.log_metrics({"loss": 1.5}, step=1)
+    first.end()
+    client = mlflow.MlflowClient(store)
+    assert client.get_experiment(client.get_run(first.run_id).info.experiment_id).name == "from-env"
+    # KFP 2.17 opens the task's run and injects its id: the trainer logs into it
+    monkeypatch.setenv("MLFLOW_RUN_ID", first.run_id)
+    second = Tracker(config)
+    assert second.run_id == first.run_id
+    second.log_metrics({"loss": 0.5}, step=2)
+    second.end()
+    assert [m.value for m in client.get_metric_history(first.run_id, "loss")] == [1.5, 0.5]
+    explicit = GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_experiment_name="mine")
+    from async_grpo.tracking import experiment_name
+
+    assert experiment_name(explicit) == "mine"  # a name the user chose wins over the environment
+
+
+def test_a_tracking_outage_never_blocks_a_step_and_is_counted(tmp_path, store):
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store))
+    release = threading.Event()
+
+    def stalled_then_down(*args):
+        release.wait(30)
+        raise ConnectionError("tracking server down")
+
+    tracker._client.log_batch = stalled_then_down  # the server hangs, then fails
+    t0 = time.perf_counter()
+    for step in range(50):
+        tracker.log_metrics({"loss": float(step)}, step=step)
+    assert time.perf_counter() - t0 < 0.5  # never waited for MLflow
+    release.set()
+    tracker.end(timeout_s=30)
+    assert tracker.stats["failed"] == 50 and tracker.stats["pending"] == 0
+
+
+def test_the_dataset_is_a_run_input_and_tables_keep_logged_columns(tmp_path, store):
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store))
+    tracker.log_dataset("openai/gsm8k", ["q1", "q2"])
+    tracker.log_completions([{"prompt": "p", "completion": "c", "reward": 1.0, "gold_parsed": "[4]"}], step=3)
+    tracker.end()
+    run = mlflow.MlflowClient(store).get_run(tracker.run_id)
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "openai/gsm8k" and dataset_input.tags[0].value == "training"
+    assert tracker.stats == {"failed": 0, "dropped": 0, "pending": 0}
+
+
+def test_report_to_none_tracks_nothing(tmp_path, store):
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), report_to="none"))
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    assert tracker.log_model(tmp_path) is None and tracker.run_id == ""
+    tracker.end()
+    assert not (tmp_path / "run" / "mlflow.db").exists()
