@@ -95,7 +95,8 @@ def test_epsilon_high_value_defaults_to_epsilon():
     assert GRPOConfig(epsilon=0.25, epsilon_high=0.28).epsilon_high_value == 0.28
 
 
-def test_tracking_uri_defaults_under_output_dir(tmp_path):
+def test_tracking_uri_defaults_under_output_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     config = GRPOConfig(output_dir=str(tmp_path / "run"))
     assert config.tracking_uri == f"sqlite:///{(tmp_path / 'run').resolve() / 'mlflow.db'}"
     assert GRPOConfig(mlflow_tracking_uri="http://mlflow:5000").tracking_uri == "http://mlflow:5000"

@@ -79,3 +79,20 @@ def test_report_to_none_tracks_nothing(tmp_path, store):
     assert tracker.log_model(tmp_path) is None and tracker.run_id == ""
     tracker.end()
     assert not (tmp_path / "run" / "mlflow.db").exists()
+
+
+def test_a_run_leaves_the_process_environment_as_it_found_it(tmp_path, store):
+    """`mlflow.set_tracking_uri` exports MLFLOW_TRACKING_URI; a finished run must not leak it into the next run's
+    config (a second run with another output_dir would write into the first run's store)."""
+    import os
+
+    first = GRPOConfig(output_dir=str(tmp_path / "a"))
+    tracker = Tracker(first)
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    tracker.end()
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    second = GRPOConfig(output_dir=str(tmp_path / "b"))
+    assert second.tracking_uri == f"sqlite:///{(tmp_path / 'b').resolve() / 'mlflow.db'}"
+    # with no environment URI, artifacts go beside the run's sqlite store
+    experiment = mlflow.MlflowClient(first.tracking_uri).get_experiment_by_name("async-grpo")
+    assert experiment is not None and experiment.artifact_location.startswith((tmp_path / "a").resolve().as_uri())

@@ -72,11 +72,14 @@ class Tracker:
             logger.info("report_to=none: nothing is tracked")
             return
         self.tracking_uri = config.tracking_uri
+        # `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI to os.environ (for subprocesses); note what the
+        # user had so that the check below sees their environment, and `end` gives it back unchanged.
+        self._env_uri = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
         run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
         if run_id is None:
             name = experiment_name(config)
-            if config.tracking.mlflow_tracking_uri is None and "MLFLOW_TRACKING_URI" not in os.environ and (
+            if config.tracking.mlflow_tracking_uri is None and self._env_uri is None and (
                     mlflow.get_experiment_by_name(name) is None):
                 # keep artifacts beside the sqlite store, not in ./mlruns of whatever folder we were started from
                 artifacts = (Path(config.output_dir).resolve() / "mlartifacts").as_uri()
@@ -192,6 +195,10 @@ class Tracker:
             logger.warning("MLflow tracking: %d record(s) failed and %d were dropped during this run",
                            self.failed, self.dropped)
         mlflow.end_run(status=status)
+        if self._env_uri is None:  # give the process environment back as the user had it
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = self._env_uri
 
 
 def _log_input(client: mlflow.MlflowClient, run_id: str, spec: str, prompts: list[str], context: str) -> None:

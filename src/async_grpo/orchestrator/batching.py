@@ -6,12 +6,15 @@ exactly the groups handed in (a whole step, or one streamed chunk); metrics use 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from async_grpo.algorithms import compute_advantages
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
+
+logger = logging.getLogger(__name__)
 
 
 def rollout_metrics(
@@ -62,6 +65,10 @@ def _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards,
     metrics["completions/mean_length"] = sum(lengths) / len(lengths)
     metrics["completions/max_length"] = float(max(lengths))
     metrics["completions/clipped_ratio"] = sum(truncated) / len(truncated)
+    nonfinite = sum(getattr(grp, "nonfinite_logprob_tokens", 0) for grp in groups)
+    metrics["sampling/nonfinite_logprob_tokens"] = float(nonfinite)  # left out of the loss (RolloutGroup)
+    if nonfinite and assign:
+        logger.warning("%d sampled token(s) with a NaN/inf sampling logprob are left out of the loss", nonfinite)
     metrics.update(tool_metrics(groups))
     return {k: v for k, v in metrics.items() if not math.isnan(v)}
 

@@ -242,7 +242,8 @@ class DataParallelLearner:
         """Load `state` on every rank (replicas receive it in the command; FSDP broadcasts it from rank 0)."""
         # under FSDP the tensors are broadcast by the load itself; the schedule's position travels in the command
         light = {"model": {}, "optimizer": {}, "lr_scheduler": state.get("lr_scheduler"),
-                 "skipped_zero_adv_microbatches": state["skipped_zero_adv_microbatches"]}
+                 "skipped_zero_adv_microbatches": state["skipped_zero_adv_microbatches"],
+                 "skipped_nonfinite_steps": state.get("skipped_nonfinite_steps", 0)}
         ranks.broadcast_command(ranks.LoadStateDict(light if self.learner.sharded else state))
         self.learner.load_state_dict(state)
 
@@ -323,13 +324,14 @@ def follow(learner, info: DistInfo) -> int:
                 steps += 1
 
 
-_SAME_ON_EVERY_RANK = ("grad_norm", "learning_rate", "num_tokens")  # computed after the collectives
+# computed after the collectives
+_SAME_ON_EVERY_RANK = ("grad_norm", "learning_rate", "num_tokens", "skipped_nonfinite_steps")
 
 
 def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One metrics dict from every rank's: `*/min` and `*/max` keep the extreme, `skipped_zero_adv_microbatches`
-    adds up, grad_norm / learning_rate / num_tokens (identical on every rank) are taken as they are, and the
-    rest is averaged over the ranks that report it. The mean of the ranks' losses is the loss of the whole
+    adds up, grad_norm / learning_rate / num_tokens / skipped_nonfinite_steps (identical on every rank) are taken
+    as they are, and the rest is averaged over the ranks that report it. The mean of the ranks' losses is the loss of the whole
     batch, since each rank's loss is normalized as TRL does under DDP (global tokens / num_processes for
     dapo/cispo, per-rank means otherwise)."""
     out: dict[str, float] = {}

@@ -25,7 +25,8 @@ class PackedBatch:
         position_ids: (N, P + T) positions counted from each sequence's first real token.
         completion_ids: (N, T) sampled tokens.
         completion_mask: (N, T) 1 on tokens that enter the loss (the groups' `loss_mask`), 0 on padding.
-        sampling_logps: (N, T) vLLM sampling logprobs (0 on padding).
+        sampling_logps: (N, T) vLLM sampling logprobs (0 on padding and on non-finite values, which are never in the
+            loss).
         advantages: (N,) per-completion advantages.
         replayed: (N,) bool, True on rows of replayed groups.
     """
@@ -77,6 +78,9 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
         if not (mask_truncated and trunc):
             completion_mask[i, : len(comp)] = torch.tensor(lmask, dtype=torch.float32)
         sampling_logps[i, : len(lps)] = torch.tensor(lps)
+    # non-finite logprobs sit only on tokens outside the loss (RolloutGroup masks them); 0 there, like padding, so
+    # that no inf/NaN reaches a masked product (inf * 0 is NaN)
+    sampling_logps = torch.where(torch.isfinite(sampling_logps), sampling_logps, torch.zeros_like(sampling_logps))
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([r[4] for r in rows], dtype=torch.float32)
     replayed = torch.tensor([r[5] for r in rows], dtype=torch.bool)

@@ -71,6 +71,7 @@ class GRPOLearner:
         self.logprob_chunk_size = logprob_chunk_size
         self.skip_zero_advantage_batches = skip_zero_advantage_batches
         self.skipped_zero_adv_microbatches = 0  # cumulative count, logged as a metric
+        self.skipped_nonfinite_steps = 0  # cumulative optimizer steps skipped for a NaN/inf gradient norm
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.device = next(model.parameters()).device
         self.ref_model = None
@@ -207,7 +208,13 @@ class GRPOLearner:
             self._all_reduce_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         learning_rate = self.optimizer.param_groups[0]["lr"]  # the rate this step applied
-        self.optimizer.step()
+        if torch.isfinite(grad_norm):  # the norm is global (all ranks' gradients): every rank agrees
+            self.optimizer.step()
+        else:  # a NaN/inf gradient would poison the weights (and vLLM's after the next push): skip, counted
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_nonfinite_steps += 1
+            logger.warning("optimizer step skipped: the gradient norm is %s (loss %s); %d such step(s) so far",
+                           float(grad_norm), step_loss, self.skipped_nonfinite_steps)
         if self.scheduler is not None:
             self.scheduler.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
@@ -215,6 +222,7 @@ class GRPOLearner:
             metrics = self.objective.normalize_streamed_metrics(metrics, seen_items)
         metrics["loss"] = step_loss
         metrics["skipped_zero_adv_microbatches"] = float(self.skipped_zero_adv_microbatches)
+        metrics["skipped_nonfinite_steps"] = float(self.skipped_nonfinite_steps)
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = learning_rate
         metrics["num_tokens"] = float(num_items)
@@ -296,7 +304,8 @@ class GRPOLearner:
             model = _cpu_copy(self.model.state_dict())
             optim = _cpu_copy(self.optimizer.state_dict())
         return {"model": model, "optimizer": optim, "lr_scheduler": self.scheduler and self.scheduler.state_dict(),
-                "skipped_zero_adv_microbatches": self.skipped_zero_adv_microbatches}
+                "skipped_zero_adv_microbatches": self.skipped_zero_adv_microbatches,
+                "skipped_nonfinite_steps": self.skipped_nonfinite_steps}
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore a `state_dict()`. Under FSDP every rank calls it and rank 0's full state is broadcast (the
@@ -316,6 +325,7 @@ class GRPOLearner:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.skipped_zero_adv_microbatches = int(state["skipped_zero_adv_microbatches"])
+        self.skipped_nonfinite_steps = int(state.get("skipped_nonfinite_steps", 0))
         if self.scheduler is not None and state.get("lr_scheduler") is not None:
             self.scheduler.load_state_dict(state["lr_scheduler"])
 

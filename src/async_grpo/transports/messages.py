@@ -47,6 +47,10 @@ class RolloutGroup:
             `tools/calls`, `tools/failures`, `tools/turns`, `tools/seconds`, ...); the batcher turns them into step
             metrics. Empty for a single-turn rollout.
 
+    After construction `nonfinite_logprob_tokens` counts the trained tokens whose sampling logprob was NaN or
+    infinite: their `loss_mask` is set to 0 (a NaN ratio would poison the step), and the batcher logs the count as
+    `sampling/nonfinite_logprob_tokens`.
+
     Raises:
         ValueError: a per-completion list has the wrong number of rows, or a per-token list the wrong length.
     """
@@ -85,6 +89,14 @@ class RolloutGroup:
         for name in ("sampling_logprobs", "loss_mask", "token_versions"):
             if [len(row) for row in getattr(self, name)] != lengths:
                 raise ValueError(f"RolloutGroup.{name} rows must have one entry per completion token")
+        # a trained token whose sampling logprob is NaN/inf (a user producer's padding, a broken sampler) would turn
+        # the IS ratio and the loss into NaN: it is left out of the loss (loss_mask 0) and counted, never trained on
+        self.nonfinite_logprob_tokens = 0
+        for row, mask in zip(self.sampling_logprobs, self.loss_mask, strict=True):
+            for t, (lp, m) in enumerate(zip(row, mask, strict=True)):
+                if m and not math.isfinite(lp):
+                    mask[t] = 0
+                    self.nonfinite_logprob_tokens += 1
         for name, values in self.rollout_stats.items():
             if len(values) != g:
                 raise ValueError(f"RolloutGroup.rollout_stats[{name!r}] has {len(values)} values for {g} completions")
