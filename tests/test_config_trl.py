@@ -46,8 +46,7 @@ def test_the_issues_trl_fields_all_load(caplog):
     assert config.optim.lr_scheduler_type == "cosine" and config.optim.warmup_ratio == 0.1
     assert config.optim.gradient_checkpointing and config.tracking.report_to == "mlflow"
     assert config.tracking.log_completions and config.data.dataset == "builtin:add"
-    if "save_steps" not in FIELDS:  # until the resilience work adds it, it is accepted with a logged warning
-        assert "save_steps=100" in caplog.text
+    assert config.checkpoint.save_steps == 100
 
 
 def test_trl_example_yaml_validates_offline_with_hub_ids():
@@ -69,7 +68,7 @@ def test_trl_example_yaml_validates_offline_with_hub_ids():
     ("deepspeed", "ds.json", "fsdp: true"),
     ("report_to", "wandb", "only mlflow"),
     ("fsdp", "shard_grad_op", "only full sharding"),
-    ("resume_from_checkpoint", "ckpt", "resilience work"),
+    ("save_strategy", "epoch", "save_steps"),
 ])  # fmt: skip
 def test_refused_trl_values_name_the_field_and_the_reason(key, value, reason):
     with pytest.raises(ConfigError) as info:

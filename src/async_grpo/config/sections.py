@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from async_grpo.config.base import Section
+from async_grpo.config.checkpoint_section import CheckpointConfig
 from async_grpo.config.tools_section import ToolsConfig
 from async_grpo.config.trl_fields import (DataTRLFields, InferenceTRLFields, OffPolicyTRLFields, OptimTRLFields,
                                          RewardsTRLFields, RunTRLFields, SamplingTRLFields, TrackingTRLFields)
@@ -346,12 +347,6 @@ class TrackingConfig(TrackingTRLFields, Section):
     logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
     log_completions_steps: int = Field(10, ge=1, description="Log a table of sample completions every N steps.")
     num_completions_to_print: int = Field(8, ge=1, description="Rows in each sample-completions table (TRL name).")
-
-
-class CheckpointConfig(Section):
-    """What the run saves."""
-
-    save_model: bool = Field(True, description="Save the final HF checkpoint and log it to MLflow.")
 
 
 # Section name in GRPOConfig -> its model, in the order `dump_config` and `train --help` show them.

@@ -10,9 +10,8 @@ fields (`FIELDS`), TRL spellings of our fields are `keys.ALIASES`, and every oth
   `vllm_mode: server`, `fp16: false`); any other value fails validation with the reason and the fix.
 - IGNORED: the field cannot change what this trainer computes (HF Trainer plumbing: data loaders, DDP
   buckets, hub tokens, log levels); accepted with any value, and a value off TRL's default is logged.
-- PENDING: fields that other work in progress implements (checkpointing and resume: the resilience work;
-  tool calling: the multi-turn rollout). Once their owner adds the field to `GRPOConfig` it is ours, and the
-  entry here no longer applies.
+- PENDING: fields that other work in progress implements. Once their owner adds the field to `GRPOConfig` it
+  is ours, and the entry here no longer applies (none are pending now).
 
 `adapt_trl_keys` applies all of this to a mapping before the flat-key mapper; `disposition(name)` says, for
 the documentation table (`docs/trl.md`), what happens to one TRL name.
@@ -112,6 +111,8 @@ REFUSED: dict[str, Refusal] = {
               "ModelConfig name). Fix: remove it, and use bf16: true for bfloat16 compute"),
     **_refuse("use_peft load_in_4bit load_in_8bit", (False,), "LoRA / quantized training is " + _NOT_YET +
               " (TRL ModelConfig name). Fix: remove it"),
+    **_refuse("save_strategy", ("steps",), "checkpoints are written every save_steps optimizer steps; per-epoch "
+              "or best-metric saving is " + _NOT_YET + ". Fix: remove it, and set save_steps (0: no checkpoints)"),
     **_refuse("dataset_streaming", (False,), "datasets are loaded whole (TRL ScriptArguments name). Fix: remove it"),
 }
 
@@ -174,21 +175,18 @@ IGNORED: dict[str, tuple[Any, str]] = {
               "only with use_adaptive_entropy, which is refused"),
     **_ignore("log_multimodal", True, "prompts are text"),
     **_ignore("log_unique_prompts", False, "completion tables have one row per completion"),
+    **_ignore("save_only_model", False, "a checkpoint always holds the full resumable state (save_model: the final "
+              "model alone)"),
+    **_ignore("save_on_each_node", False, "rank 0 writes every checkpoint, to output_dir"),
+    **_ignore("enable_jit_checkpoint", False, "checkpoint_on_signal (default true) writes a checkpoint on SIGTERM / "
+              "SIGINT"),
+    **_ignore("restore_callback_states_from_checkpoint", False, "there are no Trainer callbacks to restore"),
+    **_ignore("ignore_data_skip", False, "resume restores the prompt sampler's position; no batches are skipped"),
 }
 
 # Other work in progress implements these; until the field exists, (TRL default, reason, refuse other values).
-PENDING: dict[str, tuple[Any, str, bool]] = {
-    "save_strategy": ("steps", "periodic checkpoints are the resilience work's; today the final model is saved",
-                      False),
-    "save_steps": (500, "periodic checkpoints are the resilience work's; today the final model is saved", False),
-    "save_total_limit": (None, "periodic checkpoints are the resilience work's", False),
-    "save_only_model": (False, "periodic checkpoints are the resilience work's", False),
-    "save_on_each_node": (False, "periodic checkpoints are the resilience work's", False),
-    "enable_jit_checkpoint": (False, "checkpoint on preemption is the resilience work's", False),
-    "restore_callback_states_from_checkpoint": (False, "resume is the resilience work's", False),
-    "ignore_data_skip": (False, "resume is the resilience work's (the prompt sampler's position is restored)", False),
-    "resume_from_checkpoint": (None, "resume from a checkpoint is the resilience work's, " + _NOT_YET, True),
-}
+# (Empty now: checkpointing and resume are fields of the `checkpoint` section.)
+PENDING: dict[str, tuple[Any, str, bool]] = {}
 
 
 def _scale_rewards(value: Any, data: Mapping[str, Any]) -> Any:

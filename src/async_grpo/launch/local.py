@@ -19,6 +19,7 @@ from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
+from async_grpo.runner.checkpoints import StopGuard, checkpoint_on_stop
 from async_grpo.runner.follower import run_follower
 from async_grpo.trainer.distributed import check_env, close_distributed, init_distributed
 from async_grpo.transports.weights.sync import resolve_backend
@@ -26,16 +27,21 @@ from async_grpo.transports.weights.sync import resolve_backend
 logger = logging.getLogger(__name__)
 
 _INTERRUPTED = threading.Event()  # set by our SIGINT/SIGTERM handler
+_GUARD: StopGuard | None = None  # the running recipe's, with checkpoint_on_signal: a signal waits for the step's end
 
 
 def _install_signal_handlers() -> None:
     """Turn SIGINT (Ctrl-C) and SIGTERM (pod eviction, KFP cancel) into KeyboardInterrupt so `finally`
     blocks clean up, and remember that it happened: a terminal's Ctrl-C also reaches the vLLM server,
     which may die first and make the in-flight call fail with a secondary error (e.g. connection refused)
-    before the KeyboardInterrupt surfaces; `run_local` reports such a run as interrupted, not failed."""
+    before the KeyboardInterrupt surfaces; `run_local` reports such a run as interrupted, not failed.
+    With `checkpoint_on_signal` a signal during an optimizer step lets the step end first (`StopGuard`), so the
+    run stops between steps and writes a checkpoint."""
 
     def handler(signum, frame):
         _INTERRUPTED.set()
+        if _GUARD is not None and not _GUARD.on_signal(signum):
+            return  # the step loop raises KeyboardInterrupt at the step's end
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
@@ -79,7 +85,9 @@ def run_local(config: GRPOConfig, progress: bool = True) -> RunSummary | None:
 
 
 def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
-    """Rank 0: the recipe, with a vLLM subprocess started at the right moment of its setup."""
+    """Rank 0: the recipe, with a vLLM subprocess started at the right moment of its setup. A stop signal
+    ends the run between steps with a checkpoint (`checkpoint_on_signal`) and the MLflow run KILLED."""
+    global _GUARD
     server: VLLMServer | None = None
 
     def start_inference(model_path: Path) -> InferenceEndpoint:
@@ -99,6 +107,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
                                  wait_ready=server.wait_until_healthy)
 
     status = "FAILED"
+    _GUARD = recipe.guard if config.checkpoint.checkpoint_on_signal else None
     try:
         recipe.setup(start_inference)
         recipe.train()
@@ -107,13 +116,16 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         return summary
     except KeyboardInterrupt:
         status = "KILLED"
+        checkpoint_on_stop(recipe)  # only between steps, past setup
         raise
     except Exception as err:
         if _INTERRUPTED.is_set():  # a secondary failure caused by the interrupt (see _install_signal_handlers)
             status = "KILLED"
+            checkpoint_on_stop(recipe)
             raise KeyboardInterrupt("interrupted") from err
         raise
     finally:
+        _GUARD = None
         recipe.cleanup(status)
         if server is not None:
             server.stop()

@@ -26,7 +26,7 @@ from async_grpo.inference.client import AsyncVLLMClient, InferenceEndpoint
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders
-from async_grpo.runner import report
+from async_grpo.runner import checkpoints, report
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -69,6 +69,8 @@ class GRPORecipe:
         self.scorer = self.tracker = self.learner = self.pusher = self.producer = None
         self.orchestrator = self.queue = None
         self.endpoint: InferenceEndpoint | None = None
+        self.guard = checkpoints.StopGuard(config.checkpoint.checkpoint_signal_grace_s / 2)
+        self.resume_from: Path | None = None  # the checkpoint this run resumes from (`resume_from_checkpoint`)
 
     # ------------------------------------------------------------------ setup
     def setup(self, start_inference: Callable[[Path], InferenceEndpoint]) -> None:
@@ -95,19 +97,21 @@ class GRPORecipe:
             "prompt_too_long", 0), self.info.world_size)  # max_steps=-1: TRL's num_train_epochs
         eval_spec = builders.eval_dataset_spec(config)
         self.eval_items = self._items(eval_spec, "eval", limit=config.data.eval_num_prompts) if eval_spec else []
+        self.resume_from = checkpoints.resolve_resume(config.checkpoint.resume_from_checkpoint, self.out_dir)
         self.scorer = make_reward_pool(config)  # the reward service when reward_url / $ASYNC_GRPO_REWARD_URL is set
         self.rollout = builders.build_rollout(config, self.scorer, self.tokenizer, self.decode,
                                               self.train_items + self.eval_items)
         # ---- inference starts; the model loads and warm-starts meanwhile
         self.endpoint = start_inference(model_path)
         model = builders.load_policy(config, model_path)
-        sft_loss = builders.warm_start(config, model, self.tokenizer)
+        sft_loss = None if self.resume_from else builders.warm_start(config, model, self.tokenizer)
         model.to(self.info.device)
         broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
         self.learner: Learner = builders.build_learner(config, model, self.tokenizer.pad_token_id, self.info)
         self.endpoint.wait_ready()
         self.served_model = self.endpoint.model_name()
-        self.tracker = Tracker(config)
+        resumed_run = checkpoints.read_meta(self.resume_from)["mlflow_run_id"] if self.resume_from else None
+        self.tracker = Tracker(config, run_id=resumed_run)  # a resumed run continues its MLflow run
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
         self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
         self.pusher = WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
@@ -126,6 +130,14 @@ class GRPORecipe:
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
             version=self.version, drops=self.drops, world_size=self.info.world_size,
         )  # fmt: skip
+        if self.orchestrator is not None:  # checkpoints save the position of the prompts trained, not drawn
+            self.orchestrator.prompts = checkpoints.TrainedPosition(self.orchestrator.prompts,
+                                                                    checkpoints.draw_window(config, self.info.world_size))
+        if self.resume_from is not None:  # the restored weights are what vLLM serves, as the restored version
+            self.load_checkpoint(self.resume_from)
+            self.sync_times.append(self.pusher.push(self.version.value))
+            logger.info("resumed from %s at step %d (policy version %d)", self.resume_from, self.step,
+                        self.version.value)
 
     def _items(self, spec: str, split: str, limit: int | None = None) -> list:
         items, too_long = load_prompt_items(self.tokenizer, spec, split, seed=self.config.seed,
@@ -172,7 +184,7 @@ class GRPORecipe:
             RuntimeError: the orchestrator failed (its error is chained).
         """
         config = self.config
-        self.eval_before = self.evaluate()
+        self.eval_before = {} if self.resume_from else self.evaluate()  # a resumed run measured it before
         if self.orchestrator is not None:
             self.orchestrator.start()
         t_train = time.perf_counter()
@@ -222,6 +234,7 @@ class GRPORecipe:
         config = self.config
         t0 = time.perf_counter()
         metrics = dict(item.metrics)
+        self.guard.begin()  # a stop signal waits for the step's end (checkpoint_on_signal)
         metrics.update(self.learner.step(item, old_logps=old_logps))
         if isinstance(item, StepStream):  # streamed: chunk count and waits are known once the step consumed it
             metrics.update(item.metrics)
@@ -236,6 +249,12 @@ class GRPORecipe:
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
         self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
+        if isinstance(getattr(self.orchestrator, "prompts", None), checkpoints.TrainedPosition):
+            self.orchestrator.prompts.mark_trained(item.groups)
+        self.guard.end()
+        every = checkpoints.save_every(config.checkpoint.save_steps, config.optim.max_steps)
+        if every and self.step % every == 0:
+            metrics["checkpoint/seconds"] = self.checkpoint_now()
         metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
         if self.scorer is not None and hasattr(self.scorer, "set_trainer_state"):
             self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
@@ -253,6 +272,7 @@ class GRPORecipe:
         if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
             rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
             self.tracker.log_completions(rows, step=self.step)
+        self.guard.check()  # a stop signal that came during the step: stop now, between steps
         return 0.0
 
     def push_weights(self) -> float:
@@ -322,6 +342,8 @@ class GRPORecipe:
         orch = self.orchestrator
         if orch is not None and state.sampler is not None:
             orch.prompts.load_state_dict(state.sampler)
+        if hasattr(orch, "_launched"):  # pace launches from the rollouts trained (a fresh orchestrator counts 0)
+            orch._launched = state.rollouts * orch.steps_per_generation * orch.groups_per_step
         if orch is not None and orch.replay is not None and state.replay is not None:
             orch.replay.load_state_dict(state.replay)
         if orch is not None and orch.reroll is not None and state.reroll is not None:
@@ -331,6 +353,16 @@ class GRPORecipe:
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write the `TrainState` and the policy (Hugging Face folder) to `path`, atomically."""
         return save_checkpoint(self.state(), path, write_model=self._write_model)
+
+    def checkpoint_now(self) -> float:
+        """Write `<output_dir>/checkpoint-<step>` (between steps), then delete the oldest beyond
+        `save_total_limit`; returns the seconds it took (logged as `checkpoint/seconds`)."""
+        t0 = time.perf_counter()
+        path = self.save_checkpoint(checkpoints.checkpoint_dir(self.out_dir, self.step))
+        checkpoints.rotate_checkpoints(self.out_dir, self.config.checkpoint.save_total_limit)
+        seconds = time.perf_counter() - t0
+        logger.info("checkpoint %s written in %.2f s", path, seconds)
+        return seconds
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a `save_checkpoint` folder into the live roles."""

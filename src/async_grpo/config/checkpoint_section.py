@@ -1,0 +1,53 @@
+"""The `checkpoint` section of `GRPOConfig`: the final model, periodic resumable checkpoints (HF Trainer names:
+`save_steps`, `save_total_limit`, `resume_from_checkpoint`) and the checkpoint on a stop signal. Its own module
+only to keep `sections.py` short; `runner.checkpoints` implements it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from async_grpo.config.base import Section
+
+
+class CheckpointConfig(Section):
+    """What the run saves, when it writes resumable checkpoints, and where it resumes from."""
+
+    save_model: bool = Field(True, description="Save the final HF checkpoint and log it to MLflow.")
+    save_steps: int | float = Field(
+        0, ge=0, description="Write a resumable checkpoint `<output_dir>/checkpoint-<step>/` every this many "
+        "optimizer steps (HF TrainingArguments `save_steps`); below 1 it is a fraction of max_steps (HF); 0 (or "
+        "None) writes none. A checkpoint holds the policy (HF folder `model/`), optimizer and scheduler, RNGs, the "
+        "prompt sampler's position, replay / re-roll state, counters and the MLflow run id.")
+    save_total_limit: int | None = Field(
+        None, ge=1, description="Keep only the newest this-many `checkpoint-<step>` folders (HF TrainingArguments "
+        "`save_total_limit`); older ones are deleted only after the new one is complete. None keeps all.")
+    resume_from_checkpoint: bool | str | None = Field(
+        None, description="Resume a run (HF TrainingArguments `resume_from_checkpoint`): a checkpoint folder, or "
+        "true for the newest complete `checkpoint-<step>` in output_dir. Unlike HF, true with no checkpoint there "
+        "starts fresh (logged), so a restarted pod's first start works; a folder that does not exist is an error. "
+        "The run continues the checkpoint's MLflow run, step, policy version and prompt order. None/false: fresh.")
+    checkpoint_on_signal: bool = Field(
+        True, description="On SIGTERM or SIGINT (pod eviction, Ctrl-C, KFP cancel) let the current optimizer step "
+        "end, write a checkpoint, then stop with the MLflow run KILLED (HF TrainingArguments "
+        "`enable_jit_checkpoint` does this for the HF Trainer). False: stop at once, no checkpoint.")
+    checkpoint_signal_grace_s: float = Field(
+        60.0, gt=0.0, description="Seconds a stop signal leaves for the checkpoint: the Kubernetes pod's "
+        "terminationGracePeriodSeconds is this plus a margin. A step still running after half of it is abandoned "
+        "(no checkpoint then: the newest periodic one stays the resume point).")
+
+    @field_validator("save_steps", mode="before")
+    @classmethod
+    def _none_is_off(cls, value: Any) -> Any:
+        """HF writes `save_steps: null` for no periodic saves; ours is 0."""
+        return 0 if value is None else value
+
+    @field_validator("resume_from_checkpoint")
+    @classmethod
+    def _check_resume(cls, value: bool | str | None) -> bool | str | None:
+        """`false` and "" mean a fresh run (None); a path must be non-blank."""
+        if value is False or (isinstance(value, str) and not value.strip()):
+            return None
+        return value

@@ -1,0 +1,247 @@
+"""Periodic checkpoints, their rotation, finding the one to resume from, and checkpointing on a stop signal.
+
+A run's checkpoints live in `<output_dir>/checkpoint-<step>/` (HF Trainer's layout), each written atomically by
+`state.save_checkpoint` (a hidden temporary sibling renamed into place), so a folder named `checkpoint-<step>`
+holding `train_state.pt` is always complete.
+
+Prompt order on resume: the orchestrator draws prompts ahead of the trainer (groups in flight, in the rollout
+queue, half-built batches). Those groups are not in a checkpoint; so the sampler position saved is not the live
+sampler's (which is ahead) but the position before the oldest prompt drawn and not yet trained
+(`TrainedPosition`), and a resumed run draws those prompts again. With groups batched in launch order (one
+group in flight, or requests that finish in order) the prompts of every later step equal an uninterrupted
+run's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import signal
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from async_grpo.runner.state import META_FILE, STATE_FILE
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "checkpoint-"
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+# ------------------------------------------------------------------------------------------------ folders
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    """`<output_dir>/checkpoint-<step>` (HF Trainer's name)."""
+    return Path(output_dir) / f"{PREFIX}{step}"
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """The complete checkpoints in `output_dir`, oldest step first: folders named `checkpoint-<step>` that hold
+    `train_state.pt` (temporary `.checkpoint-*.tmp-*` folders and half-written ones are skipped)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _NAME.match(path.name)
+        if match and path.is_dir() and (path / STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints (None: keep all), and leftover temporary folders
+    of interrupted writes. Call it only after the newest checkpoint is complete. Returns the deleted folders."""
+    root = Path(output_dir)
+    deleted = []
+    if root.is_dir():
+        for tmp in root.glob(f".{PREFIX}*.tmp-*"):  # an interrupted write (ours finished before rotating)
+            shutil.rmtree(tmp, ignore_errors=True)
+    if keep is None:
+        return deleted
+    for _step, path in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted
+
+
+def resolve_resume(resume: bool | str | None, output_dir: str | Path) -> Path | None:
+    """The checkpoint folder `resume_from_checkpoint` names: None for a fresh run; `true` gives the newest
+    complete checkpoint in `output_dir`, or None (logged) when there is none, so a restarted pod's first start
+    works (HF raises there instead); a path must be a complete checkpoint.
+
+    Raises:
+        FileNotFoundError: a path that is not a complete checkpoint.
+    """
+    if resume is None or resume is False:
+        return None
+    if resume is True:
+        found = complete_checkpoints(output_dir)
+        if not found:
+            logger.info("resume_from_checkpoint=true: no checkpoint in %s yet; starting a fresh run", output_dir)
+            return None
+        return found[-1][1]
+    path = Path(resume)
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"resume_from_checkpoint={resume!r} is not a complete checkpoint (no {STATE_FILE}). "
+                                f"Fix: point at a `{PREFIX}<step>` folder of an earlier run, or set "
+                                "resume_from_checkpoint: true for the newest one in output_dir.")
+    return path
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's `meta.json` (step, policy_version, mlflow_run_id), read without torch."""
+    return json.loads((Path(path) / META_FILE).read_text())
+
+
+def save_every(save_steps: int | float, max_steps: int) -> int:
+    """Steps between periodic checkpoints: `save_steps`, or below 1 that fraction of `max_steps` (HF), at least
+    1; 0 means none."""
+    if not save_steps:
+        return 0
+    if save_steps < 1:
+        return max(1, int(save_steps * max_steps + 0.5))
+    return int(save_steps)
+
+
+def draw_window(config: Any, world_size: int) -> int:
+    """Prompts the orchestrator can have drawn ahead of the trainer at most (in flight, pending, queued), with
+    room to spare: `TrainedPosition`'s window."""
+    prod = config.producer
+    groups_per_step = config.groups_per_step * world_size
+    queued = prod.prefetch_depth * prod.steps_per_generation * groups_per_step
+    return 2 * (prod.max_inflight_groups + queued + groups_per_step) + 16
+
+
+def checkpoint_on_stop(recipe: Any) -> Path | None:
+    """After a stop signal: write a checkpoint of `recipe`'s (a `GRPORecipe`) current step if it is between
+    steps, past setup, and that step has none yet (`checkpoint_on_signal`); returns its folder, or None. Never
+    raises (a failure is logged: the newest periodic checkpoint stays the resume point)."""
+    if not (recipe.config.checkpoint.checkpoint_on_signal and recipe.guard.consistent and recipe.pusher
+            and recipe.learner is not None and recipe.step > 0):
+        return None
+    path = checkpoint_dir(recipe.out_dir, recipe.step)
+    try:
+        if not (path / STATE_FILE).is_file():
+            seconds = recipe.checkpoint_now()
+            recipe.tracker.log_metrics({"checkpoint/seconds": seconds}, step=recipe.step)
+        return path
+    except Exception as err:  # noqa: BLE001 - the run is stopping anyway
+        logger.error("checkpoint on stop failed: %r", err)
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ prompt order
+class TrainedPosition(Iterator):
+    """A prompt sampler wrapper that remembers, for every prompt drawn and not yet trained, the sampler's
+    position before it, so a checkpoint can save the position of the prompts *trained* rather than the live one
+    (ahead by the groups the orchestrator has in flight or queued).
+
+    Args:
+        sampler: the `data.PromptSampler` (`__next__`, `state_dict`, `load_state_dict`).
+        window: draws kept at most; an older untrained draw is taken as dropped (a failed or filtered group),
+            so one lost group never pins the position. Use more than the groups that can be in flight, queued
+            and pending together.
+
+    Thread-safety: `__next__` runs in the orchestrator's thread, the rest in the trainer's; a lock guards both.
+    """
+
+    def __init__(self, sampler: Any, window: int):
+        self.sampler = sampler
+        self.window = max(1, window)
+        self._drawn: deque[tuple[tuple[int, ...], dict[str, Any]]] = deque()
+        self._lock = threading.Lock()
+
+    def __next__(self) -> Any:
+        with self._lock:
+            before = self.sampler.state_dict()
+            item = next(self.sampler)
+            self._drawn.append((tuple(item.prompt_ids), before))
+            while len(self._drawn) > self.window:
+                self._drawn.popleft()
+            return item
+
+    def mark_trained(self, groups: Iterable[Any]) -> None:
+        """Forget the draws of `groups` just trained: fresh groups only (replayed and re-rolled ones were not
+        drawn from the sampler), each matched to its oldest outstanding draw of the same prompt."""
+        with self._lock:
+            for group in groups:
+                if getattr(group, "replayed", False) or getattr(group, "rerolled", False):
+                    continue
+                key = tuple(group.prompt_ids)
+                for index, (ids, _state) in enumerate(self._drawn):
+                    if ids == key:
+                        del self._drawn[index]
+                        break
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler position before the oldest drawn-but-untrained prompt (the live one if none)."""
+        with self._lock:
+            return self._drawn[0][1] if self._drawn else self.sampler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a `state_dict()` position (forgets the outstanding draws).
+
+        Raises:
+            ValueError: as `PromptSampler.load_state_dict` (another dataset).
+        """
+        with self._lock:
+            self.sampler.load_state_dict(state)
+            self._drawn.clear()
+
+
+# ------------------------------------------------------------------------------------------------ stop signals
+class StopGuard:
+    """Lets a stop signal wait for the end of an optimizer step so a checkpoint can follow it.
+
+    The launch backend's signal handler calls `on_signal()`: outside a step it returns True (stop now: raise
+    KeyboardInterrupt), inside one it returns False, records the signal and arms a timer of `max_wait_s`
+    (SIGALRM) after which the step is abandoned; the step loop calls `check()` at the step's end, which raises
+    KeyboardInterrupt then. A second signal always stops at once. `consistent` is True between steps, False
+    from a step's start until its end (an exception in between leaves it False: no checkpoint of a half step).
+
+    Args:
+        max_wait_s: seconds a signal waits for the running step (None: no limit).
+    """
+
+    def __init__(self, max_wait_s: float | None = None):
+        self.max_wait_s = max_wait_s
+        self.in_step = False
+        self.consistent = True
+        self.pending: int | None = None
+
+    def begin(self) -> None:
+        """A step (learner update and weight push) starts."""
+        self.consistent = False
+        self.in_step = True
+
+    def end(self) -> None:
+        """The step ended: the learner, version and counters agree again."""
+        self.in_step = False
+        self.consistent = True
+
+    def on_signal(self, signum: int) -> bool:
+        """Record signal `signum`; True when the caller should stop at once."""
+        if not self.in_step or self.pending is not None:
+            self.pending = signum
+            return True
+        self.pending = signum
+        if self.max_wait_s and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGALRM, _abandon_step)
+            signal.setitimer(signal.ITIMER_REAL, self.max_wait_s)
+        return False
+
+    def check(self) -> None:
+        """At a step's end: raise KeyboardInterrupt if a signal is pending (and disarm the timer)."""
+        if self.pending is not None:
+            if threading.current_thread() is threading.main_thread():
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            raise KeyboardInterrupt(f"signal {self.pending}")
+
+
+def _abandon_step(signum, frame) -> None:
+    raise KeyboardInterrupt("the step did not end within checkpoint_signal_grace_s / 2; abandoned")

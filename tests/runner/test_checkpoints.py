@@ -1,0 +1,160 @@
+"""Checkpoint folders, rotation, the resume lookup, the trained prompt position and the stop-signal guard."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from async_grpo.config import ConfigError, load_config
+from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.runner import checkpoints
+from async_grpo.runner.checkpoints import StopGuard, TrainedPosition
+from async_grpo.runner.recipe import GRPORecipe
+from async_grpo.runner.state import TrainState, save_checkpoint
+
+
+def write(root: Path, step: int) -> Path:
+    return save_checkpoint(TrainState(step=step, mlflow_run_id=f"run{step}"), checkpoints.checkpoint_dir(root, step))
+
+
+def test_rotation_keeps_the_newest_n_and_clears_interrupted_writes(tmp_path):
+    for step in (2, 10, 4, 8):
+        write(tmp_path, step)
+    (tmp_path / ".checkpoint-12.tmp-abc").mkdir()  # a write killed half-way
+    deleted = checkpoints.rotate_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in deleted) == ["checkpoint-2", "checkpoint-4"]
+    assert [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [8, 10]
+    assert not (tmp_path / ".checkpoint-12.tmp-abc").exists()
+    assert checkpoints.rotate_checkpoints(tmp_path, None) == []  # None keeps all
+
+
+def test_a_failed_write_deletes_nothing(tmp_path):
+    for step in (1, 2):
+        write(tmp_path, step)
+
+    def broken_save(path):
+        def write_model(folder):
+            raise OSError("disk full")
+        return save_checkpoint(TrainState(step=3), path, write_model=write_model)
+
+    recipe = SimpleNamespace(out_dir=tmp_path, step=3, save_checkpoint=broken_save,
+                             config=load_config(None, ["save_total_limit=1"]))
+    with pytest.raises(OSError, match="disk full"):
+        GRPORecipe.checkpoint_now(recipe)
+    assert [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [1, 2]  # both kept: the new one failed
+    assert not list(tmp_path.glob(".checkpoint-3*"))
+
+
+def test_checkpoint_now_rotates_after_the_new_one_is_complete(tmp_path):
+    for step in (1, 2):
+        write(tmp_path, step)
+    seen = []
+
+    def save(path):
+        seen.append([s for s, _ in checkpoints.complete_checkpoints(tmp_path)])  # nothing deleted yet
+        return write(tmp_path, 3)
+
+    recipe = SimpleNamespace(out_dir=tmp_path, step=3, save_checkpoint=save,
+                             config=load_config(None, ["save_total_limit=1"]))
+    assert GRPORecipe.checkpoint_now(recipe) >= 0.0
+    assert seen == [[1, 2]] and [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [3]
+
+
+def test_resume_true_picks_the_newest_complete_checkpoint(tmp_path):
+    write(tmp_path, 3)
+    write(tmp_path, 12)
+    (tmp_path / "checkpoint-40").mkdir()  # incomplete: no train_state.pt
+    (tmp_path / ".checkpoint-50.tmp-x").mkdir()
+    (tmp_path / "checkpoint-final").mkdir()
+    path = checkpoints.resolve_resume(True, tmp_path)
+    assert path == tmp_path / "checkpoint-12"
+    assert checkpoints.read_meta(path)["mlflow_run_id"] == "run12"
+    assert checkpoints.resolve_resume(str(tmp_path / "checkpoint-3"), tmp_path) == tmp_path / "checkpoint-3"
+    assert checkpoints.resolve_resume(None, tmp_path) is None
+
+
+def test_resume_true_without_checkpoints_starts_fresh_and_a_bad_path_is_an_error(tmp_path, caplog):
+    with caplog.at_level("INFO"):
+        assert checkpoints.resolve_resume(True, tmp_path / "missing") is None
+    assert "starting a fresh run" in caplog.text
+    with pytest.raises(FileNotFoundError, match="resume_from_checkpoint=.*Fix:"):
+        checkpoints.resolve_resume(str(tmp_path / "checkpoint-40"), tmp_path)
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("save_total_limit=0", "save_total_limit"), ("save_steps=-1", "save_steps"),
+    ("checkpoint_signal_grace_s=0", "checkpoint_signal_grace_s"), ("checkpoint_on_signal=maybe", "checkpoint_on_signal"),
+])  # fmt: skip
+def test_bad_checkpoint_values_name_the_field_and_the_fix(override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert field in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_checkpoint_fields_take_hf_values():
+    config = load_config(None, ["save_steps=null", "resume_from_checkpoint=false", "save_total_limit=2"]).checkpoint
+    assert (config.save_steps, config.resume_from_checkpoint, config.save_total_limit) == (0, None, 2)
+    assert load_config(None, ["resume_from_checkpoint=true"]).checkpoint.resume_from_checkpoint is True
+    assert load_config(None, ["resume_from_checkpoint=/x/checkpoint-4"]).checkpoint.resume_from_checkpoint == \
+        "/x/checkpoint-4"
+    assert checkpoints.save_every(0, 100) == 0 and checkpoints.save_every(5, 100) == 5
+    assert checkpoints.save_every(0.25, 100) == 25  # HF: below 1 a fraction of the steps
+
+
+def items(n: int) -> list[PromptItem]:
+    return [PromptItem(prompt=f"p{i}", prompt_ids=[i], columns={}) for i in range(n)]
+
+
+def test_trained_position_saves_the_position_of_the_prompts_trained_not_drawn():
+    data = items(5)
+    uninterrupted = PromptSampler(data, seed=3)
+    order = [next(uninterrupted).prompt for _ in range(12)]
+    wrapped = TrainedPosition(PromptSampler(data, seed=3), window=100)
+    drawn = [next(wrapped) for _ in range(9)]  # the orchestrator ran ahead (crosses an epoch)
+    trained = drawn[:6]
+    wrapped.mark_trained([SimpleNamespace(prompt_ids=i.prompt_ids) for i in trained[3:]])
+    wrapped.mark_trained([SimpleNamespace(prompt_ids=i.prompt_ids) for i in trained[:3]])
+    wrapped.mark_trained([SimpleNamespace(prompt_ids=[99], replayed=True)])  # replayed: not a draw
+    resumed = TrainedPosition(PromptSampler(data, seed=99), window=100)
+    resumed.load_state_dict(wrapped.state_dict())
+    assert [next(resumed).prompt for _ in range(6)] == order[6:12]
+
+
+def test_trained_position_forgets_draws_beyond_its_window():
+    wrapped = TrainedPosition(PromptSampler(items(4), seed=0), window=2)
+    first = [next(wrapped) for _ in range(3)]  # the first draw's group was dropped; only 2 are remembered
+    wrapped.mark_trained([SimpleNamespace(prompt_ids=first[1].prompt_ids)])
+    fresh = PromptSampler(items(4), seed=0)
+    fresh.load_state_dict(wrapped.state_dict())
+    assert next(fresh).prompt == first[2].prompt
+
+
+def test_stop_guard_lets_a_step_finish_and_a_second_signal_stops_at_once():
+    guard = StopGuard(max_wait_s=None)
+    assert guard.on_signal(signal.SIGTERM) is True and guard.consistent  # between steps: stop now
+    guard = StopGuard(max_wait_s=None)
+    guard.begin()
+    assert guard.on_signal(signal.SIGTERM) is False and not guard.consistent
+    assert guard.on_signal(signal.SIGINT) is True  # Ctrl-C twice: now
+    guard = StopGuard(max_wait_s=None)
+    guard.begin()
+    guard.on_signal(signal.SIGTERM)
+    guard.end()
+    with pytest.raises(KeyboardInterrupt):
+        guard.check()
+    assert guard.consistent
+
+
+def test_stop_guard_abandons_a_step_that_outlives_the_grace():
+    guard = StopGuard(max_wait_s=0.2)
+    guard.begin()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt, match="abandoned"):
+        assert guard.on_signal(signal.SIGTERM) is False
+        while time.perf_counter() - t0 < 5:  # a step that never ends
+            time.sleep(0.01)
+    assert time.perf_counter() - t0 < 2 and not guard.consistent
