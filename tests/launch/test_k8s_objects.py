@@ -126,7 +126,10 @@ def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
     assert job["spec"]["nprocPerNode"] == "8"
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert {k: v["replicas"] for k, v in specs.items()} == {"Master": 1, "Worker": 1}
-    assert {v["restartPolicy"] for v in specs.values()} == {"Never"}
+    assert {v["restartPolicy"] for v in specs.values()} == {"OnFailure"}  # a restarted trainer resumes
+    assert job["spec"]["runPolicy"]["backoffLimit"] == gpu_settings.backoff_limit == 3
+    assert specs["Master"]["template"]["spec"]["terminationGracePeriodSeconds"] == \
+        gpu_config.checkpoint.checkpoint_signal_grace_s + 30  # the checkpoint on SIGTERM fits
     assert specs["Master"]["template"] is not specs["Worker"]["template"]  # independent dicts, no YAML aliases
     pod = specs["Master"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -155,6 +158,7 @@ def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
     assert trainer_cfg.weight_sync.weight_sync_backend == "nccl"
     assert trainer_cfg.output_dir == f"/workspace/runs/{RUN}"
     assert trainer_cfg.tracking.mlflow_tracking_uri == "http://mlflow:5000"
+    assert trainer_cfg.checkpoint.resume_from_checkpoint is True  # a restarted pod resumes from the PVC
     # ranks wait for vLLM (its open /health) before starting
     (wait,) = pod["initContainers"]
     assert trainer_cfg.inference.vllm_url in wait["command"] and '+ "/health"' in wait["command"][2]

@@ -31,6 +31,7 @@ from async_grpo.launch.k8s_settings import ClusterSettings
 
 VLLM_REPLICAS = 1  # the trainer pushes weights into exactly one server
 PROBE_PERIOD_S = 10
+TERMINATION_MARGIN_S = 30  # trainer pod: past checkpoint_signal_grace_s, for MLflow and process shutdown
 VLLM_AUTH_MIDDLEWARE = "async_grpo.inference.auth.BearerTokenMiddleware"  # guards vLLM's dev-mode routes
 
 # Polls vLLM's /health until it answers 200 or the deadline passes (argv: base URL, timeout s).
@@ -99,6 +100,8 @@ def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str)
     data.update(vllm_url=vllm_url(run_name, settings), mlflow_tracking_uri=tracking_uri(config, settings),
                 output_dir=run_output_dir(config, settings, run_name), run_name=config.tracking.run_name or run_name,
                 weight_sync_backend="nccl" if settings.device == "gpu" else "gloo")
+    if data.get("resume_from_checkpoint") is None:  # a restarted trainer pod resumes from its newest checkpoint
+        data["resume_from_checkpoint"] = True
     return GRPOConfig.model_validate(data)
 
 
@@ -148,6 +151,9 @@ def _trainer_pod(config: GRPOConfig, settings: ClusterSettings, run_name: str,
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
             "securityContext": container_security()}
     spec = pod_spec(settings, [container], vols, init_containers=[wait])
+    # SIGTERM -> the step ends, a checkpoint is written (checkpoint_signal_grace_s), then the pod is killed
+    spec["terminationGracePeriodSeconds"] = math.ceil(config.checkpoint.checkpoint_signal_grace_s) + \
+        TERMINATION_MARGIN_S
     return template(run_name, "trainer", spec)
 
 
@@ -166,7 +172,7 @@ def build_pytorchjob(config: GRPOConfig, settings: ClusterSettings, run_name: st
     return {"apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}", "kind": "PyTorchJob",
             "metadata": meta(run_name, run_name, "trainer", settings, None),
             "spec": {"nprocPerNode": str(settings.nproc_per_node),
-                     "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0,
+                     "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": settings.backoff_limit,
                                    "ttlSecondsAfterFinished": settings.ttl_after_finished_s},
                      "pytorchReplicaSpecs": replicas}}
 

@@ -71,7 +71,11 @@ class ClusterSettings(BaseModel):
         (40000, 41999), description="Inclusive TCP port range of the weight-transfer rendezvous and NCCL sockets. "
         "Pods get it as their ephemeral range (sysctl net.ipv4.ip_local_port_range); NetworkPolicies open it.")
     restart_policy: Literal["Never", "OnFailure", "ExitCode", "Always"] = Field(
-        "Never", description="PyTorchJob restart policy (a restarted trainer would start the run over).")
+        "OnFailure", description="PyTorchJob restart policy of the trainer pods. A restarted trainer resumes from "
+        "the newest checkpoint on the PVC (the pod's config sets resume_from_checkpoint: true); Never fails the run "
+        "at the first pod failure.")
+    backoff_limit: int = Field(3, ge=0, description="PyTorchJob runPolicy.backoffLimit: trainer pod restarts "
+                               "before the job is failed.")
     ttl_after_finished_s: int = Field(7 * 24 * 3600, ge=0, description="Finished PyTorchJob kept this long (s).")
     run_as_user: int = Field(1000, ge=1, description="UID (and GID, fsGroup) of every container; never root.")
 
