@@ -158,3 +158,12 @@ def test_stop_guard_abandons_a_step_that_outlives_the_grace():
         while time.perf_counter() - t0 < 5:  # a step that never ends
             time.sleep(0.01)
     assert time.perf_counter() - t0 < 2 and not guard.consistent
+
+
+def test_a_disarmed_guard_never_interrupts_later():
+    guard = StopGuard(max_wait_s=0.1)
+    guard.begin()
+    assert guard.on_signal(signal.SIGTERM) is False
+    guard.disarm()  # the step failed instead of ending: cleanup must not be interrupted
+    time.sleep(0.3)
+    assert not guard.consistent

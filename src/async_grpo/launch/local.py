@@ -126,6 +126,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         raise
     finally:
         _GUARD = None
+        recipe.guard.disarm()
         recipe.cleanup(status)
         if server is not None:
             server.stop()

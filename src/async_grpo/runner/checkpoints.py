@@ -121,6 +121,7 @@ def checkpoint_on_stop(recipe: Any) -> Path | None:
     """After a stop signal: write a checkpoint of `recipe`'s (a `GRPORecipe`) current step if it is between
     steps, past setup, and that step has none yet (`checkpoint_on_signal`); returns its folder, or None. Never
     raises (a failure is logged: the newest periodic checkpoint stays the resume point)."""
+    recipe.guard.disarm()
     if not (recipe.config.checkpoint.checkpoint_on_signal and recipe.guard.consistent and recipe.pusher
             and recipe.learner is not None and recipe.step > 0):
         return None
@@ -238,9 +239,14 @@ class StopGuard:
     def check(self) -> None:
         """At a step's end: raise KeyboardInterrupt if a signal is pending (and disarm the timer)."""
         if self.pending is not None:
-            if threading.current_thread() is threading.main_thread():
-                signal.setitimer(signal.ITIMER_REAL, 0)
+            self.disarm()
             raise KeyboardInterrupt(f"signal {self.pending}")
+
+    def disarm(self) -> None:
+        """Cancel the timer `on_signal` armed (a step that failed instead of ending must not be interrupted
+        again later, during cleanup)."""
+        if self.max_wait_s and threading.current_thread() is threading.main_thread():
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _abandon_step(signum, frame) -> None:
