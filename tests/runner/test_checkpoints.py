@@ -87,7 +87,8 @@ def test_resume_true_without_checkpoints_starts_fresh_and_a_bad_path_is_an_error
 
 @pytest.mark.parametrize(("override", "field"), [
     ("save_total_limit=0", "save_total_limit"), ("save_steps=-1", "save_steps"),
-    ("checkpoint_signal_grace_s=0", "checkpoint_signal_grace_s"), ("checkpoint_on_signal=maybe", "checkpoint_on_signal"),
+    ("checkpoint_signal_grace_s=0", "checkpoint_signal_grace_s"),
+    ("checkpoint_on_signal=maybe", "checkpoint_on_signal"),
 ])  # fmt: skip
 def test_bad_checkpoint_values_name_the_field_and_the_fix(override, field):
     with pytest.raises(ConfigError) as info:

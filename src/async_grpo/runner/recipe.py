@@ -131,8 +131,8 @@ class GRPORecipe:
             version=self.version, drops=self.drops, world_size=self.info.world_size,
         )  # fmt: skip
         if self.orchestrator is not None:  # checkpoints save the position of the prompts trained, not drawn
-            self.orchestrator.prompts = checkpoints.TrainedPosition(self.orchestrator.prompts,
-                                                                    checkpoints.draw_window(config, self.info.world_size))
+            window = checkpoints.draw_window(config, self.info.world_size)
+            self.orchestrator.prompts = checkpoints.TrainedPosition(self.orchestrator.prompts, window)
         if self.resume_from is not None:  # the restored weights are what vLLM serves, as the restored version
             self.load_checkpoint(self.resume_from)
             self.sync_times.append(self.pusher.push(self.version.value))
