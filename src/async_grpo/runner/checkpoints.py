@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -134,6 +135,58 @@ def checkpoint_on_stop(recipe: Any) -> Path | None:
     except Exception as err:  # noqa: BLE001 - the run is stopping anyway
         logger.error("checkpoint on stop failed: %r", err)
         return None
+
+
+def resumed_run_id(path: Path | None) -> str | None:
+    """The MLflow run id a resumed run continues (from the checkpoint's meta.json); None for a fresh run."""
+    return read_meta(path)["mlflow_run_id"] if path is not None else None
+
+
+def prepare(recipe: Any) -> None:
+    """End of `GRPORecipe.setup`, before the orchestrator starts: wrap its prompt sampler in `TrainedPosition`,
+    and with `recipe.resume_from` restore that checkpoint and push the restored weights to vLLM as the restored
+    policy version (vLLM started from the base model; nothing is generated before this push).
+
+    Raises:
+        FileNotFoundError / ValueError: the checkpoint does not fit this run (see `load_checkpoint`, `restore`).
+    """
+    orch = recipe.orchestrator
+    if orch is not None:
+        orch.prompts = TrainedPosition(orch.prompts, draw_window(recipe.config, recipe.info.world_size))
+    if recipe.resume_from is not None:
+        t0 = time.perf_counter()
+        recipe.load_checkpoint(recipe.resume_from)
+        recipe.sync_times.append(recipe.pusher.push(recipe.version.value))
+        logger.info("resumed from %s at step %d (policy version %d) in %.1f s", recipe.resume_from, recipe.step,
+                    recipe.version.value, time.perf_counter() - t0)
+
+
+def after_step(recipe: Any, groups: list, metrics: dict[str, float]) -> None:
+    """A step (and its weight push) is complete: forget the trained prompts' draws, end the guarded section, and
+    every `save_steps` steps write a checkpoint (its seconds go to `metrics["checkpoint/seconds"]`)."""
+    orch = recipe.orchestrator
+    if isinstance(getattr(orch, "prompts", None), TrainedPosition):
+        orch.prompts.mark_trained(groups)
+    recipe.guard.end()
+    every = save_every(recipe.config.checkpoint.save_steps, recipe.config.optim.max_steps)
+    if every and recipe.step % every == 0:
+        metrics["checkpoint/seconds"] = recipe.checkpoint_now()
+
+
+def write_step_checkpoint(recipe: Any) -> float:
+    """Write `<output_dir>/checkpoint-<step>` for `recipe` (a `GRPORecipe`, between steps), then delete the
+    oldest beyond `save_total_limit` (only now that the new one is complete); returns the seconds it took
+    (logged as `checkpoint/seconds`).
+
+    Raises:
+        OSError: the folder could not be written (no older checkpoint has been deleted).
+    """
+    t0 = time.perf_counter()
+    path = recipe.save_checkpoint(checkpoint_dir(recipe.out_dir, recipe.step))
+    rotate_checkpoints(recipe.out_dir, recipe.config.checkpoint.save_total_limit)
+    seconds = time.perf_counter() - t0
+    logger.info("checkpoint %s written in %.2f s", path, seconds)
+    return seconds
 
 
 # ------------------------------------------------------------------------------------------------ prompt order

@@ -110,8 +110,7 @@ class GRPORecipe:
         self.learner: Learner = builders.build_learner(config, model, self.tokenizer.pad_token_id, self.info)
         self.endpoint.wait_ready()
         self.served_model = self.endpoint.model_name()
-        resumed_run = checkpoints.read_meta(self.resume_from)["mlflow_run_id"] if self.resume_from else None
-        self.tracker = Tracker(config, run_id=resumed_run)  # a resumed run continues its MLflow run
+        self.tracker = Tracker(config, run_id=checkpoints.resumed_run_id(self.resume_from))  # same run on resume
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
         self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
         self.pusher = WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
@@ -130,14 +129,7 @@ class GRPORecipe:
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
             version=self.version, drops=self.drops, world_size=self.info.world_size,
         )  # fmt: skip
-        if self.orchestrator is not None:  # checkpoints save the position of the prompts trained, not drawn
-            window = checkpoints.draw_window(config, self.info.world_size)
-            self.orchestrator.prompts = checkpoints.TrainedPosition(self.orchestrator.prompts, window)
-        if self.resume_from is not None:  # the restored weights are what vLLM serves, as the restored version
-            self.load_checkpoint(self.resume_from)
-            self.sync_times.append(self.pusher.push(self.version.value))
-            logger.info("resumed from %s at step %d (policy version %d)", self.resume_from, self.step,
-                        self.version.value)
+        checkpoints.prepare(self)  # track the trained prompt position; resume_from_checkpoint: restore and push
 
     def _items(self, spec: str, split: str, limit: int | None = None) -> list:
         items, too_long = load_prompt_items(self.tokenizer, spec, split, seed=self.config.seed,
@@ -249,12 +241,7 @@ class GRPORecipe:
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
         self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
-        if isinstance(getattr(self.orchestrator, "prompts", None), checkpoints.TrainedPosition):
-            self.orchestrator.prompts.mark_trained(item.groups)
-        self.guard.end()
-        every = checkpoints.save_every(config.checkpoint.save_steps, config.optim.max_steps)
-        if every and self.step % every == 0:
-            metrics["checkpoint/seconds"] = self.checkpoint_now()
+        checkpoints.after_step(self, item.groups, metrics)  # the step is complete: save_steps checkpoint
         metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
         if self.scorer is not None and hasattr(self.scorer, "set_trainer_state"):
             self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
@@ -355,14 +342,8 @@ class GRPORecipe:
         return save_checkpoint(self.state(), path, write_model=self._write_model)
 
     def checkpoint_now(self) -> float:
-        """Write `<output_dir>/checkpoint-<step>` (between steps), then delete the oldest beyond
-        `save_total_limit`; returns the seconds it took (logged as `checkpoint/seconds`)."""
-        t0 = time.perf_counter()
-        path = self.save_checkpoint(checkpoints.checkpoint_dir(self.out_dir, self.step))
-        checkpoints.rotate_checkpoints(self.out_dir, self.config.checkpoint.save_total_limit)
-        seconds = time.perf_counter() - t0
-        logger.info("checkpoint %s written in %.2f s", path, seconds)
-        return seconds
+        """Write `<output_dir>/checkpoint-<step>` now (between steps) and rotate; returns its seconds."""
+        return checkpoints.write_step_checkpoint(self)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a `save_checkpoint` folder into the live roles."""
