@@ -223,6 +223,30 @@ class VLLMServer:
         self.process = None
         self._log.close()
 
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        """True when the process runs and `/health` answers 200 within `timeout_s` seconds."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            return requests.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def restart_if_down(self) -> bool:
+        """Restart the server (same command, port and log) unless it is healthy; blocks until it is. Returns
+        whether it restarted.
+
+        Raises:
+            VLLMStartupError: the new server did not come up (see `wait_until_healthy`).
+        """
+        if self.healthy():
+            return False
+        code = None if self.process is None else self.process.poll()
+        logger.warning("restarting vLLM (exit code %s); log: %s", code, self.log_path)
+        self.stop()
+        self.start()
+        return True
+
     def __enter__(self) -> VLLMServer:
         return self.start()
 

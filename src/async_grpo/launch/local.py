@@ -96,7 +96,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
                             url, config.inference.vllm_startup_timeout_s)
         server.launch()
         return InferenceEndpoint(url, served_model=str(model_path), launched=True,
-                                 wait_ready=server.wait_until_healthy)
+                                 wait_ready=server.wait_until_healthy, restart=server.restart_if_down)
 
     status = "FAILED"
     try:

@@ -23,6 +23,7 @@ import httpx
 
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient, GenerationError
+from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
 from async_grpo.orchestrator.batching import make_train_batch, rollout_metrics
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
@@ -100,6 +101,11 @@ class Orchestrator:
             = policy version x vllm_sync_interval) queued prompts are launched before fresh ones; metrics
             `rerolled_groups` (cumulative, re-rolled groups that reached a batch), `reroll/pending` and
             `reroll/overflowed` (candidates refused by a full FIFO).
+        health: the inference gate (`inference.health`): while the server is lost nothing new is launched, and a
+            group whose request failed at the transport level (the server went away) waits for the recovery and is
+            generated again instead of being dropped; None drops it as `generation_error`.
+        recovery_timeout_s: the longest a parked group waits for the server (then it is dropped as
+            `inference_unavailable`; seconds).
     """
 
     def __init__(
@@ -128,6 +134,8 @@ class Orchestrator:
         steps_per_generation: int = 1,
         rollout_reuse: int = 1,
         sync_warmup_rollouts: int = 0,
+        health: InferenceHealth | None = None,
+        recovery_timeout_s: float = 600.0,
     ):
         self.client_factory = client_factory
         self.prompts = prompts
@@ -155,6 +163,9 @@ class Orchestrator:
         self.steps_per_generation = steps_per_generation
         self.rollout_reuse = rollout_reuse
         self.sync_warmup_rollouts = sync_warmup_rollouts
+        self.health = health
+        self.recovery_timeout_s = recovery_timeout_s
+        self.launched_total = 0  # every launch, never taken back: the prompt ledger's "sampled" count
         self.meter = GenerationMeter()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -201,11 +212,12 @@ class Orchestrator:
         try:
             while not self.stop_event.is_set():
                 if (self.version.value < self.required_version(self._paced_launches()) or self.queue.full()
-                        or not await _acquire(slots)):
+                        or (self.health is not None and self.health.lost) or not await _acquire(slots)):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
                 item, rerolled = self._next_prompt()
                 self._launched += 1
+                self.launched_total += 1
                 task = asyncio.create_task(self._one_group(client, item, slots, rerolled))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
@@ -254,7 +266,7 @@ class Orchestrator:
         escapes the task (a `DynamicSamplingError` stops the orchestrator through `error`)."""
         batched = False
         try:
-            group = await self.rollout(client, item, self.sampling, version=lambda: self.version.value)
+            group = await self._generate_surviving_restarts(client, item)
             group.rerolled = rerolled
             self.meter.add(sum(sum(mask) for mask in group.loss_mask))  # generated tokens: tool output excluded
             if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
@@ -282,6 +294,28 @@ class Orchestrator:
             if not batched:
                 self._launched -= 1
             slots.release()
+
+    async def _generate_surviving_restarts(self, client: GenerationClient, item: PromptItem) -> RolloutGroup:
+        """`self.rollout` on `item`; when its request fails because the server is gone (connection refused or
+        reset), mark the server lost, wait for the recovery and generate the group again (counted in
+        `health.parked_groups`).
+
+        Raises:
+            RolloutDropped: reason `inference_unavailable`, the server was not back within recovery_timeout_s.
+            whatever the rollout raises otherwise.
+        """
+        while True:
+            try:
+                return await self.rollout(client, item, self.sampling, version=lambda: self.version.value)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
+                if self.health is None or self.stop_event.is_set():
+                    raise
+                self.health.mark_lost(f"a generation request failed: {err!r}")
+                self.health.parked_groups += 1
+                if not await self.health.wait_available(self.recovery_timeout_s, self.stop_event):
+                    if self.stop_event.is_set():
+                        raise asyncio.CancelledError from err
+                    raise RolloutDropped("inference_unavailable") from err
 
     async def _add_to_batch(self, group: RolloutGroup) -> bool:
         """Add a scored group to the step being built and emit whatever became complete; returns False if

@@ -23,10 +23,11 @@ from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import load_prompt_items
 from async_grpo.evaluation import evaluate_reward
 from async_grpo.inference.client import AsyncVLLMClient, InferenceEndpoint
+from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders
-from async_grpo.runner import report
+from async_grpo.runner import recovery, report
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -69,6 +70,7 @@ class GRPORecipe:
         self.scorer = self.tracker = self.learner = self.pusher = self.producer = None
         self.orchestrator = self.queue = None
         self.endpoint: InferenceEndpoint | None = None
+        self.health = InferenceHealth()  # lost / available: the orchestrator parks groups, `recovery` restores it
 
     # ------------------------------------------------------------------ setup
     def setup(self, start_inference: Callable[[Path], InferenceEndpoint]) -> None:
@@ -110,10 +112,7 @@ class GRPORecipe:
         self.tracker = Tracker(config)
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
         self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
-        self.pusher = WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
-                                   backend=config.weight_sync.weight_sync_backend,
-                                   timeout_s=config.weight_sync.weight_sync_timeout_s,
-                                   master_address=builders.rendezvous_address(self.endpoint.url))
+        self.pusher = self.make_pusher()
         self.pusher.setup()
         if sft_loss is not None:
             self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
@@ -124,7 +123,7 @@ class GRPORecipe:
         self.producer, self.orchestrator, self.queue = builders.build_producer(
             config, tokenizer=self.tokenizer, train_items=self.train_items, rollout=self.rollout,
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
-            version=self.version, drops=self.drops, world_size=self.info.world_size,
+            version=self.version, drops=self.drops, world_size=self.info.world_size, health=self.health,
         )  # fmt: skip
 
     def _items(self, spec: str, split: str, limit: int | None = None) -> list:
@@ -138,6 +137,14 @@ class GRPORecipe:
     def decode(self, ids: list[int]) -> str:
         """Token ids -> text, special tokens skipped (what reward functions and tables see)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def make_pusher(self) -> WeightPusher:
+        """A weight pusher from the learner to the run's server (not yet set up)."""
+        config = self.config
+        return WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
+                            backend=config.weight_sync.weight_sync_backend,
+                            timeout_s=config.weight_sync.weight_sync_timeout_s,
+                            master_address=builders.rendezvous_address(self.endpoint.url))
 
     def make_client(self) -> AsyncVLLMClient:
         """A generation client for the run's server (build it inside the event loop that uses it)."""
@@ -187,8 +194,8 @@ class GRPORecipe:
                 t_wait = time.perf_counter()
                 depth = self.queue.depth if self.queue is not None else 0
                 self.producer.on_rollout_begin(self.step)
-                rollout = self.producer.produce(self.learner.model, self.step,
-                                                timeout_s=config.producer.rollout_timeout_s)
+                rollout = recovery.surviving_inference_loss(self, lambda: self.producer.produce(
+                    self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s))
                 self.producer.on_rollout_end(rollout, self.step)
                 self.rollouts += 1
                 waited = time.perf_counter() - t_wait
@@ -222,7 +229,7 @@ class GRPORecipe:
         config = self.config
         t0 = time.perf_counter()
         metrics = dict(item.metrics)
-        metrics.update(self.learner.step(item, old_logps=old_logps))
+        metrics.update(recovery.surviving_inference_loss(self, lambda: self.learner.step(item, old_logps=old_logps)))
         if isinstance(item, StepStream):  # streamed: chunk count and waits are known once the step consumed it
             metrics.update(item.metrics)
             waited += item.wait_s
@@ -231,7 +238,7 @@ class GRPORecipe:
         # replayed groups are old on purpose and exempt from max_staleness: they are counted by replayed_groups
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
-            metrics["weight_sync/seconds"] = self.push_weights()
+            metrics["weight_sync/seconds"] = recovery.push_surviving_inference_loss(self)
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
