@@ -69,6 +69,8 @@ def _print_summary(s) -> None:
     table.add_row("weight syncs", f"{s.weight_syncs} x {s.weight_sync_s_mean:.3f} s")
     table.add_row("trainer idle", f"{100 * s.trainer_idle_fraction:.0f} %")
     table.add_row("dropped groups", str(s.dropped_groups or "none"))
+    if s.prompts_lost is not None:
+        table.add_row("prompts lost (neither trained nor dropped)", str(s.prompts_lost))
     table.add_row("final model", str(s.model_dir))
     table.add_row("MLflow run", s.run_id)
     table.add_row("look at it", f"mlflow ui --backend-store-uri {s.tracking_uri}")

@@ -64,6 +64,7 @@ class GRPORecipe:
         self.idle_s = 0.0
         self.train_s = 0.0
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
+        self.trained_groups = 0  # groups of the step batches trained on (the prompt ledger, `report.prompts_lost`)
         self.eval_before: dict[str, float] = {}
         self.eval_after: dict[str, float] = {}
         self.t_start = time.perf_counter()
@@ -206,6 +207,7 @@ class GRPORecipe:
             self.train_s = time.perf_counter() - t_train
             if self.orchestrator is not None:
                 self.orchestrator.stop()
+                self.queue.drain()  # prefetched batches never trained: counted as `unconsumed_at_end`
 
     def _train_on_rollout(self, rollout: list, depth: int, waited: float, bar) -> None:
         """Every optimizer step one rollout feeds: mini_epochs x step batches x num_iterations (pi_old cached once
@@ -213,15 +215,21 @@ class GRPORecipe:
         pconf = self.producer.config
         reuse = pconf.mini_epochs * pconf.num_iterations
         cache = [self.learner.old_logps(item) for item in rollout] if reuse * len(rollout) > 1 else None
+        trained: set[int] = set()
         for _epoch in range(pconf.mini_epochs):
             for index, item in enumerate(rollout):
                 for _ in range(pconf.num_iterations):
                     if self.step >= self.config.optim.max_steps:
                         break
                     waited = self._one_step(item, cache[index] if cache else None, depth, waited)
+                    trained.add(index)
                     bar.update(1)
-        for item in rollout:
+        for index, item in enumerate(rollout):
             self.learner.forget(item)
+            if index in trained:
+                self.trained_groups += len(item.groups)
+            elif item.groups:  # max_steps reached inside the rollout
+                self.drops.add("unconsumed_at_end", len(item.groups))
 
     def _one_step(self, item: Any, old_logps: list | None, depth: int, waited: float) -> float:
         """One optimizer step on `item` (a step batch or a stream of its chunks), its weight push and its
@@ -298,12 +306,14 @@ class GRPORecipe:
             generation_tokens_per_s=sum(self.tokens_per_s) / max(len(self.tokens_per_s), 1),
             weight_sync_s_mean=sum(self.sync_times) / max(len(self.sync_times), 1), weight_syncs=len(self.sync_times),
             trainer_idle_fraction=self.idle_s / max(self.train_s, 1e-9), dropped_groups=self.drops.snapshot(),
-            model_dir=str(model_dir) if model_dir else None,
+            model_dir=str(model_dir) if model_dir else None, prompts_lost=None if self.orchestrator is None else
+            report.prompts_lost(self.orchestrator.launched_total, self.trained_groups, self.drops.snapshot()),
         )  # fmt: skip
         self.tracker.log_metrics({"summary/steps_per_s": s.steps_per_s,
                                   "summary/trainer_idle_fraction": s.trainer_idle_fraction,
-                                  "summary/weight_sync_s_mean": s.weight_sync_s_mean, "summary/wall_s": s.wall_s},
-                                 step=self.step)
+                                  "summary/weight_sync_s_mean": s.weight_sync_s_mean, "summary/wall_s": s.wall_s,
+                                  "summary/prompts_lost": s.prompts_lost, "summary/inference_restarts":
+                                  self.health.restarts}, step=self.step)
         return s
 
     # ------------------------------------------------------------------ state and checkpoints
