@@ -493,3 +493,29 @@ def test_groups_whose_server_died_are_parked_and_generated_again_after_recovery(
     assert health.parked_groups == refused and health.restarts == 1
     drops = orch.drops.snapshot()
     assert not {k: v for k, v in drops.items() if k != "shutdown"}, drops  # nothing dropped for the outage
+
+
+def test_a_scorer_that_fails_every_group_for_reward_failure_timeout_s_stops_the_orchestrator(pool, started):
+    """Single failures are dropped and counted; when every group fails for reward_failure_timeout_s (a dead reward
+    service), the orchestrator stops with a RewardServiceError that the trainer's next wait raises."""
+    from async_grpo.orchestrator.failures import RewardFailureWatch, RewardServiceError
+    from async_grpo.orchestrator.producer import ProducerConfig, VLLMProducer
+
+    watch = RewardFailureWatch(timeout_s=10.0)
+    assert watch.failed(RuntimeError("a")) is None
+    watch.scored()  # a success ends the streak
+    assert watch.failed(RuntimeError("b")) is None and watch.in_row == 1
+    version = PolicyVersion()
+    client = ScriptedClient(version, bump=False)
+    orch = make_orchestrator(client, pool, ["raise"], version=version)  # length_reward raises on "raise"
+    orch.reward_watch = RewardFailureWatch(timeout_s=0.5)
+    started.append(orch)
+    t0 = time.monotonic()
+    orch.start()
+    wait_until(lambda: orch.error is not None, "the orchestrator to give up on the scorer")
+    assert isinstance(orch.error, RewardServiceError) and time.monotonic() - t0 < WAIT_S
+    assert "reward_failure_timeout_s=0.5" in str(orch.error) and "Fix" in str(orch.error)
+    assert orch.drops.snapshot()["reward_error"] >= 2
+    producer = VLLMProducer(orch, orch.queue, version, ProducerConfig())
+    with pytest.raises(RuntimeError, match="orchestrator failed"):
+        producer.produce(None, 0, timeout_s=5)

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -25,7 +24,9 @@ from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient, GenerationError
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
-from async_grpo.orchestrator.batching import make_train_batch, rollout_metrics
+from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, rollout_metrics
+from async_grpo.orchestrator.failures import (  # noqa: F401 - the errors are re-exported
+    DynamicSamplingError, RewardFailureWatch, RewardServiceError)
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
 from async_grpo.rewards.pool import RewardError
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
@@ -36,28 +37,6 @@ logger = logging.getLogger(__name__)
 STOP_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 30.0
 GENERATION_ERROR_BACKOFF_S = 1.0
-
-
-class GenerationMeter:
-    """Thread-safe count of generated tokens, read as tokens/s between two reads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tokens = 0
-        self._last = (time.monotonic(), 0)
-
-    def add(self, tokens: int) -> None:
-        """Count `tokens` generated tokens."""
-        with self._lock:
-            self._tokens += tokens
-
-    def rate(self) -> float:
-        """Tokens per second since the previous call."""
-        with self._lock:
-            now, total = time.monotonic(), self._tokens
-            t0, n0 = self._last
-            self._last = (now, total)
-        return (total - n0) / max(now - t0, 1e-9)
 
 
 class Orchestrator:
@@ -106,6 +85,8 @@ class Orchestrator:
             generated again instead of being dropped; None drops it as `generation_error`.
         recovery_timeout_s: the longest a parked group waits for the server (then it is dropped as
             `inference_unavailable`; seconds).
+        reward_failure_timeout_s: when every group has failed to score for this long (at least two in a row), the
+            orchestrator stops with a `RewardServiceError` naming the scorer (seconds).
     """
 
     def __init__(
@@ -136,6 +117,7 @@ class Orchestrator:
         sync_warmup_rollouts: int = 0,
         health: InferenceHealth | None = None,
         recovery_timeout_s: float = 600.0,
+        reward_failure_timeout_s: float = 120.0,
     ):
         self.client_factory = client_factory
         self.prompts = prompts
@@ -165,6 +147,8 @@ class Orchestrator:
         self.sync_warmup_rollouts = sync_warmup_rollouts
         self.health = health
         self.recovery_timeout_s = recovery_timeout_s
+        self.reward_failure_timeout_s = reward_failure_timeout_s
+        self.reward_watch = RewardFailureWatch(reward_failure_timeout_s)
         self.launched_total = 0  # every launch, never taken back: the prompt ledger's "sampled" count
         self.meter = GenerationMeter()
         self.stop_event = threading.Event()
@@ -267,6 +251,7 @@ class Orchestrator:
         batched = False
         try:
             group = await self._generate_surviving_restarts(client, item)
+            self.reward_watch.scored()
             group.rerolled = rerolled
             self.meter.add(sum(sum(mask) for mask in group.loss_mask))  # generated tokens: tool output excluded
             if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
@@ -282,6 +267,7 @@ class Orchestrator:
         except RewardError as err:
             self.drops.add(err.reason)
             logger.warning("reward failed, group dropped: %s", err)
+            self._count_reward_failure(err)
         except (httpx.HTTPError, GenerationError) as err:
             if not self.stop_event.is_set():
                 self.drops.add("generation_error")
@@ -316,6 +302,14 @@ class Orchestrator:
                     if self.stop_event.is_set():
                         raise asyncio.CancelledError from err
                     raise RolloutDropped("inference_unavailable") from err
+
+    def _count_reward_failure(self, err: RewardError) -> None:
+        """Stop the orchestrator (`error` = `RewardServiceError`) once scoring failed for every group for
+        `reward_failure_timeout_s` seconds."""
+        failure = self.reward_watch.failed(err)
+        if failure is not None and self.error is None:
+            self.error = failure
+            self.stop_event.set()
 
     async def _add_to_batch(self, group: RolloutGroup) -> bool:
         """Add a scored group to the step being built and emit whatever became complete; returns False if
@@ -376,10 +370,6 @@ class Orchestrator:
         self._generated_for_batch = len(self._pending)
         self._step_groups = []
         return chunk
-
-
-class DynamicSamplingError(RuntimeError):
-    """Dynamic sampling could not fill a batch within `max_gen_batches` generation batches."""
 
 
 async def _acquire(sem: asyncio.Semaphore) -> bool:

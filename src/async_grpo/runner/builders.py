@@ -305,7 +305,8 @@ def build_producer(config: GRPOConfig, *, tokenizer: Any, train_items: list[Prom
         sync_warmup_rollouts=prod.sync_warmup_rollouts, max_staleness=config.off_policy.max_staleness,
         vllm_sync_interval=config.weight_sync.vllm_sync_interval, max_inflight_groups=prod.max_inflight_groups,
         queue=queue, version=version, drops=drops, health=health,
-        recovery_timeout_s=config.inference.vllm_recovery_timeout_s, **setup_batch_shaping(config),
+        recovery_timeout_s=config.inference.vllm_recovery_timeout_s,
+        reward_failure_timeout_s=config.rewards.reward_failure_timeout_s, **setup_batch_shaping(config),
     )  # fmt: skip
     producer = VLLMProducer(orchestrator, queue, version, ProducerConfig.from_config(config),
                             streaming=prod.streaming_min_groups is not None, health=health)
