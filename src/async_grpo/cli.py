@@ -8,6 +8,7 @@ import sys
 
 from async_grpo import __version__
 from async_grpo.config import ConfigError, load_config
+from async_grpo.errors import RunFailedError
 
 
 def _field_help() -> str:
@@ -41,6 +42,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ValueError as err:  # bad data / model / reward spec: a user error, shown without a traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunFailedError as err:  # a dependency failed for good: the message names it and the fix
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted; all child processes stopped", file=sys.stderr)
         return 130

@@ -517,5 +517,5 @@ def test_a_scorer_that_fails_every_group_for_reward_failure_timeout_s_stops_the_
     assert "reward_failure_timeout_s=0.5" in str(orch.error) and "Fix" in str(orch.error)
     assert orch.drops.snapshot()["reward_error"] >= 2
     producer = VLLMProducer(orch, orch.queue, version, ProducerConfig())
-    with pytest.raises(RuntimeError, match="orchestrator failed"):
+    with pytest.raises(RewardServiceError, match="every group failed to score"):
         producer.produce(None, 0, timeout_s=5)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
+from async_grpo.errors import RunFailedError
 
-class RewardServiceError(RuntimeError):
+
+class RewardServiceError(RunFailedError):
     """Scoring failed for every group for `reward_failure_timeout_s` seconds (the reward service or workers are
     down)."""
 

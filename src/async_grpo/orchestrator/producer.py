@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from async_grpo.errors import RunFailedError
 from async_grpo.transports.messages import TrainBatch
 from async_grpo.transports.queue import RolloutQueue
 
@@ -194,8 +195,10 @@ class VLLMProducer(BaseDataProducer):
         self._partial: list[StepInput] = []
 
     def _check(self) -> None:
+        if isinstance(self.orchestrator.error, RunFailedError):  # its message says what failed and the fix
+            raise self.orchestrator.error
         if self.orchestrator.error is not None:
-            raise RuntimeError("orchestrator failed") from self.orchestrator.error
+            raise RuntimeError(f"orchestrator failed: {self.orchestrator.error!r}") from self.orchestrator.error
         if self.health is not None:
             self.health.check()  # InferenceLost: the runner recovers the server, then asks again
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from async_grpo.errors import RunFailedError
 from async_grpo.inference.health import InferenceLost
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class InferenceFailedError(RuntimeError):
+class InferenceFailedError(RunFailedError):
     """The inference server was lost more than `max_inference_restarts` times, or could not be brought back."""
 
 
