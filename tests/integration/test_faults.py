@@ -117,8 +117,8 @@ def _start_reward_service(config_path: Path, log: Path) -> tuple[subprocess.Pope
         time.sleep(0.2)
 
 
-def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming_the_service(tiny_model_dir,
-                                                                                            tmp_path):
+def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming_the_service(vllm_server,
+                                                                                            tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     overrides = [f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0",
                  "max_steps=100000", "eval_num_prompts=4", "per_device_train_batch_size=16",
@@ -128,7 +128,7 @@ def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming
     workers: list[psutil.Process] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(REPO / "examples" / "tiny_cpu.yaml"), *overrides,
-           f"reward_url={url}"]
+           f"reward_url={url}", f"vllm_url={vllm_server.url}"]  # the session's server: no second vLLM start
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "stderr.log", "wb"))
     try:
