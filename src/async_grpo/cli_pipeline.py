@@ -5,7 +5,8 @@
 takes overrides: a config YAML and `key=value` items, each routed to the pipeline parameter of that
 name, or, for config fields without one, to `extra_overrides`; values are typed by the compiled IR.
 `submit` and `schedule` check a kubernetes run against the platform policy first (`check_submission`),
-the same check the train step makes on the cluster, so a refused run fails here, before KFP sees it.
+the same check the train step makes on the cluster, so a refused run fails here, before KFP sees it; then
+they run the cluster preflight (`async_grpo.preflight`, target cluster) on the config the train step will build.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from async_grpo.config import ConfigError, GRPOConfig, flatten_mapping, load_config, lookup_field
 from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.preflight import check_config
 from async_grpo.pipeline_local import (
     DEFAULT_OUTPUT_DIR,
     find_repo_root,
@@ -216,6 +218,7 @@ def _checked_arguments(args: argparse.Namespace, package: Path) -> dict[str, Any
     policy, source = load_policy(args.policy)
     check_submission(params, arguments, policy, args.namespace)
     print(f"the run passes the platform policy ({source})")
+    check_config(submitted_config(params, arguments), target="cluster")  # raises PreflightError (exit 2)
     return arguments
 
 
@@ -298,8 +301,9 @@ def _guard(func):
         try:
             return func(args)
         except (ConfigError, ValueError, FileNotFoundError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+            from async_grpo.cli import print_user_error
+
+            return print_user_error(err)
         except (RuntimeError, LookupError) as err:  # a pipeline task failed; its log is above
             print(f"error: {err}", file=sys.stderr)
             return 1

@@ -17,8 +17,8 @@ import torch
 
 from async_grpo.config import GRPOConfig
 from async_grpo.inference.client import InferenceEndpoint
-from async_grpo.preflight import check_config
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+from async_grpo.preflight import check_config
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
 from async_grpo.runner.follower import run_follower
