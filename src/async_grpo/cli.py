@@ -47,14 +47,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.vllm_url:
         overrides.append(f"vllm_url={args.vllm_url}")
+    from async_grpo.preflight import check_config
+
     try:
         config = load_config(args.config, overrides)
+        check_config(config, target="local")  # before the heavy imports below, and before any process starts
     except ConfigError as err:
         return print_user_error(err)
     from async_grpo.launch.local import run_local
 
     try:
-        summary = run_local(config)  # preflight first (async_grpo.preflight): bad input fails before any process
+        summary = run_local(config, skip_checks=CHECKS)  # preflight passed just above
     except ValueError as err:  # bad data / model / reward spec: a user error, shown without a traceback
         return print_user_error(err)
     except KeyboardInterrupt:

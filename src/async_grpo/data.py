@@ -144,7 +144,10 @@ def _load_path(spec: str, split: Split, split_name: str | None = None) -> datase
     try:
         return datasets.load_dataset(loader, data_files=str(path), split="train")
     except Exception as err:  # the json/parquet readers raise many types; name the file either way
-        raise ValueError(f"dataset {spec!r}: could not read it as {loader}: {err}. Fix: check the file's format.") from err
+        cause = err.__cause__ or err.__context__  # datasets wraps the reader's own message (line, column)
+        detail = f"{err} ({str(cause).strip()})" if cause is not None and str(cause).strip() else str(err)
+        raise ValueError(f"dataset {spec!r}: could not read it as {loader}: {detail}. Fix: check the file's "
+                         "format.") from err
 
 
 def _pick_split(loaded: Any, spec: str, split: Split, split_name: str | None = None) -> datasets.Dataset:

@@ -9,6 +9,7 @@ fails here with its name instead of in the pre-training evaluation.
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +34,20 @@ def load_first_row(config: GRPOConfig, spec: str, field: str, split: str) -> tup
     data = config.data
     options = {"config_name": data.dataset_config, "system_prompt": data.system_prompt,
                "split_name": data.dataset_train_split if split == "train" else None}
+    import datasets
+
+    bars, quiet = datasets.is_progress_bar_enabled(), logging.getLogger("datasets")
+    level = quiet.level
+    datasets.disable_progress_bars()  # preflight prints only its verdict (a reader's error is in the problem)
+    quiet.setLevel(logging.CRITICAL)
     try:
         return load_prompt_dataset(spec, split=split, seed=config.seed, **options), []
     except (FileNotFoundError, ValueError) as err:
         return None, [Problem(field, str(err) if "Fix:" in str(err) else f"{err}. Fix: check the dataset.")]
+    finally:
+        quiet.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def is_checkable_dataset(spec: str, local: bool) -> bool:
@@ -100,7 +111,7 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
         except RewardSpecError as err:
             problems.append(Problem("rewards.reward_funcs", str(err), None if "Fix:" in str(err) else
                                     "give builtin:<name>, pkg.module:function or path/to/file.py:function"))
-    names = [reward_func_name(s) for s in funcs]
+    names = [reward_func_name(s) for s in config.rewards.reward_funcs if isinstance(s, str) and ":" in s]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         problems.append(Problem("rewards.reward_funcs", f"several functions are named {duplicates}; their metrics "
