@@ -27,6 +27,7 @@ ALLOWED = {
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
+    "preflight": {"config", "hub", "data", "rewards", "tiny_model"},
 }
 
 
