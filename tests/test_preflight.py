@@ -126,3 +126,11 @@ def test_pipeline_submit_refuses_bad_input_before_kfp(monkeypatch, capsys):
     assert args.func(args) == 2
     assert "error: inference.vllm_max_model_len: max_prompt_length=600" in capsys.readouterr().err
     assert made == []
+
+
+def test_a_launcher_set_reward_service_is_waited_for_at_launch_not_probed(monkeypatch, tmp_path):
+    monkeypatch.setenv("ASYNC_GRPO_REWARD_URL", "http://127.0.0.1:9")  # the reward pod may still be starting
+    report = preflight(GRPOConfig(output_dir=str(tmp_path)))
+    assert report.ok, report.problems
+    assert any(note.startswith("reward_url: ASYNC_GRPO_REWARD_URL") for note in report.skipped)
+    assert "reward_probe" not in report.checked  # the service runs the reward functions

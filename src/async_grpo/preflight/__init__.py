@@ -23,7 +23,8 @@ backend run it with target cluster.
 - output_dir (local): a folder this process cannot write.
 - weight_sync_device (local): weight_sync_backend=nccl without CUDA.
 - mlflow (local): an http(s) tracking server that does not answer within 5 s; an unwritable sqlite/file store.
-- reward_url (local): a reward service (reward_url or ASYNC_GRPO_REWARD_URL) that does not answer within 5 s.
+- reward_url (local): a reward service at reward_url that does not answer within 5 s (ASYNC_GRPO_REWARD_URL, which
+  the kubernetes launcher sets for a reward Deployment that may still be starting, is waited for at launch).
 
 Local-only checks look at this machine; on a cluster the trainer runs in its own pod, on GPU nodes, with the
 workspace volume mounted and in-cluster service names, so those would test the wrong machine. Hub ids (models,
@@ -98,6 +99,10 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         problems, notes = inputs.check_data_producer(config, local)
         add(problems)
         report.skipped += notes
+    if local and "reward_url" in report.checked and config.rewards.reward_url is None and \
+            services.reward_service_url(config) is not None:
+        report.skipped.append("reward_url: ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher) is waited for "
+                              "at launch")
     funcs: dict = {}
     remote_rewards = local and services.reward_service_url(config) is not None
     if remote_rewards:

@@ -62,12 +62,13 @@ def reward_service_url(config: GRPOConfig) -> str | None:
 
 
 def check_reward_url(config: GRPOConfig, timeout_s: float = SERVICE_TIMEOUT_S) -> list[Problem]:
-    """A reward service (reward_url or ASYNC_GRPO_REWARD_URL) must answer /health within `timeout_s` (the run itself
-    would wait 120 s before failing)."""
-    url = reward_service_url(config)
+    """The reward service of `reward_url` must answer /health within `timeout_s` (the run itself would wait 120 s
+    before failing). ASYNC_GRPO_REWARD_URL alone is not probed: the kubernetes launcher sets it for a reward
+    Deployment that may still be starting when the trainer does (the run waits for it)."""
+    url = config.rewards.reward_url
     if url is None:
         return []
-    field = "rewards.reward_url" if config.rewards.reward_url else f"{REWARD_URL_ENV} (environment)"
+    field = "rewards.reward_url"
     if not url.startswith(("http://", "https://")):
         return [Problem(field, f"{url!r} is not an http(s) URL", "give e.g. http://my-run-reward:8080")]
     why = _unreachable(url.rstrip("/") + HEALTH_PATH, timeout_s)
