@@ -170,8 +170,12 @@ def check_signatures(funcs: dict[str, Callable], columns: list[str], bound: dict
             signature.bind(**kwargs)
         except TypeError as err:
             shown = f"{getattr(func, '__name__', 'f')}{signature}"
+            missing = "missing a required argument" in str(err) and any(
+                p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+            have = f"; the dataset's columns besides prompt: {columns}" if missing else ""
+            fix = ("add that column to the dataset, or give the parameter a default" if missing else _SIGNATURE_FIX)
             problems.append(Problem("rewards.reward_funcs", f"reward function {_name(spec, func)} has signature "
-                                    f"{shown}, which cannot take TRL's call ({err})", _SIGNATURE_FIX))
+                                    f"{shown}, which cannot take TRL's call ({err}{have})", fix))
     return problems
 
 
@@ -215,7 +219,7 @@ def probe_rewards(config: GRPOConfig, funcs: dict[str, Callable], row: dict[str,
                                     "make it handle every completion (return None to abstain)"))
         else:
             try:
-                _check_output(name, outcome["out"], len(completions))
+                _check_output(getattr(func, "__name__", spec), outcome["out"], len(completions))
             except RewardBadOutput as err:
                 problems.append(Problem("rewards.reward_funcs", str(err)))
     return problems

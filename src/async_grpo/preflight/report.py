@@ -27,7 +27,8 @@ class Problem:
         message = self.message.rstrip()
         if self.fix is None:
             return f"{self.field}: {message}"
-        return f"{self.field}: {message.rstrip('.')}. Fix: {self.fix.rstrip('.')}."
+        end = "" if message.endswith(("?", "!", ".")) else "."
+        return f"{self.field}: {message}{end} Fix: {self.fix.rstrip('.')}."
 
 
 class PreflightError(ConfigError):
