@@ -134,3 +134,25 @@ def test_a_launcher_set_reward_service_is_waited_for_at_launch_not_probed(monkey
     assert report.ok, report.problems
     assert any(note.startswith("reward_url: ASYNC_GRPO_REWARD_URL") for note in report.skipped)
     assert "reward_probe" not in report.checked  # the service runs the reward functions
+
+
+def _pipeline(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="async-grpo")
+    cli_pipeline.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["pipeline", *argv])
+    return args.func(args)
+
+
+def test_pipeline_checks_the_dataset_argument_it_will_train_on(monkeypatch, capsys, tmp_path):
+    made, ran = [], []
+    monkeypatch.setattr(cli_pipeline, "make_client", lambda host, namespace: made.append(host))
+    monkeypatch.setattr(cli_pipeline, "run_local_pipeline", lambda *a, **k: ran.append(a))
+    monkeypatch.delenv("ASYNC_GRPO_POLICY_FILE", raising=False)
+    bad = [f"dataset=file://{REPO_ROOT}/{BAD}/data/good.jsonl", "warmup_sft_steps=20"]
+    assert _pipeline("submit", *bad) == 2
+    assert "error: data.warmup_sft_steps: warmup_sft_steps=20 needs a builtin dataset" in capsys.readouterr().err
+    out = tmp_path / "pipeline-runs"
+    assert _pipeline("run-local", "--output-dir", str(out), *bad) == 2
+    assert "error: data.warmup_sft_steps" in capsys.readouterr().err
+    assert made == [] and ran == []
+    assert not out.exists() or not any(out.rglob("*.yaml"))  # refused before anything ran: no trace
