@@ -28,6 +28,7 @@ ALLOWED = {
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
     "errors": set(),
+    "preflight": {"config", "hub", "data", "rewards", "tiny_model"},
 }
 
 
