@@ -23,10 +23,12 @@ ALLOWED = {
     "transports": {"inference"},
     "tools": set(),
     "rewards": {"config", "tasks", "tools", "transports", "__init__"},
-    "orchestrator": {"algorithms", "data", "inference", "rewards", "tools", "transports", "tasks"},
+    "orchestrator": {"algorithms", "data", "errors", "inference", "rewards", "tools", "transports", "tasks"},
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
+    "errors": set(),
+    "preflight": {"config", "hub", "data", "rewards", "tiny_model"},
 }
 
 

@@ -59,10 +59,24 @@ def test_override_value_may_contain_equals_sign():
     assert config.tracking.mlflow_tracking_uri == "http://host:5000/?a=b"
 
 
-def test_empty_yaml_file_gives_defaults(tmp_path):
+def test_empty_yaml_file_is_refused(tmp_path):
     path = tmp_path / "empty.yaml"
-    path.write_text("")
-    assert load_config(path) == GRPOConfig()
+    path.write_text("# nothing but a comment\n")
+    with pytest.raises(ConfigError, match="is empty. Fix"):
+        load_config(path)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("max_steps: 3\nlearning_rate: [1e-5\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+, column \d+.*Fix"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_non_finite_floats_are_refused_with_the_field(value):
+    with pytest.raises(ConfigError, match="optim.learning_rate: Input should be a finite number"):
+        load_config(None, [f"learning_rate={value}"])
 
 
 def test_examples_tiny_cpu_yaml_loads():

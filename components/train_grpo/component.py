@@ -92,7 +92,8 @@ def train_grpo(
 
     Raises:
         ConfigError (a ValueError): the merged config is invalid, save_model is false (evaluation
-            and registration need the checkpoint), or report_to is none; raised before anything starts.
+            and registration need the checkpoint), or report_to is none, or the inputs fail preflight
+            (`async_grpo.preflight`: PreflightError); raised before anything starts.
         ValueError: unknown launch_backend.
         PolicyViolation (a ValueError): the platform policy refuses the run (the local backend inside a
             cluster pod, or, on kubernetes, an image, account, secret, MLflow server or vLLM flag).
@@ -174,7 +175,9 @@ def train_grpo(
         backend = LocalBackend()
     elif launch_backend == "kubernetes":
         from async_grpo.launch.kubernetes import KubernetesBackend
+        from async_grpo.preflight import check_config
 
+        check_config(config, target="cluster")  # the local backend runs preflight itself (run_local)
         backend = KubernetesBackend(settings=dict(backend_options or {}))
     else:
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")

@@ -1,4 +1,9 @@
-"""The `async-grpo` command line: `train`, `make-tiny-model`, `render` (Kubernetes objects) and `pipeline` (KFP)."""
+"""The `async-grpo` command line: `train`, `validate`, `make-tiny-model`, `render` (Kubernetes objects) and
+`pipeline` (KFP).
+
+User errors (a bad config, dataset, path or service: `ConfigError` and the `ValueError`s that name a field and a
+fix) exit with code 2 and `error: <field>: <message>. Fix: ...` lines, without a traceback; anything else is a bug
+and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import sys
 
 from async_grpo import __version__
 from async_grpo.config import ConfigError, load_config
+from async_grpo.errors import RunFailedError
+from async_grpo.preflight import CHECKS, PreflightError
 
 
 def _field_help() -> str:
@@ -25,22 +32,38 @@ def _field_help() -> str:
     return "\n".join(lines)
 
 
+def print_user_error(err: BaseException) -> int:
+    """Print a user error (bad config, dataset, path or service) as `error: ...` lines on stderr, one per problem,
+    without a traceback; returns the exit code 2."""
+    lines = str(err).splitlines() or [type(err).__name__]
+    if len(lines) > 1 and lines[0].rstrip().endswith(":"):  # "invalid config:" then one indented line per field
+        print(f"error: {lines[0]}", file=sys.stderr)
+        lines = [line.strip() for line in lines[1:]]
+    for line in lines:
+        print(f"error: {line}" if line.strip() else "", file=sys.stderr)
+    return 2
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.vllm_url:
         overrides.append(f"vllm_url={args.vllm_url}")
+    from async_grpo.preflight import check_config
+
     try:
         config = load_config(args.config, overrides)
+        check_config(config, target="local")  # before the heavy imports below, and before any process starts
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return print_user_error(err)
     from async_grpo.launch.local import run_local
 
     try:
-        summary = run_local(config)
+        summary = run_local(config, skip_checks=CHECKS)  # preflight passed just above
     except ValueError as err:  # bad data / model / reward spec: a user error, shown without a traceback
+        return print_user_error(err)
+    except RunFailedError as err:  # a dependency failed for good: the message names it and the fix
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return 1
     except KeyboardInterrupt:
         print("interrupted; all child processes stopped", file=sys.stderr)
         return 130
@@ -69,10 +92,28 @@ def _print_summary(s) -> None:
     table.add_row("weight syncs", f"{s.weight_syncs} x {s.weight_sync_s_mean:.3f} s")
     table.add_row("trainer idle", f"{100 * s.trainer_idle_fraction:.0f} %")
     table.add_row("dropped groups", str(s.dropped_groups or "none"))
+    if s.prompts_lost is not None:
+        table.add_row("prompts lost (neither trained nor dropped)", str(s.prompts_lost))
     table.add_row("final model", str(s.model_dir))
     table.add_row("MLflow run", s.run_id)
     table.add_row("look at it", f"mlflow ui --backend-store-uri {s.tracking_uri}")
     Console().print(table)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from async_grpo.preflight import preflight
+
+    try:
+        config = load_config(args.config, list(args.overrides))
+        report = preflight(config, target=args.target, skip=args.skip)
+    except ConfigError as err:
+        return print_user_error(err)
+    if not report.ok:
+        return print_user_error(PreflightError(report.problems))
+    print(f"OK: {args.config} passes {len(report.checked)} preflight checks for a {args.target} run")
+    for note in report.skipped:
+        print(f"  not checked: {note}")
+    return 0
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
@@ -95,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value overrides (values parsed as YAML)")
     p.add_argument("--vllm-url", help="attach to a running vLLM server instead of starting one")
     p.set_defaults(func=_cmd_train)
+    p = sub.add_parser("validate", help="check a config and its dataset, reward functions and services without "
+                                        "starting anything (exit 0: OK, 2: errors)")
+    p.add_argument("config", help="YAML config, e.g. examples/tiny_cpu.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (values parsed as YAML)")
+    p.add_argument("--target", choices=["local", "cluster"], default="local",
+                   help="where the run will execute: local (default) checks this machine too (model folder, "
+                        "output_dir, device, MLflow, reward service); cluster checks only what does not depend on it")
+    p.add_argument("--skip", action="append", default=[], choices=list(CHECKS), metavar="CHECK",
+                   help=f"a check not to run (repeatable): one of {', '.join(CHECKS)}")
+    p.set_defaults(func=_cmd_validate)
     p = sub.add_parser("make-tiny-model", help="build the tiny char-level Qwen2-style model locally")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)

@@ -5,7 +5,9 @@
 takes overrides: a config YAML and `key=value` items, each routed to the pipeline parameter of that
 name, or, for config fields without one, to `extra_overrides`; values are typed by the compiled IR.
 `submit` and `schedule` check a kubernetes run against the platform policy first (`check_submission`),
-the same check the train step makes on the cluster, so a refused run fails here, before KFP sees it.
+the same check the train step makes on the cluster, so a refused run fails here, before KFP sees it; then
+they run the cluster preflight (`async_grpo.preflight`, target cluster) on the config the train step will build;
+`run-local` runs the local preflight before any step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import yaml
 from async_grpo.config import ConfigError, GRPOConfig, flatten_mapping, load_config, lookup_field
 from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.preflight import check_config
 from async_grpo.pipeline_local import (
     DEFAULT_OUTPUT_DIR,
     find_repo_root,
@@ -137,6 +140,22 @@ def submitted_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any
         return load_config(path, list(_argument("extra_overrides", arguments, params) or []))
 
 
+def preflight_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any]) -> GRPOConfig:
+    """`submitted_config` with the pipeline's `dataset` / `eval_dataset` arguments in place (a `file://` URI as its
+    path), so preflight checks the data the run will read (`prepare_dataset` reads the same).
+
+    Raises:
+        ConfigError: the merged config is invalid.
+    """
+    config = submitted_config(params, arguments)
+    update = {}
+    for name in ("dataset", "eval_dataset"):
+        value = str(_argument(name, arguments, params) or "")
+        if value:
+            update[name] = value.removeprefix("file://")
+    return config.model_copy(update=update) if update else config
+
+
 def check_submission(params: dict[str, dict[str, Any]], arguments: dict[str, Any], policy: PlatformPolicy,
                      namespace: str | None = None) -> None:
     """Refuse a kubernetes run the platform policy does not allow, before it is submitted: the run config and
@@ -216,6 +235,7 @@ def _checked_arguments(args: argparse.Namespace, package: Path) -> dict[str, Any
     policy, source = load_policy(args.policy)
     check_submission(params, arguments, policy, args.namespace)
     print(f"the run passes the platform policy ({source})")
+    check_config(preflight_config(params, arguments), target="cluster")  # raises PreflightError (exit 2)
     return arguments
 
 
@@ -251,7 +271,10 @@ def _cmd_run_local(args: argparse.Namespace) -> int:
     invocation = new_invocation_dir(args.output_dir)  # its own IR file and kfp.local root: runs may overlap
     package = module.compile_pipeline(invocation / "grpo_pipeline_cpu.yaml", gpu=False)
     try:
-        arguments = pipeline_arguments(pipeline_parameters(package), args.config, args.items)
+        params = pipeline_parameters(package)
+        arguments = pipeline_arguments(params, args.config, args.items)
+        # the local checks, before any step runs (the pipeline sets output_dir under --output-dir)
+        check_config(preflight_config(params, arguments), target="local", skip=["output_dir"])
         result = run_local_pipeline(arguments, args.output_dir, package_path=package, invocation_dir=invocation)
     except Exception:
         if [p.name for p in invocation.iterdir()] == [package.name]:  # refused before anything ran: leave no trace
@@ -298,8 +321,9 @@ def _guard(func):
         try:
             return func(args)
         except (ConfigError, ValueError, FileNotFoundError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+            from async_grpo.cli import print_user_error
+
+            return print_user_error(err)
         except (RuntimeError, LookupError) as err:  # a pipeline task failed; its log is above
             print(f"error: {err}", file=sys.stderr)
             return 1

@@ -23,6 +23,8 @@ BUILTIN_PREFIX = "builtin:"
 FILE_LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 # Keyword arguments the reward call itself fills; a dataset column with one of these names would clash.
 RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+# Roles a prompt's messages may have (the chat-template roles TRL's conversational format uses).
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 _SPLIT_NAMES = {"train": ("train",), "eval": ("eval", "validation", "test")}
 
 Split = Literal["train", "eval"]
@@ -142,7 +144,10 @@ def _load_path(spec: str, split: Split, split_name: str | None = None) -> datase
     try:
         return datasets.load_dataset(loader, data_files=str(path), split="train")
     except Exception as err:  # the json/parquet readers raise many types; name the file either way
-        raise ValueError(f"dataset {spec!r}: could not read it as {loader}: {err}. Fix: check the file's format.") from err
+        cause = err.__cause__ or err.__context__  # datasets wraps the reader's own message (line, column)
+        detail = f"{err} ({str(cause).strip()})" if cause is not None and str(cause).strip() else str(err)
+        raise ValueError(f"dataset {spec!r}: could not read it as {loader}: {detail}. Fix: check the file's "
+                         "format.") from err
 
 
 def _pick_split(loaded: Any, spec: str, split: Split, split_name: str | None = None) -> datasets.Dataset:
@@ -168,7 +173,7 @@ def validate_prompt_dataset(ds: datasets.Dataset, spec: str = "<dataset>") -> No
     """Check that `ds` has a usable `prompt` column and no reserved column names.
 
     Every prompt must be a non-empty string (standard) or a non-empty list of message dicts, each with
-    string `role` and `content` (conversational, as TRL).
+    string `role` (one of MESSAGE_ROLES) and `content` (conversational, as TRL).
 
     Raises:
         ValueError: the first problem found, naming the dataset, the row and the fix.
@@ -192,7 +197,7 @@ def validate_prompt_dataset(ds: datasets.Dataset, spec: str = "<dataset>") -> No
         if problem:
             raise ValueError(
                 f"dataset {spec!r}: row {i} field 'prompt' {problem}. Fix: make each prompt a string, or a list "
-                f"of {{'role': ..., 'content': ...}} messages with string role and content."
+                f"of {{'role': ..., 'content': ...}} messages with string content and a role in {list(MESSAGE_ROLES)}."
             )
 
 
@@ -211,6 +216,8 @@ def _prompt_problem(prompt: Any) -> str | None:
             if not isinstance(msg.get(key), str):
                 got = "missing" if msg.get(key) is None else f"a {type(msg.get(key)).__name__}"
                 return f"message {j} key {key!r} is {got} (must be a string)"
+        if msg["role"] not in MESSAGE_ROLES:
+            return f"message {j} has role {msg['role']!r}, not one of {list(MESSAGE_ROLES)}"
     return None
 
 

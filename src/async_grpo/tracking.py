@@ -130,14 +130,14 @@ class Tracker:
 
     # ------------------------------------------------------------------ what the run logs
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log numeric metrics at `step` (non-finite values are skipped); returns at once."""
+        """Log numeric metrics at `step` (None and non-finite values are skipped); returns at once."""
         from mlflow.entities import Metric
 
         if not self.enabled:
             return
         now = int(time.time() * 1000)
         clean = [Metric(k, float(v), now, step) for k, v in metrics.items()
-                 if v == v and abs(float(v)) != float("inf")]
+                 if v is not None and v == v and abs(float(v)) != float("inf")]
         if clean:
             self._submit(self._client.log_batch, self.run_id, clean)
 

@@ -444,3 +444,78 @@ def test_a_step_batch_dropped_as_stale_does_not_shrink_the_async_window(pool, st
     # groups for the steps at versions v .. v + max_staleness are ready: 3 batches ahead, whatever was skipped
     assert orch.queue.depth == 3
     stop_and_check(orch, client)
+
+
+class DyingClient(ScriptedClient):
+    """vLLM dies after `answers` requests (connection refused) until `revive()` is called: a restart."""
+
+    def __init__(self, version: PolicyVersion, answers: int) -> None:
+        super().__init__(version, bump=False)
+        self.answers, self.down = answers, False
+
+    def revive(self) -> None:
+        self.down = False
+
+    async def generate(self, prompt_ids, **kwargs):
+        if len(self.calls) >= self.answers and not self.down and not getattr(self, "revived", False):
+            self.down, self.revived = True, True
+        if self.down:
+            self.calls.append({"prompt_ids": list(prompt_ids), "refused": True})
+            await asyncio.sleep(0.01)
+            raise httpx.ConnectError("connection refused")
+        return await super().generate(prompt_ids, **kwargs)
+
+
+def test_groups_whose_server_died_are_parked_and_generated_again_after_recovery(pool, started):
+    """A lost server closes the health gate: nothing new is launched, the failed groups wait, and once the runner
+    restores the server they are generated again: no drop, every group reaches the queue."""
+    from async_grpo.inference.health import InferenceHealth, InferenceLost
+
+    version = PolicyVersion(0)
+    client = DyingClient(version, answers=2)
+    health = InferenceHealth()
+    orch = make_orchestrator(client, pool, ["ok"] * 8, version=version, groups_per_step=2, max_inflight=2,
+                             queue_size=8)
+    orch.health, orch.recovery_timeout_s = health, WAIT_S
+    started.append(orch)
+    orch.start()
+    wait_until(lambda: health.lost, "the server to be marked lost")
+    with pytest.raises(InferenceLost, match="connection refused"):
+        health.check()
+    time.sleep(0.5)
+    refused = sum(1 for c in client.calls if c.get("refused"))
+    assert refused <= 2  # only the groups in flight failed; nothing new was launched while lost
+    client.revive()
+    health.restored()  # what runner.recovery does after restarting vLLM and pushing the weights
+    batches = [orch.queue.get(current_version=version.value, timeout_s=WAIT_S) for _ in range(3)]
+    stop_and_check(orch, client)
+    assert sum(len(b.groups) for b in batches) == 6
+    assert health.parked_groups == refused and health.restarts == 1
+    drops = orch.drops.snapshot()
+    assert not {k: v for k, v in drops.items() if k != "shutdown"}, drops  # nothing dropped for the outage
+
+
+def test_a_scorer_that_fails_every_group_for_reward_failure_timeout_s_stops_the_orchestrator(pool, started):
+    """Single failures are dropped and counted; when every group fails for reward_failure_timeout_s (a dead reward
+    service), the orchestrator stops with a RewardServiceError that the trainer's next wait raises."""
+    from async_grpo.orchestrator.failures import RewardFailureWatch, RewardServiceError
+    from async_grpo.orchestrator.producer import ProducerConfig, VLLMProducer
+
+    watch = RewardFailureWatch(timeout_s=10.0)
+    assert watch.failed(RuntimeError("a")) is None
+    watch.scored()  # a success ends the streak
+    assert watch.failed(RuntimeError("b")) is None and watch.in_row == 1
+    version = PolicyVersion()
+    client = ScriptedClient(version, bump=False)
+    orch = make_orchestrator(client, pool, ["raise"], version=version)  # length_reward raises on "raise"
+    orch.reward_watch = RewardFailureWatch(timeout_s=0.5)
+    started.append(orch)
+    t0 = time.monotonic()
+    orch.start()
+    wait_until(lambda: orch.error is not None, "the orchestrator to give up on the scorer")
+    assert isinstance(orch.error, RewardServiceError) and time.monotonic() - t0 < WAIT_S
+    assert "reward_failure_timeout_s=0.5" in str(orch.error) and "Fix" in str(orch.error)
+    assert orch.drops.snapshot()["reward_error"] >= 2
+    producer = VLLMProducer(orch, orch.queue, version, ProducerConfig())
+    with pytest.raises(RewardServiceError, match="every group failed to score"):
+        producer.produce(None, 0, timeout_s=5)

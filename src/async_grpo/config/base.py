@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    """Base of every section: unknown keys are rejected and assignments are validated."""
+    """Base of every section: unknown keys are rejected, assignments are validated, and float fields refuse
+    inf and NaN (`learning_rate: .inf` fails with the field's name)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

@@ -89,13 +89,35 @@ def format_validation_error(err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def _read_yaml(path: Path) -> Any:
+    """The YAML document in `path` (None when it holds nothing but comments or whitespace).
+
+    Raises:
+        ConfigError: the file cannot be read or is not valid YAML (the message gives the line and column).
+    """
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {str(path)!r} cannot be read ({err}). Fix: check its permissions and "
+                          "that it is a UTF-8 text file.") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {problem}. Fix: correct the "
+                          "syntax there (indentation, a missing ':' or an unclosed quote or bracket).") from None
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> GRPOConfig:
     """Load a YAML config (flat TRL keys, nested sections, or both) and apply `key=value` overrides
     (`learning_rate=1e-5` or `optim.learning_rate=1e-5`; values parsed as YAML). An override wins over
     the file however either spells the field.
 
     Raises:
-        ConfigError: the file is missing or not a mapping, an override is malformed or unknown, or a
+        ConfigError: the file is missing, unreadable, empty, not valid YAML or not a mapping, an override is
+            malformed or unknown, or a
             value is invalid; the message names the field and the fix.
     """
     data: dict[str, Any] = {}
@@ -103,9 +125,13 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist. Fix: pass a YAML file such as examples/tiny_cpu.yaml.")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        loaded = _read_yaml(p)
+        if loaded is None:
+            raise ConfigError(f"config file {str(p)!r} is empty. Fix: give at least the fields you change, e.g. "
+                              "`dataset: builtin:reverse` (examples/tiny_cpu.yaml is a complete one).")
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a YAML mapping of field: value.")
+            raise ConfigError(f"config file {str(p)!r} must hold a YAML mapping of field: value (it holds a "
+                              f"{type(loaded).__name__}). Fix: write one `field: value` per line.")
         data.update(loaded)
     for item in overrides or []:
         for ref, value in _parse_override(item):

@@ -44,7 +44,7 @@ class GRPOConfig(RunFields):
     read it nested (`config.optim.learning_rate`). Unknown keys are rejected (typos fail early).
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     data: DataConfig = _section(DataConfig)
     sampling: SamplingConfig = _section(SamplingConfig)

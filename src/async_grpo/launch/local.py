@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from async_grpo.config import GRPOConfig
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+from async_grpo.preflight import check_config
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
 from async_grpo.runner.checkpoints import StopGuard, checkpoint_on_stop
@@ -51,19 +53,23 @@ def _install_signal_handlers() -> None:
         pass
 
 
-def run_local(config: GRPOConfig, progress: bool = True) -> RunSummary | None:
-    """Run one async GRPO job on this machine (see the module docstring).
+def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterable[str] = ()) -> RunSummary | None:
+    """Run one async GRPO job on this machine (see the module docstring), after `preflight` (every check of the
+    config, dataset, reward functions, folders and services that needs nothing started; `skip_checks` names checks
+    not to run).
 
     Returns:
         The run's summary on rank 0; None on trainer ranks > 0 (rank 0 reports the run).
 
     Raises:
+        PreflightError (a ValueError): the inputs failed preflight; nothing was started.
         ValueError: bad dataset / model / reward spec / launch environment, before anything is started.
         VLLMStartupError: vLLM did not come up.
         TimeoutError: the trainer waited longer than rollout_timeout_s for rollouts.
         RuntimeError: the orchestrator failed (its error is chained).
         KeyboardInterrupt: SIGINT or SIGTERM (every child process has been stopped).
     """
+    check_config(config, target="local", skip=skip_checks)
     world_size = check_env()
     if world_size > 1 and config.producer.streaming_min_groups is not None:
         raise ValueError(f"streaming_min_groups needs a single trainer rank (WORLD_SIZE={world_size}). "
@@ -104,7 +110,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
                             url, config.inference.vllm_startup_timeout_s)
         server.launch()
         return InferenceEndpoint(url, served_model=str(model_path), launched=True,
-                                 wait_ready=server.wait_until_healthy)
+                                 wait_ready=server.wait_until_healthy, restart=server.restart_if_down)
 
     status = "FAILED"
     _GUARD = recipe.guard if config.checkpoint.checkpoint_on_signal else None

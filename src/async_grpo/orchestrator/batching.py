@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 
 import torch
 
@@ -107,3 +109,25 @@ def tool_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
     for key in sorted({k for st in stats for k in st if k.startswith("tools/failures/")}):
         out[key] = sum(values(key)) / total if total else 0.0
     return out
+
+
+class GenerationMeter:
+    """Thread-safe count of generated tokens, read as tokens/s between two reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens = 0
+        self._last = (time.monotonic(), 0)
+
+    def add(self, tokens: int) -> None:
+        """Count `tokens` generated tokens."""
+        with self._lock:
+            self._tokens += tokens
+
+    def rate(self) -> float:
+        """Tokens per second since the previous call."""
+        with self._lock:
+            now, total = time.monotonic(), self._tokens
+            t0, n0 = self._last
+            self._last = (now, total)
+        return (total - n0) / max(now - t0, 1e-9)

@@ -16,15 +16,17 @@ import asyncio
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
 
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient, GenerationError
+from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
-from async_grpo.orchestrator.batching import make_train_batch, rollout_metrics
+from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, rollout_metrics
+from async_grpo.orchestrator.failures import (  # noqa: F401 - the errors are re-exported
+    DynamicSamplingError, RewardFailureWatch, RewardServiceError)
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
 from async_grpo.rewards.pool import RewardError
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
@@ -35,28 +37,6 @@ logger = logging.getLogger(__name__)
 STOP_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 30.0
 GENERATION_ERROR_BACKOFF_S = 1.0
-
-
-class GenerationMeter:
-    """Thread-safe count of generated tokens, read as tokens/s between two reads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tokens = 0
-        self._last = (time.monotonic(), 0)
-
-    def add(self, tokens: int) -> None:
-        """Count `tokens` generated tokens."""
-        with self._lock:
-            self._tokens += tokens
-
-    def rate(self) -> float:
-        """Tokens per second since the previous call."""
-        with self._lock:
-            now, total = time.monotonic(), self._tokens
-            t0, n0 = self._last
-            self._last = (now, total)
-        return (total - n0) / max(now - t0, 1e-9)
 
 
 class Orchestrator:
@@ -100,6 +80,13 @@ class Orchestrator:
             = policy version x vllm_sync_interval) queued prompts are launched before fresh ones; metrics
             `rerolled_groups` (cumulative, re-rolled groups that reached a batch), `reroll/pending` and
             `reroll/overflowed` (candidates refused by a full FIFO).
+        health: the inference gate (`inference.health`): while the server is lost nothing new is launched, and a
+            group whose request failed at the transport level (the server went away) waits for the recovery and is
+            generated again instead of being dropped; None drops it as `generation_error`.
+        recovery_timeout_s: the longest a parked group waits for the server (then it is dropped as
+            `inference_unavailable`; seconds).
+        reward_failure_timeout_s: when every group has failed to score for this long (at least two in a row), the
+            orchestrator stops with a `RewardServiceError` naming the scorer (seconds).
     """
 
     def __init__(
@@ -128,6 +115,9 @@ class Orchestrator:
         steps_per_generation: int = 1,
         rollout_reuse: int = 1,
         sync_warmup_rollouts: int = 0,
+        health: InferenceHealth | None = None,
+        recovery_timeout_s: float = 600.0,
+        reward_failure_timeout_s: float = 120.0,
     ):
         self.client_factory = client_factory
         self.prompts = prompts
@@ -155,6 +145,11 @@ class Orchestrator:
         self.steps_per_generation = steps_per_generation
         self.rollout_reuse = rollout_reuse
         self.sync_warmup_rollouts = sync_warmup_rollouts
+        self.health = health
+        self.recovery_timeout_s = recovery_timeout_s
+        self.reward_failure_timeout_s = reward_failure_timeout_s
+        self.reward_watch = RewardFailureWatch(reward_failure_timeout_s)
+        self.launched_total = 0  # every launch, never taken back: the prompt ledger's "sampled" count
         self.meter = GenerationMeter()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -201,11 +196,12 @@ class Orchestrator:
         try:
             while not self.stop_event.is_set():
                 if (self.version.value < self.required_version(self._paced_launches()) or self.queue.full()
-                        or not await _acquire(slots)):
+                        or (self.health is not None and self.health.lost) or not await _acquire(slots)):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
                 item, rerolled = self._next_prompt()
                 self._launched += 1
+                self.launched_total += 1
                 task = asyncio.create_task(self._one_group(client, item, slots, rerolled))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
@@ -254,7 +250,8 @@ class Orchestrator:
         escapes the task (a `DynamicSamplingError` stops the orchestrator through `error`)."""
         batched = False
         try:
-            group = await self.rollout(client, item, self.sampling, version=lambda: self.version.value)
+            group = await self._generate_surviving_restarts(client, item)
+            self.reward_watch.scored()
             group.rerolled = rerolled
             self.meter.add(sum(sum(mask) for mask in group.loss_mask))  # generated tokens: tool output excluded
             if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
@@ -270,6 +267,7 @@ class Orchestrator:
         except RewardError as err:
             self.drops.add(err.reason)
             logger.warning("reward failed, group dropped: %s", err)
+            self._count_reward_failure(err)
         except (httpx.HTTPError, GenerationError) as err:
             if not self.stop_event.is_set():
                 self.drops.add("generation_error")
@@ -282,6 +280,36 @@ class Orchestrator:
             if not batched:
                 self._launched -= 1
             slots.release()
+
+    async def _generate_surviving_restarts(self, client: GenerationClient, item: PromptItem) -> RolloutGroup:
+        """`self.rollout` on `item`; when its request fails because the server is gone (connection refused or
+        reset), mark the server lost, wait for the recovery and generate the group again (counted in
+        `health.parked_groups`).
+
+        Raises:
+            RolloutDropped: reason `inference_unavailable`, the server was not back within recovery_timeout_s.
+            whatever the rollout raises otherwise.
+        """
+        while True:
+            try:
+                return await self.rollout(client, item, self.sampling, version=lambda: self.version.value)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
+                if self.health is None or self.stop_event.is_set():
+                    raise
+                self.health.mark_lost(f"a generation request failed: {err!r}")
+                self.health.parked_groups += 1
+                if not await self.health.wait_available(self.recovery_timeout_s, self.stop_event):
+                    if self.stop_event.is_set():
+                        raise asyncio.CancelledError from err
+                    raise RolloutDropped("inference_unavailable") from err
+
+    def _count_reward_failure(self, err: RewardError) -> None:
+        """Stop the orchestrator (`error` = `RewardServiceError`) once scoring failed for every group for
+        `reward_failure_timeout_s` seconds."""
+        failure = self.reward_watch.failed(err)
+        if failure is not None and self.error is None:
+            self.error = failure
+            self.stop_event.set()
 
     async def _add_to_batch(self, group: RolloutGroup) -> bool:
         """Add a scored group to the step being built and emit whatever became complete; returns False if
@@ -342,10 +370,6 @@ class Orchestrator:
         self._generated_for_batch = len(self._pending)
         self._step_groups = []
         return chunk
-
-
-class DynamicSamplingError(RuntimeError):
-    """Dynamic sampling could not fill a batch within `max_gen_batches` generation batches."""
 
 
 async def _acquire(sem: asyncio.Semaphore) -> bool:

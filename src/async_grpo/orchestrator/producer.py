@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from async_grpo.errors import RunFailedError
 from async_grpo.transports.messages import TrainBatch
 from async_grpo.transports.queue import RolloutQueue
 
@@ -183,16 +184,23 @@ class VLLMProducer(BaseDataProducer):
         streaming: True when the orchestrator emits chunks (`streaming_min_groups`).
     """
 
-    def __init__(self, orchestrator, queue: RolloutQueue, version, config: ProducerConfig, streaming: bool = False):
+    def __init__(self, orchestrator, queue: RolloutQueue, version, config: ProducerConfig, streaming: bool = False,
+                 health=None):
         super().__init__(config)
         self.orchestrator = orchestrator
         self.queue = queue
         self.version = version
         self.streaming = streaming
+        self.health = health  # inference.health.InferenceHealth or None
+        self._partial: list[StepInput] = []
 
     def _check(self) -> None:
+        if isinstance(self.orchestrator.error, RunFailedError):  # its message says what failed and the fix
+            raise self.orchestrator.error
         if self.orchestrator.error is not None:
-            raise RuntimeError("orchestrator failed") from self.orchestrator.error
+            raise RuntimeError(f"orchestrator failed: {self.orchestrator.error!r}") from self.orchestrator.error
+        if self.health is not None:
+            self.health.check()  # InferenceLost: the runner recovers the server, then asks again
 
     def produce(self, model: Any, global_step: int, **kwargs: Any) -> list[StepInput]:
         """The next `steps_per_generation` step batches off the queue (see `DataProducer.produce`).
@@ -200,14 +208,19 @@ class VLLMProducer(BaseDataProducer):
         Raises:
             TimeoutError: no batch within `timeout_s` (default 300 s).
             RuntimeError: the orchestrator died (its error is chained).
+            InferenceLost: the inference server was lost while waiting (the runner recovers it and asks again).
         """
         timeout_s = float(kwargs.get("timeout_s", 300.0))
-        out: list[StepInput] = []
-        for _ in range(self.config.steps_per_generation):
+        out, self._partial = self._partial, []  # batches taken before an interrupted call are not lost
+        while len(out) < self.config.steps_per_generation:
             if self.streaming:
                 out.append(StepStream(self.queue, lambda: self.version.value, timeout_s, self._check))
-            else:
+                continue
+            try:
                 out.append(_get(self.queue, self.version.value, timeout_s, self._check))
+            except BaseException:
+                self._partial = out
+                raise
         return out
 
 

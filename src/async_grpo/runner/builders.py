@@ -275,10 +275,10 @@ def sampling_settings(config: GRPOConfig, *, evaluation: bool = False) -> Sampli
 
 def build_producer(config: GRPOConfig, *, tokenizer: Any, train_items: list[PromptItem], rollout: Rollout,
                    client_factory: Callable[[], Any], reward_names: list[str], reward_weights: list[float],
-                   version: PolicyVersion, drops: DropCounter, world_size: int,
+                   version: PolicyVersion, drops: DropCounter, world_size: int, health: Any = None,
                    ) -> tuple[DataProducer, Orchestrator | None, RolloutQueue | None]:
     """The run's rollout producer: a user `data_producer`, or the builtin `VLLMProducer` over a (not yet
-    started) `Orchestrator` filling a bounded `RolloutQueue`.
+    started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate.
 
     Returns:
         (producer, orchestrator or None, queue or None).
@@ -304,10 +304,12 @@ def build_producer(config: GRPOConfig, *, tokenizer: Any, train_items: list[Prom
         steps_per_generation=prod.steps_per_generation, rollout_reuse=config.rollout_reuse,
         sync_warmup_rollouts=prod.sync_warmup_rollouts, max_staleness=config.off_policy.max_staleness,
         vllm_sync_interval=config.weight_sync.vllm_sync_interval, max_inflight_groups=prod.max_inflight_groups,
-        queue=queue, version=version, drops=drops, **setup_batch_shaping(config),
+        queue=queue, version=version, drops=drops, health=health,
+        recovery_timeout_s=config.inference.vllm_recovery_timeout_s,
+        reward_failure_timeout_s=config.rewards.reward_failure_timeout_s, **setup_batch_shaping(config),
     )  # fmt: skip
     producer = VLLMProducer(orchestrator, queue, version, ProducerConfig.from_config(config),
-                            streaming=prod.streaming_min_groups is not None)
+                            streaming=prod.streaming_min_groups is not None, health=health)
     return producer, orchestrator, queue
 
 

@@ -23,10 +23,11 @@ from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import load_prompt_items
 from async_grpo.evaluation import evaluate_reward
 from async_grpo.inference.client import AsyncVLLMClient, InferenceEndpoint
+from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders
-from async_grpo.runner import checkpoints, report
+from async_grpo.runner import checkpoints, recovery, report
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -63,12 +64,14 @@ class GRPORecipe:
         self.idle_s = 0.0
         self.train_s = 0.0
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
+        self.trained_groups = 0  # groups of the step batches trained on (the prompt ledger, `report.prompts_lost`)
         self.eval_before: dict[str, float] = {}
         self.eval_after: dict[str, float] = {}
         self.t_start = time.perf_counter()
         self.scorer = self.tracker = self.learner = self.pusher = self.producer = None
         self.orchestrator = self.queue = None
         self.endpoint: InferenceEndpoint | None = None
+        self.health = InferenceHealth()  # lost / available: the orchestrator parks groups, `recovery` restores it
         self.guard = checkpoints.StopGuard(config.checkpoint.checkpoint_signal_grace_s / 2)
         self.resume_from: Path | None = None  # the checkpoint this run resumes from (`resume_from_checkpoint`)
 
@@ -113,10 +116,7 @@ class GRPORecipe:
         self.tracker = Tracker(config, run_id=checkpoints.resumed_run_id(self.resume_from))  # same run on resume
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
         self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
-        self.pusher = WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
-                                   backend=config.weight_sync.weight_sync_backend,
-                                   timeout_s=config.weight_sync.weight_sync_timeout_s,
-                                   master_address=builders.rendezvous_address(self.endpoint.url))
+        self.pusher = self.make_pusher()
         self.pusher.setup()
         if sft_loss is not None:
             self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
@@ -127,7 +127,7 @@ class GRPORecipe:
         self.producer, self.orchestrator, self.queue = builders.build_producer(
             config, tokenizer=self.tokenizer, train_items=self.train_items, rollout=self.rollout,
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
-            version=self.version, drops=self.drops, world_size=self.info.world_size,
+            version=self.version, drops=self.drops, world_size=self.info.world_size, health=self.health,
         )  # fmt: skip
         checkpoints.prepare(self)  # track the trained prompt position; resume_from_checkpoint: restore and push
 
@@ -142,6 +142,14 @@ class GRPORecipe:
     def decode(self, ids: list[int]) -> str:
         """Token ids -> text, special tokens skipped (what reward functions and tables see)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def make_pusher(self) -> WeightPusher:
+        """A weight pusher from the learner to the run's server (not yet set up)."""
+        config = self.config
+        return WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
+                            backend=config.weight_sync.weight_sync_backend,
+                            timeout_s=config.weight_sync.weight_sync_timeout_s,
+                            master_address=builders.rendezvous_address(self.endpoint.url))
 
     def make_client(self) -> AsyncVLLMClient:
         """A generation client for the run's server (build it inside the event loop that uses it)."""
@@ -191,8 +199,8 @@ class GRPORecipe:
                 t_wait = time.perf_counter()
                 depth = self.queue.depth if self.queue is not None else 0
                 self.producer.on_rollout_begin(self.step)
-                rollout = self.producer.produce(self.learner.model, self.step,
-                                                timeout_s=config.producer.rollout_timeout_s)
+                rollout = recovery.surviving_inference_loss(self, lambda: self.producer.produce(
+                    self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s))
                 self.producer.on_rollout_end(rollout, self.step)
                 self.rollouts += 1
                 waited = time.perf_counter() - t_wait
@@ -203,6 +211,7 @@ class GRPORecipe:
             self.train_s = time.perf_counter() - t_train
             if self.orchestrator is not None:
                 self.orchestrator.stop()
+                self.queue.drain()  # prefetched batches never trained: counted as `unconsumed_at_end`
 
     def _train_on_rollout(self, rollout: list, depth: int, waited: float, bar) -> None:
         """Every optimizer step one rollout feeds: mini_epochs x step batches x num_iterations (pi_old cached once
@@ -210,15 +219,21 @@ class GRPORecipe:
         pconf = self.producer.config
         reuse = pconf.mini_epochs * pconf.num_iterations
         cache = [self.learner.old_logps(item) for item in rollout] if reuse * len(rollout) > 1 else None
+        trained: set[int] = set()
         for _epoch in range(pconf.mini_epochs):
             for index, item in enumerate(rollout):
                 for _ in range(pconf.num_iterations):
                     if self.step >= self.config.optim.max_steps:
                         break
                     waited = self._one_step(item, cache[index] if cache else None, depth, waited)
+                    trained.add(index)
                     bar.update(1)
-        for item in rollout:
+        for index, item in enumerate(rollout):
             self.learner.forget(item)
+            if index in trained:
+                self.trained_groups += len(item.groups)
+            elif item.groups:  # max_steps reached inside the rollout
+                self.drops.add("unconsumed_at_end", len(item.groups))
 
     def _one_step(self, item: Any, old_logps: list | None, depth: int, waited: float) -> float:
         """One optimizer step on `item` (a step batch or a stream of its chunks), its weight push and its
@@ -227,7 +242,7 @@ class GRPORecipe:
         t0 = time.perf_counter()
         metrics = dict(item.metrics)
         self.guard.begin()  # a stop signal waits for the step's end (checkpoint_on_signal)
-        metrics.update(self.learner.step(item, old_logps=old_logps))
+        metrics.update(recovery.surviving_inference_loss(self, lambda: self.learner.step(item, old_logps=old_logps)))
         if isinstance(item, StepStream):  # streamed: chunk count and waits are known once the step consumed it
             metrics.update(item.metrics)
             waited += item.wait_s
@@ -236,7 +251,7 @@ class GRPORecipe:
         # replayed groups are old on purpose and exempt from max_staleness: they are counted by replayed_groups
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
-            metrics["weight_sync/seconds"] = self.push_weights()
+            metrics["weight_sync/seconds"] = recovery.push_surviving_inference_loss(self)
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
@@ -298,12 +313,14 @@ class GRPORecipe:
             generation_tokens_per_s=sum(self.tokens_per_s) / max(len(self.tokens_per_s), 1),
             weight_sync_s_mean=sum(self.sync_times) / max(len(self.sync_times), 1), weight_syncs=len(self.sync_times),
             trainer_idle_fraction=self.idle_s / max(self.train_s, 1e-9), dropped_groups=self.drops.snapshot(),
-            model_dir=str(model_dir) if model_dir else None,
+            model_dir=str(model_dir) if model_dir else None, prompts_lost=None if self.orchestrator is None else
+            report.prompts_lost(self.orchestrator.launched_total, self.trained_groups, self.drops.snapshot()),
         )  # fmt: skip
         self.tracker.log_metrics({"summary/steps_per_s": s.steps_per_s,
                                   "summary/trainer_idle_fraction": s.trainer_idle_fraction,
-                                  "summary/weight_sync_s_mean": s.weight_sync_s_mean, "summary/wall_s": s.wall_s},
-                                 step=self.step)
+                                  "summary/weight_sync_s_mean": s.weight_sync_s_mean, "summary/wall_s": s.wall_s,
+                                  "summary/prompts_lost": s.prompts_lost, "summary/inference_restarts":
+                                  self.health.restarts}, step=self.step)
         return s
 
     # ------------------------------------------------------------------ state and checkpoints

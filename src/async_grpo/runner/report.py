@@ -27,6 +27,8 @@ class RunSummary:
         trainer_idle_fraction: share of train_s the trainer waited for rollouts.
         dropped_groups: dropped groups by reason.
         model_dir: the saved final model folder, or None.
+        prompts_lost: launched groups that were neither trained nor dropped with a reason (the prompt ledger,
+            `prompts_lost`; 0 unless something is broken), None with a user data producer.
     """
 
     run_id: str
@@ -44,6 +46,18 @@ class RunSummary:
     trainer_idle_fraction: float
     dropped_groups: dict[str, int] = field(default_factory=dict)
     model_dir: str | None = None
+    prompts_lost: int | None = None
+
+
+NOT_LAUNCHED_DROPS = ("prompt_too_long",)  # counted when the dataset is loaded, not per launched group
+
+
+def prompts_lost(launched: int, trained: int, drops: dict[str, int]) -> int:
+    """The prompt ledger: of `launched` groups (every launch of the orchestrator, re-rolls included), those neither
+    in a trained step batch (`trained`: every group of every batch an optimizer step consumed; a replayed copy
+    stands for the zero-std group it replaced) nor dropped under a reason (`drops`) nor still queued (drained and
+    counted as `unconsumed_at_end` once the orchestrator stopped). 0 unless a group vanished unaccounted."""
+    return launched - trained - sum(v for k, v in drops.items() if k not in NOT_LAUNCHED_DROPS)
 
 
 def pipeline_metrics(staleness: list[int], *, version: int, depth: int, waited_s: float, step_s: float,

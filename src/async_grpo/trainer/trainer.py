@@ -70,8 +70,8 @@ class GRPOLearner:
         self.pad_token_id = pad_token_id
         self.logprob_chunk_size = logprob_chunk_size
         self.skip_zero_advantage_batches = skip_zero_advantage_batches
-        self.skipped_zero_adv_microbatches = 0  # cumulative count, logged as a metric
-        self.skipped_nonfinite_steps = 0  # cumulative optimizer steps skipped for a NaN/inf gradient norm
+        # cumulative counts, logged as metrics: skipped micro-batches; optimizer steps skipped for a NaN/inf gradient
+        self.skipped_zero_adv_microbatches = self.skipped_nonfinite_steps = 0
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.device = next(model.parameters()).device
         self.ref_model = None
@@ -208,21 +208,19 @@ class GRPOLearner:
             self._all_reduce_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         learning_rate = self.optimizer.param_groups[0]["lr"]  # the rate this step applied
-        if torch.isfinite(grad_norm):  # the norm is global (all ranks' gradients): every rank agrees
+        if torch.isfinite(grad_norm):  # global (all ranks' gradients): every rank agrees
             self.optimizer.step()
-        else:  # a NaN/inf gradient would poison the weights (and vLLM's after the next push): skip, counted
-            self.optimizer.zero_grad(set_to_none=True)
+        else:  # a NaN/inf gradient would poison the weights (and vLLM's at the next push): skipped, counted
             self.skipped_nonfinite_steps += 1
-            logger.warning("optimizer step skipped: the gradient norm is %s (loss %s); %d such step(s) so far",
-                           float(grad_norm), step_loss, self.skipped_nonfinite_steps)
+            logger.warning("step skipped: gradient norm %s (loss %s)", float(grad_norm), step_loss)
         if self.scheduler is not None:
             self.scheduler.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
         if streamed:  # the per-micro-batch metrics were computed with unit normalizers too
             metrics = self.objective.normalize_streamed_metrics(metrics, seen_items)
         metrics["loss"] = step_loss
-        metrics["skipped_zero_adv_microbatches"] = float(self.skipped_zero_adv_microbatches)
-        metrics["skipped_nonfinite_steps"] = float(self.skipped_nonfinite_steps)
+        metrics["skipped_zero_adv_microbatches"], metrics["skipped_nonfinite_steps"] = (
+            float(self.skipped_zero_adv_microbatches), float(self.skipped_nonfinite_steps))
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = learning_rate
         metrics["num_tokens"] = float(num_items)
@@ -393,11 +391,8 @@ def _accumulate(sums: dict[str, float], weights: dict[str, float], metrics: dict
     """Token-weighted running means (min/max keys keep the extreme instead)."""
     for k, v in metrics.items():
         v = float(v)
-        if k.endswith("/min"):
-            sums[k] = min(sums.get(k, v), v)
-            weights[k] = 1.0
-        elif k.endswith("/max"):
-            sums[k] = max(sums.get(k, v), v)
+        if k.endswith(("/min", "/max")):
+            sums[k] = (min if k.endswith("/min") else max)(sums.get(k, v), v)
             weights[k] = 1.0
         else:
             sums[k] = sums.get(k, 0.0) + v * w

@@ -114,6 +114,19 @@ class RolloutQueue:
         """True when a `put` would block."""
         return self._q.full()
 
+    def drain(self, reason: str = "unconsumed_at_end") -> int:
+        """Empty the queue (once its producer stopped), counting every group left in it as dropped with `reason`;
+        returns how many."""
+        n = 0
+        while True:
+            try:
+                n += len(self._q.get_nowait().groups)
+            except queue.Empty:
+                break
+        if n:
+            self.drops.add(reason, n)
+        return n
+
     def put(self, batch: TrainBatch, stop: threading.Event, timeout_s: float | None = None) -> bool:
         """Enqueue, waiting for room until `stop` is set or `timeout_s` passes.
 

@@ -1,0 +1,165 @@
+"""Preflight: every check that the config and the dataset alone allow, before vLLM, the reward pool or any
+Kubernetes object exists.
+
+`preflight(config, target=...)` runs the checks below and returns a `PreflightReport`; `report.raise_for_problems()`
+raises `PreflightError` (a `ConfigError`: exit code 2 on the command line) with one line per problem, each naming
+the field and the fix. `async-grpo validate` runs exactly this; `run_local` runs it first thing (target local),
+`async-grpo render` and `async-grpo pipeline submit|schedule` and the pipeline's train step for the kubernetes
+backend run it with target cluster.
+
+- warm_start (all targets): warmup_sft_steps > 0 on a dataset that is no builtin task.
+- vllm_extra_args (all): flags the launcher sets from validated fields (--max-model-len, --dtype, --port, --seed,
+  --served-model-name, the weight-transfer flags), or given twice (also through their own field).
+- lengths (all): max_prompt_length + max_completion_length > vllm_max_model_len.
+- reward_funcs (all; on a cluster only builtins and files found here): specs that do not resolve, duplicate names.
+- data_producer (all; on a cluster only files found here): a spec that does not resolve.
+- dataset (local; on a cluster builtin tasks): a missing or unreadable file, no `prompt` column, malformed messages
+  or unknown roles, reserved column names, no rows.
+- prompt_lengths (where the dataset was read and the tokenizer is at hand): conversational prompts without a chat
+  template, no prompt short enough for max_prompt_length.
+- reward_probe (where the dataset was read): a reward function whose signature cannot take TRL's call, or that
+  raises, hangs or returns something other than G numbers or None on one group from the first row.
+- model (local): a model_name_or_path that is no local HF folder, no hub id and not builtin:tiny.
+- output_dir (local): a folder this process cannot write.
+- weight_sync_device (local): weight_sync_backend=nccl without CUDA.
+- mlflow (local): an http(s) tracking server that does not answer within 5 s; an unwritable sqlite/file store.
+- reward_url (local): a reward service at reward_url that does not answer within 5 s (ASYNC_GRPO_REWARD_URL, which
+  the kubernetes launcher sets for a reward Deployment that may still be starting, is waited for at launch).
+
+Local-only checks look at this machine; on a cluster the trainer runs in its own pod, on GPU nodes, with the
+workspace volume mounted and in-cluster service names, so those would test the wrong machine. Hub ids (models,
+datasets) are not fetched here: they are resolved at launch. Non-finite floats and an empty YAML file are refused
+by the config itself (`async_grpo.config`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from async_grpo.config import GRPOConfig
+from async_grpo.preflight.report import PreflightError, PreflightReport, Problem
+
+Target = Literal["local", "cluster"]
+CHECKS = ("warm_start", "vllm_extra_args", "lengths", "reward_funcs", "data_producer", "dataset", "prompt_lengths",
+          "reward_probe", "model", "output_dir", "weight_sync_device", "mlflow", "reward_url")
+LOCAL_ONLY = ("model", "output_dir", "weight_sync_device", "mlflow", "reward_url")
+
+
+def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[str] = ()) -> PreflightReport:
+    """Run every preflight check for `target` (module docstring) except those named in `skip`.
+
+    Args:
+        config: the validated run config.
+        target: "local" (every role on this machine) or "cluster" (the kubernetes backend: the trainer runs
+            elsewhere, so the checks of this machine are skipped).
+        skip: names from CHECKS not to run (e.g. "weight_sync_device" to validate a GPU config on a laptop).
+
+    Returns:
+        The report; nothing is started or written (a temporary file is created and removed to test output_dir).
+
+    Raises:
+        ValueError: an unknown target or check name.
+    """
+    from async_grpo.preflight import inputs, services, static
+
+    if target not in ("local", "cluster"):
+        raise ValueError(f"target={target!r} must be 'local' or 'cluster'.")
+    skip = set(skip)
+    unknown = sorted(skip - set(CHECKS))
+    if unknown:
+        raise ValueError(f"unknown preflight checks {unknown}. Fix: use names from {list(CHECKS)}.")
+    local = target == "local"
+    report = PreflightReport(target)
+
+    def wanted(name: str) -> bool:
+        if name in skip:
+            report.skipped.append(f"{name}: skipped on request")
+            return False
+        if name in LOCAL_ONLY and not local:
+            report.skipped.append(f"{name}: checked where the trainer runs, not on this machine")
+            return False
+        report.checked.append(name)
+        return True
+
+    def add(problems: list[Problem]) -> None:
+        report.problems.extend(problems)
+
+    for name, check in (("warm_start", static.check_warm_start), ("vllm_extra_args", static.check_vllm_extra_args),
+                        ("lengths", static.check_lengths), ("output_dir", static.check_output_dir),
+                        ("weight_sync_device", static.check_weight_sync_device), ("mlflow", services.check_mlflow),
+                        ("reward_url", services.check_reward_url)):
+        if wanted(name):
+            add(check(config))
+    if wanted("model"):
+        problems, note = static.check_model(config)
+        add(problems)
+        report.skipped += [note] if note else []
+    if wanted("data_producer"):
+        problems, notes = inputs.check_data_producer(config, local)
+        add(problems)
+        report.skipped += notes
+    if local and "reward_url" in report.checked and config.rewards.reward_url is None and \
+            services.reward_service_url(config) is not None:
+        report.skipped.append("reward_url: ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher) is waited for "
+                              "at launch")
+    funcs: dict = {}
+    remote_rewards = local and services.reward_service_url(config) is not None
+    if remote_rewards:
+        report.skipped.append("reward_funcs, reward_probe: the reward service resolves and runs them")
+    elif wanted("reward_funcs"):
+        funcs, problems, notes = inputs.resolve_specs(config, local)
+        add(problems)
+        report.skipped += notes
+    dataset = None
+    if wanted("dataset"):
+        dataset = _check_datasets(config, local, report)
+    if dataset is not None and wanted("prompt_lengths") and not any(p.field.startswith("model") for p in
+                                                                    report.problems):
+        tokenizer = inputs.load_tokenizer(config)
+        if tokenizer is None:
+            report.skipped.append("prompt_lengths: the tokenizer is not available here")
+        else:
+            add(inputs.check_prompt_lengths(config, dataset, tokenizer))
+    if not remote_rewards and wanted("reward_probe"):
+        if dataset is None:
+            report.skipped.append("reward_probe: the dataset was not read here")
+        elif funcs and not any(p.field == "rewards.reward_funcs" for p in report.problems):
+            add(inputs.probe_rewards(config, funcs, dataset[0]))
+    return report
+
+
+def _check_datasets(config: GRPOConfig, local: bool, report: PreflightReport):
+    """Read the training and held-out datasets that can be read here; returns the training one (or None)."""
+    from async_grpo.preflight import inputs
+
+    data = config.data
+    dataset = None
+    for spec, field, split in ((data.dataset, "data.dataset", "train"), (data.eval_dataset, "data.eval_dataset",
+                                                                         "eval")):
+        if spec is None:
+            continue
+        if not inputs.is_checkable_dataset(spec, local):
+            report.skipped.append(f"{field}: {spec!r} is read at launch ("
+                                  + ("a hub id)" if not spec.startswith("/") and "/" in spec else "not here)"))
+            continue
+        loaded, problems = inputs.load_first_row(config, spec, field, split)
+        report.problems.extend(problems)
+        if split == "train":
+            dataset = loaded
+    return dataset
+
+
+def check_config(config: GRPOConfig, *, target: Target = "local", skip: Iterable[str] = ()) -> PreflightReport:
+    """`preflight`, raising its problems.
+
+    Raises:
+        PreflightError: at least one problem (the message has one `<field>: <message>. Fix: ...` line each).
+    """
+    report = preflight(config, target=target, skip=skip)
+    report.raise_for_problems()
+    return report
+
+
+__all__ = ["CHECKS", "LOCAL_ONLY", "PreflightError", "PreflightReport", "Problem", "Target", "check_config",
+           "preflight"]

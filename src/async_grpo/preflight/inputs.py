@@ -1,0 +1,225 @@
+"""Preflight checks of the run's own inputs: the prompt datasets, the tokenizer, the reward functions and a user
+data producer.
+
+The reward functions are resolved, their signatures bound to TRL's call, and each is called once on one group
+built from the dataset's first row with dummy completions, under a timeout, so a function that cannot score
+fails here with its name instead of in the pre-training evaluation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from async_grpo import hub
+from async_grpo.config import GRPOConfig
+from async_grpo.preflight.report import Problem
+
+PROBE_TIMEOUT_S = 10.0  # longest a probe call may take (reward_timeout_s when lower)
+PROBE_COMPLETIONS = ("preflight dummy completion", "")  # G = 2: a text and the empty completion TRL can produce
+MAX_TOKENIZED_PROMPTS = 1000
+_SIGNATURE_FIX = ("define it as def f(prompts, completions, completion_ids, **kwargs) -> list[float | None] "
+                  "(TRL's reward signature; dataset columns arrive as keyword arguments)")
+
+
+def load_first_row(config: GRPOConfig, spec: str, field: str, split: str) -> tuple[Any, list[Problem]]:
+    """Load and validate the dataset `spec` (`data.load_prompt_dataset`: file, folder or builtin task; roles and
+    message shapes of conversational prompts included). Returns (the dataset or None, problems)."""
+    from async_grpo.data import load_prompt_dataset
+
+    data = config.data
+    options = {"config_name": data.dataset_config, "system_prompt": data.system_prompt,
+               "split_name": data.dataset_train_split if split == "train" else None}
+    import datasets
+
+    bars, quiet = datasets.is_progress_bar_enabled(), logging.getLogger("datasets")
+    level = quiet.level
+    datasets.disable_progress_bars()  # preflight prints only its verdict (a reader's error is in the problem)
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        return load_prompt_dataset(spec, split=split, seed=config.seed, **options), []
+    except (FileNotFoundError, ValueError) as err:
+        return None, [Problem(field, str(err) if "Fix:" in str(err) else f"{err}. Fix: check the dataset.")]
+    finally:
+        quiet.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def is_checkable_dataset(spec: str, local: bool) -> bool:
+    """A dataset preflight can read here: a builtin task anywhere; a local file or folder on the local target
+    (on a cluster it lives on the workspace volume) or when it exists here; never a hub id (read at launch)."""
+    if spec.startswith("builtin:"):
+        return True
+    if hub.looks_like_repo_id(spec):
+        return False
+    return local or Path(spec).exists()
+
+
+def load_tokenizer(config: GRPOConfig) -> Any | None:
+    """The policy's tokenizer when it is cheap to get here (builtin:tiny, or a local model folder); else None."""
+    if config.model_name_or_path == "builtin:tiny":
+        from async_grpo.tiny_model import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    path = Path(config.model_name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+
+
+def check_prompt_lengths(config: GRPOConfig, dataset: Any, tokenizer: Any) -> list[Problem]:
+    """Tokenize the first prompts as the run will (chat template for conversational ones): a conversational
+    dataset needs a chat template, and at least one prompt must fit max_prompt_length."""
+    from async_grpo.data import encode_prompt
+
+    prompts = dataset.select(range(min(len(dataset), MAX_TOKENIZED_PROMPTS)))["prompt"]
+    try:
+        lengths = [len(encode_prompt(tokenizer, p, config.data.chat_template_kwargs)) for p in prompts]
+    except ValueError as err:
+        return [Problem("data.dataset", str(err).removeprefix("encode_prompt: "))]
+    except Exception as err:  # a chat template that fails on these messages (jinja raises its own errors)
+        return [Problem("data.dataset", f"the tokenizer's chat template fails on prompt {prompts[0]!r:.80}: "
+                        f"{type(err).__name__}: {err}", "check the messages' roles and order against the chat model")]
+    limit = config.data.max_prompt_length
+    if lengths and min(lengths) > limit:
+        return [Problem("data.max_prompt_length", f"every prompt checked is longer than max_prompt_length={limit} "
+                        f"tokens (shortest: {min(lengths)}), so the run would drop them all",
+                        f"raise max_prompt_length to at least {min(lengths)}, or shorten the prompts")]
+    return []
+
+
+def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable], list[Problem], list[str]]:
+    """Resolve every reward spec that can be resolved here (builtins always; files and modules on the local target,
+    or when the file exists here). Returns ({spec: function}, problems, skip notes)."""
+    from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func, reward_func_name
+
+    funcs, problems, skipped = {}, [], []
+    for spec in config.rewards.reward_funcs:
+        target = spec.rsplit(":", 1)[0] if isinstance(spec, str) else ""
+        if not (local or target == "builtin" or (target.endswith(".py") and Path(target).is_file())):
+            skipped.append(f"reward_funcs: {spec!r} is resolved in the trainer's image")
+            continue
+        try:
+            funcs[spec] = resolve_reward_func(spec)
+        except RewardSpecError as err:
+            problems.append(Problem("rewards.reward_funcs", str(err), None if "Fix:" in str(err) else
+                                    "give builtin:<name>, pkg.module:function or path/to/file.py:function"))
+    names = [reward_func_name(s) for s in config.rewards.reward_funcs if isinstance(s, str) and ":" in s]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        problems.append(Problem("rewards.reward_funcs", f"several functions are named {duplicates}; their metrics "
+                                "would collide", "give each reward function a distinct name"))
+    return funcs, problems, skipped
+
+
+def check_data_producer(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[str]]:
+    """`data_producer` must resolve to a callable factory (`pkg.module:factory` or `path/file.py:factory`); it is
+    called only at launch, with the tokenizer. Returns (problems, skip notes)."""
+    spec = config.producer.data_producer
+    if spec is None:
+        return [], []
+    target = spec.rsplit(":", 1)[0]
+    if not (local or (target.endswith(".py") and Path(target).is_file())):
+        return [], [f"data_producer: {spec!r} is resolved in the trainer's image"]
+    from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func
+
+    try:
+        resolve_reward_func(spec)
+    except RewardSpecError as err:
+        message = str(err).replace("reward function spec", "spec").replace("f(prompts, completions, completion_ids, "
+                                                                           "**kwargs)", "factory(config, tokenizer)")
+        return [Problem("producer.data_producer", message, None if "Fix:" in message else
+                        "give pkg.module:factory or path/to/file.py:factory returning a DataProducer")], []
+    return [], []
+
+
+def _name(spec: str, func: Callable) -> str:
+    return f"{getattr(func, '__name__', spec.rsplit(':', 1)[-1])!s} ({spec})"
+
+
+def probe_group(row: dict[str, Any]) -> tuple[list, list, list, dict[str, list]]:
+    """One group of G = 2 from a dataset row: (prompts, completions, completion_ids, columns), completions as
+    strings for a standard prompt and as assistant messages for a conversational one (as the rollout builds them)."""
+    prompt = row["prompt"]
+    texts = list(PROBE_COMPLETIONS)
+    completions = texts if isinstance(prompt, str) else [[{"role": "assistant", "content": t}] for t in texts]
+    ids = [list(t.encode("utf-8")) for t in texts]
+    columns = {k: [v] * len(texts) for k, v in row.items() if k != "prompt"}
+    return [prompt] * len(texts), completions, ids, columns
+
+
+def check_signatures(funcs: dict[str, Callable], columns: list[str], bound: dict[str, dict]) -> list[Problem]:
+    """Each function must accept TRL's keyword call f(prompts=, completions=, completion_ids=, **columns,
+    trainer_state=, log_extra=, log_metric=)."""
+    problems = []
+    for spec, func in funcs.items():
+        try:
+            signature = inspect.signature(func)
+        except (TypeError, ValueError):
+            continue  # a builtin or C callable without a signature: the probe call decides
+        kwargs = dict.fromkeys(["prompts", "completions", "completion_ids", *columns, "trainer_state",
+                                "log_extra", "log_metric", *bound.get(spec, {})])
+        try:
+            signature.bind(**kwargs)
+        except TypeError as err:
+            shown = f"{getattr(func, '__name__', 'f')}{signature}"
+            missing = "missing a required argument" in str(err) and any(
+                p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+            have = f"; the dataset's columns besides prompt: {columns}" if missing else ""
+            fix = ("add that column to the dataset, or give the parameter a default" if missing else _SIGNATURE_FIX)
+            problems.append(Problem("rewards.reward_funcs", f"reward function {_name(spec, func)} has signature "
+                                    f"{shown}, which cannot take TRL's call ({err}{have})", fix))
+    return problems
+
+
+def probe_rewards(config: GRPOConfig, funcs: dict[str, Callable], row: dict[str, Any],
+                  timeout_s: float | None = None) -> list[Problem]:
+    """Call every function once on `probe_group(row)` (TRL's call, `rewards.contract.call_reward`) in a daemon
+    thread, at most `timeout_s` seconds each (default: reward_timeout_s, at most PROBE_TIMEOUT_S); an exception,
+    a hang or a result that is not G numbers or None is a problem naming the function."""
+    from async_grpo.rewards.contract import RewardLog, RewardTrainerState, bound_kwargs, call_reward
+    from async_grpo.rewards.pool import RewardBadOutput, _check_output
+
+    timeout_s = timeout_s or min(config.rewards.reward_timeout_s, PROBE_TIMEOUT_S)
+    prompts, completions, ids, columns = probe_group(row)
+    bound = bound_kwargs(config)
+    problems = check_signatures(funcs, list(columns), bound)
+    if problems:
+        return problems
+    for spec, func in funcs.items():
+        outcome: dict[str, Any] = {}
+
+        def run(func=func, spec=spec, outcome=outcome) -> None:
+            try:
+                outcome["out"] = call_reward(func, prompts, completions, ids, columns,
+                                             trainer_state=RewardTrainerState(0, config.optim.max_steps),
+                                             log=RewardLog(), bound=bound.get(spec))
+            except BaseException as err:  # noqa: BLE001 - reported with the function's name
+                outcome["err"] = err
+
+        thread = threading.Thread(target=run, name=f"preflight-reward-{spec}", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        name = _name(spec, func)
+        if thread.is_alive():
+            problems.append(Problem("rewards.reward_funcs", f"reward function {name} did not return within "
+                                    f"{timeout_s:g} s on one group of {len(completions)} dummy completions",
+                                    "make it faster, or raise reward_timeout_s"))
+        elif "err" in outcome:
+            err = outcome["err"]
+            problems.append(Problem("rewards.reward_funcs", f"reward function {name} raised {type(err).__name__}: "
+                                    f"{err} on one group built from the dataset's first row with dummy completions",
+                                    "make it handle every completion (return None to abstain)"))
+        else:
+            try:
+                _check_output(getattr(func, "__name__", spec), outcome["out"], len(completions))
+            except RewardBadOutput as err:
+                problems.append(Problem("rewards.reward_funcs", str(err)))
+    return problems

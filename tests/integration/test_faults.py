@@ -1,0 +1,165 @@
+"""Faults a run survives (issue 14), with the real CLI, the real vLLM CPU server and the real MLflow store.
+
+`kill -9` of the vLLM server mid-run: the local backend restarts it, re-initialises the weight transfer, pushes the
+current weights, and the groups that were in flight are generated again: the run ends every step with exit 0,
+`summary/prompts_lost` 0 and the restart counted in MLflow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+STARTED_TIMEOUT_S = 400.0
+RUN_TIMEOUT_S = 600.0
+MAX_STEPS = 40
+
+
+def _loss_steps(db: Path) -> int:
+    """Optimizer steps logged so far (rows of the `loss` metric), read from the run's sqlite store."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return con.execute("select count(*) from metrics where key = 'loss'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _vllm_api_server(pid: int) -> psutil.Process | None:
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+                return child
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return None
+
+
+def test_kill_9_of_vllm_mid_run_is_recovered_and_loses_no_prompt(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(REPO / "examples" / "tiny_cpu.yaml"),
+           f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0",
+           f"max_steps={MAX_STEPS}", "eval_num_prompts=4", "per_device_train_batch_size=16",
+           "gradient_accumulation_steps=1", "max_inflight_groups=4"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "stderr.log", "wb"))
+    seen: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + STARTED_TIMEOUT_S
+        while _loss_steps(out / "mlflow.db") < 3:  # a few steps trained: generation is in full swing
+            assert proc.poll() is None, (tmp_path / "stderr.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run did not start in time"
+            time.sleep(0.2)
+        server = _vllm_api_server(proc.pid)
+        assert server is not None, "vLLM server not found among the run's processes"
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            seen.setdefault(child.pid, child)
+        killed_at = time.monotonic()
+        server.send_signal(signal.SIGKILL)
+        code = proc.wait(timeout=RUN_TIMEOUT_S)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "stderr.log").read_text()
+    assert code == 0, log[-3000:]
+    assert "vLLM recovered in" in log, log[-3000:]
+    store = f"sqlite:///{out / 'mlflow.db'}"
+    client = mlflow.MlflowClient(store)
+    run = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])[0]
+    assert run.info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert steps == list(range(1, MAX_STEPS + 1))  # every step trained, none twice
+    assert run.data.metrics["summary/prompts_lost"] == 0
+    assert run.data.metrics["inference/restarts"] == 1 and run.data.metrics["summary/inference_restarts"] == 1
+    recovery_s = run.data.metrics["inference/recovery_seconds"]
+    assert 0 < recovery_s < took
+    print(f"\nkill -9 of vLLM: recovered in {recovery_s:.1f} s; run finished {took:.1f} s after the kill; "
+          f"groups generated again: {run.data.metrics.get('inference/regenerated_groups')}")
+    survivors = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not survivors, [(p.pid, p.cmdline()) for p in survivors]
+
+
+REWARD_FAILURE_TIMEOUT_S = 15.0
+
+
+def _start_reward_service(config_path: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    from async_grpo.inference.server import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "async_grpo.rewards.server", "--config", str(config_path),
+                               "--host", "127.0.0.1", "--port", str(port), "--num-workers", "1"],
+                              stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while True:
+        assert server.poll() is None, log.read_text()
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "reward service did not come up"
+        time.sleep(0.2)
+
+
+def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming_the_service(vllm_server,
+                                                                                            tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    overrides = [f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0",
+                 "max_steps=100000", "eval_num_prompts=4", "per_device_train_batch_size=16",
+                 "gradient_accumulation_steps=1", "max_inflight_groups=4",
+                 f"reward_failure_timeout_s={REWARD_FAILURE_TIMEOUT_S}"]  # fmt: skip
+    service, url = _start_reward_service(REPO / "examples" / "tiny_cpu.yaml", tmp_path / "reward.log")
+    workers: list[psutil.Process] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(REPO / "examples" / "tiny_cpu.yaml"), *overrides,
+           f"reward_url={url}", f"vllm_url={vllm_server.url}"]  # the session's server: no second vLLM start
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "stderr.log", "wb"))
+    try:
+        deadline = time.monotonic() + STARTED_TIMEOUT_S
+        while _loss_steps(out / "mlflow.db") < 3:
+            assert proc.poll() is None, (tmp_path / "stderr.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run did not start in time"
+            time.sleep(0.2)
+        workers = psutil.Process(service.pid).children(recursive=True)
+        killed_at = time.monotonic()
+        service.send_signal(signal.SIGKILL)
+        code = proc.wait(timeout=REWARD_FAILURE_TIMEOUT_S + 120)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if service.poll() is None:
+            service.kill()
+        for worker in workers:  # the killed service could not stop its scoring workers
+            try:
+                worker.kill()
+            except psutil.NoSuchProcess:
+                pass
+    log = (tmp_path / "stderr.log").read_text()
+    assert code == 1, log[-3000:]
+    message = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert message and url in message[-1] and "reward_failure_timeout_s" in message[-1] and "Fix" in message[-1]
+    assert "Traceback" not in log.split(message[-1])[-1]  # the last word is the message, not a traceback
+    assert took < REWARD_FAILURE_TIMEOUT_S + 30, took
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])[0]
+    assert run.info.status == "FAILED"
+    print(f"\nreward service killed: the run failed {took:.1f} s later (reward_failure_timeout_s="
+          f"{REWARD_FAILURE_TIMEOUT_S:g})")
