@@ -95,6 +95,7 @@ def test_resume_continues_the_run_with_the_uninterrupted_prompts(vllm_server, ti
     finally:
         recipe.cleanup(status)
     assert resumed.run_id == first.run_id and resumed.steps == STEPS
+    assert resumed.prompts_lost == first.prompts_lost == 0  # the ledger balances across the resume
     uri = resumed.tracking_uri
     assert metric_steps(uri, first.run_id, "num_tokens") == list(range(1, STEPS + 1))  # each step once
     assert mlflow.tracking.MlflowClient(uri).get_run(first.run_id).info.status == "FINISHED"

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from async_grpo.runner.report import prompts_lost
 from async_grpo.runner.state import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,9 @@ def prepare(recipe: Any) -> None:
     if recipe.resume_from is not None:
         t0 = time.perf_counter()
         recipe.load_checkpoint(recipe.resume_from)
+        if orch is not None and hasattr(orch, "launched_total"):  # the prompt ledger counts from this process's
+            # start, the restored drop counters from the run's: the groups they dropped were launched before
+            orch.launched_total = -prompts_lost(0, 0, recipe.drops.snapshot())  # = the launched groups dropped
         recipe.sync_times.append(recipe.pusher.push(recipe.version.value))
         logger.info("resumed from %s at step %d (policy version %d) in %.1f s", recipe.resume_from, recipe.step,
                     recipe.version.value, time.perf_counter() - t0)
