@@ -158,6 +158,8 @@ def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming
     assert message and url in message[-1] and "reward_failure_timeout_s" in message[-1] and "Fix" in message[-1]
     assert "Traceback" not in log.split(message[-1])[-1]  # the last word is the message, not a traceback
     assert took < REWARD_FAILURE_TIMEOUT_S + 30, took
+    checkpoints = sorted(out.glob("checkpoint-*"))
+    assert checkpoints and str(checkpoints[-1]) in message[-1]  # the steps done are kept, and the message says where
     client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])[0]
     assert run.info.status == "FAILED"

@@ -32,7 +32,9 @@ class CheckpointConfig(Section):
     checkpoint_on_signal: bool = Field(
         True, description="On SIGTERM or SIGINT (pod eviction, Ctrl-C, KFP cancel) let the current optimizer step "
         "end, write a checkpoint, then stop with the MLflow run KILLED (HF TrainingArguments "
-        "`enable_jit_checkpoint` does this for the HF Trainer). False: stop at once, no checkpoint.")
+        "`enable_jit_checkpoint` does this for the HF Trainer). The same checkpoint is written when the run fails "
+        "because a dependency stayed down (reward_failure_timeout_s, max_inference_restarts). False: stop at once, "
+        "no checkpoint.")
     checkpoint_signal_grace_s: float = Field(
         60.0, gt=0.0, description="Seconds a stop signal leaves for the checkpoint: the Kubernetes pod's "
         "terminationGracePeriodSeconds is this plus a margin. A step still running after half of it is abandoned "

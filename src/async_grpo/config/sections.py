@@ -245,7 +245,7 @@ class RewardsConfig(RewardsTRLFields, Section):
     reward_num_workers: int = Field(2, ge=1, description="Reward worker processes.")
     reward_timeout_s: float = Field(30.0, gt=0.0, description="Per-group reward call timeout (seconds).")
     reward_failure_timeout_s: float = Field(
-        120.0, gt=0.0, description="Fail the run (with a checkpoint when `save_steps` is set) once every group has "
+        120.0, gt=0.0, description="Fail the run (with a checkpoint, see checkpoint_on_signal) once every group has "
         "failed to score for this long (seconds; a dead reward service or broken reward workers), instead of "
         "dropping groups until rollout_timeout_s. Single failures are dropped and counted as before.",
     )

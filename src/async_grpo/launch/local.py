@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from async_grpo.config import GRPOConfig
+from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.preflight import check_config
@@ -129,6 +130,10 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
             status = "KILLED"
             checkpoint_on_stop(recipe)
             raise KeyboardInterrupt("interrupted") from err
+        if isinstance(err, RunFailedError):  # a dependency failed for good: keep the steps done so far
+            path = checkpoint_on_stop(recipe)
+            if path is not None:
+                err.args = (f"{err} (checkpoint: {path}; resume with resume_from_checkpoint=true once fixed)",)
         raise
     finally:
         _GUARD = None
