@@ -21,13 +21,14 @@ ALLOWED = {
     "algorithms": set(),
     "inference": set(),
     "transports": {"inference"},
-    "tools": set(),
-    "rewards": {"config", "tasks", "tools", "transports", "__init__"},
+    "tools": {"modules"},
+    "rewards": {"config", "modules", "tasks", "tools", "transports", "__init__"},
     "orchestrator": {"algorithms", "data", "errors", "inference", "rewards", "tools", "transports", "tasks"},
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
     "errors": set(),
+    "modules": set(),
     "preflight": {"config", "hub", "data", "rewards", "tiny_model"},
 }
 

@@ -6,13 +6,11 @@ config stays YAML and each reward worker process can resolve its own copy withou
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from async_grpo.modules import load_module_file
 
 BUILTIN_PREFIX = "builtin:"
 _FORMS = "`builtin:<name>`, `pkg.module:function` or `path/to/file.py:function`"
@@ -103,27 +101,5 @@ def _import_module(spec: str, module_name: str) -> Any:
 
 
 def _load_file(spec: str, file_name: str) -> Any:
-    path = Path(file_name).resolve()
-    if not path.is_file():
-        raise RewardSpecError(
-            f"reward function spec {spec!r}: file {str(path)!r} does not exist. "
-            f"Fix: give a path to an existing .py file (relative to the working directory, or absolute)."
-        )
-    # One stable module name per file, so repeated resolution reuses the module and pickling by
-    # reference works inside the process that loaded it.
-    module_name = f"_async_grpo_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise RewardSpecError(f"reward function spec {spec!r}: cannot load {str(path)!r} as Python.")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException as err:
-        del sys.modules[module_name]
-        if isinstance(err, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise RewardSpecError(f"reward function spec {spec!r}: importing {str(path)!r} failed: {err!r}") from err
-    return module
+    return load_module_file(file_name, prefix="_async_grpo_reward", what=f"reward function spec {spec!r}",
+                            error=RewardSpecError)
