@@ -332,3 +332,20 @@ def test_pipeline_paths_and_tracking_uri_are_kept(gpu_settings):
     assert cfg.output_dir == "/workspace/my-run" and cfg.tracking.mlflow_tracking_uri == "http://mlflow.team-a.svc:5000"
     # a path off the volume (the local default runs/tiny) moves onto it
     assert trainer_config(GRPOConfig(), gpu_settings, RUN).output_dir == f"/workspace/runs/{RUN}"
+
+
+@SETUPS
+def test_two_vllm_replicas_render_valid_objects_the_trainer_resolves(setup, request):
+    """`vllm_replicas: 2`: the Deployment runs two pods behind the headless Service, and the trainer's config names
+    that Service with vllm_replicas=2, so it resolves both pod addresses (inference.replicas.replica_urls)."""
+    config = request.getfixturevalue(f"{setup}_config").model_copy(deep=True)
+    config.inference.vllm_replicas = 2
+    settings = request.getfixturevalue(f"{setup}_settings")
+    objs = build_run_objects(config, settings, RUN)
+    for obj in objs:
+        validate_any(obj)
+    by_kind = _by_kind(objs)
+    assert by_kind[("Deployment", f"{RUN}-vllm")]["spec"]["replicas"] == 2
+    assert by_kind[("Service", f"{RUN}-vllm")]["spec"]["clusterIP"] == "None"  # one DNS record per pod
+    seen = trainer_config(config, settings, RUN)
+    assert seen.inference.vllm_replicas == 2 and seen.inference.vllm_url == vllm_url(RUN, settings)

@@ -223,6 +223,8 @@ class InferenceEndpoint:
         restart: brings a launched server back when it is down (blocks until healthy; the local backend's
             `VLLMServer.restart_if_down`); None for a server someone else runs (a Kubernetes Deployment restarts
             its pod): `recover` then waits for its `/health`.
+        rediscover: for a replica found through DNS (a Kubernetes pod behind the headless Service): returns the URL
+            of the pod that replaced it (an address no other replica uses), or None while there is none.
     """
 
     url: str
@@ -230,6 +232,7 @@ class InferenceEndpoint:
     launched: bool = False
     wait_ready: Callable[[], None] = lambda: None
     restart: Callable[[], object] | None = None
+    rediscover: Callable[[], str | None] | None = None
 
     def recover(self, timeout_s: float) -> None:
         """Block until the server answers `/health` again: restart it when this run launched it, else wait up to
@@ -244,11 +247,14 @@ class InferenceEndpoint:
             return
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{self.url}/health", timeout=5, headers=auth_headers()).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
+            candidates = [self.url] + ([u for u in [self.rediscover()] if u] if self.rediscover else [])
+            for url in candidates:
+                try:
+                    if requests.get(f"{url}/health", timeout=5, headers=auth_headers()).status_code == 200:
+                        self.url = url  # a replaced pod answers at its new address
+                        return
+                except requests.RequestException:
+                    pass
             time.sleep(1.0)
         raise TimeoutError(f"the vLLM server at {self.url} did not answer /health within {timeout_s:.0f} s. Fix: "
                            "check its pod or process and log, or raise vllm_recovery_timeout_s")

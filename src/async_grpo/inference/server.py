@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -132,6 +133,8 @@ class VLLMServer:
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
         self._descendants: dict[int, psutil.Process] = {}
+        self._lock = threading.RLock()  # a background restart (a vLLM replica's recovery) against the final close
+        self.closed = False
 
     def start(self) -> VLLMServer:
         """Launch and block until healthy (`launch()` then `wait_until_healthy()`)."""
@@ -140,11 +143,18 @@ class VLLMServer:
         return self
 
     def launch(self) -> None:
-        """Start the process without waiting, so the caller can overlap other work with vLLM's startup."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
-        logger.info("starting vLLM: %s (log: %s)", " ".join(self.command), self.log_path)
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        """Start the process without waiting, so the caller can overlap other work with vLLM's startup.
+
+        Raises:
+            VLLMStartupError: the server was closed (`close`): it is never started again.
+        """
+        with self._lock:
+            if self.closed:
+                raise VLLMStartupError(f"the vLLM server at {self.url} was closed; it is not started again")
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
+            logger.info("starting vLLM: %s (log: %s)", " ".join(self.command), self.log_path)
+            self.process = subprocess.Popen(self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_until_healthy(self) -> None:
         """Block until `/health` answers 200.
@@ -198,8 +208,18 @@ class VLLMServer:
         except OSError:
             return "(no log)"
 
+    def close(self) -> None:
+        """`stop` for good: a restart that races with it (a background recovery) cannot start it again."""
+        with self._lock:
+            self.closed = True
+            self.stop()
+
     def stop(self) -> None:
         """SIGTERM the server, wait up to STOP_GRACE_S, then SIGKILL it and any child it left behind."""
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
         if self.process is None:
             return
         self._remember_descendants()

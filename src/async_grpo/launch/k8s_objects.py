@@ -29,7 +29,6 @@ from async_grpo.launch.k8s_pods import resources as _resources
 from async_grpo.launch.k8s_policy import PlatformPolicy
 from async_grpo.launch.k8s_settings import ClusterSettings
 
-VLLM_REPLICAS = 1  # the trainer pushes weights into exactly one server
 PROBE_PERIOD_S = 10
 TERMINATION_MARGIN_S = 30  # trainer pod: past checkpoint_signal_grace_s, for MLflow and process shutdown
 VLLM_AUTH_MIDDLEWARE = "async_grpo.inference.auth.BearerTokenMiddleware"  # guards vLLM's dev-mode routes
@@ -232,13 +231,14 @@ def build_vllm_deployment(config: GRPOConfig, settings: ClusterSettings, run_nam
     spec = pod_spec(settings, [container], vols, init_containers=init)
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": meta(f"{run_name}-vllm", run_name, "vllm", settings, owner),
-            "spec": {"replicas": VLLM_REPLICAS, "strategy": {"type": "Recreate"},
+            "spec": {"replicas": config.inference.vllm_replicas, "strategy": {"type": "Recreate"},
                      "selector": {"matchLabels": selector(run_name, "vllm")},
                      "template": template(run_name, "vllm", spec)}}
 
 
 def build_vllm_service(settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None) -> Manifest:
-    """Headless Service `<run>-vllm`: its DNS name resolves straight to the vLLM pod IP."""
+    """Headless Service `<run>-vllm`: its DNS name resolves straight to the vLLM pod IPs, one A record per ready
+    replica (`vllm_replicas`); the trainer resolves it to reach, balance and push to each replica."""
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(f"{run_name}-vllm", run_name, "vllm",
                                                                     settings, owner),
             "spec": {"clusterIP": "None", "selector": selector(run_name, "vllm"),

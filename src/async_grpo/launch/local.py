@@ -18,6 +18,7 @@ import torch
 from async_grpo.config import GRPOConfig
 from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
+from async_grpo.inference.replicas import attached_endpoints
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.preflight import check_config
 from async_grpo.runner import GRPORecipe, RunSummary
@@ -95,23 +96,26 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
     """Rank 0: the recipe, with a vLLM subprocess started at the right moment of its setup. A stop signal
     ends the run between steps with a checkpoint (`checkpoint_on_signal`) and the MLflow run KILLED."""
     global _GUARD
-    server: VLLMServer | None = None
+    servers: list[VLLMServer] = []
 
-    def start_inference(model_path: Path) -> InferenceEndpoint:
-        nonlocal server
-        if config.inference.vllm_url:
-            return InferenceEndpoint(config.inference.vllm_url.rstrip("/"))
-        port = config.inference.vllm_port or free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = build_server_command(model_path, port=port, dtype=config.inference.vllm_dtype,
-                                   max_model_len=config.inference.vllm_max_model_len,
-                                   weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
-                                   seed=config.seed, extra_args=config.vllm_serve_args)
-        server = VLLMServer(cmd, server_env(config.inference.vllm_kv_cache_gib), Path(config.output_dir) / "vllm.log",
-                            url, config.inference.vllm_startup_timeout_s)
-        server.launch()
-        return InferenceEndpoint(url, served_model=str(model_path), launched=True,
-                                 wait_ready=server.wait_until_healthy, restart=server.restart_if_down)
+    def start_inference(model_path: Path) -> list[InferenceEndpoint]:
+        inf = config.inference
+        if inf.vllm_url:
+            return attached_endpoints(inf.vllm_url, inf.vllm_replicas, inf.vllm_startup_timeout_s)
+        endpoints = []
+        for i in range(inf.vllm_replicas):  # all launched first: their start-ups overlap each other and the model load
+            port = inf.vllm_port + i if inf.vllm_port else free_port()
+            url = f"http://127.0.0.1:{port}"
+            cmd = build_server_command(model_path, port=port, dtype=inf.vllm_dtype, max_model_len=inf.vllm_max_model_len,
+                                       weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+                                       seed=config.seed, extra_args=config.vllm_serve_args)
+            log = Path(config.output_dir) / ("vllm.log" if i == 0 else f"vllm-{i}.log")
+            server = VLLMServer(cmd, server_env(inf.vllm_kv_cache_gib), log, url, inf.vllm_startup_timeout_s)
+            servers.append(server)
+            server.launch()
+            endpoints.append(InferenceEndpoint(url, served_model=str(model_path), launched=True,
+                                               wait_ready=server.wait_until_healthy, restart=server.restart_if_down))
+        return endpoints
 
     status = "FAILED"
     _GUARD = recipe.guard if config.checkpoint.checkpoint_on_signal else None
@@ -139,8 +143,8 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         _GUARD = None
         recipe.guard.disarm()
         recipe.cleanup(status)
-        if server is not None:
-            server.stop()
+        for server in servers:
+            server.close()
 
 
 class LocalBackend:

@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import load_prompt_items
 from async_grpo.evaluation import evaluate_reward
-from async_grpo.inference.client import AsyncVLLMClient, InferenceEndpoint
+from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.health import InferenceHealth
+from async_grpo.inference.replicas import BalancedClient, ReplicaSet
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders
@@ -34,6 +35,7 @@ from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
 from async_grpo.transports.queue import DropCounter, PolicyVersion
+from async_grpo.transports.weights.replicas import ReplicaPusher
 from async_grpo.transports.weights.sync import WeightPusher
 
 logger = logging.getLogger(__name__)
@@ -70,15 +72,15 @@ class GRPORecipe:
         self.t_start = time.perf_counter()
         self.scorer = self.tracker = self.learner = self.pusher = self.producer = None
         self.orchestrator = self.queue = None
-        self.endpoint: InferenceEndpoint | None = None
+        self.replicas: ReplicaSet | None = None  # the vLLM server(s): `vllm_replicas`
         self.health = InferenceHealth()  # lost / available: the orchestrator parks groups, `recovery` restores it
         self.guard = checkpoints.StopGuard(config.checkpoint.checkpoint_signal_grace_s / 2)
         self.resume_from: Path | None = None  # the checkpoint this run resumes from (`resume_from_checkpoint`)
 
     # ------------------------------------------------------------------ setup
-    def setup(self, start_inference: Callable[[Path], InferenceEndpoint]) -> None:
-        """Build every role: validate the cheap parts, start inference (`start_inference(model_path)`, which may
-        return before the server is up), load and warm-start the policy, build the learner, wait for the server,
+    def setup(self, start_inference: Callable[[Path], InferenceEndpoint | list[InferenceEndpoint]]) -> None:
+        """Build every role: validate the cheap parts, start inference (`start_inference(model_path)`: one endpoint
+        per vLLM replica, which may return before the servers are up), load and warm-start the policy, build the learner, wait for the server,
         open the MLflow run, rendezvous for weight transfer, and build the rollout producer.
 
         Raises:
@@ -105,14 +107,15 @@ class GRPORecipe:
         self.rollout = builders.build_rollout(config, self.scorer, self.tokenizer, self.decode,
                                               self.train_items + self.eval_items)
         # ---- inference starts; the model loads and warm-starts meanwhile
-        self.endpoint = start_inference(model_path)
+        self.replicas = ReplicaSet.of(start_inference(model_path))
         model = builders.load_policy(config, model_path)
         sft_loss = None if self.resume_from else builders.warm_start(config, model, self.tokenizer)
         model.to(self.info.device)
         broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
         self.learner: Learner = builders.build_learner(config, model, self.tokenizer.pad_token_id, self.info)
-        self.endpoint.wait_ready()
-        self.served_model = self.endpoint.model_name()
+        for replica in self.replicas.replicas:
+            replica.endpoint.wait_ready()
+        self.served_model = self.replicas.replicas[0].endpoint.model_name()
         self.tracker = Tracker(config, run_id=checkpoints.resumed_run_id(self.resume_from))  # same run on resume
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
         self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
@@ -120,7 +123,7 @@ class GRPORecipe:
         self.pusher.setup()
         if sft_loss is not None:
             self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
-        if sft_loss is not None or not self.endpoint.launched:
+        if sft_loss is not None or not all(r.endpoint.launched for r in self.replicas.replicas):
             # serve exactly the trainer's starting weights as version 0 (warm-started, or an attached server
             # whose current weights are unknown)
             self.sync_times.append(self.pusher.push(self.version.value))
@@ -143,18 +146,21 @@ class GRPORecipe:
         """Token ids -> text, special tokens skipped (what reward functions and tables see)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def make_pusher(self) -> WeightPusher:
-        """A weight pusher from the learner to the run's server (not yet set up)."""
-        config = self.config
-        return WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
-                            backend=config.weight_sync.weight_sync_backend,
-                            timeout_s=config.weight_sync.weight_sync_timeout_s,
-                            master_address=builders.rendezvous_address(self.endpoint.url))
+    def make_pusher(self) -> ReplicaPusher:
+        """A weight pusher from the learner to every vLLM replica (not yet set up)."""
+        inf = self.config.inference
+        return ReplicaPusher(self.replicas, self.replica_pusher, recovery_timeout_s=inf.vllm_recovery_timeout_s,
+                             max_restarts=inf.max_inference_restarts)
 
-    def make_client(self) -> AsyncVLLMClient:
-        """A generation client for the run's server (build it inside the event loop that uses it)."""
-        return AsyncVLLMClient(self.endpoint.url, self.served_model,
-                               timeout_s=self.config.inference.vllm_request_timeout_s)
+    def replica_pusher(self, url: str) -> WeightPusher:
+        """A weight pusher from the learner to the one server at `url` (not yet set up)."""
+        sync = self.config.weight_sync
+        return WeightPusher(self.learner.named_parameters_for_push(), url, backend=sync.weight_sync_backend,
+                            timeout_s=sync.weight_sync_timeout_s, master_address=builders.rendezvous_address(url))
+
+    def make_client(self) -> BalancedClient:
+        """A generation client over the run's replicas (build it inside the event loop that uses it)."""
+        return BalancedClient(self.replicas, self.served_model, timeout_s=self.config.inference.vllm_request_timeout_s)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, rollout: Any = None, prefix: str = "eval") -> dict[str, float]:
@@ -252,6 +258,8 @@ class GRPORecipe:
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
             metrics["weight_sync/seconds"] = recovery.push_surviving_inference_loss(self)
+            metrics.update(report.push_metrics(self.pusher))
+        metrics.update(self.replicas.metrics())
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)

@@ -2,10 +2,12 @@
 
 The orchestrator marks the server lost when a generation request fails at the transport level; the runner's waits
 then raise `InferenceLost`, and a weight push that fails for any reason means the same. `recover` brings the server
-back (`InferenceEndpoint.recover`: the local backend restarts its process; a Kubernetes Deployment restarts its pod
-and we wait for `/health`), re-initialises the weight transfer, pushes the trainer's current weights (a new policy
+back (`ReplicaPusher.recover_all` -> `InferenceEndpoint.recover`: the local backend restarts its process; a
+Kubernetes Deployment restarts its pod and we wait for `/health`), re-initialises the weight transfer, pushes the trainer's current weights (a new policy
 version: the server may hold a half-loaded update or its base weights) and opens the gate again, so the groups the
-orchestrator parked meanwhile are generated again instead of being lost. After `max_inference_restarts`
+orchestrator parked meanwhile are generated again instead of being lost. With several replicas this is the case
+where none is left: one lost replica among live ones is recovered in the background by the pusher
+(`transports.weights.replicas`) and never reaches this module. After `max_inference_restarts`
 recoveries the next loss fails the run with a clear message.
 """
 
@@ -70,7 +72,7 @@ def recover(recipe: GRPORecipe, reason: str) -> float:
     config, health = recipe.config, recipe.health
     health.mark_lost(reason)
     limit = config.inference.max_inference_restarts
-    url = recipe.endpoint.url
+    url = recipe.replicas.urls
     if health.restarts >= limit:
         raise InferenceFailedError(
             f"the vLLM server at {url} was lost again after {health.restarts} recoveries "
@@ -78,13 +80,7 @@ def recover(recipe: GRPORecipe, reason: str) -> float:
             "vLLM pod's log) for the cause, or raise max_inference_restarts")
     t0 = time.perf_counter()
     try:
-        recipe.endpoint.recover(config.inference.vllm_recovery_timeout_s)
-        try:
-            recipe.pusher.close()
-        except Exception as err:  # noqa: BLE001 - the old transfer group's peer is gone; a new one replaces it
-            logger.info("closing the old weight transfer: %r", err)
-        recipe.pusher = recipe.make_pusher()
-        recipe.pusher.setup()
+        recipe.pusher.recover_all(config.inference.vllm_recovery_timeout_s)  # restart / wait, new transfer groups
         seconds = recipe.push_weights()
     except Exception as err:
         raise InferenceFailedError(

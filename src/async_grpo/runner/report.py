@@ -128,3 +128,15 @@ def reward_log_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         for name, vals in grp.reward_metrics.items():
             values.setdefault(name, []).extend(vals)
     return {name: sum(vals) / len(vals) for name, vals in values.items() if vals}
+
+
+def push_metrics(pusher) -> dict[str, float]:
+    """What the last weight push sent: `weight_sync/bytes` (to one replica; bytes) when the pusher counts them, and
+    with several vLLM replicas `weight_sync/replica_<i>/seconds` (each replica's part of the push; seconds)."""
+    out = {}
+    if getattr(pusher, "last_push_bytes", 0):
+        out["weight_sync/bytes"] = float(pusher.last_push_bytes)
+    seconds = getattr(pusher, "last_seconds", {})
+    if len(seconds) > 1 or len(getattr(getattr(pusher, "replicas", None), "replicas", ())) > 1:
+        out.update({f"weight_sync/replica_{i}/seconds": s for i, s in seconds.items()})
+    return out
