@@ -87,7 +87,8 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
 
     for name, check in (("warm_start", static.check_warm_start), ("vllm_extra_args", static.check_vllm_extra_args),
                         ("lengths", static.check_lengths), ("output_dir", static.check_output_dir),
-                        ("weight_sync_device", static.check_weight_sync_device), ("mlflow", services.check_mlflow),
+                        ("weight_sync_device", static.check_weight_sync_device),
+                        ("vllm_replicas", static.check_vllm_replicas), ("mlflow", services.check_mlflow),
                         ("reward_url", services.check_reward_url)):
         if wanted(name):
             add(check(config))

@@ -110,6 +110,17 @@ def check_weight_sync_device(config: GRPOConfig) -> list[Problem]:
                     "set weight_sync_backend: auto (gloo on CPU) or gloo, or run on a GPU machine")]
 
 
+def check_vllm_replicas(config: GRPOConfig) -> list[Problem]:
+    """A comma-separated `vllm_url` must list exactly `vllm_replicas` servers (one URL may instead be a host name
+    that resolves to every replica, checked when the run starts: `inference.replicas.replica_urls`)."""
+    inf = config.inference
+    urls = [u for u in (inf.vllm_url or "").split(",") if u.strip()]
+    if len(urls) > 1 and len(urls) != inf.vllm_replicas:
+        return [Problem("inference.vllm_url", f"lists {len(urls)} vLLM servers but vllm_replicas={inf.vllm_replicas}",
+                        f"set vllm_replicas: {len(urls)}, or list exactly {inf.vllm_replicas} URLs")]
+    return []
+
+
 def writable_folder_problem(path: str | Path, field: str) -> Problem | None:
     """None when `path` is a folder this process can create files in (or can be created as one); else the
     problem. Nothing is created: a temporary file in the nearest existing folder is opened and removed."""
