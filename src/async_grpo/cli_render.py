@@ -56,6 +56,24 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                      "shm_size_gib": 64, "node_selector": {"nvidia.com/gpu.present": "true"},
                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     },
+    # A 7B model: FSDP2 across 2 nodes x 8 GPUs with bf16 (MixedPrecisionPolicy, float32 master weights), and two
+    # vLLM replicas of 4 GPUs each (tensor parallel 4) that every push reaches.
+    "gpu-7b-fsdp": {
+        "config": {"model_name_or_path": "/workspace/models/Qwen2.5-7B-Instruct",
+                   "dataset": "/workspace/datasets/gsm8k.jsonl",
+                   "reward_funcs": ["/workspace/rewards/gsm8k.py:accuracy",
+                                    "/workspace/rewards/gsm8k.py:format_reward"],
+                   "num_generations": 16, "max_prompt_length": 512, "max_completion_length": 1024,
+                   "vllm_max_model_len": 2048, "vllm_dtype": "bfloat16", "vllm_replicas": 2,
+                   "fsdp": True, "bf16": True, "gradient_checkpointing": True,
+                   "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "learning_rate": 5.0e-7,
+                   "max_steps": 500, "vllm_sync_interval": 2, "vllm_startup_timeout_s": 1200,
+                   "run_name": "example-7b"},
+        "settings": {"device": "gpu", "reward_replicas": 1, "trainer_nodes": 2, "nproc_per_node": 8, "trainer_cpu": 64,
+                     "trainer_memory_gib": 512, "vllm_gpus": 4, "vllm_cpu": 32, "vllm_memory_gib": 256,
+                     "shm_size_gib": 64, "node_selector": {"nvidia.com/gpu.present": "true"},
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    },
 }
 
 

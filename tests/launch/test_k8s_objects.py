@@ -349,3 +349,11 @@ def test_two_vllm_replicas_render_valid_objects_the_trainer_resolves(setup, requ
     assert by_kind[("Service", f"{RUN}-vllm")]["spec"]["clusterIP"] == "None"  # one DNS record per pod
     seen = trainer_config(config, settings, RUN)
     assert seen.inference.vllm_replicas == 2 and seen.inference.vllm_url == vllm_url(RUN, settings)
+
+
+def test_tensor_parallel_size_from_the_config_is_not_passed_twice(gpu_config, gpu_settings):
+    config = gpu_config.model_copy(deep=True)
+    config.inference.vllm_tensor_parallel_size = 4
+    dep = _by_kind(build_run_objects(config, gpu_settings, RUN))[("Deployment", f"{RUN}-vllm")]
+    cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd.count("--tensor-parallel-size") == 1 and cmd[cmd.index("--tensor-parallel-size") + 1] == "4"

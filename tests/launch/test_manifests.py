@@ -165,7 +165,7 @@ def test_every_image_in_the_manifests_is_pinned_by_digest():
 
 
 @needs_kubectl
-@pytest.mark.parametrize("example", ["cpu", "gpu-2x8"])
+@pytest.mark.parametrize("example", ["cpu", "gpu-2x8", "gpu-7b-fsdp"])
 def test_the_backstop_isolates_every_run_pod_both_ways(example):
     (backstop,) = [o for o in kustomize("overlays/gpu") if o["kind"] == "NetworkPolicy"
                    and o["metadata"]["name"] == "async-grpo-runs-default-deny"]
@@ -216,7 +216,7 @@ def test_committed_examples_equal_the_builders_output(tmp_path):
                        "`python -m async_grpo.cli_render manifests/examples`")
 
 
-@pytest.mark.parametrize("example", ["cpu", "gpu-2x8"])
+@pytest.mark.parametrize("example", ["cpu", "gpu-2x8", "gpu-7b-fsdp"])
 def test_committed_examples_validate(example):
     files = sorted(Path(MANIFESTS / "examples" / example).glob("[0-9][0-9]-*.yaml"))
     assert len(files) == 10

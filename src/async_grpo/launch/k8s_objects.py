@@ -186,8 +186,8 @@ def vllm_command(config: GRPOConfig, settings: ClusterSettings, model_path: str)
                                max_model_len=config.inference.vllm_max_model_len, weight_transfer_backend=backend,
                                seed=config.seed, cpu=settings.device == "cpu")
     cmd = ["python3"] + cmd[1:]
-    if settings.device == "gpu" and settings.vllm_gpus > 1:
-        cmd += ["--tensor-parallel-size", str(settings.vllm_gpus)]
+    if settings.device == "gpu" and settings.vllm_gpus > 1 and config.inference.vllm_tensor_parallel_size == 1:
+        cmd += ["--tensor-parallel-size", str(settings.vllm_gpus)]  # unless the config sets it (vllm_serve_args)
     return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + config.vllm_serve_args
 
 

@@ -35,6 +35,7 @@ from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
 from async_grpo.transports.queue import DropCounter, PolicyVersion
+from async_grpo.transports.weights.cast import for_server
 from async_grpo.transports.weights.replicas import ReplicaPusher
 from async_grpo.transports.weights.sync import WeightPusher
 
@@ -150,12 +151,13 @@ class GRPORecipe:
         """A weight pusher from the learner to every vLLM replica (not yet set up)."""
         inf = self.config.inference
         return ReplicaPusher(self.replicas, self.replica_pusher, recovery_timeout_s=inf.vllm_recovery_timeout_s,
-                             max_restarts=inf.max_inference_restarts)
+                             max_restarts=inf.max_inference_restarts, parallel=not self.config.optim.fsdp)
 
     def replica_pusher(self, url: str) -> WeightPusher:
         """A weight pusher from the learner to the one server at `url` (not yet set up)."""
         sync = self.config.weight_sync
-        return WeightPusher(self.learner.named_parameters_for_push(), url, backend=sync.weight_sync_backend,
+        source = for_server(self.learner.named_parameters_for_push(), self.config.inference.vllm_dtype)
+        return WeightPusher(source, url, backend=sync.weight_sync_backend,
                             timeout_s=sync.weight_sync_timeout_s, master_address=builders.rendezvous_address(url))
 
     def make_client(self) -> BalancedClient:

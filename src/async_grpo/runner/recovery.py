@@ -3,12 +3,12 @@
 The orchestrator marks the server lost when a generation request fails at the transport level; the runner's waits
 then raise `InferenceLost`, and a weight push that fails for any reason means the same. `recover` brings the server
 back (`ReplicaPusher.recover_all` -> `InferenceEndpoint.recover`: the local backend restarts its process; a
-Kubernetes Deployment restarts its pod and we wait for `/health`), re-initialises the weight transfer, pushes the trainer's current weights (a new policy
-version: the server may hold a half-loaded update or its base weights) and opens the gate again, so the groups the
-orchestrator parked meanwhile are generated again instead of being lost. With several replicas this is the case
-where none is left: one lost replica among live ones is recovered in the background by the pusher
-(`transports.weights.replicas`) and never reaches this module. After `max_inference_restarts`
-recoveries the next loss fails the run with a clear message.
+Kubernetes Deployment restarts its pod and we wait for `/health`), re-initialises the weight transfer, pushes the
+trainer's current weights (a new policy version: the server may hold a half-loaded update or its base weights) and
+opens the gate again, so the groups the orchestrator parked meanwhile are generated again instead of being lost.
+With several replicas this is the case where none is left: one lost replica among live ones is recovered in the
+background by the pusher (`transports.weights.replicas`) and never reaches this module. After
+`max_inference_restarts` recoveries the next loss fails the run with a clear message.
 """
 
 from __future__ import annotations

@@ -109,24 +109,34 @@ def broadcast_parameters(model: torch.nn.Module, src: int = 0) -> None:
         dist.broadcast(tensor.data, src=src)
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, mixed_precision: str | None = None) -> torch.nn.Module:
     """Shard `model` across the ranks with FSDP2 (`fully_shard`): one unit per decoder layer, then the root
     (embeddings, final norm, LM head). Parameter names are unchanged, and each parameter becomes a DTensor
     holding 1/world_size of it; forward all-gathers a unit's weights and frees them after use, backward
     reduce-scatters (averages) its gradients. In place; returns `model`.
 
+    `mixed_precision="bf16"` (TRL `bf16`) gives every unit FSDP2's `MixedPrecisionPolicy`: the all-gathered
+    parameters, hence the forward and backward, are bfloat16, and gradients are reduce-scattered in bfloat16 on
+    GPU (NCCL) and float32 on CPU (gloo has no bfloat16 reduction); the sharded master weights, their gradients
+    and AdamW's state stay float32 (PyTorch FSDP2 docs, "MixedPrecisionPolicy").
+
     Raises:
         ValueError: the model has no `get_decoder().layers` (not a transformers decoder-only LM).
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if mixed_precision == "bf16":
+        reduce = torch.bfloat16 if dist.is_initialized() and dist.get_backend() == "nccl" else torch.float32
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
 
     layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
     if layers is None:
         raise ValueError(f"fsdp: {type(model).__name__} has no get_decoder().layers to shard. Fix: use a "
                          "transformers decoder-only causal LM, or set fsdp=false.")
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 

@@ -87,9 +87,9 @@ class GRPOLearner:
                                  "skip_zero_advantage_batches=false. Fix: unset them.")
             from async_grpo.trainer.distributed import shard_model
 
-            shard_model(self.model)
+            shard_model(self.model, mixed_precision)  # bf16: FSDP2's MixedPrecisionPolicy, float32 master weights
             if self.ref_model is not None:
-                shard_model(self.ref_model)
+                shard_model(self.ref_model, mixed_precision)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay,
                                            betas=adam_betas, eps=adam_epsilon)
         self.scheduler = lr_schedule.build(self.optimizer) if lr_schedule is not None else None

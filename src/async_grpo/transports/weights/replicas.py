@@ -39,6 +39,9 @@ class ReplicaPusher:
         recovery_timeout_s: longest wait for one lost replica to come back (seconds; `vllm_recovery_timeout_s`).
         max_restarts: background recoveries per replica before it is given up for the rest of the run
             (`max_inference_restarts`).
+        parallel: push to the replicas at once (one thread each). False pushes one after another: needed when
+            iterating the weights is a collective across trainer ranks (FSDP shards), which two concurrent passes
+            would interleave.
 
     Attributes:
         last_seconds: per replica index, the seconds of its part of the last push.
@@ -46,8 +49,9 @@ class ReplicaPusher:
     """
 
     def __init__(self, replicas: ReplicaSet, make: Callable[[str], Any], *, recovery_timeout_s: float = 600.0,
-                 max_restarts: int = 3):
+                 max_restarts: int = 3, parallel: bool = True):
         self.replicas = replicas
+        self.parallel = parallel
         self.make = make
         self.recovery_timeout_s = recovery_timeout_s
         self.max_restarts = max_restarts
@@ -94,7 +98,8 @@ class ReplicaPusher:
         t0 = time.perf_counter()
         for replica in targets:
             self.replicas.set_state(replica, "syncing")
-        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
+        workers = len(targets) if self.parallel else 1
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="weight-push") as pool:
             futures = {replica.index: pool.submit(self._timed_push, replica, version) for replica in targets}
         errors, self.last_seconds = [], {}
         for replica in targets:
