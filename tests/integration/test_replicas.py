@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from async_grpo.inference.client import AsyncVLLMClient, InferenceEndpoint, VLLMControlClient
 from async_grpo.inference.replicas import ReplicaSet
+from async_grpo.runner.scheduling import TimeSlice
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.transports.weights.replicas import ReplicaPusher
 from async_grpo.transports.weights.sync import WeightPusher
@@ -87,6 +88,9 @@ def test_every_push_reaches_both_replicas(vllm_server, second_server, tiny_model
             for url in urls:
                 assert VLLMControlClient(url).weight_version() == str(version)
                 assert _max_gap(url, str(tiny_model_dir), model) < 1e-3, url  # this replica serves the new weights
+        with TimeSlice(replicas, enabled=True):  # resource_sharing=time_slice: both pause while the trainer computes
+            assert all(VLLMControlClient(u)._call("GET", "/is_paused")["is_paused"] for u in urls)
+        assert not any(VLLMControlClient(u)._call("GET", "/is_paused")["is_paused"] for u in urls)
     finally:
         pusher.close()
     assert pusher.last_push_bytes == sum(p.numel() * p.element_size() for p in model.parameters())  # weight_sync/bytes

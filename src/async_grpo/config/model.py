@@ -147,6 +147,10 @@ class GRPOConfig(RunFields):
                     "whose completions fill whole micro-batches, and group scaling without reuse, or unset "
                     "streaming_min_groups."
                 )
+        if producer.streaming_min_groups is not None and self.inference.resource_sharing == "time_slice":
+            raise ValueError("streaming_min_groups overlaps training with generation, and resource_sharing=time_slice "
+                             "pauses generation while the trainer computes. Fix: set resource_sharing: overlap (or "
+                             "auto), or unset streaming_min_groups.")
         if producer.data_producer is not None and (shaping.dynamic_sampling or shaping.replay_buffer_size or
                                                    shaping.reroll_start_fraction < 1.0 or
                                                    producer.streaming_min_groups):

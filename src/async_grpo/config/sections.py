@@ -14,6 +14,7 @@ from pydantic import Field
 
 from async_grpo.config.base import Section
 from async_grpo.config.checkpoint_section import CheckpointConfig
+from async_grpo.config.placement import InferencePlacementFields
 from async_grpo.config.tools_section import ToolsConfig
 from async_grpo.config.trl_fields import (DataTRLFields, InferenceTRLFields, OffPolicyTRLFields, OptimTRLFields,
                                          RewardsTRLFields, RunTRLFields, SamplingTRLFields, TrackingTRLFields)
@@ -316,17 +317,12 @@ class DataProducerConfig(Section):
     )
 
 
-class InferenceConfig(InferenceTRLFields, Section):
+class InferenceConfig(InferenceTRLFields, InferencePlacementFields, Section):
     """The vLLM server that generates rollouts: attach to one, or how to launch it."""
 
     vllm_url: str | None = Field(None, description="Attach to running vLLM servers instead of starting them: one URL, "
                                  "a comma-separated list of vllm_replicas URLs, or one URL whose host name resolves to "
                                  "the replicas' addresses (a Kubernetes headless Service).")
-    vllm_replicas: int = Field(
-        1, ge=1, description="vLLM servers generating for the run (the vLLM Deployment's replicas on Kubernetes; this "
-        "many local servers otherwise). Each request goes to the live replica with the fewest requests in flight; "
-        "every weight push reaches every replica; a replica that dies is excluded, recovered and rejoins with the "
-        "current weights while the others serve.")
     vllm_port: int = Field(0, ge=0, le=65535, description="Port for the launched server; 0 picks a free one.")
     vllm_dtype: str = Field("float32", description="dtype the launched vLLM server runs the model in.")
     vllm_max_model_len: int = Field(512, ge=16, description="vLLM --max-model-len (tokens).")

@@ -28,7 +28,7 @@ from async_grpo.inference.replicas import BalancedClient, ReplicaSet
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders
-from async_grpo.runner import checkpoints, recovery, report
+from async_grpo.runner import checkpoints, recovery, report, scheduling
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -124,10 +124,10 @@ class GRPORecipe:
         self.pusher.setup()
         if sft_loss is not None:
             self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
-        if sft_loss is not None or not all(r.endpoint.launched for r in self.replicas.replicas):
-            # serve exactly the trainer's starting weights as version 0 (warm-started, or an attached server
-            # whose current weights are unknown)
-            self.sync_times.append(self.pusher.push(self.version.value))
+        launched = all(r.endpoint.launched for r in self.replicas.replicas)
+        if sft_loss is not None or not launched:  # serve exactly the trainer's starting weights as version 0
+            self.sync_times.append(self.pusher.push(self.version.value))  # (warm-started, or attached: unknown)
+        self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched)  # resource_sharing
         self.producer, self.orchestrator, self.queue = builders.build_producer(
             config, tokenizer=self.tokenizer, train_items=self.train_items, rollout=self.rollout,
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
@@ -250,7 +250,8 @@ class GRPORecipe:
         t0 = time.perf_counter()
         metrics = dict(item.metrics)
         self.guard.begin()  # a stop signal waits for the step's end (checkpoint_on_signal)
-        metrics.update(recovery.surviving_inference_loss(self, lambda: self.learner.step(item, old_logps=old_logps)))
+        with self.time_slice:
+            metrics.update(recovery.surviving_inference_loss(self, lambda: self.learner.step(item, old_logps=old_logps)))
         if isinstance(item, StepStream):  # streamed: chunk count and waits are known once the step consumed it
             metrics.update(item.metrics)
             waited += item.wait_s
@@ -261,7 +262,7 @@ class GRPORecipe:
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
             metrics["weight_sync/seconds"] = recovery.push_surviving_inference_loss(self)
             metrics.update(report.push_metrics(self.pusher))
-        metrics.update(self.replicas.metrics())
+        metrics.update(self.replicas.metrics(), **{"inference/paused_for_training_s": self.time_slice.paused_s})
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)

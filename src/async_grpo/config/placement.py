@@ -1,0 +1,30 @@
+"""Where generation runs relative to training: how many vLLM servers, and whether they share the trainer's cores
+or GPU. Fields of the `inference` section; their own module only to keep `sections.py` short. `inference.replicas`
+and `runner.scheduling` implement them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+ResourceSharing = Literal["auto", "overlap", "time_slice"]
+
+
+class InferencePlacementFields(BaseModel):
+    """Replicas and resource sharing (mixed into `InferenceConfig`)."""
+
+    vllm_replicas: int = Field(
+        1, ge=1, description="vLLM servers generating for the run (the vLLM Deployment's replicas on Kubernetes; this "
+        "many local servers otherwise). Each request goes to the live replica with the fewest requests in flight; "
+        "every weight push reaches every replica; a replica that dies is excluded, recovered and rejoins with the "
+        "current weights while the others serve.")
+    resource_sharing: ResourceSharing = Field(
+        "auto", description="How generation and training share the machine. `overlap`: vLLM generates the next "
+        "groups while the trainer computes (what pays when each has its own GPUs or cores). `time_slice`: vLLM is "
+        "paused (mode keep: requests freeze, nothing is lost) while the trainer runs an optimizer step, so each "
+        "gets every core in turn instead of both fighting over them; groups are still generated ahead, between "
+        "steps, and scored meanwhile (verl's colocated hybrid engine makes the same trade on one GPU). `auto`: "
+        "time_slice when this run launched its vLLM servers on the trainer's own machine (the local backend), "
+        "else overlap (attached servers, Kubernetes pods). streaming_min_groups needs overlap.")
