@@ -10,20 +10,26 @@ from async_grpo.inference.replicas import ReplicaSet
 from async_grpo.runner.scheduling import TimeSlice, resolve_resource_sharing
 
 
-@pytest.mark.parametrize(("mode", "launched", "streaming", "expected"), [
-    ("auto", True, False, "time_slice"),  # the local backend's own servers share this machine
-    ("auto", False, False, "overlap"),  # attached servers / Kubernetes pods have their own resources
-    ("auto", True, True, "overlap"),  # streaming overlaps training with generation by design
-    ("overlap", True, False, "overlap"),
-    ("time_slice", False, False, "time_slice"),
+@pytest.mark.parametrize(("mode", "launched", "streaming", "threads", "cuda", "expected"), [
+    ("auto", True, False, None, False, "time_slice"),  # a trainer on every core beside the local vLLM CPU server
+    ("auto", True, False, 2, False, "time_slice"),
+    ("auto", True, False, 1, False, "overlap"),  # 1 of 2 cores: vLLM keeps its own core, overlap wins
+    ("auto", False, False, None, False, "overlap"),  # attached servers / Kubernetes pods have their own resources
+    ("auto", True, True, None, False, "overlap"),  # streaming overlaps training with generation by design
+    ("auto", True, False, None, True, "overlap"),  # GPU: separate memory; time_slice is the user's call
+    ("overlap", True, False, None, False, "overlap"),
+    ("time_slice", False, False, 1, True, "time_slice"),
 ])
-def test_auto_time_slices_only_servers_on_this_machine(mode, launched, streaming, expected):
-    assert resolve_resource_sharing(mode, launched_here=launched, streaming=streaming) == expected
+def test_auto_time_slices_only_a_trainer_on_the_cores_of_its_own_vllm(mode, launched, streaming, threads, cuda,
+                                                                       expected):
+    assert resolve_resource_sharing(mode, launched_here=launched, streaming=streaming, trainer_threads=threads,
+                                    cores=2, cuda=cuda) == expected
 
 
 def test_for_run_follows_the_config_and_a_disabled_slice_is_a_no_op():
     replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])  # nothing listens: any call would fail
-    assert TimeSlice.for_run(GRPOConfig(), replicas, launched_here=True).enabled
+    assert TimeSlice.for_run(GRPOConfig(torch_num_threads=64), replicas, launched_here=True).enabled
+    assert not TimeSlice.for_run(GRPOConfig(torch_num_threads=1), replicas, launched_here=True).enabled
     assert not TimeSlice.for_run(GRPOConfig(resource_sharing="overlap"), replicas, launched_here=True).enabled
     off = TimeSlice(replicas, enabled=False)
     with off:

@@ -26,5 +26,7 @@ class InferencePlacementFields(BaseModel):
         "paused (mode keep: requests freeze, nothing is lost) while the trainer runs an optimizer step, so each "
         "gets every core in turn instead of both fighting over them; groups are still generated ahead, between "
         "steps, and scored meanwhile (verl's colocated hybrid engine makes the same trade on one GPU). `auto`: "
-        "time_slice when this run launched its vLLM servers on the trainer's own machine (the local backend), "
-        "else overlap (attached servers, Kubernetes pods). streaming_min_groups needs overlap.")
+        "time_slice when this run launched its vLLM servers on its own CPU machine and the trainer uses every core "
+        "(torch_num_threads unset or >= the cores), else overlap (a trainer held to fewer threads leaves vLLM its "
+        "core; attached servers, Kubernetes pods and GPUs have their own resources). streaming_min_groups needs "
+        "overlap.")
