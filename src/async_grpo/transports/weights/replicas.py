@@ -138,6 +138,9 @@ class ReplicaPusher:
         except Exception as err:  # noqa: BLE001 - logged; the run goes on with the other replicas
             replica.restarts += 1
             self.replicas.set_state(replica, "lost")
+            if self.stop.is_set():  # the run ended meanwhile and stopped the server it was restarting
+                logger.info("vLLM replica %d: recovery stopped with the run (%r)", replica.index, err)
+                return
             logger.warning("vLLM replica %d could not be brought back (%d of %d tries): %r", replica.index,
                            replica.restarts, self.max_restarts, err)
             return
