@@ -109,7 +109,7 @@ REFUSED: dict[str, Refusal] = {
     **_refuse("use_adaptive_entropy", (False,), "an adaptive entropy bonus is " + _NOT_YET + ". Fix: remove it"),
     **_refuse("dtype torch_dtype", (None, "float32", "auto"), "the trainer keeps float32 master weights (TRL "
               "ModelConfig name). Fix: remove it, and use bf16: true for bfloat16 compute"),
-    **_refuse("use_peft load_in_4bit load_in_8bit", (False,), "LoRA / quantized training is " + _NOT_YET +
+    **_refuse("load_in_4bit load_in_8bit", (False,), "quantized training (QLoRA) is " + _NOT_YET +
               " (TRL ModelConfig name). Fix: remove it"),
     **_refuse("save_strategy", ("steps",), "checkpoints are written every save_steps optimizer steps; per-epoch "
               "or best-metric saving is " + _NOT_YET + ". Fix: remove it, and set save_steps (0: no checkpoints)"),

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from async_grpo.config import GRPOConfig
+from async_grpo.config.peft_section import lora_server_args
 from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
@@ -106,9 +107,9 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         cmd = build_server_command(model_path, port=port, dtype=config.inference.vllm_dtype,
                                    max_model_len=config.inference.vllm_max_model_len,
                                    weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
-                                   seed=config.seed, extra_args=config.vllm_serve_args)
-        server = VLLMServer(cmd, server_env(config.inference.vllm_kv_cache_gib), Path(config.output_dir) / "vllm.log",
-                            url, config.inference.vllm_startup_timeout_s)
+                                   seed=config.seed, extra_args=lora_server_args(config) + config.vllm_serve_args)
+        env = server_env(config.inference.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync)
+        server = VLLMServer(cmd, env, Path(config.output_dir) / "vllm.log", url, config.inference.vllm_startup_timeout_s)
         server.launch()
         return InferenceEndpoint(url, served_model=str(model_path), launched=True,
                                  wait_ready=server.wait_until_healthy, restart=server.restart_if_down)

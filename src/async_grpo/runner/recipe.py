@@ -27,7 +27,7 @@ from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders
-from async_grpo.runner import checkpoints, recovery, report
+from async_grpo.runner import checkpoints, peft_setup, recovery, report
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -120,7 +120,7 @@ class GRPORecipe:
         self.pusher.setup()
         if sft_loss is not None:
             self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
-        if sft_loss is not None or not self.endpoint.launched:
+        if sft_loss is not None or not self.endpoint.launched or peft_setup.push_at_start(config):
             # serve exactly the trainer's starting weights as version 0 (warm-started, or an attached server
             # whose current weights are unknown)
             self.sync_times.append(self.pusher.push(self.version.value))
@@ -146,6 +146,8 @@ class GRPORecipe:
     def make_pusher(self) -> WeightPusher:
         """A weight pusher from the learner to the run's server (not yet set up)."""
         config = self.config
+        if config.peft.vllm_lora_sync:  # adapter-only sync (docs/deploy.md, "LoRA")
+            return peft_setup.adapter_pusher(config, self.learner, self.endpoint.url)
         return WeightPusher(self.learner.named_parameters_for_push(), self.endpoint.url,
                             backend=config.weight_sync.weight_sync_backend,
                             timeout_s=config.weight_sync.weight_sync_timeout_s,
@@ -153,8 +155,8 @@ class GRPORecipe:
 
     def make_client(self) -> AsyncVLLMClient:
         """A generation client for the run's server (build it inside the event loop that uses it)."""
-        return AsyncVLLMClient(self.endpoint.url, self.served_model,
-                               timeout_s=self.config.inference.vllm_request_timeout_s)
+        model = peft_setup.request_model(self.config, self.version, self.served_model)  # a LoRA adapter per version
+        return AsyncVLLMClient(self.endpoint.url, model, timeout_s=self.config.inference.vllm_request_timeout_s)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, rollout: Any = None, prefix: str = "eval") -> dict[str, float]:
@@ -252,6 +254,7 @@ class GRPORecipe:
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
             metrics["weight_sync/seconds"] = recovery.push_surviving_inference_loss(self)
+            metrics["weight_sync/bytes"] = float(getattr(self.pusher, "last_push_bytes", 0))
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)

@@ -9,6 +9,7 @@ through `WeightTransferTrainerFactory`, so the trainer never special-cases the m
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import requests
@@ -49,6 +50,7 @@ class WeightPusher:
         self.master_address = master_address
         self.timeout_s = timeout_s
         self.engine = None
+        self.last_push_bytes = 0  # bytes the latest push sent: numel x element size summed (weight_sync/bytes)
 
     def setup(self) -> None:
         """Rendezvous with the server's workers (once).
@@ -97,6 +99,7 @@ class WeightPusher:
                 logger.warning("could not resume vLLM after a failed weight push: %s", err)
             raise
         self.control.resume()
+        self.last_push_bytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in self.source.metadata())
         return time.perf_counter() - t0
 
     def close(self) -> None:
