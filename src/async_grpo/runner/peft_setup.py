@@ -42,10 +42,17 @@ def lora_sync_folder(config: GRPOConfig) -> Path:
 
 def adapter_pusher(config: GRPOConfig, learner: Any, url: str) -> LoRAAdapterPusher:
     """The adapter-only pusher (vllm_lora_sync) from `learner` (a `PeftLearner`, or a data-parallel learner over
-    one) to the server at `url`."""
+    one) to the server at `url`; its first push after each setup also sends the base weights once (full transfer,
+    `LoRAAdapterPusher.base_pusher`), so the server's base is the trainer's."""
+    from async_grpo.runner.builders import rendezvous_address
+    from async_grpo.transports.weights.sync import WeightPusher
+
     local = getattr(learner, "learner", learner)  # DataParallelLearner drives a local learner; rank 0 holds it all
+    sync = config.weight_sync
+    base = WeightPusher(local.base_weights_for_push(), url, backend=sync.weight_sync_backend,
+                        timeout_s=sync.weight_sync_timeout_s, master_address=rendezvous_address(url))
     return LoRAAdapterPusher(local.save_adapter, url, lora_sync_folder(config) / _slug(url),
-                             timeout_s=config.weight_sync.weight_sync_timeout_s)
+                             timeout_s=sync.weight_sync_timeout_s, base_pusher=base)
 
 
 def request_model(config: GRPOConfig, version: PolicyVersion, served_model: str) -> str | Callable[[], str]:

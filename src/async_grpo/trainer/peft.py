@@ -107,6 +107,11 @@ class PeftLearner(GRPOLearner):
         """The merged policy under the base model's parameter names (`MergedLoRASource`)."""
         return MergedLoRASource(self.model)
 
+    def base_weights_for_push(self) -> MergedLoRASource:
+        """The base weights W alone (adapters left out) under their HF names: what vLLM must hold under the adapter
+        with vllm_lora_sync (the base may differ from the server's model folder after a warm start or a resume)."""
+        return MergedLoRASource(self.model, with_adapter=False)
+
     def save_adapter(self, path: str | Path) -> int:
         """Write the adapter only (peft `save_pretrained`: adapter_config.json + adapter_model.safetensors) to
         `path`; returns the bytes of the files written."""
@@ -134,10 +139,12 @@ class MergedLoRASource(WeightSource):
 
     Args:
         peft_model: the `peft.PeftModel` (not sharded).
+        with_adapter: False streams the base weights W alone.
     """
 
-    def __init__(self, peft_model: Any):
+    def __init__(self, peft_model: Any, with_adapter: bool = True):
         self.peft_model = peft_model
+        self.with_adapter = with_adapter
 
     def _params(self) -> Iterator[tuple[str, torch.nn.Parameter, Any]]:
         base = self.peft_model.get_base_model()
@@ -157,7 +164,7 @@ class MergedLoRASource(WeightSource):
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         with torch.no_grad():
             for name, param, layer in self._params():
-                if layer is None or ADAPTER not in getattr(layer, "lora_A", {}):
+                if layer is None or not self.with_adapter or ADAPTER not in getattr(layer, "lora_A", {}):
                     yield name, param.detach()
                 else:
                     yield name, param.detach() + layer.get_delta_weight(ADAPTER).to(param.dtype)

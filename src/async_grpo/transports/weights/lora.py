@@ -22,6 +22,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -52,10 +53,14 @@ class LoRAAdapterPusher:
         folder: where adapters are written; must be readable by the server at the same path.
         timeout_s: timeout of each HTTP call (seconds).
         keep: adapters kept loaded (the current one and the ones before it; at least 2, see the module docstring).
+        base_pusher: a full-weight pusher (`sync.WeightPusher`) of the trainer's base weights W, sent once after each
+            `setup()` before the first adapter: the server's base must equal the trainer's, which a warm start, a
+            resumed checkpoint, an attached server or a restarted server (its model folder) would break. None: the
+            server's base is trusted.
     """
 
     def __init__(self, save_adapter: Callable[[Path], int], server_url: str, folder: str | Path, *,
-                 timeout_s: float = 300.0, keep: int = 2):
+                 timeout_s: float = 300.0, keep: int = 2, base_pusher: Any = None):
         self.save_adapter = save_adapter
         self.url = server_url.rstrip("/")
         self.folder = Path(folder).resolve()
@@ -64,6 +69,8 @@ class LoRAAdapterPusher:
         self.loaded: list[tuple[str, Path]] = []  # (adapter name, folder), oldest first
         self.pushes = 0
         self.last_push_bytes = 0  # bytes of the adapter files of the latest push (metric weight_sync/bytes)
+        self.base_pusher = base_pusher
+        self._base_pending = False
 
     def _post(self, route: str, body: dict) -> requests.Response:
         return requests.post(f"{self.url}{route}", json=body, timeout=self.timeout_s, headers=auth_headers())
@@ -72,6 +79,9 @@ class LoRAAdapterPusher:
         """Forget what a previous server held (after a restart it holds no adapter) and create the folder."""
         self.loaded = []
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.base_pusher is not None:
+            self.base_pusher.setup()
+            self._base_pending = True
 
     def push(self, version: int) -> float:
         """Save the adapter and load it as `adapter_name(version)`; unload the one before the previous. Returns the
@@ -83,13 +93,18 @@ class LoRAAdapterPusher:
             requests.RequestException: the server did not answer.
         """
         t0 = time.perf_counter()
+        base_bytes = 0
+        if self._base_pending:  # the base weights first, once per setup (see base_pusher)
+            self.base_pusher.push(version)
+            base_bytes, self._base_pending = self.base_pusher.last_push_bytes, False
         name = adapter_name(version)
         self.pushes += 1
         path = self.folder / f"{name}-{self.pushes}"
-        self.last_push_bytes = int(self.save_adapter(path))
+        self.last_push_bytes = base_bytes + int(self.save_adapter(path))
         inplace = any(n == name for n, _ in self.loaded)  # the same version again (a recovery or resume push)
-        resp = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path),
-                                                     "load_inplace": inplace})
+        resp = self._load(name, path, inplace)
+        if resp.status_code == 400 and "already been loaded" in resp.text:  # loaded by an earlier trainer process
+            resp = self._load(name, path, True)
         if resp.status_code == 404 and "load_lora_adapter" not in resp.text and "cannot be found" not in resp.text:
             raise LoRASyncError(f"vLLM at {self.url} has no /v1/load_lora_adapter route. Fix: start it with "
                                 "--enable-lora --max-lora-rank <r> and env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the "
@@ -103,6 +118,9 @@ class LoRAAdapterPusher:
             self._unload(*self.loaded.pop(0))
         return time.perf_counter() - t0
 
+    def _load(self, name: str, path: Path, inplace: bool) -> requests.Response:
+        return self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": inplace})
+
     def _unload(self, name: str, path: Path) -> None:
         """Unload adapter `name` (best effort: a failure is logged, never fatal) and delete its folder."""
         try:
@@ -114,4 +132,6 @@ class LoRAAdapterPusher:
         shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
-        """Nothing to tear down: the adapters stay loaded (the server may still sample from them)."""
+        """Close the base pusher's transfer group; the adapters stay loaded (the server may still sample them)."""
+        if self.base_pusher is not None:
+            self.base_pusher.close()
