@@ -75,7 +75,7 @@ def test_kl_reference_is_the_base_model_with_adapters_off(tiny_model):
     assert second["kl"] > 0.0
 
 
-def test_learner_state_round_trip_restores_adapter_and_adamw(tiny_model_path):
+def test_learner_state_round_trip_restores_adapter_and_adamw(tiny_model_path, tmp_path):
     def fresh():
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         torch.manual_seed(0)
@@ -84,7 +84,8 @@ def test_learner_state_round_trip_restores_adapter_and_adamw(tiny_model_path):
     a = fresh()
     batch = on_policy_batch(a.model.get_base_model())
     a.step(batch)
-    state = a.state_dict()
+    torch.save(a.state_dict(), tmp_path / "learner.pt")  # as runner.state.save_checkpoint writes it
+    state = torch.load(tmp_path / "learner.pt", weights_only=False)
     b = fresh()
     torch.manual_seed(1)  # a different adapter init than the saved one
     with torch.no_grad():
@@ -143,3 +144,10 @@ def test_request_model_names_the_adapter_of_the_current_version(tmp_path):
     version.bump()
     assert name() == "policy-v4"
     assert peft_setup.lora_sync_folder(lora) == Path(tmp_path).resolve() / "lora_sync"
+
+
+def test_the_lora_example_loads():
+    from async_grpo.config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[2] / "examples" / "lora_cpu.yaml")
+    assert config.peft.use_peft and config.peft.vllm_lora_sync and config.peft.lora_r == 8
