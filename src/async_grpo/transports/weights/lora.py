@@ -105,7 +105,7 @@ class LoRAAdapterPusher:
         resp = self._load(name, path, inplace)
         if resp.status_code == 400 and "already been loaded" in resp.text:  # loaded by an earlier trainer process
             resp = self._load(name, path, True)
-        if resp.status_code == 404 and "load_lora_adapter" not in resp.text and "cannot be found" not in resp.text:
+        if resp.status_code == 404 and _no_route(resp):
             raise LoRASyncError(f"vLLM at {self.url} has no /v1/load_lora_adapter route. Fix: start it with "
                                 "--enable-lora --max-lora-rank <r> and env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the "
                                 "launchers do when vllm_lora_sync is on).")
@@ -135,3 +135,12 @@ class LoRAAdapterPusher:
         """Close the base pusher's transfer group; the adapters stay loaded (the server may still sample them)."""
         if self.base_pusher is not None:
             self.base_pusher.close()
+
+
+def _no_route(resp: requests.Response) -> bool:
+    """True for FastAPI's answer to a route that does not exist (`{"detail": "Not Found"}`), as opposed to vLLM's
+    404 for an adapter folder it cannot find."""
+    try:
+        return resp.json() == {"detail": "Not Found"}
+    except ValueError:
+        return False
