@@ -110,7 +110,8 @@ def test_adapter_push_makes_vllm_sample_with_the_trainer_policy(lora_server, tin
     served = VLLMControlClient(url).models()
     assert adapter_name(2) in served and adapter_name(3) in served  # current and previous
     assert adapter_name(1) not in served  # older ones are unloaded ...
-    assert sorted(p.name for p in (tmp_path / "lora_sync").iterdir()) == ["policy-v2-2", "policy-v3-3"]  # ... and deleted
+    kept = sorted(p.name for p in (tmp_path / "lora_sync").iterdir())
+    assert kept == ["policy-v2-2", "policy-v3-3"]  # ... and their folders deleted
     files = sum(f.stat().st_size for f in (tmp_path / "lora_sync" / "policy-v3-3").iterdir())
     assert adapter_bytes == files
     assert adapter_bytes < 0.15 * _full_bytes(tiny_model_dir) < full

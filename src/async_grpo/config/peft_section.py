@@ -51,7 +51,8 @@ class PeftConfig(Section):
         "server as adapter `policy-v<version>` through vLLM's runtime LoRA loading (/v1/load_lora_adapter); "
         "generation requests name the adapter of the version they are stamped with, and the previous adapter is "
         "unloaded one push later. The first push after the trainer connects also sends the base weights once "
-        "(full transfer), so vLLM's base is the trainer's (warm start, resume). The launched server gets --enable-lora --max-lora-rank --max-loras 2 and "
+        "(full transfer), so vLLM's base is the trainer's (warm start, resume). The launched server gets "
+        "--enable-lora --max-lora-rank --max-loras 2 and "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; an attached server (vllm_url) needs those too and must read "
         "output_dir at the same path (on Kubernetes both pods mount the workspace PVC). Needs use_peft.")
 

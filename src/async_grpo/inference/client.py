@@ -77,8 +77,8 @@ class AsyncVLLMClient:
         api_key: bearer token; None reads env VLLM_API_KEY (unset: none).
     """
 
-    def __init__(self, base_url: str, model: str | Callable[[], str], timeout_s: float = 120.0, max_connections: int = 64,
-                 api_key: str | None = None):
+    def __init__(self, base_url: str, model: str | Callable[[], str], timeout_s: float = 120.0,
+                 max_connections: int = 64, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._http = httpx.AsyncClient(

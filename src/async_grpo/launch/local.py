@@ -109,7 +109,8 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
                                    weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
                                    seed=config.seed, extra_args=lora_server_args(config) + config.vllm_serve_args)
         env = server_env(config.inference.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync)
-        server = VLLMServer(cmd, env, Path(config.output_dir) / "vllm.log", url, config.inference.vllm_startup_timeout_s)
+        server = VLLMServer(cmd, env, Path(config.output_dir) / "vllm.log", url,
+                            config.inference.vllm_startup_timeout_s)
         server.launch()
         return InferenceEndpoint(url, served_model=str(model_path), launched=True,
                                  wait_ready=server.wait_until_healthy, restart=server.restart_if_down)
