@@ -138,6 +138,26 @@ def test_merged_push_makes_vllm_sample_with_the_trainer_policy(lora_server, tiny
             pusher.close()
 
 
+def test_lora_run_with_merged_pushes_samples_with_the_trainer_policy(lora_server, tiny_model_dir, tmp_path):
+    """use_peft without vllm_lora_sync: every push sends W + scaling B A under the base names (the whole model)."""
+    config = GRPOConfig(
+        model_name_or_path=str(tiny_model_dir), dataset="builtin:reverse", output_dir=str(tmp_path / "run"),
+        vllm_url=lora_server.url, max_steps=3, sync_warmup_rollouts=3, per_device_train_batch_size=32,
+        num_generations=8, max_completion_length=8, eval_num_prompts=8, num_generations_eval=2, torch_num_threads=1,
+        learning_rate=5e-3, reward_num_workers=1, use_peft=True, lora_r=LORA_R, lora_alpha=16, lora_dropout=0.0,
+        lora_target_modules="all-linear", save_model=False,
+    )  # fmt: skip
+    summary = run_local(config, progress=False)
+    assert summary.steps == 3
+    mlflow.set_tracking_uri(summary.tracking_uri)
+    client = mlflow.tracking.MlflowClient()
+    sent = [m.value for m in client.get_metric_history(summary.run_id, "weight_sync/bytes")]
+    ratios = [m.value for m in client.get_metric_history(summary.run_id, "sampling/importance_sampling_ratio/mean")]
+    assert sent == [_full_bytes(tiny_model_dir)] * 3
+    assert len(ratios) == 3 and all(abs(r - 1.0) < 1e-3 for r in ratios)  # vLLM sampled with the merged policy
+    print(f"\nmerged LoRA run: {sent[0]:.0f} B per push, push {summary.weight_sync_s_mean:.3f} s mean")
+
+
 def test_lora_run_with_adapter_sync_raises_held_out_reward(lora_server, tiny_model_dir, tmp_path):
     config = GRPOConfig(
         model_name_or_path=str(tiny_model_dir), dataset="builtin:reverse", output_dir=str(tmp_path / "run"),
