@@ -111,7 +111,7 @@ def test_adapter_push_makes_vllm_sample_with_the_trainer_policy(lora_server, tin
     assert adapter_name(2) in served and adapter_name(3) in served  # current and previous
     assert adapter_name(1) not in served  # older ones are unloaded ...
     kept = sorted(p.name for p in (tmp_path / "lora_sync").iterdir())
-    assert kept == ["policy-v2-2", "policy-v3-3"]  # ... and their folders deleted
+    assert kept == ["policy-v1-1", "policy-v2-2", "policy-v3-3"]  # ... their folders deleted one push later
     files = sum(f.stat().st_size for f in (tmp_path / "lora_sync" / "policy-v3-3").iterdir())
     assert adapter_bytes == files
     assert adapter_bytes < 0.15 * _full_bytes(tiny_model_dir) < full

@@ -91,7 +91,8 @@ def test_each_push_loads_its_version_and_keeps_only_the_previous_one(fake, tmp_p
         assert pusher.push(version) >= 0
     assert base.pushes == [0] and pusher.last_push_bytes == 102  # adapter files only
     assert sorted(fake.adapters) == [adapter_name(2), adapter_name(3)]
-    assert sorted(p.name for p in (tmp_path / "lora").iterdir()) == ["policy-v2-3", "policy-v3-4"]
+    folders = sorted(p.name for p in (tmp_path / "lora").iterdir())
+    assert folders == ["policy-v1-2", "policy-v2-3", "policy-v3-4"]  # v0's deleted; v1's one push after unloading
     pusher.setup()  # a restarted server: the base goes again
     pusher.push(3)  # same version again: in place
     assert base.pushes == [0, 3] and fake.calls[-1][1]["load_inplace"] is True

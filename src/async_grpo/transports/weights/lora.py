@@ -9,7 +9,8 @@ under the name `adapter_name(version)`. Generation requests name that adapter as
 (`adapter_name` of the version they are stamped with), so the stamp and the adapter that samples agree.
 
 Memory stays bounded: the adapter before the previous one is unloaded (`/v1/unload_lora_adapter`) and its folder
-deleted; the previous one stays, since requests sent just before the push may still name it. vLLM's engine keeps
+deleted one push later (at most three adapter folders exist); the previous one stays, since requests sent just
+before the push may still name it. vLLM's engine keeps
 at most `--max-cpu-loras` adapters and evicts the least recently used. No pause is needed: an adapter is
 loaded next to the one being sampled, not over it. A fresh folder per push avoids vLLM reusing prefix-cache
 blocks computed with an older adapter of the same name and path.
@@ -67,6 +68,7 @@ class LoRAAdapterPusher:
         self.timeout_s = timeout_s
         self.keep = max(2, keep)
         self.loaded: list[tuple[str, Path]] = []  # (adapter name, folder), oldest first
+        self.retired: list[Path] = []  # folders of unloaded or replaced adapters, deleted one push later
         self.pushes = 0
         self.last_push_bytes = 0  # bytes of the adapter files of the latest push (metric weight_sync/bytes)
         self.base_pusher = base_pusher
@@ -113,23 +115,33 @@ class LoRAAdapterPusher:
             raise LoRASyncError(f"vLLM refused adapter {name} from {path} ({resp.status_code}): {resp.text[:500]}. "
                                 "Fix: check that the server reads this folder at the same path and was started with "
                                 "--enable-lora and a --max-lora-rank >= lora_r.")
+        for _, replaced in [(n, p) for n, p in self.loaded if n == name]:
+            self._retire(replaced)
         self.loaded = [(n, p) for n, p in self.loaded if n != name] + [(name, path)]
         while len(self.loaded) > self.keep:
-            self._unload(*self.loaded.pop(0))
+            old_name, old_path = self.loaded.pop(0)
+            self._unload(old_name)
+            self._retire(old_path)
         return time.perf_counter() - t0
 
     def _load(self, name: str, path: Path, inplace: bool) -> requests.Response:
         return self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": inplace})
 
-    def _unload(self, name: str, path: Path) -> None:
-        """Unload adapter `name` (best effort: a failure is logged, never fatal) and delete its folder."""
+    def _retire(self, path: Path) -> None:
+        """Delete the folder of the adapter retired one push earlier. The newest retired folder stays one more
+        push: a request still running on an unloaded adapter that vLLM's engine evicted reloads it from its path."""
+        self.retired.append(path)
+        while len(self.retired) > 1:
+            shutil.rmtree(self.retired.pop(0), ignore_errors=True)
+
+    def _unload(self, name: str) -> None:
+        """Unload adapter `name` from the server (best effort: a failure is logged, never fatal)."""
         try:
             resp = self._post("/v1/unload_lora_adapter", {"lora_name": name})
             if resp.status_code != 200:
                 logger.warning("could not unload LoRA adapter %s (%s): %s", name, resp.status_code, resp.text[:200])
         except requests.RequestException as err:
             logger.warning("could not unload LoRA adapter %s: %s", name, err)
-        shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
         """Close the base pusher's transfer group; the adapters stay loaded (the server may still sample them)."""
