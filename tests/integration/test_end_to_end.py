@@ -22,7 +22,7 @@ EXPECTED_METRICS = [
     "sampling/importance_sampling_ratio/max",
     # pipeline metrics
     "staleness/mean", "staleness/max", "queue/depth", "trainer/idle_seconds", "generation/tokens_per_s",
-    "weight_sync/seconds", "dropped_groups/total",
+    "weight_sync/seconds", "weight_sync/bytes", "dropped_groups/total",
     # held-out reward
     "eval/reward",
 ]  # fmt: skip

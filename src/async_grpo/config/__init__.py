@@ -1,7 +1,7 @@
 """The one run configuration: a pydantic model in sections, loaded from YAML, overridable from the CLI.
 
 Sections (prime-rl style). `GRPOConfig` has five top-level fields (`model_name_or_path`, `seed`,
-`output_dir`, `trust_remote_code`, `model_init_kwargs`) and twelve sections, one pydantic model each (`sections.py`), in the order below:
+`output_dir`, `trust_remote_code`, `model_init_kwargs`) and fourteen sections, one pydantic model each (`sections.py`), in the order below:
 
     data           training / held-out prompts, evaluation, supervised warm start
     sampling       group size, completion length, temperature, top_p, top_k
@@ -15,6 +15,8 @@ Sections (prime-rl style). `GRPOConfig` has five top-level fields (`model_name_o
     weight_sync    trainer -> vLLM weight pushes
     tracking       MLflow
     checkpoint     what the run saves
+    tools          tool calling
+    peft           LoRA training and adapter-only weight sync
 
 Code reads fields through their section: `config.optim.learning_rate`, `config.loss.loss_type`.
 Values that combine sections stay on `GRPOConfig` (`groups_per_step`, `rollout_reuse`,

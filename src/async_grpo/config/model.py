@@ -1,4 +1,4 @@
-"""`GRPOConfig`: the top-level fields, the thirteen sections, the flat-key mapper, cross-field checks and
+"""`GRPOConfig`: the top-level fields, the fourteen sections, the flat-key mapper, cross-field checks and
 the values derived from several sections."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from async_grpo.config.sections import (
     TrackingConfig,
     WeightSyncConfig,
 )
+from async_grpo.config.peft_section import PeftConfig, check_peft
 from async_grpo.config.tools_section import ToolsConfig, check_tools
 
 
@@ -59,6 +60,7 @@ class GRPOConfig(RunFields):
     tracking: TrackingConfig = _section(TrackingConfig)
     checkpoint: CheckpointConfig = _section(CheckpointConfig)
     tools: ToolsConfig = _section(ToolsConfig)
+    peft: PeftConfig = _section(PeftConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -166,6 +168,7 @@ class GRPOConfig(RunFields):
                 f"vllm_max_model_len={self.inference.vllm_max_model_len}. Fix: raise vllm_max_model_len."
             )
         check_tools(self)
+        check_peft(self)
         return self
 
     def _check_trl_fields(self) -> None:

@@ -15,6 +15,7 @@ from pydantic import Field
 from async_grpo.config.base import Section
 from async_grpo.config.checkpoint_section import CheckpointConfig
 from async_grpo.config.placement import InferencePlacementFields
+from async_grpo.config.peft_section import PeftConfig
 from async_grpo.config.tools_section import ToolsConfig
 from async_grpo.config.trl_fields import (DataTRLFields, InferenceTRLFields, OffPolicyTRLFields, OptimTRLFields,
                                          RewardsTRLFields, RunTRLFields, SamplingTRLFields, TrackingTRLFields)
@@ -382,4 +383,5 @@ SECTIONS: dict[str, type[Section]] = {
     "tracking": TrackingConfig,
     "checkpoint": CheckpointConfig,
     "tools": ToolsConfig,
+    "peft": PeftConfig,
 }

@@ -109,7 +109,11 @@ REFUSED: dict[str, Refusal] = {
     **_refuse("use_adaptive_entropy", (False,), "an adaptive entropy bonus is " + _NOT_YET + ". Fix: remove it"),
     **_refuse("dtype torch_dtype", (None, "float32", "auto"), "the trainer keeps float32 master weights (TRL "
               "ModelConfig name). Fix: remove it, and use bf16: true for bfloat16 compute"),
-    **_refuse("use_peft load_in_4bit load_in_8bit", (False,), "LoRA / quantized training is " + _NOT_YET +
+    **_refuse("use_rslora use_dora", (False,), "rsLoRA / DoRA are " + _NOT_YET + " (TRL ModelConfig name; "
+              "use_peft trains plain LoRA). Fix: remove it"),
+    **_refuse("lora_modules_to_save", (None,), "training whole modules beside the adapters is " + _NOT_YET +
+              " (TRL ModelConfig name). Fix: remove it, or add those modules to lora_target_modules"),
+    **_refuse("load_in_4bit load_in_8bit", (False,), "quantized training (QLoRA) is " + _NOT_YET +
               " (TRL ModelConfig name). Fix: remove it"),
     **_refuse("save_strategy", ("steps",), "checkpoints are written every save_steps optimizer steps; per-epoch "
               "or best-metric saving is " + _NOT_YET + ". Fix: remove it, and set save_steps (0: no checkpoints)"),
@@ -151,6 +155,7 @@ IGNORED: dict[str, tuple[Any, str]] = {
     **_ignore("metric_for_best_model greater_is_better", None, "only used with load_best_model_at_end, refused"),
     **_ignore("hub_token hub_private_repo hub_model_id hub_revision", None, _HUB),
     **_ignore("hub_strategy", "every_save", _HUB), **_ignore("hub_always_push", False, _HUB),
+    **_ignore("lora_task_type", "CAUSAL_LM", "the policy is always a causal LM (TRL ModelConfig name)"),
     **_ignore("use_cache", False, "the KV cache is vLLM's; training forwards never use one"),
     **_ignore("torch_empty_cache_steps", None, "the allocator is left to PyTorch"),
     **_ignore("logging_first_step", False, _LOGS), **_ignore("log_on_each_node", True, _LOGS),

@@ -16,6 +16,8 @@ _KINDS = {
     "same": "same name and meaning", "alias": "TRL's name for our field", "refused": "refused at other values",
     "ignored": "accepted, no effect", "pending": "accepted, pending other work",
 }
+# TRL ModelConfig's LoRA fields, ours under the same names (section `peft`)
+_MODEL_CONFIG = ("use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 _NOTES = {  # where TRL's value is converted (trl_names.CONVERTED) or the unit differs
     "steps_per_generation": "ours counts optimizer steps per rollout; a resolved TRL dump (micro-batches) is divided "
                             "by gradient_accumulation_steps",
@@ -55,7 +57,7 @@ def render_table() -> str:
     counts = {kind: 0 for kind in _KINDS}
     for name in names:
         counts[disposition(name, FIELDS, ALIASES)[0]] = counts.get(disposition(name, FIELDS, ALIASES)[0], 0) + 1
-    others = sorted(set(ALIASES) | set(REFUSED) | set(IGNORED) | set(PENDING) - set(names))
+    others = sorted(set(ALIASES) | set(REFUSED) | set(IGNORED) | set(PENDING) | set(_MODEL_CONFIG) - set(names))
     lines = [
         "# TRL `GRPOConfig` fields in async-grpo",
         "",

@@ -71,13 +71,14 @@ class AsyncVLLMClient:
 
     Args:
         base_url: server URL, e.g. http://127.0.0.1:8000.
-        model: served model name (the `--model` path by default).
+        model: served model name (the `--model` path by default), or a callable returning it, called when each
+            request is sent (a LoRA adapter per policy version: `runner.peft_setup.request_model`).
         timeout_s: per-request timeout (seconds).
         api_key: bearer token; None reads env VLLM_API_KEY (unset: none).
     """
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 120.0, max_connections: int = 64,
-                 api_key: str | None = None):
+    def __init__(self, base_url: str, model: str | Callable[[], str], timeout_s: float = 120.0,
+                 max_connections: int = 64, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._http = httpx.AsyncClient(
@@ -107,7 +108,7 @@ class AsyncVLLMClient:
             httpx.TimeoutException: the request exceeded timeout_s.
         """
         body = {
-            "model": self.model,
+            "model": self.model() if callable(self.model) else self.model,
             "prompt": prompt_ids,
             "n": n,
             "max_tokens": max_tokens,

@@ -100,9 +100,15 @@ def build_server_command(
     return cmd + list(extra_args or [])
 
 
-def server_env(kv_cache_gib: int = 1) -> dict[str, str]:
-    """Environment for the server: dev-mode control plane on, no hub access."""
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for /v1/load_lora_adapter and /v1/unload_...
+
+
+def server_env(kv_cache_gib: int = 1, runtime_lora: bool = False) -> dict[str, str]:
+    """Environment for the server: dev-mode control plane on, no hub access; `runtime_lora` also turns on vLLM's
+    runtime LoRA routes (env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; `vllm_lora_sync`)."""
     env = dict(os.environ)
+    if runtime_lora:
+        env[RUNTIME_LORA_ENV] = "True"
     env.update(
         VLLM_SERVER_DEV_MODE="1",
         HF_HUB_OFFLINE="1",

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from async_grpo.config import GRPOConfig, flat_dump
-from async_grpo.inference.server import build_server_command
+from async_grpo.config.peft_section import lora_server_args
+from async_grpo.inference.server import RUNTIME_LORA_ENV, build_server_command
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS, build_network_policies, reward_policy
 from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names other modules import from here
     CACHE_DIR, CONFIG_DIR, CONFIG_FILE, DNS_LABEL, POD_IP_ENV, PYTORCH_CONTAINER, PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL,
@@ -188,7 +189,7 @@ def vllm_command(config: GRPOConfig, settings: ClusterSettings, model_path: str)
     cmd = ["python3"] + cmd[1:]
     if settings.device == "gpu" and settings.vllm_gpus > 1 and config.inference.vllm_tensor_parallel_size == 1:
         cmd += ["--tensor-parallel-size", str(settings.vllm_gpus)]  # unless the config sets it (vllm_serve_args)
-    return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + config.vllm_serve_args
+    return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + lora_server_args(config) + config.vllm_serve_args
 
 
 def build_vllm_deployment(config: GRPOConfig, settings: ClusterSettings, run_name: str,
@@ -208,13 +209,16 @@ def build_vllm_deployment(config: GRPOConfig, settings: ClusterSettings, run_nam
                      "securityContext": container_security()})
     else:
         model_path = trainer_config(config, settings, run_name).model_name_or_path
-        data_vol, data_mount = data_volume(settings, read_only=True)
+    if config.model_name_or_path != "builtin:tiny" or config.peft.vllm_lora_sync:  # vllm_lora_sync: adapters from the
+        data_vol, data_mount = data_volume(settings, read_only=True)  # trainer's <output_dir>/lora_sync on the PVC
         vols.append(data_vol)
         mounts.append(data_mount)
     env = base_env() + nccl_env(settings) + [
         {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}, {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
     ] + token_env(tokens_secret_name(run_name), (VLLM_API_KEY_ENV, VLLM_TOKEN_KEY))
+    if config.peft.vllm_lora_sync:
+        env.append({"name": RUNTIME_LORA_ENV, "value": "True"})
     if settings.device == "cpu":
         env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(config.inference.vllm_kv_cache_gib)})
     startup_failures = max(1, math.ceil(config.inference.vllm_startup_timeout_s / PROBE_PERIOD_S))

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from async_grpo.config import GRPOConfig
+from async_grpo.config.peft_section import lora_server_args
 from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import attached_endpoints
@@ -108,9 +109,10 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
             url = f"http://127.0.0.1:{port}"
             cmd = build_server_command(model_path, port=port, dtype=inf.vllm_dtype, max_model_len=inf.vllm_max_model_len,
                                        weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
-                                       seed=config.seed, extra_args=config.vllm_serve_args)
+                                       seed=config.seed, extra_args=lora_server_args(config) + config.vllm_serve_args)
             log = Path(config.output_dir) / ("vllm.log" if i == 0 else f"vllm-{i}.log")
-            server = VLLMServer(cmd, server_env(inf.vllm_kv_cache_gib), log, url, inf.vllm_startup_timeout_s)
+            env = server_env(inf.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync)
+            server = VLLMServer(cmd, env, log, url, inf.vllm_startup_timeout_s)
             servers.append(server)
             server.launch()
             endpoints.append(InferenceEndpoint(url, served_model=str(model_path), launched=True,

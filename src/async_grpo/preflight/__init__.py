@@ -20,6 +20,8 @@ backend run it with target cluster.
 - reward_probe (where the dataset was read): a reward function whose signature cannot take TRL's call, or that
   raises, hangs or returns something other than G numbers or None on one group from the first row.
 - model (local): a model_name_or_path that is no local HF folder, no hub id and not builtin:tiny.
+- lora_targets (with use_peft and explicit lora_target_modules, where the model's config is at hand): target
+  modules that match no module of the model (`peft_check`).
 - output_dir (local): a folder this process cannot write.
 - weight_sync_device (local): weight_sync_backend=nccl without CUDA.
 - mlflow (local): an http(s) tracking server that does not answer within 5 s; an unwritable sqlite/file store.
@@ -42,7 +44,8 @@ from async_grpo.preflight.report import PreflightError, PreflightReport, Problem
 
 Target = Literal["local", "cluster"]
 CHECKS = ("warm_start", "vllm_extra_args", "lengths", "reward_funcs", "data_producer", "dataset", "prompt_lengths",
-          "reward_probe", "model", "output_dir", "weight_sync_device", "mlflow", "reward_url")
+          "reward_probe", "model", "lora_targets", "output_dir", "weight_sync_device", "vllm_replicas", "mlflow",
+          "reward_url")
 LOCAL_ONLY = ("model", "output_dir", "weight_sync_device", "mlflow", "reward_url")
 
 
@@ -94,6 +97,12 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
             add(check(config))
     if wanted("model"):
         problems, note = static.check_model(config)
+        add(problems)
+        report.skipped += [note] if note else []
+    if wanted("lora_targets") and not any(p.field.startswith("model") for p in report.problems):
+        from async_grpo.preflight.peft_check import check_lora_targets
+
+        problems, note = check_lora_targets(config)
         add(problems)
         report.skipped += [note] if note else []
     if wanted("data_producer"):

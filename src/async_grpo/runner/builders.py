@@ -25,7 +25,7 @@ from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.orchestrator.orchestrator import Orchestrator
 from async_grpo.orchestrator.producer import DataProducer, ProducerConfig, VLLMProducer, load_data_producer
 from async_grpo.orchestrator.rollout import Rollout, SamplingSettings
-from async_grpo.runner import tool_setup
+from async_grpo.runner import peft_setup, tool_setup
 from async_grpo.trainer.distributed import DataParallelLearner, DistInfo
 from async_grpo.trainer.protocol import Learner
 from async_grpo.trainer.schedule import LRSchedule, warmup_steps
@@ -219,8 +219,10 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
 
 
 def build_local_learner(config: GRPOConfig, model: Any, pad_token_id: int) -> GRPOLearner:
-    """This rank's `GRPOLearner` (every rank builds the same one; it shards the model under `fsdp`)."""
-    return GRPOLearner(
+    """This rank's `GRPOLearner` (every rank builds the same one; it shards the model under `fsdp`), or with use_peft
+    a `trainer.peft.PeftLearner` over the LoRA-wrapped model (`runner.peft_setup.lora_policy`)."""
+    learner_cls, model = peft_setup.lora_policy(config, model) if config.peft.use_peft else (GRPOLearner, model)
+    return learner_cls(
         model, learning_rate=config.optim.learning_rate, weight_decay=config.optim.weight_decay,
         max_grad_norm=config.optim.max_grad_norm, micro_batch_size=config.optim.per_device_train_batch_size,
         pad_token_id=pad_token_id, logprob_chunk_size=config.optim.logprob_chunk_size,
@@ -311,6 +313,22 @@ def build_producer(config: GRPOConfig, *, tokenizer: Any, train_items: list[Prom
     producer = VLLMProducer(orchestrator, queue, version, ProducerConfig.from_config(config),
                             streaming=prod.streaming_min_groups is not None, health=health)
     return producer, orchestrator, queue
+
+
+def replica_pusher(config: GRPOConfig, learner: Any, url: str) -> Any:
+    """A weight pusher from `learner` to the one vLLM server at `url` (not yet set up): the adapter only with
+    vllm_lora_sync (`peft_setup.adapter_pusher`; docs/deploy.md, "LoRA"), else every weight over vLLM's weight
+    transfer, cast once to a 16-bit `vllm_dtype` on the way (`transports.weights.cast`)."""
+    from async_grpo.runner import peft_setup
+    from async_grpo.transports.weights.cast import for_server
+    from async_grpo.transports.weights.sync import WeightPusher
+
+    if config.peft.vllm_lora_sync:
+        return peft_setup.adapter_pusher(config, learner, url)
+    sync = config.weight_sync
+    return WeightPusher(for_server(learner.named_parameters_for_push(), config.inference.vllm_dtype), url,
+                        backend=sync.weight_sync_backend, timeout_s=sync.weight_sync_timeout_s,
+                        master_address=rendezvous_address(url))
 
 
 def rendezvous_address(vllm_url: str) -> str:

@@ -28,16 +28,14 @@ from async_grpo.inference.replicas import BalancedClient, ReplicaSet
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders
-from async_grpo.runner import checkpoints, recovery, report, scheduling
+from async_grpo.runner import checkpoints, peft_setup, recovery, report, scheduling
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
 from async_grpo.transports.queue import DropCounter, PolicyVersion
-from async_grpo.transports.weights.cast import for_server
 from async_grpo.transports.weights.replicas import ReplicaPusher
-from async_grpo.transports.weights.sync import WeightPusher
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +123,7 @@ class GRPORecipe:
         if sft_loss is not None:
             self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
         launched = all(r.endpoint.launched for r in self.replicas.replicas)
-        if sft_loss is not None or not launched:  # serve exactly the trainer's starting weights as version 0
+        if sft_loss is not None or not launched or peft_setup.push_at_start(config):  # serve exactly the trainer's starting weights as version 0
             self.sync_times.append(self.pusher.push(self.version.value))  # (warm-started, or attached: unknown)
         self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched)  # resource_sharing
         self.producer, self.orchestrator, self.queue = builders.build_producer(
@@ -148,21 +146,16 @@ class GRPORecipe:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def make_pusher(self) -> ReplicaPusher:
-        """A weight pusher from the learner to every vLLM replica (not yet set up)."""
+        """A weight pusher from the learner to every vLLM replica (not yet set up; `builders.replica_pusher`)."""
         inf = self.config.inference
-        return ReplicaPusher(self.replicas, self.replica_pusher, recovery_timeout_s=inf.vllm_recovery_timeout_s,
-                             max_restarts=inf.max_inference_restarts, parallel=not self.config.optim.fsdp)
-
-    def replica_pusher(self, url: str) -> WeightPusher:
-        """A weight pusher from the learner to the one server at `url` (not yet set up)."""
-        sync = self.config.weight_sync
-        source = for_server(self.learner.named_parameters_for_push(), self.config.inference.vllm_dtype)
-        return WeightPusher(source, url, backend=sync.weight_sync_backend,
-                            timeout_s=sync.weight_sync_timeout_s, master_address=builders.rendezvous_address(url))
+        return ReplicaPusher(self.replicas, lambda url: builders.replica_pusher(self.config, self.learner, url),
+                             recovery_timeout_s=inf.vllm_recovery_timeout_s, max_restarts=inf.max_inference_restarts,
+                             parallel=not self.config.optim.fsdp)
 
     def make_client(self) -> BalancedClient:
         """A generation client over the run's replicas (build it inside the event loop that uses it)."""
-        return BalancedClient(self.replicas, self.served_model, timeout_s=self.config.inference.vllm_request_timeout_s)
+        model = peft_setup.request_model(self.config, self.version, self.served_model)  # a LoRA adapter per version
+        return BalancedClient(self.replicas, model, timeout_s=self.config.inference.vllm_request_timeout_s)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, rollout: Any = None, prefix: str = "eval") -> dict[str, float]:

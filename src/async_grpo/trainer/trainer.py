@@ -74,12 +74,10 @@ class GRPOLearner:
         self.skipped_zero_adv_microbatches = self.skipped_nonfinite_steps = 0
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.device = next(model.parameters()).device
-        self.ref_model = None
         if skip_zero_advantage_batches and self.objective.needs_reference:
             raise ValueError("skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL "
                              "term. Fix: set beta=0 or skip_zero_advantage_batches=false.")
-        if self.objective.needs_reference:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.ref_model = self.reference_model(model) if self.objective.needs_reference else None
         self.sharded = fsdp and self.world_size > 1
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
             if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
@@ -90,9 +88,13 @@ class GRPOLearner:
             shard_model(self.model, mixed_precision)  # bf16: FSDP2's MixedPrecisionPolicy, float32 master weights
             if self.ref_model is not None:
                 shard_model(self.ref_model, mixed_precision)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay,
-                                           betas=adam_betas, eps=adam_epsilon)
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate,
+                                           weight_decay=weight_decay, betas=adam_betas, eps=adam_epsilon)
         self.scheduler = lr_schedule.build(self.optimizer) if lr_schedule is not None else None
+
+    def reference_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The frozen KL reference: a copy of the initial policy (`trainer.peft.PeftLearner`: adapters off)."""
+        return copy.deepcopy(model).eval().requires_grad_(False)
 
     def _micro_batches(self, chunks: Iterable[TrainBatch]) -> Iterator[PackedBatch]:
         """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches of
@@ -330,7 +332,6 @@ class GRPOLearner:
     def named_parameters_for_push(self):
         """The policy's parameters as vLLM's `ModuleSource` (full tensors; all-gathered under FSDP)."""
         from vllm.distributed.weight_transfer import ModuleSource
-
         return ModuleSource(self.model)
 
     def save_pretrained(self, path) -> None:

@@ -50,7 +50,7 @@ class WeightPusher:
         self.master_address = master_address
         self.timeout_s = timeout_s
         self.engine = None
-        self.last_push_bytes = 0  # bytes the last push sent (sum of numel x element size of every tensor)
+        self.last_push_bytes = 0  # bytes the latest push sent: numel x element size summed (weight_sync/bytes)
 
     def setup(self) -> None:
         """Rendezvous with the server's workers (once).
