@@ -9,9 +9,11 @@ import copy
 import pytest
 import torch
 
+from async_grpo.algorithms import LossSettings
 from async_grpo.trainer.flattening import FlattenedBatch, completion_logps
 from async_grpo.trainer.microbatching import MicroBatching, trim
 from async_grpo.trainer.packing import pack_batch
+from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import TrainBatch
 
 from .test_flattening import assert_same_step, completion_real, learner
@@ -138,3 +140,77 @@ def test_old_logps_follow_the_token_budget_cut(tiny_model):
     assert [o.shape for o in old] == [mb.completion_ids.shape for mb in cuts]
     metrics = budget.step(ragged_eight(), old_logps=old)
     assert metrics["loss"] != 0.0
+
+
+# ------------------------------------------------------------------ several ranks
+def _budget_rank_main(rank: int, port: int, model_path: str, out_dir: str, fsdp: bool) -> None:
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    from async_grpo.trainer.distributed import (DataParallelLearner, DistInfo, close_distributed, follow,
+                                                init_distributed)
+
+    os.environ.update({"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    info = init_distributed(timeout_s=120)
+    out = {}
+    for loss_type in ("grpo", "dr_grpo", "dapo"):
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        local = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=2,
+                            loss=LossSettings(max_completion_length=32, loss_type=loss_type), pad_token_id=PAD,
+                            fsdp=fsdp, batch_flattening=True, max_tokens_per_microbatch=24)
+        if rank == 0:
+            dp = DataParallelLearner(local, info)
+            out[loss_type] = dp.step(ragged_ten())["loss"]
+            dp.close()
+        else:
+            follow(local, DistInfo(rank=1, world_size=2))
+        out[f"{loss_type}/grads"] = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                                     for p in model.parameters()]
+        out[f"{loss_type}/micro"] = sum(1 for _ in local.batching.cut(pack_batch(local_share(rank), PAD)))
+    torch.save(out, os.path.join(out_dir, f"budget{rank}.pt"))
+    close_distributed()
+
+
+def ragged_ten() -> TrainBatch:
+    """5 groups (10 completions): rank 0 trains 3 of the 5 fixed micro-batches of 2, rank 1 two."""
+    batch = ragged_eight()
+    batch.groups.append(copy.deepcopy(batch.groups[0]))
+    return batch
+
+
+def local_share(rank: int) -> TrainBatch:
+    from async_grpo.trainer.distributed import shard
+
+    return shard(ragged_ten(), rank, 2, 2)
+
+
+def test_two_fsdp_ranks_with_a_token_budget_train_like_one_process_with_fixed_micro_batches(tiny_model_path,
+                                                                                            tmp_path):
+    """Each rank cuts its share by tokens (4 and 3 micro-batches: FSDP pads rank 1 with a placeholder pass); the
+    averaged gradient equals one process's on fixed micro-batches of 2 (equal sizes), for grpo, dr_grpo, dapo.
+    (Replicas share the weighting and skip the placeholders; FSDP is the stricter case.) About 20 s: 2 spawns."""
+    import socket
+
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_budget_rank_main, args=(port, str(tiny_model_path), str(tmp_path), True), nprocs=2,
+                       join=True, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"budget{r}.pt") for r in range(2)]
+    assert (ranks[0]["grpo/micro"], ranks[1]["grpo/micro"]) == (4, 3)  # unequal micro-batch counts
+    for loss_type in ("grpo", "dr_grpo", "dapo"):
+        reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        single = GRPOLearner(reference, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=2,
+                             loss=LossSettings(max_completion_length=32, loss_type=loss_type), pad_token_id=PAD)
+        want = single.step(ragged_ten())
+        assert ranks[0][loss_type] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7), loss_type
+        for (name, param), g0, g1 in zip(reference.named_parameters(), ranks[0][f"{loss_type}/grads"],
+                                         ranks[1][f"{loss_type}/grads"], strict=True):
+            got = torch.cat([g0, g1]) if g0.shape != param.shape else g0  # FSDP: stitch the two shards
+            torch.testing.assert_close(got, param.grad, atol=1e-5, rtol=1e-5, msg=f"{loss_type} {name}")
