@@ -22,6 +22,8 @@ def run(script: str, *args: str, timeout_s: float = 600) -> str:
 def test_trainer_precision_reduced():
     stdout = run("trainer_precision.py", "--reduced", "--steps", "1")
     assert '"variant": "bf16"' in stdout and "x the float32 steps/s" in stdout
+    for variant in ("float32+flat", "float32+budget", "float32+flat+budget"):  # batch layouts, same data
+        assert f"{variant}: " in stdout and f'"variant": "{variant}"' in stdout
 
 
 def test_chunked_logprobs_reduced():
