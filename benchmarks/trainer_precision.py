@@ -73,7 +73,8 @@ def run(variant: str, model, batch, micro: int, steps: int, max_completion: int,
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / steps
     tokens = sum(len(g.prompt_ids) * g.size + sum(len(c) for c in g.completion_ids) for g in batch.groups)
-    return {"variant": variant, "s_per_step": seconds, "micro_batches": len(list(learner._micro_batches([batch]))), "trainer_tokens_per_s": tokens / seconds,
+    return {"variant": variant, "s_per_step": seconds, "micro_batches": len(list(learner._micro_batches([batch]))),
+            "trainer_tokens_per_s": tokens / seconds,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": metrics["loss"]}
 
 

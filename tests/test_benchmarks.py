@@ -59,7 +59,8 @@ def test_overlap_reduced():
 @pytest.mark.integration
 def test_gpu_sh_reduced_cpu_mode(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--reduced", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=400, cwd=ROOT, env={**os.environ, "PYTHON": sys.executable})
+                         capture_output=True, text=True, timeout=400, cwd=ROOT,
+                         env={**os.environ, "PYTHON": sys.executable})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "mode reduced-cpu" in out.stdout and "x the float32 steps/s" in out.stdout
     assert "of ideal" in (tmp_path / "overlap.txt").read_text()

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from async_grpo.algorithms import LossSettings
-from async_grpo.trainer.flattening import FlattenedBatch, completion_hidden_states, completion_logps, flatten
+from async_grpo.trainer.flattening import (FlattenedBatch, completion_hidden_states, completion_logps, flat_row_tokens,
+                                           flatten)
 from async_grpo.trainer.packing import pack_batch
 from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import TrainBatch
@@ -52,13 +53,34 @@ def test_flatten_layout_concatenates_real_tokens_and_restarts_positions():
         flat.slice(0, 1)
 
 
+def test_bounded_rows_pack_longest_first_and_pad_row_ends_as_their_own_sequence():
+    # sequences of 5, 4 | 3, 2 tokens in rows of at most 6: [5], [4, 2], [3] (first fit, longest first)
+    packed = pack_batch(TrainBatch(groups=[make_group([1, 2, 3], [[10, 11], [12]], [1.0, -1.0]),
+                                           make_group([4], [[20, 21], [24]], [1.0, -1.0])]), PAD)
+    flat = flatten(packed, row_tokens=6)
+    assert flat.layout.input_ids.tolist() == [[1, 2, 3, 10, 11, 0], [1, 2, 3, 12, 4, 24], [4, 20, 21, 0, 0, 0]]
+    assert flat.layout.position_ids.tolist() == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 1, 2]]
+    # each completion token is predicted from the flat position (row * 6 + column) of the token before it
+    assert flat.layout.source.tolist() == [2, 3, 8, 12, 13, 10]
+    assert flatten(packed, row_tokens=0).layout.input_ids.size(1) == 5  # 0: as wide as the longest sequence
+
+
+def test_row_tokens_follow_the_attention_implementation(tiny_model):
+    assert flat_row_tokens(tiny_model) == 0  # sdpa: bounded rows
+    tiny_model.config._attn_implementation = "flash_attention_2"
+    assert flat_row_tokens(tiny_model) is None  # variable-length kernels: one row
+
+
+@pytest.mark.parametrize("row_tokens", [None, 0], ids=["one-row", "bounded-rows"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("chunk_size", [None, 4])
-def test_logprobs_and_entropies_match_the_padded_path(tiny_model, attn, chunk_size):
+def test_logprobs_and_entropies_match_the_padded_path(tiny_model, attn, chunk_size, row_tokens):
     tiny_model.set_attn_implementation(attn)
     packed = pack_batch(ragged_batch(), PAD)
     want, want_ent = completion_logps(tiny_model, packed, with_entropy=True, chunk_size=chunk_size)
-    got, got_ent = completion_logps(tiny_model, flatten(packed), with_entropy=True, chunk_size=chunk_size)
+    flat = flatten(packed, row_tokens)
+    assert flat.layout.input_ids.size(0) == (1 if row_tokens is None else 2)  # 26 | 3 + 10 + 2 + 1 tokens
+    got, got_ent = completion_logps(tiny_model, flat, with_entropy=True, chunk_size=chunk_size)
     real = completion_real(packed)
     assert got.shape == want.shape == packed.completion_ids.shape
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
@@ -81,11 +103,12 @@ def test_attention_is_confined_to_each_sequence(tiny_model):
     assert (got[1:][real[1:]] - want[1:][real[1:]]).abs().max() > 1e-3
 
 
-def test_hidden_states_for_the_fused_loss_match_the_padded_path(tiny_model):
+@pytest.mark.parametrize("row_tokens", [None, 0], ids=["one-row", "bounded-rows"])
+def test_hidden_states_for_the_fused_loss_match_the_padded_path(tiny_model, row_tokens):
     packed = pack_batch(ragged_batch(), PAD)
     real = completion_real(packed)
     want = completion_hidden_states(tiny_model, packed)
-    got = completion_hidden_states(tiny_model, flatten(packed))
+    got = completion_hidden_states(tiny_model, flatten(packed, row_tokens))
     assert got.shape == want.shape
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
 
@@ -112,12 +135,14 @@ def assert_same_step(want_model, want_metrics, got_model, got_metrics, atol=1e-5
         torch.testing.assert_close(b.grad, a.grad, atol=atol, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("row_tokens", [None, 0], ids=["one-row", "bounded-rows"])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
-def test_a_flattened_step_has_the_padded_loss_and_gradients(tiny_model, loss_type):
+def test_a_flattened_step_has_the_padded_loss_and_gradients(tiny_model, loss_type, row_tokens):
     other = copy.deepcopy(tiny_model)
     kw = dict(loss_type=loss_type, beta=0.05, vllm_importance_sampling_mode="token_truncate")
     padded = learner(tiny_model, flattening=False, **kw)
     flat = learner(other, flattening=True, **kw)
+    flat.batching.flat_row_tokens = row_tokens
     old = padded.old_logps(ragged_batch())  # a reuse step: pi_old differs from the current policy
     old = [o - 0.02 for o in old]
     want = padded.step(ragged_batch(), old_logps=old)

@@ -42,15 +42,17 @@ class MicroBatching:
         max_tokens_per_microbatch: token budget per micro-batch (prompt + completion tokens; padded size on the
             padded path, real tokens with flattening), or None for `micro_batch_size` completions. Axolotl's
             token-budget batching; TRL has no equivalent.
-        batch_flattening: concatenate each micro-batch's sequences into one row without padding (axolotl
+        batch_flattening: concatenate each micro-batch's sequences without padding (axolotl
             `batch_flattening`; transformers `DataCollatorWithFlattening`).
+        flat_row_tokens: `flatten`'s row_tokens: None, one row; 0, rows as wide as the longest sequence
+            (`flattening.flat_row_tokens(model)` picks by attention implementation).
 
     Raises:
         ValueError: micro_batch_size < 1 or max_tokens_per_microbatch < 1.
     """
 
     def __init__(self, micro_batch_size: int, max_tokens_per_microbatch: int | None = None,
-                 batch_flattening: bool = False):
+                 batch_flattening: bool = False, flat_row_tokens: int | None = None):
         if micro_batch_size < 1:
             raise ValueError(f"per_device_train_batch_size={micro_batch_size} must be >= 1. Fix: use e.g. 8.")
         if max_tokens_per_microbatch is not None and max_tokens_per_microbatch < 1:
@@ -59,6 +61,7 @@ class MicroBatching:
         self.micro_batch_size = micro_batch_size
         self.max_tokens = max_tokens_per_microbatch
         self.batch_flattening = batch_flattening
+        self.flat_row_tokens = flat_row_tokens
         self.oversized = 0  # cumulative: sequences longer than the budget, trained in a micro-batch of their own
 
     @property
@@ -79,7 +82,7 @@ class MicroBatching:
             mb = packed.slice(start, end)
             if self.by_tokens and not self.batch_flattening:
                 mb = trim(mb)
-            yield flatten(mb) if self.batch_flattening else mb
+            yield flatten(mb, self.flat_row_tokens) if self.batch_flattening else mb
 
     def _spans(self, packed: PackedBatch) -> list[tuple[int, int]]:
         """Row ranges [start, end) whose cost stays within the budget (a longer single row stands alone)."""

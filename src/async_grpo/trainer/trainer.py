@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from async_grpo.algorithms.objective import GRPOObjective, LossSettings, MicroBatchInputs
-from async_grpo.trainer.flattening import completion_hidden_states, completion_logps
+from async_grpo.trainer.flattening import completion_hidden_states, completion_logps, flat_row_tokens
 from async_grpo.trainer.logprobs import chunked_token_logps
 from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics
 from async_grpo.trainer.packing import PackedBatch, pack_batch
@@ -69,7 +69,8 @@ class GRPOLearner:
         self.model.train()
         self.objective = GRPOObjective(loss)
         self.micro_batch_size = micro_batch_size
-        self.batching = MicroBatching(micro_batch_size, max_tokens_per_microbatch, batch_flattening)
+        self.batching = MicroBatching(micro_batch_size, max_tokens_per_microbatch, batch_flattening,
+                                      flat_row_tokens(model))  # one row with flash attention, else bounded rows
         self.max_grad_norm = max_grad_norm
         self.pad_token_id = pad_token_id
         self.logprob_chunk_size = logprob_chunk_size
