@@ -150,3 +150,13 @@ def test_a_flattened_step_has_the_padded_loss_and_gradients(tiny_model, loss_typ
     assert want["loss"] != 0.0
     assert_same_step(tiny_model, want, other, got)
     assert got["entropy"] == pytest.approx(want["entropy"], rel=1e-5)
+
+
+def test_a_flattened_step_with_the_fused_liger_loss_has_the_padded_step(tiny_model):
+    pytest.importorskip("liger_kernel.chunked_loss")
+    other = copy.deepcopy(tiny_model)
+    kw = dict(loss_type="dapo", use_liger_kernel=True)
+    want = learner(tiny_model, flattening=False, **kw).step(ragged_batch())
+    got = learner(other, flattening=True, **kw).step(ragged_batch())
+    assert want["loss"] != 0.0
+    assert_same_step(tiny_model, want, other, got)

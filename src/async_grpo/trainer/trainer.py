@@ -61,7 +61,8 @@ class GRPOLearner:
                  micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None,
                  skip_zero_advantage_batches: bool = False, fsdp: bool = False, mixed_precision: str | None = None,
                  lr_schedule: LRSchedule | None = None, adam_betas: tuple[float, float] = (0.9, 0.999),
-                 adam_epsilon: float = 1e-8, max_tokens_per_microbatch: int | None = None, batch_flattening=False):
+                 adam_epsilon: float = 1e-8, max_tokens_per_microbatch: int | None = None,
+                 batch_flattening: bool = False):
         if mixed_precision not in (None, "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r} is not None or 'bf16'. Fix: use bf16=true or false.")
         self.mixed_precision = mixed_precision
