@@ -21,10 +21,12 @@ class MicroBatchFields(BaseModel):
     batch_flattening: bool = Field(
         False, description="Padding-free micro-batches (axolotl `batch_flattening`; transformers "
         "DataCollatorWithFlattening; TRL SFT `padding_free`): each micro-batch's sequences (prompt + completion) are "
-        "concatenated into one (1, sum of lengths) row with position_ids restarting at 0 per sequence, and "
-        "transformers confines attention to each sequence (sdpa, eager and flash attention). Same logprobs, loss and "
-        "gradients as padding up to float rounding (tests/trainer/test_flattening.py); compute scales with the real "
-        "tokens instead of rows x (longest prompt + longest completion)."
+        "concatenated without padding, position_ids restarting at 0 per sequence, and transformers confines "
+        "attention to each sequence: one (1, sum of lengths) row with flash attention, else (sdpa, eager: they "
+        "compute a row's whole score matrix) rows no wider than the longest sequence, packed first fit. Same "
+        "logprobs, loss and gradients as padding up to float rounding (tests/trainer/test_flattening.py); the MLP "
+        "and LM-head work scales with the real tokens instead of rows x (longest prompt + longest completion), so "
+        "it pays when completion lengths vary a lot."
     )
     max_tokens_per_microbatch: int | None = Field(
         None, description="Token budget per micro-batch, in prompt + completion tokens (axolotl-style token "
