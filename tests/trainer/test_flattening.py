@@ -67,6 +67,7 @@ def test_bounded_rows_pack_longest_first_and_pad_row_ends_as_their_own_sequence(
 
 def test_row_tokens_follow_the_attention_implementation(tiny_model):
     assert flat_row_tokens(tiny_model) == 0  # sdpa: bounded rows
+    assert flat_row_tokens(tiny_model, sharded=True) is None  # FSDP: only the root forward gathers the root's params
     tiny_model.config._attn_implementation = "flash_attention_2"
     assert flat_row_tokens(tiny_model) is None  # variable-length kernels: one row
 

@@ -38,9 +38,10 @@ def test_padded_budget_counts_rows_times_the_longest_row():
     # prompts 2 | 2 | 6, completions 2, 2 | 2, 10 | 2, 2: row lengths 4, 4, 4, 12, 8, 8
     batch = lengths_batch([2, 2, 6], [2, 2, 2, 10, 2, 2])
     cut = MicroBatching(8, max_tokens_per_microbatch=16)
-    assert spans(cut, batch) == [3, 1, 2]  # 3 x 4 = 12; + the 12-token row -> 4 x 12 > 16; 2 x 8 = 16
+    # by length: 4, 4, 4, 8, 8, 12. 3 x 4 = 12 (+ an 8: 4 x 8 > 16); 2 x 8 = 16; the 12-token row alone
+    assert spans(cut, batch) == [3, 2, 1]
     mbs = list(cut.cut(pack_batch(batch, PAD)))
-    assert [tuple(mb.input_ids.shape) for mb in mbs] == [(3, 4), (1, 12), (2, 8)]  # trimmed to their own rows
+    assert [tuple(mb.input_ids.shape) for mb in mbs] == [(3, 4), (2, 8), (1, 12)]  # trimmed to their own rows
     assert cut.oversized == 0
 
 
@@ -49,11 +50,11 @@ def test_flattened_budget_counts_real_tokens_and_a_long_sequence_stands_alone():
     cut = MicroBatching(8, max_tokens_per_microbatch=11, batch_flattening=True)
     mbs = list(cut.cut(pack_batch(batch, PAD)))
     assert all(isinstance(mb, FlattenedBatch) for mb in mbs)
-    assert [len(mb) for mb in mbs] == [2, 1, 1, 1, 1]  # 4+4; 4 (+12 > 11); 12 alone (over budget); 8; 8
-    assert [mb.layout.input_ids.size(1) for mb in mbs] == [8, 4, 12, 8, 8]
+    assert [len(mb) for mb in mbs] == [2, 1, 1, 1, 1]  # by length: 4+4; 4 (+8 > 11); 8; 8; 12 alone (over budget)
+    assert [mb.layout.input_ids.size(1) for mb in mbs] == [8, 4, 8, 8, 12]
     assert cut.oversized == 1
-    assert sum(len(mb) for mb in mbs) == 6  # nothing dropped, order kept
-    assert torch.equal(torch.cat([mb.advantages for mb in mbs]), pack_batch(batch, PAD).advantages)
+    got = torch.cat([mb.advantages for mb in mbs])  # nothing dropped or repeated
+    assert sorted(got.tolist()) == sorted(pack_batch(batch, PAD).advantages.tolist())
 
 
 def test_without_a_budget_micro_batches_are_fixed_size_and_untrimmed():
@@ -160,7 +161,7 @@ def _budget_rank_main(rank: int, port: int, model_path: str, out_dir: str, fsdp:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         local = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=2,
                             loss=LossSettings(max_completion_length=32, loss_type=loss_type), pad_token_id=PAD,
-                            fsdp=fsdp, batch_flattening=True, max_tokens_per_microbatch=24)
+                            fsdp=fsdp, batch_flattening=True, max_tokens_per_microbatch=20)
         if rank == 0:
             dp = DataParallelLearner(local, info)
             out[loss_type] = dp.step(ragged_ten())["loss"]

@@ -83,12 +83,14 @@ def flatten_with(mb: PackedBatch, layout: FlatLayout) -> FlattenedBatch:
     return out
 
 
-def flat_row_tokens(model: torch.nn.Module) -> int | None:
+def flat_row_tokens(model: torch.nn.Module, sharded: bool = False) -> int | None:
     """The `row_tokens` of `flatten` for `model`: None (one row) when its attention implementation has
-    variable-length kernels (flash attention: cost linear in the sequences' lengths), else 0 (rows as wide as the
-    longest sequence: sdpa and eager materialize a row's whole score matrix)."""
+    variable-length kernels (flash attention: cost linear in the sequences' lengths) or when it is sharded with FSDP
+    (only the one-row layout goes through the root module's forward, whose hooks gather and reduce the root's
+    parameters: several rows run the decoder body and the LM head apart), else 0 (rows as wide as the longest
+    sequence: sdpa and eager materialize a row's whole score matrix)."""
     impl = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
-    return None if "flash" in impl else 0
+    return None if sharded or "flash" in impl else 0
 
 
 def flatten(mb: PackedBatch, row_tokens: int | None = None) -> FlattenedBatch:

@@ -5,11 +5,13 @@ flattened.
 
 - fixed (`max_tokens_per_microbatch=None`, the default): `micro_batch_size` completions each (TRL
   `per_device_train_batch_size`), every micro-batch as wide as the chunk (P + T columns).
-- token budget (`max_tokens_per_microbatch=B`, axolotl-style): consecutive completions are added while the
+- token budget (`max_tokens_per_microbatch=B`, axolotl-style): the chunk's completions are ordered by length
+  (prompt + completion, stable: transformers' `group_by_length`), then consecutive ones are added while the
   micro-batch's cost stays within B tokens, where the cost is the padded size rows x (longest prompt + longest
   completion of the micro-batch) on the padded path, and the sum of the real lengths (prompt + completion) with
-  `batch_flattening`. Each padded micro-batch is trimmed to its own longest prompt and completion. A sequence
-  longer than B on its own gets a micro-batch of its own (counted in `oversized`, never dropped).
+  `batch_flattening`. Each padded micro-batch is trimmed to its own longest prompt and completion, so similar
+  lengths share a micro-batch and little padding is left. A sequence longer than B gets a micro-batch of its own
+  (counted in `oversized`, never dropped).
 
 With `batch_flattening` each micro-batch is then flattened (`trainer.flattening`).
 
@@ -70,11 +72,15 @@ class MicroBatching:
         return self.max_tokens is not None
 
     def cut(self, packed: PackedBatch) -> Iterator[PackedBatch]:
-        """The micro-batches of `packed` (one chunk: N rows of P + T columns), in order.
+        """The micro-batches of `packed` (one chunk: N rows of P + T columns), in row order (fixed) or in order of
+        length (token budget).
 
         Yields:
             `PackedBatch` slices (fixed), trimmed slices (token budget), or `FlattenedBatch`es (flattening).
         """
+        if self.by_tokens:  # similar lengths together (the loss does not depend on the order: see `accumulation`)
+            lengths = packed.attention_mask.sum(1)
+            packed = take(packed, torch.sort(lengths, stable=True).indices)
         spans = self._spans(packed) if self.by_tokens else [
             (start, min(start + self.micro_batch_size, len(packed)))
             for start in range(0, len(packed), self.micro_batch_size)]
@@ -131,6 +137,11 @@ class MicroBatching:
         if not self.by_tokens:
             return step_accumulation
         return completions_per_rank / max(len(mb), 1)
+
+
+def take(packed: PackedBatch, index: torch.Tensor) -> PackedBatch:
+    """Rows `index` (a (M,) long tensor) of `packed`, in that order."""
+    return PackedBatch(*(getattr(packed, f)[index] for f in PackedBatch.__dataclass_fields__))
 
 
 def trim(mb: PackedBatch) -> PackedBatch:

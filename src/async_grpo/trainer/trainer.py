@@ -70,8 +70,6 @@ class GRPOLearner:
         self.model.train()
         self.objective = GRPOObjective(loss)
         self.micro_batch_size = micro_batch_size
-        self.batching = MicroBatching(micro_batch_size, max_tokens_per_microbatch, batch_flattening,
-                                      flat_row_tokens(model))  # one row with flash attention, else bounded rows
         self.max_grad_norm = max_grad_norm
         self.pad_token_id = pad_token_id
         self.logprob_chunk_size = logprob_chunk_size
@@ -87,6 +85,8 @@ class GRPOLearner:
         if self.objective.needs_reference:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.sharded = fsdp and self.world_size > 1
+        self.batching = MicroBatching(micro_batch_size, max_tokens_per_microbatch, batch_flattening,
+                                      flat_row_tokens(model, self.sharded))  # one row or rows bounded by the longest
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
             if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
                 raise ValueError("fsdp needs logprob_chunk_size=None, use_liger_kernel=false and "
