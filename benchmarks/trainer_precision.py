@@ -65,26 +65,28 @@ def build(variant: str, model, micro: int, max_completion: int, max_tokens: int 
 
 
 def timed_step(learner, batch) -> tuple[float, dict]:
-    """Wall-clock seconds of one `learner.step(batch)` (CUDA synchronized), and its metrics."""
+    """Wall-clock seconds of one `learner.step(batch)` (CUDA synchronized), and its metrics with this process's CPU
+    seconds added as "cpu_s" (all threads; less sensitive than wall time to other processes on a shared CPU)."""
     import torch
 
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     metrics = learner.step(copy.deepcopy(batch))
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, metrics
+    return time.perf_counter() - t0, {**metrics, "cpu_s": time.process_time() - c0}
 
 
-def report(variant: str, learner, batch, seconds: list[float], metrics: dict) -> dict:
-    """One variant's row: median seconds per step, trainer tokens/s, micro-batches, peak memory, loss."""
+def report(variant: str, learner, batch, seconds: list[float], metrics: dict, cpu: list[float]) -> dict:
+    """One variant's row: median wall and CPU seconds per step, trainer tokens/s, micro-batches, peak memory, loss."""
     import torch
 
     tokens = sum(len(g.prompt_ids) * g.size + sum(len(c) for c in g.completion_ids) for g in batch.groups)
     s_per_step = statistics.median(seconds)
-    return {"variant": variant, "s_per_step": s_per_step, "micro_batches": len(list(learner._micro_batches([batch]))),
+    return {"variant": variant, "s_per_step": s_per_step, "cpu_s_per_step": statistics.median(cpu),
+            "micro_batches": len(list(learner._micro_batches([batch]))),
             "trainer_tokens_per_s": tokens / s_per_step,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
             "loss": metrics["loss"]}
@@ -101,7 +103,8 @@ def run_sequential(variants, base, batch, args, max_tokens) -> list[dict]:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         runs = [timed_step(learner, batch) for _ in range(args.steps)]
-        results.append(report(variant, learner, batch, [r[0] for r in runs], runs[-1][1]))
+        results.append(report(variant, learner, batch, [r[0] for r in runs], runs[-1][1],
+                              [r[1]["cpu_s"] for r in runs]))
         del learner
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -115,12 +118,14 @@ def run_interleaved(variants, base, batch, args, max_tokens) -> list[dict]:
     for learner in learners:
         timed_step(learner, batch)  # warm-up
     seconds: list[list[float]] = [[] for _ in variants]
+    cpu: list[list[float]] = [[] for _ in variants]
     last: list[dict] = [{} for _ in variants]
     for _ in range(args.steps):
         for i, learner in enumerate(learners):
             t, last[i] = timed_step(learner, batch)
             seconds[i].append(t)
-    return [report(v, lrn, batch, s, m) for v, lrn, s, m in zip(variants, learners, seconds, last)]
+            cpu[i].append(last[i]["cpu_s"])
+    return [report(v, lrn, batch, s, m, c) for v, lrn, s, m, c in zip(variants, learners, seconds, last, cpu)]
 
 
 def main() -> None:
@@ -181,8 +186,10 @@ def main() -> None:
                       "max_tokens_per_microbatch": max_tokens, "threads": torch.get_num_threads(),
                       "interleaved": interleave, "min_completion_frac": args.min_completion_frac,
                       "results": results}, indent=2))
+    ref_cpu = results[0]["cpu_s_per_step"]
     for r in results[1:]:
-        print(f"{r['variant']}: {ref / r['s_per_step']:.2f}x the {results[0]['variant']} steps/s")
+        print(f"{r['variant']}: {ref / r['s_per_step']:.2f}x the {results[0]['variant']} steps/s "
+              f"(CPU seconds per step: {ref_cpu / r['cpu_s_per_step']:.2f}x fewer)")
 
 
 if __name__ == "__main__":
