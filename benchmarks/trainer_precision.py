@@ -85,8 +85,11 @@ def report(variant: str, learner, batch, seconds: list[float], metrics: dict, cp
 
     tokens = sum(len(g.prompt_ids) * g.size + sum(len(c) for c in g.completion_ids) for g in batch.groups)
     s_per_step = statistics.median(seconds)
+    micro = list(learner._micro_batches([batch]))
+    # token positions the model runs per forward (padding included): deterministic, unlike the timings
+    positions = sum((mb.layout.input_ids if hasattr(mb, "layout") else mb.input_ids).numel() for mb in micro)
     return {"variant": variant, "s_per_step": s_per_step, "cpu_s_per_step": statistics.median(cpu),
-            "micro_batches": len(list(learner._micro_batches([batch]))),
+            "micro_batches": len(micro), "model_positions": positions, "real_tokens": tokens,
             "trainer_tokens_per_s": tokens / s_per_step,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
             "loss": metrics["loss"]}
@@ -189,7 +192,8 @@ def main() -> None:
     ref_cpu = results[0]["cpu_s_per_step"]
     for r in results[1:]:
         print(f"{r['variant']}: {ref / r['s_per_step']:.2f}x the {results[0]['variant']} steps/s "
-              f"(CPU seconds per step: {ref_cpu / r['cpu_s_per_step']:.2f}x fewer)")
+              f"(CPU seconds per step: {ref_cpu / r['cpu_s_per_step']:.2f}x fewer; model positions "
+              f"{r['model_positions']} vs {results[0]['model_positions']})")
 
 
 if __name__ == "__main__":
