@@ -3,6 +3,7 @@ cores: the numbers are not checked, only that each script still measures what it
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ def run(script: str, *args: str, timeout_s: float = 600) -> str:
 def test_trainer_precision_reduced():
     stdout = run("trainer_precision.py", "--reduced", "--steps", "1")
     assert '"variant": "bf16"' in stdout and "x the float32 steps/s" in stdout
+    for variant in ("float32+flat", "float32+budget", "float32+flat+budget"):  # batch layouts, same data
+        assert f"{variant}: " in stdout and f'"variant": "{variant}"' in stdout
 
 
 def test_chunked_logprobs_reduced():
@@ -44,3 +47,20 @@ def test_weight_sync_reduced():
 def test_vs_trl_reduced():
     stdout = run("vs_trl.py", "--reduced", "--steps", "1")
     assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout
+
+
+@pytest.mark.integration
+def test_overlap_reduced():
+    stdout = run("overlap.py", "--reduced", "--device", "cpu", timeout_s=240)
+    assert "overlap efficiency (t_gen + t_train) / t_step" in stdout and "of ideal" in stdout
+    assert '"t_gen_s"' in stdout and '"t_train_s"' in stdout and '"t_step_s"' in stdout
+
+
+@pytest.mark.integration
+def test_gpu_sh_reduced_cpu_mode(tmp_path):
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--reduced", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=400, cwd=ROOT,
+                         env={**os.environ, "PYTHON": sys.executable})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "mode reduced-cpu" in out.stdout and "x the float32 steps/s" in out.stdout
+    assert "of ideal" in (tmp_path / "overlap.txt").read_text()

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from async_grpo.config.base import Section
 from async_grpo.config.checkpoint_section import CheckpointConfig
+from async_grpo.config.microbatch_fields import MicroBatchFields
 from async_grpo.config.placement import InferencePlacementFields
 from async_grpo.config.peft_section import PeftConfig
 from async_grpo.config.tools_section import ToolsConfig
@@ -80,7 +81,7 @@ class SamplingConfig(SamplingTRLFields, Section):
                        "also measures the truncation, as for top_p.")
 
 
-class OptimConfig(OptimTRLFields, Section):
+class OptimConfig(OptimTRLFields, MicroBatchFields, Section):
     """The optimizer, the step's batch geometry and how the learner computes it."""
 
     learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate (TRL name; TRL default 1e-6).")

@@ -23,8 +23,10 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from async_grpo.algorithms.objective import GRPOObjective, LossSettings, MicroBatchInputs
-from async_grpo.trainer.logprobs import chunked_token_logps, completion_hidden_states
-from async_grpo.trainer.packing import PackedBatch, completion_logps, pack_batch
+from async_grpo.trainer.flattening import completion_hidden_states, completion_logps, flat_row_tokens
+from async_grpo.trainer.logprobs import chunked_token_logps
+from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics
+from async_grpo.trainer.packing import PackedBatch, pack_batch
 from async_grpo.trainer.schedule import LRSchedule
 from async_grpo.transports.messages import TrainBatch
 
@@ -48,6 +50,7 @@ class GRPOLearner:
         lr_schedule: the learning-rate schedule (`trainer.schedule.LRSchedule`, stepped after every optimizer
             step, its state in `state_dict`); None keeps learning_rate constant.
         adam_betas, adam_epsilon: AdamW's betas and eps (transformers `adam_beta1/2`, `adam_epsilon`).
+        max_tokens_per_microbatch, batch_flattening: see `trainer.microbatching.MicroBatching` (raises ValueError).
 
     Raises:
         ValueError: skip_zero_advantage_batches with a KL term, fsdp with options it cannot run, or an unknown
@@ -58,7 +61,8 @@ class GRPOLearner:
                  micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None,
                  skip_zero_advantage_batches: bool = False, fsdp: bool = False, mixed_precision: str | None = None,
                  lr_schedule: LRSchedule | None = None, adam_betas: tuple[float, float] = (0.9, 0.999),
-                 adam_epsilon: float = 1e-8):
+                 adam_epsilon: float = 1e-8, max_tokens_per_microbatch: int | None = None,
+                 batch_flattening: bool = False):
         if mixed_precision not in (None, "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r} is not None or 'bf16'. Fix: use bf16=true or false.")
         self.mixed_precision = mixed_precision
@@ -79,6 +83,8 @@ class GRPOLearner:
                              "term. Fix: set beta=0 or skip_zero_advantage_batches=false.")
         self.ref_model = self.reference_model(model) if self.objective.needs_reference else None
         self.sharded = fsdp and self.world_size > 1
+        self.batching = MicroBatching(micro_batch_size, max_tokens_per_microbatch, batch_flattening,
+                                      flat_row_tokens(model, self.sharded))  # one row or rows bounded by the longest
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
             if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
                 raise ValueError("fsdp needs logprob_chunk_size=None, use_liger_kernel=false and "
@@ -97,15 +103,13 @@ class GRPOLearner:
         return copy.deepcopy(model).eval().requires_grad_(False)
 
     def _micro_batches(self, chunks: Iterable[TrainBatch]) -> Iterator[PackedBatch]:
-        """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches of
-        `micro_batch_size` completions, in order."""
+        """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches, in order
+        (`micro_batch_size` completions, or a token budget; padded or flattened: `self.batching`)."""
         for chunk in chunks:
             if not chunk.groups:
                 continue
             mask_truncated = self.objective.settings.mask_truncated_completions
-            packed = pack_batch(chunk, self.pad_token_id, mask_truncated).to(self.device)
-            for start in range(0, len(packed), self.micro_batch_size):
-                yield packed.slice(start, min(start + self.micro_batch_size, len(packed)))
+            yield from self.batching.cut(pack_batch(chunk, self.pad_token_id, mask_truncated).to(self.device))
 
     @torch.no_grad()
     def old_logps(self, batch: TrainBatch) -> list[torch.Tensor]:
@@ -151,7 +155,7 @@ class GRPOLearner:
         micro: Iterable[PackedBatch] = self._micro_batches([batch] if not streamed else batch)
         if streamed:  # normalizers unknown until the last chunk: unnormalized losses, gradients rescaled below
             num_items: torch.Tensor | float = 1.0
-            accumulation = 1
+            accumulation, completions = 1, 1.0  # with a token budget: unit weight per completion, rescaled below
         else:
             micro = list(micro)
             local_items = sum((mb.completion_mask.sum() for mb in micro), torch.tensor(0.0, device=self.device))
@@ -164,6 +168,7 @@ class GRPOLearner:
             # gives exactly one process's update over the same micro-batches (placeholders do not count)
             accumulation = float(self._all_reduce_sum(torch.tensor(float(len(micro)), device=self.device)))
             accumulation /= self.world_size
+            completions = self.batching.completions_per_rank(micro, self._all_reduce_sum, self.world_size)
             if self.sharded:  # FSDP collectives run per forward/backward: every rank does as many
                 micro += [_DUMMY] * (self._max_over_ranks(len(micro)) - len(micro))
         sums: dict[str, float] = {}
@@ -178,7 +183,7 @@ class GRPOLearner:
             if mb is _DUMMY:
                 self._dummy_pass()
                 continue
-            seen_micro += 1
+            seen_micro += len(mb) if self.batching.by_tokens else 1  # the normalizer of a streamed step
             tokens = float(mb.completion_mask.sum())
             seen_items += tokens
             if self.skip_zero_advantage_batches and not bool((mb.advantages != 0).any()):
@@ -194,11 +199,12 @@ class GRPOLearner:
                 lm_head=head, completion_ids=mb.completion_ids,
             )  # fmt: skip
             result = self.objective.micro_batch_loss(inputs, num_items_in_batch=num_items,
-                                                     gradient_accumulation_steps=accumulation,
+                                                     gradient_accumulation_steps=self.batching.accumulation(
+                                                         mb, accumulation, completions),
                                                      num_processes=self.world_size)
             result.output.loss.backward()
             step_loss += result.output.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
-            _accumulate(sums, weights, result.metrics, result.weight)
+            accumulate_metrics(sums, weights, result.metrics, result.weight)
         if streamed:
             num_items = seen_items
             scale = self.objective.normalizer_scale(seen_items, seen_micro)
@@ -223,6 +229,7 @@ class GRPOLearner:
         metrics["loss"] = step_loss
         metrics["skipped_zero_adv_microbatches"], metrics["skipped_nonfinite_steps"] = (
             float(self.skipped_zero_adv_microbatches), float(self.skipped_nonfinite_steps))
+        metrics["oversized_microbatch_sequences"] = float(self.batching.oversized)  # longer than the budget
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = learning_rate
         metrics["num_tokens"] = float(num_items)
@@ -235,7 +242,7 @@ class GRPOLearner:
         hidden = head = None
         if self.objective.wants_hidden_states:  # the fused loss applies the LM head itself; logps: IS/OPSM/metrics
             t, head = mb.completion_ids.size(1), self.model.get_output_embeddings()
-            hidden = completion_hidden_states(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, t)
+            hidden = completion_hidden_states(self.model, mb)
             with torch.no_grad():
                 logps, entropy = chunked_token_logps(hidden.detach(), head, mb.completion_ids,
                                                      self.logprob_chunk_size or t, with_entropy=True,
@@ -387,14 +394,3 @@ def _cpu_copy(obj):
         return type(obj)(_cpu_copy(v) for v in obj)
     return obj
 
-
-def _accumulate(sums: dict[str, float], weights: dict[str, float], metrics: dict[str, float], w: float) -> None:
-    """Token-weighted running means (min/max keys keep the extreme instead)."""
-    for k, v in metrics.items():
-        v = float(v)
-        if k.endswith(("/min", "/max")):
-            sums[k] = (min if k.endswith("/min") else max)(sums.get(k, v), v)
-            weights[k] = 1.0
-        else:
-            sums[k] = sums.get(k, 0.0) + v * w
-            weights[k] = weights.get(k, 0.0) + w
