@@ -6,13 +6,15 @@ completion tokens), same loss (dapo, beta 0), same precision (float32) and micro
 
 - TRL 1.16 `GRPOTrainer` (generation with transformers on the same CPU, `use_vllm=False`);
 - async-grpo on-policy (`max_staleness: 0`): a real vLLM CPU server generates, the trainer waits for each step;
-- async-grpo async (`max_staleness: 2`, the default mode).
+- async-grpo async (`max_staleness: 2`, the default mode; with the trainer on every core beside its own vLLM CPU
+  server, `resource_sharing: auto` time-slices: vLLM pauses while the trainer computes);
+- with `--with-overlap`, the same async mode with `resource_sharing: overlap` (both compute at once).
 
 Each system runs `--warmup` steps, then `--steps` timed steps; steps are timed by wall clock (TRL: a callback at
 each step end; async-grpo: the MLflow timestamps of each step's metrics). Prints steady seconds per step,
 completions/s and the ratios, all measured in this one run. `--reduced` shrinks everything for CI.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--reduced]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--with-overlap] [--reduced]
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def trl_step_times(model_path: Path, args, out: Path) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def ours_step_times(model_path: Path, args, out: Path, max_staleness: int) -> tuple[list[float], float]:
+def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
+                    resource_sharing: str = "auto") -> tuple[list[float], float]:
     """Wall-clock seconds between consecutive async-grpo steps (from MLflow), and the mean generation tokens/s."""
     import mlflow
 
@@ -73,6 +76,7 @@ def ours_step_times(model_path: Path, args, out: Path, max_staleness: int) -> tu
         loss_type="dapo", beta=0.0, learning_rate=1e-5, max_steps=args.warmup + args.steps, max_staleness=max_staleness,
         torch_num_threads=args.threads, eval_num_prompts=1, num_generations_eval=2, save_model=False,
         output_dir=str(out), max_inflight_groups=args.prompts, seed=0, vllm_max_model_len=512,
+        resource_sharing=resource_sharing,
     )  # fmt: skip
     summary = run_local(config, progress=False)
     mlflow.set_tracking_uri(summary.tracking_uri)
@@ -91,6 +95,8 @@ def main() -> None:
     p.add_argument("--max-completion", type=int, default=128)
     p.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
     p.add_argument("--reduced", action="store_true", help="tiny model, 2 prompts x 4, 16 tokens (CI)")
+    p.add_argument("--with-overlap", action="store_true", help="also time the async mode with resource_sharing="
+                   "overlap (vLLM generating while the trainer computes), against the default's choice")
     args = p.parse_args()
     from async_grpo.tiny_model import build_tiny_model
 
@@ -103,8 +109,10 @@ def main() -> None:
     results = {}
     trl = trl_step_times(model_path, args, work / "trl")[args.warmup:]
     results["trl_grpo_trainer"] = {"s_per_step": statistics.median(trl)}
-    for name, staleness in (("async_grpo_on_policy", 0), ("async_grpo_async", 2)):
-        times, gen_tps = ours_step_times(model_path, args, work / name, staleness)
+    systems = [("async_grpo_on_policy", 0, "auto"), ("async_grpo_async", 2, "auto")]
+    systems += [("async_grpo_async_overlap", 2, "overlap")] if args.with_overlap else []
+    for name, staleness, sharing in systems:
+        times, gen_tps = ours_step_times(model_path, args, work / name, staleness, sharing)
         results[name] = {"s_per_step": statistics.median(times[max(args.warmup - 1, 0):]),
                          "generation_tokens_per_s": gen_tps}
     completions = args.prompts * args.generations
@@ -113,7 +121,7 @@ def main() -> None:
     print(json.dumps({"completions_per_step": completions, "max_completion_tokens": args.max_completion,
                       "threads": args.threads, "results": results}, indent=2))
     trl_s = results["trl_grpo_trainer"]["s_per_step"]
-    for name in ("async_grpo_on_policy", "async_grpo_async"):
+    for name in [n for n, _, _ in systems]:
         print(f"{name}: {trl_s / results[name]['s_per_step']:.2f}x TRL's steps/s")
     print(f"async / on-policy: {results['async_grpo_on_policy']['s_per_step'] / results['async_grpo_async']['s_per_step']:.2f}x")
 
