@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "gloo"
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024  # bytes per flat broadcast
+ABORT_POLL_S = 0.5  # the sender checks its update_weights call this often while a broadcast waits (seconds)
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -91,10 +92,30 @@ def _new_gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: fl
     return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout_s))
 
 
-def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
+def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, abort: Future | None = None) -> None:
+    """Broadcast `tensor` from rank 0. With `abort` (the sender's concurrent `update_weights` call), wait in slices of
+    ABORT_POLL_S and give up as soon as that call failed: the server will then never receive, and a plain wait would
+    block for the whole group timeout (a killed API server leaves its worker alive in the group).
+
+    Raises:
+        RuntimeError: the broadcast failed or timed out, or `abort` failed (chained).
+    """
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
-    group.broadcast([tensor], opts).wait()
+    work = group.broadcast([tensor], opts)
+    if abort is None:
+        work.wait()
+        return
+    while True:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=ABORT_POLL_S))
+            return
+        except RuntimeError as err:
+            if "timed out" not in str(err):
+                raise
+            if abort.done() and abort.exception() is not None:
+                raise RuntimeError("weight broadcast abandoned: the server's update_weights call failed") from (
+                    abort.exception())
 
 
 # ---------------------------------------------------------------------------- wire structs
@@ -340,19 +361,19 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         pool = ThreadPoolExecutor(max_workers=1)
         try:
             future = pool.submit(self.client.update_weights, asdict(update_info))
-            self._broadcast_all(metas)
+            self._broadcast_all(metas, abort=future)
             future.result()
         finally:
             # If the broadcast failed the server-side RPC may never return; do not join it.
             pool.shutdown(wait=False)
         self.client.finish_weight_update()
 
-    def _broadcast_all(self, metas: list[ParamMeta]) -> None:
+    def _broadcast_all(self, metas: list[ParamMeta], abort: Future | None = None) -> None:
         assert self.source is not None and self.group is not None
         tensors = dict(_checked(self.source, metas))
         for bucket in plan_buckets(metas, self.bucket_bytes):
             flat = torch.cat([tensors[metas[i].name].detach().reshape(-1).cpu() for i in bucket])
-            _broadcast(self.group, flat)
+            _broadcast(self.group, flat, abort)
 
     def shutdown(self) -> None:
         """Drop the group and close the store."""
