@@ -94,28 +94,19 @@ def _new_gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: fl
 
 def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, abort: Future | None = None) -> None:
     """Broadcast `tensor` from rank 0. With `abort` (the sender's concurrent `update_weights` call), wait in slices of
-    ABORT_POLL_S and give up as soon as that call failed: the server will then never receive, and a plain wait would
-    block for the whole group timeout (a killed API server leaves its worker alive in the group).
-
-    Raises:
-        RuntimeError: the broadcast failed or timed out, or `abort` failed (chained).
-    """
+    ABORT_POLL_S and give up once that call failed: a killed API server leaves its worker in the group, never told
+    to receive, and a plain wait would block for the whole group timeout. Raises RuntimeError (cause chained)."""
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     work = group.broadcast([tensor], opts)
-    if abort is None:
-        work.wait()
-        return
     while True:
         try:
-            work.wait(timeout=datetime.timedelta(seconds=ABORT_POLL_S))
-            return
+            return work.wait() if abort is None else work.wait(timeout=datetime.timedelta(seconds=ABORT_POLL_S))
         except RuntimeError as err:
-            if "timed out" not in str(err):
+            if abort is None or "timed out" not in str(err):
                 raise
             if abort.done() and abort.exception() is not None:
-                raise RuntimeError("weight broadcast abandoned: the server's update_weights call failed") from (
-                    abort.exception())
+                raise RuntimeError("weight broadcast abandoned: update_weights failed") from abort.exception()
 
 
 # ---------------------------------------------------------------------------- wire structs
