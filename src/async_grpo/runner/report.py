@@ -136,7 +136,6 @@ def push_metrics(pusher) -> dict[str, float]:
     out = {}
     if getattr(pusher, "last_push_bytes", 0):
         out["weight_sync/bytes"] = float(pusher.last_push_bytes)
-    seconds = getattr(pusher, "last_seconds", {})
-    if len(seconds) > 1 or len(getattr(getattr(pusher, "replicas", None), "replicas", ())) > 1:
-        out.update({f"weight_sync/replica_{i}/seconds": s for i, s in seconds.items()})
+    if len(getattr(pusher, "replicas", ())) > 1:  # a ReplicaSet of several servers
+        out.update({f"weight_sync/replica_{i}/seconds": s for i, s in pusher.last_seconds.items()})
     return out
