@@ -53,7 +53,8 @@ def synthetic_batch(groups: int, generations: int, prompt_len: int, max_completi
 
 
 def build(variant: str, model, micro: int, max_completion: int, max_tokens: int | None = None):
-    """The `GRPOLearner` of `variant` ("float32" / "bf16", then "+liger", "+flat", "+budget"), dapo loss."""
+    """The `GRPOLearner` of `variant` ("float32" / "bf16", then "+liger", "+flat", "+budget", "+sorted": the
+    config's default `group_by_length`), dapo loss."""
     from async_grpo.algorithms import LossSettings
     from async_grpo.trainer.trainer import GRPOLearner
 
@@ -61,7 +62,8 @@ def build(variant: str, model, micro: int, max_completion: int, max_tokens: int 
                        loss=LossSettings(max_completion_length=max_completion, use_liger_kernel="+liger" in variant),
                        pad_token_id=0, mixed_precision="bf16" if variant.startswith("bf16") else None,
                        batch_flattening="+flat" in variant,
-                       max_tokens_per_microbatch=max_tokens if "+budget" in variant else None)
+                       max_tokens_per_microbatch=max_tokens if "+budget" in variant else None,
+                       group_by_length="+sorted" in variant)
 
 
 def timed_step(learner, batch) -> tuple[float, dict]:
@@ -178,7 +180,7 @@ def main() -> None:
             variants.append("bf16+liger")
     except ImportError:
         pass
-    variants += ["float32+flat", "float32+budget", "float32+flat+budget"]
+    variants += ["float32+sorted", "float32+flat", "float32+budget", "float32+flat+budget"]
     variants = args.variants or variants
     interleave = (not cuda) if args.interleave is None else args.interleave
     results = (run_interleaved if interleave else run_sequential)(variants, base, batch, args, max_tokens)

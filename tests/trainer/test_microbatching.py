@@ -143,6 +143,48 @@ def test_old_logps_follow_the_token_budget_cut(tiny_model):
     assert metrics["loss"] != 0.0
 
 
+def test_group_by_length_orders_fixed_micro_batches_by_length_and_trims_them():
+    batch = lengths_batch([2, 2, 6], [2, 2, 2, 10, 2, 2])  # row lengths 4, 4, 4, 12, 8, 8; advantages +1, -1
+    mbs = list(MicroBatching(2, group_by_length=True).cut(pack_batch(batch, PAD)))
+    # by length 4, 4 | 4, 8 | 8, 12, each trimmed to its longest prompt + longest completion (the last: 6 + 10)
+    assert [tuple(mb.input_ids.shape) for mb in mbs] == [(2, 4), (2, 8), (2, 16)]
+    assert sum(mb.input_ids.numel() for mb in mbs) == 56  # row order, untrimmed: 6 x 16 = 96 positions
+
+
+def test_group_by_length_puts_zero_advantage_completions_first():
+    batch = lengths_batch([2, 2, 2], [5, 1, 3, 2, 4, 6])
+    batch.groups[1].advantages = [0.0, 0.0]  # rows 2 and 3: completions of 3 and 2 tokens
+    mbs = list(MicroBatching(2, group_by_length=True).cut(pack_batch(batch, PAD)))
+    assert mbs[0].advantages.tolist() == [0.0, 0.0]  # a whole micro-batch skip_zero_advantage_batches can skip
+    assert [int(mb.completion_mask.sum()) for mb in mbs] == [2 + 3, 1 + 4, 5 + 6]  # then by length
+
+
+@pytest.mark.parametrize("loss_type", CUT_FREE)
+def test_group_by_length_step_equals_the_row_order_step(tiny_model, loss_type):
+    """Same completions per micro-batch, other companions: the loss and gradients are those of TRL's row order."""
+    other = copy.deepcopy(tiny_model)
+    kw = dict(loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else 0.2, beta=0.05)
+    rows = learner(tiny_model, flattening=False, micro=4, **kw)
+    by_length = learner(other, flattening=False, micro=4, **kw)
+    by_length.batching = MicroBatching(4, group_by_length=True)
+    want, got = rows.step(ragged_eight()), by_length.step(ragged_eight())
+    firsts = [mb.advantages.tolist() for mb in by_length._micro_batches([ragged_eight()])]
+    assert firsts != [mb.advantages.tolist() for mb in rows._micro_batches([ragged_eight()])]  # really regrouped
+    assert want["loss"] != 0.0
+    assert_same_step(tiny_model, want, other, got)
+
+
+def test_bnpo_keeps_the_row_order():
+    model = torch.nn.Linear(2, 2)
+    model.config = None
+    lrn = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
+                      loss=LossSettings(loss_type="bnpo"), pad_token_id=PAD, group_by_length=True)
+    assert lrn.batching.group_by_length is False
+    lrn = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
+                      loss=LossSettings(loss_type="dapo"), pad_token_id=PAD, group_by_length=True)
+    assert lrn.batching.group_by_length is True
+
+
 # ------------------------------------------------------------------ several ranks
 def _budget_rank_main(rank: int, port: int, model_path: str, out_dir: str, fsdp: bool) -> None:
     import os

@@ -4,16 +4,21 @@ flattened.
 `MicroBatching.cut` yields the micro-batches of one packed chunk, in order and without splitting a sequence:
 
 - fixed (`max_tokens_per_microbatch=None`, the default): `micro_batch_size` completions each (TRL
-  `per_device_train_batch_size`), every micro-batch as wide as the chunk (P + T columns).
+  `per_device_train_batch_size`). With `group_by_length` (the default) the chunk's completions are first ordered
+  by length and each micro-batch is trimmed to its own longest prompt and completion; without it (and always for
+  bnpo, whose micro-batch token mean depends on which completions share a micro-batch) they stay in row order and
+  every micro-batch is as wide as the chunk (P + T columns), as TRL cuts them.
 - token budget (`max_tokens_per_microbatch=B`, axolotl-style): the chunk's completions are ordered by length
-  (prompt + completion, stable: transformers' `group_by_length`), then consecutive ones are added while the
+  (prompt + completion, stable), then consecutive ones are added while the
   micro-batch's cost stays within B tokens, where the cost is the padded size rows x (longest prompt + longest
   completion of the micro-batch) on the padded path, and the sum of the real lengths (prompt + completion) with
   `batch_flattening`. Each padded micro-batch is trimmed to its own longest prompt and completion, so similar
   lengths share a micro-batch and little padding is left. A sequence longer than B gets a micro-batch of its own
   (counted in `oversized`, never dropped).
 
-With `batch_flattening` each micro-batch is then flattened (`trainer.flattening`).
+Ordering by length puts the completions with a zero advantage first (`skip_zero_advantage_batches` can then
+still skip whole micro-batches of them), each part ordered by length. With `batch_flattening` each micro-batch is
+then flattened (`trainer.flattening`).
 
 The loss normalization does not depend on the cut (`accumulation`): dapo / cispo divide by the step's token count
 anyway; grpo / sapo / dr_grpo / bnpo divide each micro-batch's loss by the number of micro-batches, which under a
@@ -48,13 +53,17 @@ class MicroBatching:
             `batch_flattening`; transformers `DataCollatorWithFlattening`).
         flat_row_tokens: `flatten`'s row_tokens: None, one row; 0, rows as wide as the longest sequence
             (`flattening.flat_row_tokens(model)` picks by attention implementation).
+        group_by_length: order the fixed path's completions by length and trim each micro-batch (transformers
+            `TrainingArguments.group_by_length`; 1.2x the trainer's steps/s on benchmarks/trainer_precision.py's
+            medium shape). Same gradient for every loss but bnpo (pass False there). The token budget always
+            orders by length.
 
     Raises:
         ValueError: micro_batch_size < 1 or max_tokens_per_microbatch < 1.
     """
 
     def __init__(self, micro_batch_size: int, max_tokens_per_microbatch: int | None = None,
-                 batch_flattening: bool = False, flat_row_tokens: int | None = None):
+                 batch_flattening: bool = False, flat_row_tokens: int | None = None, group_by_length: bool = False):
         if micro_batch_size < 1:
             raise ValueError(f"per_device_train_batch_size={micro_batch_size} must be >= 1. Fix: use e.g. 8.")
         if max_tokens_per_microbatch is not None and max_tokens_per_microbatch < 1:
@@ -64,6 +73,7 @@ class MicroBatching:
         self.max_tokens = max_tokens_per_microbatch
         self.batch_flattening = batch_flattening
         self.flat_row_tokens = flat_row_tokens
+        self.group_by_length = group_by_length or self.by_tokens
         self.oversized = 0  # cumulative: sequences longer than the budget, trained in a micro-batch of their own
 
     @property
@@ -72,21 +82,20 @@ class MicroBatching:
         return self.max_tokens is not None
 
     def cut(self, packed: PackedBatch) -> Iterator[PackedBatch]:
-        """The micro-batches of `packed` (one chunk: N rows of P + T columns), in row order (fixed) or in order of
-        length (token budget).
+        """The micro-batches of `packed` (one chunk: N rows of P + T columns), in row order, or in order of length
+        (`group_by_length`, token budget).
 
         Yields:
-            `PackedBatch` slices (fixed), trimmed slices (token budget), or `FlattenedBatch`es (flattening).
+            `PackedBatch` slices (row order), trimmed slices (by length), or `FlattenedBatch`es (flattening).
         """
-        if self.by_tokens:  # similar lengths together (the loss does not depend on the order: see `accumulation`)
-            lengths = packed.attention_mask.sum(1)
-            packed = take(packed, torch.sort(lengths, stable=True).indices)
+        if self.group_by_length:  # similar lengths together (the loss does not depend on the order: `accumulation`)
+            packed = take(packed, by_length(packed))
         spans = self._spans(packed) if self.by_tokens else [
             (start, min(start + self.micro_batch_size, len(packed)))
             for start in range(0, len(packed), self.micro_batch_size)]
         for start, end in spans:
             mb = packed.slice(start, end)
-            if self.by_tokens and not self.batch_flattening:
+            if self.group_by_length and not self.batch_flattening:
                 mb = trim(mb)
             yield flatten(mb, self.flat_row_tokens) if self.batch_flattening else mb
 
@@ -137,6 +146,14 @@ class MicroBatching:
         if not self.by_tokens:
             return step_accumulation
         return completions_per_rank / max(len(mb), 1)
+
+
+def by_length(packed: PackedBatch) -> torch.Tensor:
+    """(N,) row order: completions with a zero advantage first, then the others, each part by length (prompt +
+    completion tokens), stable."""
+    order = torch.sort(packed.attention_mask.sum(1), stable=True).indices
+    nonzero = (packed.advantages[order] != 0).to(torch.int8)
+    return order[torch.sort(nonzero, stable=True).indices]
 
 
 def take(packed: PackedBatch, index: torch.Tensor) -> PackedBatch:

@@ -50,7 +50,8 @@ class GRPOLearner:
         lr_schedule: the learning-rate schedule (`trainer.schedule.LRSchedule`, stepped after every optimizer
             step, its state in `state_dict`); None keeps learning_rate constant.
         adam_betas, adam_epsilon: AdamW's betas and eps (transformers `adam_beta1/2`, `adam_epsilon`).
-        max_tokens_per_microbatch, batch_flattening: see `trainer.microbatching.MicroBatching` (raises ValueError).
+        max_tokens_per_microbatch, batch_flattening, group_by_length: see `trainer.microbatching.MicroBatching`
+            (raises ValueError); group_by_length is off for bnpo, whose gradient depends on the cut.
 
     Raises:
         ValueError: skip_zero_advantage_batches with a KL term, fsdp with options it cannot run, or an unknown
@@ -62,7 +63,7 @@ class GRPOLearner:
                  skip_zero_advantage_batches: bool = False, fsdp: bool = False, mixed_precision: str | None = None,
                  lr_schedule: LRSchedule | None = None, adam_betas: tuple[float, float] = (0.9, 0.999),
                  adam_epsilon: float = 1e-8, max_tokens_per_microbatch: int | None = None,
-                 batch_flattening: bool = False):
+                 batch_flattening: bool = False, group_by_length: bool = False):
         if mixed_precision not in (None, "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r} is not None or 'bf16'. Fix: use bf16=true or false.")
         self.mixed_precision = mixed_precision
@@ -84,7 +85,8 @@ class GRPOLearner:
         self.ref_model = self.reference_model(model) if self.objective.needs_reference else None
         self.sharded = fsdp and self.world_size > 1
         self.batching = MicroBatching(micro_batch_size, max_tokens_per_microbatch, batch_flattening,
-                                      flat_row_tokens(model, self.sharded))  # one row or rows bounded by the longest
+                                      flat_row_tokens(model, self.sharded),  # one row or rows bounded by the longest
+                                      group_by_length and loss.loss_type != "bnpo")
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
             if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
                 raise ValueError("fsdp needs logprob_chunk_size=None, use_liger_kernel=false and "
