@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-ResourceSharing = Literal["auto", "overlap", "time_slice"]
+ResourceSharing = Literal["auto", "overlap", "time_slice", "adaptive"]
 
 
 class InferencePlacementFields(BaseModel):
@@ -25,8 +25,11 @@ class InferencePlacementFields(BaseModel):
         "groups while the trainer computes (what pays when each has its own GPUs or cores). `time_slice`: vLLM is "
         "paused (mode keep: requests freeze, nothing is lost) while the trainer runs an optimizer step, so each "
         "gets every core in turn instead of both fighting over them; groups are still generated ahead, between "
-        "steps, and scored meanwhile (verl's colocated hybrid engine makes the same trade on one GPU). `auto`: "
-        "time_slice when this run launched its vLLM servers on its own CPU machine and the trainer uses every core "
-        "(torch_num_threads unset or >= the cores), else overlap (a trainer held to fewer threads leaves vLLM its "
-        "core; attached servers, Kubernetes pods and GPUs have their own resources). streaming_min_groups needs "
-        "overlap.")
+        "steps, and scored meanwhile (verl's colocated hybrid engine makes the same trade on one GPU). `adaptive` "
+        "(CPU): vLLM is never paused; the vLLM CPU servers this run launches compute on half the cores "
+        "(OMP_NUM_THREADS), and the trainer's torch threads follow vLLM's activity: the other half while a "
+        "generation request is in flight, every core while vLLM is idle, checked before each decoder layer's "
+        "forward and backward (metric trainer/reduced_threads_s). `auto`: adaptive when this run launched its vLLM "
+        "servers on its own CPU machine and the trainer uses every core (torch_num_threads unset or >= the cores), "
+        "else overlap (a trainer held to fewer threads leaves vLLM the other cores; attached servers, Kubernetes "
+        "pods and GPUs have their own resources). streaming_min_groups cannot be combined with time_slice.")

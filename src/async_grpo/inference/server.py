@@ -97,16 +97,34 @@ def build_server_command(
         # the step's token budget. Whole prefills need a budget of at least max_model_len tokens.
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens",
                 str(max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len))]
+        if not set(extra_args or []) & MULTI_WORKER_FLAGS:
+            # The model runs inside the engine-core process (`CPU_SERVER_ENV` keeps vLLM from switching back to
+            # the multiprocess executor). With a separate worker process the engine core busy-polls the worker's
+            # shared-memory answer queue (`shm_broadcast.SpinCondition`, sched_yield for 1 s after each read), so
+            # generation held a second core: 1.35k tokens/s on 2 cores, against 2.1k tokens/s on one core in
+            # process (the 18M vs_trl model, 64 completions of up to 128 tokens; benchmarks/vs_trl.py).
+            cmd += ["--distributed-executor-backend", "uni"]
     return cmd + list(extra_args or [])
+
+
+# flags that give the engine several workers (tensor / pipeline / data parallel) or pick the executor yourself
+MULTI_WORKER_FLAGS = {"--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size",
+                      "-dp", "--distributed-executor-backend"}
+# vLLM's CPU platform replaces the in-process (`uni`) executor by `mp` unless this is 0; it changes nothing else
+# for the OpenAI server (its engine core is always a separate process)
+CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for /v1/load_lora_adapter and /v1/unload_...
 
 
-def server_env(kv_cache_gib: int = 1, runtime_lora: bool = False) -> dict[str, str]:
+def server_env(kv_cache_gib: int = 1, runtime_lora: bool = False, cpu: bool | None = None) -> dict[str, str]:
     """Environment for the server: dev-mode control plane on, no hub access; `runtime_lora` also turns on vLLM's
-    runtime LoRA routes (env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; `vllm_lora_sync`)."""
+    runtime LoRA routes (env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; `vllm_lora_sync`); on the CPU build (`cpu`:
+    None detects this machine's) `CPU_SERVER_ENV`, which keeps `build_server_command`'s in-process executor."""
     env = dict(os.environ)
+    if is_cpu_build() if cpu is None else cpu:
+        env.update(CPU_SERVER_ENV)
     if runtime_lora:
         env[RUNTIME_LORA_ENV] = "True"
     env.update(

@@ -17,7 +17,7 @@ import yaml
 
 from async_grpo.config import GRPOConfig, flat_dump
 from async_grpo.config.peft_section import lora_server_args
-from async_grpo.inference.server import RUNTIME_LORA_ENV, build_server_command
+from async_grpo.inference.server import CPU_SERVER_ENV, RUNTIME_LORA_ENV, build_server_command
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS, build_network_policies, reward_policy
 from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names other modules import from here
     CACHE_DIR, CONFIG_DIR, CONFIG_FILE, DNS_LABEL, POD_IP_ENV, PYTORCH_CONTAINER, PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL,
@@ -221,6 +221,7 @@ def build_vllm_deployment(config: GRPOConfig, settings: ClusterSettings, run_nam
         env.append({"name": RUNTIME_LORA_ENV, "value": "True"})
     if settings.device == "cpu":
         env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(config.inference.vllm_kv_cache_gib)})
+        env += [{"name": k, "value": v} for k, v in CPU_SERVER_ENV.items()]  # the in-process executor
     startup_failures = max(1, math.ceil(config.inference.vllm_startup_timeout_s / PROBE_PERIOD_S))
     health = {"httpGet": {"path": "/health", "port": "http"}}
     container = {

@@ -8,6 +8,7 @@ and SIGTERM into a clean stop, and ends every process it started, by PID, whatev
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
 from async_grpo.runner.checkpoints import StopGuard, checkpoint_on_stop
 from async_grpo.runner.follower import run_follower
+from async_grpo.runner.scheduling import resolve_resource_sharing, vllm_cpu_threads
 from async_grpo.trainer.distributed import check_env, close_distributed, init_distributed
 from async_grpo.transports.weights.sync import resolve_backend
 
@@ -93,6 +95,19 @@ def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterabl
         close_distributed()
 
 
+def vllm_thread_env(config: GRPOConfig) -> dict[str, str]:
+    """OMP_NUM_THREADS for the vLLM CPU servers this run launches (`scheduling.vllm_cpu_threads` of the resolved
+    `resource_sharing`; e.g. 1 of 2 cores under adaptive); {} on GPU, under time_slice, or when the environment
+    already sets OMP_NUM_THREADS (the user's choice wins)."""
+    if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    threads = config.optim.torch_num_threads
+    mode = resolve_resource_sharing(config.inference.resource_sharing, launched_here=True,
+                                    streaming=config.producer.streaming_min_groups is not None, trainer_threads=threads)
+    n = vllm_cpu_threads(mode, threads)
+    return {} if n is None else {"OMP_NUM_THREADS": str(n)}
+
+
 def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
     """Rank 0: the recipe, with a vLLM subprocess started at the right moment of its setup. A stop signal
     ends the run between steps with a checkpoint (`checkpoint_on_signal`) and the MLflow run KILLED."""
@@ -112,6 +127,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
                                        seed=config.seed, extra_args=lora_server_args(config) + config.vllm_serve_args)
             log = Path(config.output_dir) / ("vllm.log" if i == 0 else f"vllm-{i}.log")
             env = server_env(inf.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync)
+            env.update(vllm_thread_env(config))
             server = VLLMServer(cmd, env, log, url, inf.vllm_startup_timeout_s)
             servers.append(server)
             server.launch()

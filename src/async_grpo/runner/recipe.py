@@ -125,7 +125,7 @@ class GRPORecipe:
         launched = all(r.endpoint.launched for r in self.replicas.replicas)
         if sft_loss is not None or not launched or peft_setup.push_at_start(config):  # serve exactly the trainer's starting weights as version 0
             self.sync_times.append(self.pusher.push(self.version.value))  # (warm-started, or attached: unknown)
-        self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched)  # resource_sharing
+        self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched, self.learner.model)
         self.producer, self.orchestrator, self.queue = builders.build_producer(
             config, tokenizer=self.tokenizer, train_items=self.train_items, rollout=self.rollout,
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
@@ -255,7 +255,7 @@ class GRPORecipe:
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
             metrics["weight_sync/seconds"] = recovery.push_surviving_inference_loss(self)
             metrics.update(report.push_metrics(self.pusher))
-        metrics.update(self.replicas.metrics(), **{"inference/paused_for_training_s": self.time_slice.paused_s})
+        metrics.update(self.replicas.metrics(), **self.time_slice.metrics())  # resource_sharing
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
