@@ -7,14 +7,21 @@ completion tokens), same loss (dapo, beta 0), same precision (float32) and micro
 - TRL 1.16 `GRPOTrainer` (generation with transformers on the same CPU, `use_vllm=False`);
 - async-grpo on-policy (`max_staleness: 0`): a real vLLM CPU server generates, the trainer waits for each step;
 - async-grpo async (`max_staleness: 2`, the default mode; with the trainer on every core beside its own vLLM CPU
-  server, `resource_sharing: auto` time-slices: vLLM pauses while the trainer computes);
-- with `--with-overlap`, the same async mode with `resource_sharing: overlap` (both compute at once).
+  server, `resource_sharing: auto` is adaptive: vLLM generates on half the cores, the trainer computes on the
+  other half while vLLM generates and on every core while it is idle);
+- with `--modes time_slice overlap`, the same async mode under those `resource_sharing` modes too.
+
+The on-policy mode runs with `resource_sharing: auto` too, which is time_slice there (nothing to overlap: vLLM gets
+every core while the trainer waits). Both async-grpo modes use the config defaults otherwise (`group_by_length`).
 
 Each system runs `--warmup` steps, then `--steps` timed steps; steps are timed by wall clock (TRL: a callback at
-each step end; async-grpo: the MLflow timestamps of each step's metrics). Prints steady seconds per step,
-completions/s and the ratios, all measured in this one run. `--reduced` shrinks everything for CI.
+each step end; async-grpo: the MLflow timestamps of each step's metrics). Prints, all measured in this one run:
+steady seconds per step, completions/s, trainer tokens/s (the step's prompt + completion tokens over the trainer's
+compute seconds), generation tokens/s (the step's completion tokens over the step's wall time) and vLLM's own
+tokens/s (over the seconds vLLM had a request in flight), the ratios against TRL, async against on-policy, and the
+on-policy step against its own generation plus training time. `--reduced` shrinks everything for CI.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--with-overlap] [--reduced]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--modes time_slice overlap] [--reduced]
 """
 
 from __future__ import annotations
@@ -62,8 +69,10 @@ def trl_step_times(model_path: Path, args, out: Path) -> list[float]:
 
 
 def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
-                    resource_sharing: str = "auto") -> tuple[list[float], float]:
-    """Wall-clock seconds between consecutive async-grpo steps (from MLflow), and the mean generation tokens/s."""
+                    resource_sharing: str = "auto") -> dict[str, list[float]]:
+    """Per timed step of an async-grpo run (from MLflow): `wall_s` (wall clock between consecutive steps),
+    `train_s` (the trainer's compute), `generating_s` (seconds vLLM had a request in flight), `tokens` (prompt +
+    completion tokens trained), `vllm_tokens_per_s` and `tokens_per_s` (generation over the step's wall time)."""
     import mlflow
 
     from async_grpo.config import GRPOConfig
@@ -80,9 +89,19 @@ def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
     )  # fmt: skip
     summary = run_local(config, progress=False)
     mlflow.set_tracking_uri(summary.tracking_uri)
-    history = sorted(mlflow.MlflowClient().get_metric_history(summary.run_id, "loss"), key=lambda m: m.step)
-    stamps = [m.timestamp / 1000.0 for m in history]
-    return [b - a for a, b in zip(stamps, stamps[1:])], summary.generation_tokens_per_s
+    client = mlflow.MlflowClient()
+
+    def series(key: str) -> list[tuple[float, float]]:  # (timestamp s, value) by step
+        return [(m.timestamp / 1000.0, m.value) for m in sorted(client.get_metric_history(summary.run_id, key),
+                                                                 key=lambda m: m.step)]
+
+    stamps = [t for t, _ in series("loss")]
+    busy, tokens = [v for _, v in series("inference/generating_s")], [v for _, v in series("num_tokens")]
+    return {"wall_s": [b - a for a, b in zip(stamps, stamps[1:])],
+            "train_s": [v for _, v in series("trainer/step_seconds")][1:],
+            "generating_s": [b - a for a, b in zip(busy, busy[1:])], "tokens": [b - a for a, b in zip(tokens, tokens[1:])],
+            "vllm_tokens_per_s": [v for _, v in series("generation/vllm_tokens_per_s")][1:],
+            "tokens_per_s": [v for _, v in series("generation/tokens_per_s")][1:]}
 
 
 def main() -> None:
@@ -95,8 +114,8 @@ def main() -> None:
     p.add_argument("--max-completion", type=int, default=128)
     p.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
     p.add_argument("--reduced", action="store_true", help="tiny model, 2 prompts x 4, 16 tokens (CI)")
-    p.add_argument("--with-overlap", action="store_true", help="also time the async mode with resource_sharing="
-                   "overlap (vLLM generating while the trainer computes), against the default's choice")
+    p.add_argument("--modes", nargs="*", default=[], choices=["time_slice", "overlap", "adaptive"],
+                   help="also time the async mode under these resource_sharing modes, against the default's choice")
     args = p.parse_args()
     from async_grpo.tiny_model import build_tiny_model
 
@@ -110,11 +129,15 @@ def main() -> None:
     trl = trl_step_times(model_path, args, work / "trl")[args.warmup:]
     results["trl_grpo_trainer"] = {"s_per_step": statistics.median(trl)}
     systems = [("async_grpo_on_policy", 0, "auto"), ("async_grpo_async", 2, "auto")]
-    systems += [("async_grpo_async_overlap", 2, "overlap")] if args.with_overlap else []
+    systems += [(f"async_grpo_async_{mode}", 2, mode) for mode in args.modes]
     for name, staleness, sharing in systems:
-        times, gen_tps = ours_step_times(model_path, args, work / name, staleness, sharing)
-        results[name] = {"s_per_step": statistics.median(times[max(args.warmup - 1, 0):]),
-                         "generation_tokens_per_s": gen_tps}
+        steps = {k: v[max(args.warmup - 1, 0):] for k, v in ours_step_times(model_path, args, work / name, staleness,
+                                                                              sharing).items()}
+        med = {k: statistics.median(v) for k, v in steps.items() if v}
+        results[name] = {"s_per_step": med["wall_s"], "trainer_s_per_step": med["train_s"],
+                         "vllm_generating_s_per_step": med["generating_s"],
+                         "trainer_tokens_per_s": statistics.median(t / s for t, s in zip(steps["tokens"], steps["train_s"])),
+                         "generation_tokens_per_s": med["tokens_per_s"], "vllm_tokens_per_s": med["vllm_tokens_per_s"]}
     completions = args.prompts * args.generations
     for r in results.values():
         r["completions_per_s"] = completions / r["s_per_step"]
@@ -124,6 +147,10 @@ def main() -> None:
     for name in [n for n, _, _ in systems]:
         print(f"{name}: {trl_s / results[name]['s_per_step']:.2f}x TRL's steps/s")
     print(f"async / on-policy: {results['async_grpo_on_policy']['s_per_step'] / results['async_grpo_async']['s_per_step']:.2f}x")
+    on = results["async_grpo_on_policy"]
+    print(f"on-policy step / (its generation + its training): {on['s_per_step']:.2f} / "
+          f"({on['vllm_generating_s_per_step']:.2f} + {on['trainer_s_per_step']:.2f}) = "
+          f"{on['s_per_step'] / (on['vllm_generating_s_per_step'] + on['trainer_s_per_step']):.2f}")
 
 
 if __name__ == "__main__":

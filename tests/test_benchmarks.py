@@ -40,6 +40,7 @@ def test_weight_sync_reduced():
 def test_vs_trl_reduced():
     stdout = run("vs_trl.py", "--reduced", "--steps", "1")
     assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout
+    assert "on-policy step / (its generation + its training)" in stdout and '"vllm_tokens_per_s"' in stdout
 
 
 @pytest.mark.integration

@@ -1,34 +1,53 @@
-"""`resource_sharing`: which mode `auto` picks, and that a disabled time slice touches no server."""
+"""`resource_sharing`: which mode `auto` picks, the vLLM CPU threads of each mode, that a disabled time slice touches
+no server, and the adaptive `ThreadGovernor` (thread counts following vLLM's requests in flight, inside a real
+model's forward and backward)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import torch
 
 from async_grpo.config import GRPOConfig
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import ReplicaSet
-from async_grpo.runner.scheduling import TimeSlice, resolve_resource_sharing
+from async_grpo.runner.scheduling import ThreadGovernor, TimeSlice, resolve_resource_sharing, vllm_cpu_threads
 
 
-@pytest.mark.parametrize(("mode", "launched", "streaming", "threads", "cuda", "expected"), [
-    ("auto", True, False, None, False, "time_slice"),  # a trainer on every core beside the local vLLM CPU server
-    ("auto", True, False, 2, False, "time_slice"),
-    ("auto", True, False, 1, False, "overlap"),  # 1 of 2 cores: vLLM keeps its own core, overlap wins
-    ("auto", False, False, None, False, "overlap"),  # attached servers / Kubernetes pods have their own resources
-    ("auto", True, True, None, False, "overlap"),  # streaming overlaps training with generation by design
-    ("auto", True, False, None, True, "overlap"),  # GPU: separate memory; time_slice is the user's call
-    ("overlap", True, False, None, False, "overlap"),
-    ("time_slice", False, False, 1, True, "time_slice"),
+@pytest.mark.parametrize(("mode", "launched", "streaming", "threads", "cuda", "on_policy", "expected"), [
+    ("auto", True, False, None, False, False, "adaptive"),  # a trainer on every core beside the local vLLM server
+    ("auto", True, False, 2, False, False, "adaptive"),
+    ("auto", True, True, None, False, False, "adaptive"),  # streaming overlaps too
+    ("auto", True, False, None, False, True, "time_slice"),  # on-policy: nothing to overlap, vLLM gets every core
+    ("auto", True, True, None, False, True, "adaptive"),  # streamed on-policy steps do overlap
+    ("auto", True, False, 1, False, False, "overlap"),  # 1 of 2 cores: vLLM keeps its own core, overlap wins
+    ("auto", False, False, None, False, False, "overlap"),  # attached servers / Kubernetes pods: own resources
+    ("auto", True, False, None, True, False, "overlap"),  # GPU: separate memory; time_slice is the user's call
+    ("overlap", True, False, None, False, False, "overlap"),
+    ("time_slice", False, False, 1, True, False, "time_slice"),
+    ("adaptive", False, False, 1, True, True, "adaptive"),
 ])
-def test_auto_time_slices_only_a_trainer_on_the_cores_of_its_own_vllm(mode, launched, streaming, threads, cuda,
-                                                                       expected):
+def test_auto_shares_cores_only_for_a_trainer_on_the_cores_of_its_own_vllm(mode, launched, streaming, threads, cuda,
+                                                                            on_policy, expected):
     assert resolve_resource_sharing(mode, launched_here=launched, streaming=streaming, trainer_threads=threads,
-                                    cores=2, cuda=cuda) == expected
+                                    cores=2, cuda=cuda, on_policy=on_policy) == expected
+
+
+@pytest.mark.parametrize(("mode", "trainer_threads", "cores", "expected"), [
+    ("adaptive", None, 2, 1), ("adaptive", None, 16, 8), ("adaptive", None, 1, 1),
+    ("time_slice", None, 2, None),  # every core: the trainer waits while vLLM generates
+    ("overlap", 1, 4, 3), ("overlap", None, 4, None), ("overlap", 4, 4, None),
+])
+def test_vllm_cpu_threads_leave_the_trainer_its_cores(mode, trainer_threads, cores, expected):
+    assert vllm_cpu_threads(mode, trainer_threads, cores) == expected
 
 
 def test_for_run_follows_the_config_and_a_disabled_slice_is_a_no_op():
     replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])  # nothing listens: any call would fail
-    assert TimeSlice.for_run(GRPOConfig(torch_num_threads=64), replicas, launched_here=True).enabled
+    assert TimeSlice.for_run(GRPOConfig(torch_num_threads=64, max_staleness=0), replicas, launched_here=True).enabled
+    assert isinstance(TimeSlice.for_run(GRPOConfig(torch_num_threads=64), replicas, launched_here=True,
+                                        model=torch.nn.Linear(2, 2)), ThreadGovernor)
     assert not TimeSlice.for_run(GRPOConfig(torch_num_threads=1), replicas, launched_here=True).enabled
     assert not TimeSlice.for_run(GRPOConfig(resource_sharing="overlap"), replicas, launched_here=True).enabled
     off = TimeSlice(replicas, enabled=False)
@@ -48,3 +67,75 @@ def test_a_dead_server_does_not_break_the_step():
     with TimeSlice(replicas, enabled=True) as ts:
         pass
     assert ts.paused_s >= 0.0
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_governor_gives_the_trainer_every_core_only_while_vllm_is_idle():
+    replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])
+    calls: list[int] = []
+    clock = FakeClock()
+    gov = ThreadGovernor(replicas, full_threads=4, low_threads=2, set_threads=calls.append, clock=clock)
+    gov.update()  # outside a step (evaluation, old_logps): untouched
+    assert calls == []
+    replica = replicas.pick()  # a generation request in flight
+    with gov:
+        assert calls == [2]
+        clock.now = 1.5
+        gov.update()
+        replicas.done(replica, answered=True, tokens=10)  # vLLM idle again
+        clock.now = 2.0
+        gov.update()
+        assert calls == [2, 4]
+        clock.now = 3.0
+        replicas.pick()
+        gov.update()
+        clock.now = 3.25
+    assert calls == [2, 4, 2, 4]  # the step ends on every core
+    assert gov.reduced_s == pytest.approx(1.5 + 0.5 + 0.25)  # 0-2.0 reduced (checked at 1.5 and 2.0), 3.0-3.25
+    assert gov.metrics()["trainer/thread_switches"] == 4.0
+    with pytest.raises(ValueError, match="low_threads"):
+        ThreadGovernor(replicas, full_threads=1, low_threads=2)
+
+
+def test_governor_checks_before_each_layer_forward_and_backward(tiny_model):
+    """A real model: the count is checked once per decoder layer in the forward and once per layer in the
+    backward, so a change of vLLM's activity in the middle of a backward takes effect at the next layer."""
+    replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])
+    layers = len(tiny_model.model.layers)
+    checks: list[bool] = []
+    gov = ThreadGovernor(replicas, full_threads=2, low_threads=1, set_threads=lambda n: None).install(tiny_model)
+    real_update = gov.update
+    gov.update = lambda: (checks.append(True), real_update())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    tiny_model(input_ids=ids).logits.sum().backward()  # outside a step: hooks fire, nothing changes
+    assert gov.threads == 2 and gov.switches == 0
+    checks.clear()
+    with gov:
+        replica = replicas.pick()
+        loss = tiny_model(input_ids=ids).logits.sum()
+        assert gov.threads == 1  # vLLM busy: the forward ran on the reduced count
+        replicas.done(replica, answered=True)
+        loss.backward()
+        assert gov.threads == 2  # idle again: the backward went back to every thread
+    assert len(checks) == 1 + 2 * layers + 1  # enter, each layer's forward and backward, exit
+
+
+def test_replica_set_measures_vllms_own_generation_speed():
+    replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])
+    first = replicas.pick()
+    second = replicas.pick()
+    time.sleep(0.05)
+    replicas.done(first, answered=True, tokens=30)
+    replicas.done(second, answered=True, tokens=70)
+    time.sleep(0.1)  # idle: not generating time
+    metrics = replicas.metrics()
+    assert 0.05 <= metrics["inference/generating_s"] < 0.1
+    assert metrics["generation/vllm_tokens_per_s"] == pytest.approx(100 / metrics["inference/generating_s"])
+    assert replicas.metrics()["inference/generating_s"] == metrics["inference/generating_s"]  # nothing since

@@ -82,6 +82,12 @@ class ReplicaSet:
         self.replicas = [Replica(i, e) for i, e in enumerate(endpoints)]
         self.lock = threading.Lock()
         self.rerouted = 0  # requests sent again to another replica after theirs failed
+        # vLLM's own speed (issue 9: generation/tokens_per_s is the step's tokens over the step's wall time):
+        # seconds with at least one request in flight, and the tokens those requests generated
+        self.generating_s = 0.0
+        self.generated_tokens = 0
+        self._busy_since: float | None = None
+        self._rate_mark = (0.0, 0)  # (generating_s, generated_tokens) at the previous metrics() call
 
     @classmethod
     def of(cls, endpoints: InferenceEndpoint | list[InferenceEndpoint]) -> ReplicaSet:
@@ -119,15 +125,21 @@ class ReplicaSet:
                 candidates = [r for r in self.replicas if r.state in states]
                 if candidates:
                     chosen = min(candidates, key=lambda r: (r.in_flight, r.index))
+                    if self._busy_since is None:
+                        self._busy_since = time.monotonic()
                     chosen.in_flight += 1
                     return chosen
         return None
 
-    def done(self, replica: Replica, *, answered: bool) -> None:
-        """A request sent to `replica` ended (`answered`: it got an HTTP answer)."""
+    def done(self, replica: Replica, *, answered: bool, tokens: int = 0) -> None:
+        """A request sent to `replica` ended (`answered`: it got an HTTP answer, with `tokens` generated tokens)."""
         with self.lock:
             replica.in_flight -= 1
             replica.requests += int(answered)
+            self.generated_tokens += tokens
+            if self._busy_since is not None and not any(r.in_flight for r in self.replicas):
+                self.generating_s += time.monotonic() - self._busy_since
+                self._busy_since = None
 
     def mark_lost(self, replica: Replica, reason: str) -> None:
         """Exclude `replica` from requests and pushes (idempotent; logged once per loss)."""
@@ -143,11 +155,18 @@ class ReplicaSet:
 
     def metrics(self) -> dict[str, float]:
         """Per-replica gauges and counters: `inference/replica_<i>/available` (1 or 0), `.../in_flight`,
-        `.../requests` (cumulative), `.../restarts`; plus `inference/live_replicas` and `inference/rerouted_requests`.
+        `.../requests` (cumulative), `.../restarts`; plus `inference/live_replicas`, `inference/rerouted_requests`,
+        `inference/generating_s` (cumulative seconds with at least one generation request in flight) and
+        `generation/vllm_tokens_per_s` (tokens generated per second of that time since the previous call: vLLM's
+        own speed, where `generation/tokens_per_s` divides by the step's wall time).
         """
         with self.lock:
+            busy = self.generating_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
+            busy0, tokens0 = self._rate_mark
+            self._rate_mark = (busy, self.generated_tokens)
             out = {"inference/live_replicas": float(sum(r.state in ("available", "syncing") for r in self.replicas)),
-                   "inference/rerouted_requests": float(self.rerouted)}
+                   "inference/rerouted_requests": float(self.rerouted), "inference/generating_s": busy,
+                   "generation/vllm_tokens_per_s": (self.generated_tokens - tokens0) / max(busy - busy0, 1e-9)}
             if len(self.replicas) > 1:
                 for r in self.replicas:
                     prefix = f"inference/replica_{r.index}/"
@@ -193,10 +212,10 @@ class BalancedClient:
             replica = self.replicas.pick()
             if replica is None:
                 break
-            answered = False
+            answered, tokens = False, 0
             try:
                 out = await self._client(replica).generate(prompt_ids, **kwargs)
-                answered = True
+                answered, tokens = True, sum(len(c.token_ids) for c in out)
                 return out
             except TRANSPORT_ERRORS as err:
                 last = err
@@ -204,7 +223,7 @@ class BalancedClient:
                 with self.replicas.lock:
                     self.replicas.rerouted += 1
             finally:
-                self.replicas.done(replica, answered=answered)
+                self.replicas.done(replica, answered=answered, tokens=tokens)
         if last is not None:
             raise last
         raise httpx.ConnectError(f"no live vLLM replica (of {len(self.replicas)}: {self.replicas.urls})")

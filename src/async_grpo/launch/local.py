@@ -103,7 +103,8 @@ def vllm_thread_env(config: GRPOConfig) -> dict[str, str]:
         return {}
     threads = config.optim.torch_num_threads
     mode = resolve_resource_sharing(config.inference.resource_sharing, launched_here=True,
-                                    streaming=config.producer.streaming_min_groups is not None, trainer_threads=threads)
+                                    streaming=config.producer.streaming_min_groups is not None, trainer_threads=threads,
+                                    on_policy=config.off_policy.max_staleness == 0)
     n = vllm_cpu_threads(mode, threads)
     return {} if n is None else {"OMP_NUM_THREADS": str(n)}
 

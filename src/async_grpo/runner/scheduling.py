@@ -35,12 +35,13 @@ CONTROL_TIMEOUT_S = 30.0  # one pause / resume call
 
 
 def resolve_resource_sharing(mode: str, *, launched_here: bool, streaming: bool, trainer_threads: int | None = None,
-                             cores: int | None = None, cuda: bool = False) -> str:
+                             cores: int | None = None, cuda: bool = False, on_policy: bool = False) -> str:
     """The mode `auto` stands for; explicit modes are returned as they are.
 
-    `auto` is `adaptive` only when the trainer would compute on the cores vLLM generates on: this run launched its
+    `auto` shares cores only when the trainer would compute on the cores vLLM generates on: this run launched its
     vLLM servers on its own CPU machine (no CUDA) and the trainer uses every core (`trainer_threads` None or >=
-    `cores`). A trainer held to fewer threads (`torch_num_threads`, e.g. 1 on 2 cores) already leaves vLLM its own
+    `cores`). It is then `adaptive`, or `time_slice` when the run is `on_policy` (max_staleness 0, not streaming:
+    generation and training never overlap, so vLLM is better off with every core while the trainer waits). A trainer held to fewer threads (`torch_num_threads`, e.g. 1 on 2 cores) already leaves vLLM its own
     cores: overlap (the tiny demo: 1.95 steps/s overlapped against 1.51 time-sliced on 2 cores). GPU runs overlap:
     vLLM and the trainer hold separate GPU memory; set `time_slice` yourself when both compute on one GPU.
     `streaming` is accepted for the callers' sake: adaptive and overlap both stream.
@@ -48,8 +49,9 @@ def resolve_resource_sharing(mode: str, *, launched_here: bool, streaming: bool,
     if mode != "auto":
         return mode
     cores = cores or len(os.sched_getaffinity(0))
-    shares_cores = trainer_threads is None or trainer_threads >= cores
-    return "adaptive" if launched_here and not cuda and shares_cores else "overlap"
+    if not (launched_here and not cuda and (trainer_threads is None or trainer_threads >= cores)):
+        return "overlap"
+    return "time_slice" if on_policy and not streaming else "adaptive"
 
 
 def vllm_cpu_threads(mode: str, trainer_threads: int | None = None, cores: int | None = None) -> int | None:
@@ -91,7 +93,8 @@ class TimeSlice:
         resolves to adaptive, else a time slice, enabled for time_slice."""
         mode = resolve_resource_sharing(config.inference.resource_sharing, launched_here=launched_here,
                                         streaming=config.producer.streaming_min_groups is not None,
-                                        trainer_threads=config.optim.torch_num_threads, cuda=torch.cuda.is_available())
+                                        trainer_threads=config.optim.torch_num_threads, cuda=torch.cuda.is_available(),
+                                        on_policy=config.off_policy.max_staleness == 0)
         logger.info("resource_sharing=%s -> %s", config.inference.resource_sharing, mode)
         if mode == "adaptive" and model is not None:
             full = config.optim.torch_num_threads or torch.get_num_threads()
@@ -158,15 +161,21 @@ class ThreadGovernor:
         `nn.ModuleList`, else the model itself) and before the backward through each one's output."""
         layers = next((list(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList)), [model])
         for layer in layers:
-            layer.register_forward_pre_hook(lambda *_: self.update())
+            layer.register_forward_pre_hook(self._before_forward)
             layer.register_forward_hook(self._on_output)
         return self
+
+    def _before_forward(self, *_) -> None:
+        self.update()  # returns None: a pre-hook's return value would replace the layer's inputs
 
     def _on_output(self, _module, _inputs, output) -> None:
         """Arm a gradient hook on the layer's output: it fires just before the backward through the layer."""
         out = output[0] if isinstance(output, tuple) else output
         if self._last is not None and isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(lambda grad: self.update())
+            out.register_hook(self._before_backward)
+
+    def _before_backward(self, _grad) -> None:
+        self.update()  # returns None: the gradient passes unchanged
 
     def update(self) -> None:
         """Inside a step: account the time since the last check, then set `low_threads` while a generation request
