@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import psutil
 import pytest
 import requests
 from transformers import AutoTokenizer
@@ -56,3 +57,6 @@ def test_default_eval_of_35_token_conversational_prompts_keeps_the_cpu_engine_al
     assert vllm_server.process.poll() is None and requests.get(f"{vllm_server.url}/health", timeout=10).ok
     if is_cpu_build():
         assert "--no-enable-chunked-prefill" in vllm_server.command
+        # the in-process executor: no separate worker process whose answers the engine core would busy-poll
+        names = [p.name() for p in psutil.Process(vllm_server.process.pid).children(recursive=True)]
+        assert any("EngineCore" in n for n in names) and not any("Worker" in n for n in names), names
