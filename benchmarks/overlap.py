@@ -214,7 +214,8 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = server_env(1)
-    env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, vllm_cores))
+    env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, vllm_cores))  # the multiprocess executor's binding
+    env["OMP_NUM_THREADS"] = str(len(vllm_cores))  # the CPU build's in-process executor (build_server_command)
     extra = []
     if gpu:
         env["CUDA_VISIBLE_DEVICES"] = args.vllm_gpu

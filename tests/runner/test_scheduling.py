@@ -37,7 +37,7 @@ def test_auto_shares_cores_only_for_a_trainer_on_the_cores_of_its_own_vllm(mode,
 @pytest.mark.parametrize(("mode", "trainer_threads", "cores", "expected"), [
     ("adaptive", None, 2, 1), ("adaptive", None, 16, 8), ("adaptive", None, 1, 1),
     ("time_slice", None, 2, None),  # every core: the trainer waits while vLLM generates
-    ("overlap", 1, 4, 3), ("overlap", None, 4, None), ("overlap", 4, 4, None),
+    ("overlap", 1, 4, 3), ("overlap", None, 4, 2), ("overlap", 4, 4, 2),  # never two pools on every core
 ])
 def test_vllm_cpu_threads_leave_the_trainer_its_cores(mode, trainer_threads, cores, expected):
     assert vllm_cpu_threads(mode, trainer_threads, cores) == expected
