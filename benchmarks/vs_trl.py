@@ -2,7 +2,10 @@
 
 Same model (a Qwen2 built locally: by default 18M parameters, hidden 512, 8 layers, 16 heads, 4 KV heads,
 intermediate 1024), same prompts (the builtin `add` task), same batch (8 prompts x 8 generations per step, up to 128
-completion tokens), same loss (dapo, beta 0), same precision (float32) and micro-batches of 16 completions, for:
+completion tokens), same loss (dapo, beta 0), same precision (float32), micro-batches of 16 completions and the same
+learning rate (`--learning-rate`, by default 1e-8: the policy stays all but fixed, so every system generates from the
+same length distribution and a step is the same work in each; at 1e-5 mean lengths drifted from 83 to 50-80 tokens
+within 8 steps, differently per system), for:
 
 - TRL 1.16 `GRPOTrainer` (generation with transformers on the same CPU, `use_vllm=False`);
 - async-grpo on-policy (`max_staleness: 0`): a real vLLM CPU server generates, the trainer waits for each step;
@@ -19,7 +22,9 @@ each step end; async-grpo: the MLflow timestamps of each step's metrics). Prints
 steady seconds per step, completions/s, trainer tokens/s (the step's prompt + completion tokens over the trainer's
 compute seconds), generation tokens/s (the step's completion tokens over the step's wall time) and vLLM's own
 tokens/s (over the seconds vLLM had a request in flight), the ratios against TRL, async against on-policy, and the
-on-policy step against its own generation plus training time. `--reduced` shrinks everything for CI.
+on-policy step against its own generation plus training time, and trained tokens/s (prompt + completion tokens
+trained per second of wall time: the ratio that stays fair if lengths still differ). `--reduced` shrinks everything
+for CI.
 
     .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--modes time_slice overlap] [--reduced]
 """
@@ -34,8 +39,9 @@ import time
 from pathlib import Path
 
 
-def trl_step_times(model_path: Path, args, out: Path) -> list[float]:
-    """Wall-clock seconds of each TRL GRPOTrainer step."""
+def trl_step_times(model_path: Path, args, out: Path) -> tuple[list[float], list[float]]:
+    """Wall-clock seconds of each TRL GRPOTrainer step, and the prompt + completion tokens it trained (TRL's
+    cumulative `num_tokens` log, differenced)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -44,6 +50,7 @@ def trl_step_times(model_path: Path, args, out: Path) -> list[float]:
 
     task = get_task("add")
     stamps: list[float] = []
+    tokens: list[float] = [0.0]
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -53,11 +60,15 @@ def trl_step_times(model_path: Path, args, out: Path) -> list[float]:
         def on_step_end(self, *a, **k):
             stamps.append(time.perf_counter())
 
+        def on_log(self, _args, _state, _control, logs=None, **k):
+            if logs and "num_tokens" in logs:
+                tokens.append(float(logs["num_tokens"]))
+
     torch.set_num_threads(args.threads)
     config = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.micro,
         gradient_accumulation_steps=args.prompts * args.generations // args.micro, num_generations=args.generations,
-        max_completion_length=args.max_completion, temperature=1.0, loss_type="dapo", beta=0.0, learning_rate=1e-5,
+        max_completion_length=args.max_completion, temperature=1.0, loss_type="dapo", beta=0.0, learning_rate=args.learning_rate,
         max_steps=args.warmup + args.steps, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
         save_strategy="no", seed=0, dataloader_num_workers=0, use_vllm=False,
     )  # fmt: skip
@@ -65,7 +76,7 @@ def trl_step_times(model_path: Path, args, out: Path) -> list[float]:
                           reward_funcs=list(task.reward_funcs.values()), args=config, train_dataset=task.train_dataset(0),
                           processing_class=AutoTokenizer.from_pretrained(model_path), callbacks=[Clock()])
     trainer.train()
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    return [b - a for a, b in zip(stamps, stamps[1:])], [b - a for a, b in zip(tokens, tokens[1:])]
 
 
 def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
@@ -82,7 +93,7 @@ def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
         model_name_or_path=str(model_path), dataset="builtin:add", reward_funcs=["builtin:add_exact_match",
         "builtin:add_format"], num_generations=args.generations, max_completion_length=args.max_completion,
         per_device_train_batch_size=args.micro, gradient_accumulation_steps=args.prompts * args.generations // args.micro,
-        loss_type="dapo", beta=0.0, learning_rate=1e-5, max_steps=args.warmup + args.steps, max_staleness=max_staleness,
+        loss_type="dapo", beta=0.0, learning_rate=args.learning_rate, max_steps=args.warmup + args.steps, max_staleness=max_staleness,
         torch_num_threads=args.threads, eval_num_prompts=1, num_generations_eval=2, save_model=False,
         output_dir=str(out), max_inflight_groups=args.prompts, seed=0, vllm_max_model_len=512,
         resource_sharing=resource_sharing,
@@ -113,6 +124,10 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-completion", type=int, default=128)
     p.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
+    p.add_argument("--learning-rate", type=float, default=1e-8,
+                   help="every system's learning rate; the default keeps the policy all but fixed, so each system "
+                   "generates completions of the same length distribution (at 1e-5 the lengths drift apart within a "
+                   "few steps, differently per system, and s/step stops comparing the same work)")
     p.add_argument("--reduced", action="store_true", help="tiny model, 2 prompts x 4, 16 tokens (CI)")
     p.add_argument("--modes", nargs="*", default=[], choices=["time_slice", "overlap", "adaptive"],
                    help="also time the async mode under these resource_sharing modes, against the default's choice")
@@ -126,8 +141,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     model_path = build_tiny_model(work / "model", seed=0, **dims)
     results = {}
-    trl = trl_step_times(model_path, args, work / "trl")[args.warmup:]
-    results["trl_grpo_trainer"] = {"s_per_step": statistics.median(trl)}
+    trl, trl_tokens = (v[args.warmup:] for v in trl_step_times(model_path, args, work / "trl"))
+    results["trl_grpo_trainer"] = {"s_per_step": statistics.median(trl),
+                                   "trained_tokens_per_s": sum(trl_tokens) / sum(trl)}
     systems = [("async_grpo_on_policy", 0, "auto"), ("async_grpo_async", 2, "auto")]
     systems += [(f"async_grpo_async_{mode}", 2, mode) for mode in args.modes]
     for name, staleness, sharing in systems:
@@ -137,15 +153,18 @@ def main() -> None:
         results[name] = {"s_per_step": med["wall_s"], "trainer_s_per_step": med["train_s"],
                          "vllm_generating_s_per_step": med["generating_s"],
                          "trainer_tokens_per_s": statistics.median(t / s for t, s in zip(steps["tokens"], steps["train_s"])),
-                         "generation_tokens_per_s": med["tokens_per_s"], "vllm_tokens_per_s": med["vllm_tokens_per_s"]}
+                         "generation_tokens_per_s": med["tokens_per_s"], "vllm_tokens_per_s": med["vllm_tokens_per_s"],
+                         "trained_tokens_per_s": sum(steps["tokens"]) / sum(steps["wall_s"])}
     completions = args.prompts * args.generations
     for r in results.values():
         r["completions_per_s"] = completions / r["s_per_step"]
     print(json.dumps({"completions_per_step": completions, "max_completion_tokens": args.max_completion,
                       "threads": args.threads, "results": results}, indent=2))
     trl_s = results["trl_grpo_trainer"]["s_per_step"]
+    trl_tps = results["trl_grpo_trainer"]["trained_tokens_per_s"]
     for name in [n for n, _, _ in systems]:
-        print(f"{name}: {trl_s / results[name]['s_per_step']:.2f}x TRL's steps/s")
+        print(f"{name}: {trl_s / results[name]['s_per_step']:.2f}x TRL's steps/s, "
+              f"{results[name]['trained_tokens_per_s'] / trl_tps:.2f}x its trained tokens/s")
     print(f"async / on-policy: {results['async_grpo_on_policy']['s_per_step'] / results['async_grpo_async']['s_per_step']:.2f}x")
     on = results["async_grpo_on_policy"]
     print(f"on-policy step / (its generation + its training): {on['s_per_step']:.2f} / "

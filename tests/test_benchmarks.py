@@ -39,7 +39,7 @@ def test_weight_sync_reduced():
 @pytest.mark.integration
 def test_vs_trl_reduced():
     stdout = run("vs_trl.py", "--reduced", "--steps", "1")
-    assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout
+    assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout and "its trained tokens/s" in stdout
     assert "on-policy step / (its generation + its training)" in stdout and '"vllm_tokens_per_s"' in stdout
 
 
