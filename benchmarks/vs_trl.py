@@ -26,7 +26,8 @@ on-policy step against its own generation plus training time, and trained tokens
 trained per second of wall time: the ratio that stays fair if lengths still differ). `--reduced` shrinks everything
 for CI.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--modes time_slice overlap] [--reduced]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--modes time_slice overlap] [--bf16]
+                                          [--reduced]
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def trl_step_times(model_path: Path, args, out: Path) -> tuple[list[float], list
         output_dir=str(out), per_device_train_batch_size=args.micro,
         gradient_accumulation_steps=args.prompts * args.generations // args.micro, num_generations=args.generations,
         max_completion_length=args.max_completion, temperature=1.0, loss_type="dapo", beta=0.0, learning_rate=args.learning_rate,
-        max_steps=args.warmup + args.steps, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
+        max_steps=args.warmup + args.steps, logging_steps=1, report_to="none", use_cpu=True, bf16=args.bf16,
         save_strategy="no", seed=0, dataloader_num_workers=0, use_vllm=False,
     )  # fmt: skip
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
@@ -96,7 +97,7 @@ def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
         loss_type="dapo", beta=0.0, learning_rate=args.learning_rate, max_steps=args.warmup + args.steps, max_staleness=max_staleness,
         torch_num_threads=args.threads, eval_num_prompts=1, num_generations_eval=2, save_model=False,
         output_dir=str(out), max_inflight_groups=args.prompts, seed=0, vllm_max_model_len=512,
-        resource_sharing=resource_sharing,
+        resource_sharing=resource_sharing, bf16=args.bf16, vllm_dtype="bfloat16" if args.bf16 else "float32",
     )  # fmt: skip
     summary = run_local(config, progress=False)
     mlflow.set_tracking_uri(summary.tracking_uri)
@@ -124,6 +125,8 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-completion", type=int, default=128)
     p.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
+    p.add_argument("--bf16", action="store_true", help="bf16 for every system: TRL's and async-grpo's `bf16` "
+                   "(autocast, float32 master weights), and async-grpo's vLLM server in bfloat16")
     p.add_argument("--learning-rate", type=float, default=1e-8,
                    help="every system's learning rate; the default keeps the policy all but fixed, so each system "
                    "generates completions of the same length distribution (at 1e-5 the lengths drift apart within a "
@@ -159,7 +162,7 @@ def main() -> None:
     for r in results.values():
         r["completions_per_s"] = completions / r["s_per_step"]
     print(json.dumps({"completions_per_step": completions, "max_completion_tokens": args.max_completion,
-                      "threads": args.threads, "results": results}, indent=2))
+                      "threads": args.threads, "precision": "bf16" if args.bf16 else "float32", "results": results}, indent=2))
     trl_s = results["trl_grpo_trainer"]["s_per_step"]
     trl_tps = results["trl_grpo_trainer"]["trained_tokens_per_s"]
     for name in [n for n, _, _ in systems]:

@@ -12,8 +12,10 @@ CPU server still uses about 0.16 of a core (measured, tiny model), against 1.2-1
 (`vllm_cpu_threads`), and the trainer's torch thread count follows vLLM's activity: the other cores while a
 generation request is in flight, every core once vLLM is idle (the staleness bound or a full queue stopped it). The
 count is checked before each decoder layer's forward and backward, so no core idles while either side has work.
-On the 2-core vs_trl workload it measured faster than time_slice: 1 thread of torch reaches 57% of 2 threads'
-throughput, and the vLLM CPU engine generates at 78% of its 2-thread speed on one (1.5k against 1.9k tokens/s).
+On the 2-core vs_trl workload (benchmarks/vs_trl.py, one run) the async step took 5.91 s adaptive, 6.58 s
+time-sliced, 7.36 s overlapped (vLLM on 1 thread, the trainer on 2) and 7.09 s on-policy: 1 torch thread reaches
+57% of 2 threads' throughput, and the vLLM CPU engine generates at 78% of its 2-thread speed on one (1.5k against
+1.9k tokens/s alone), so splitting the cores while both have work beats taking turns.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def resolve_resource_sharing(mode: str, *, launched_here: bool, streaming: bool,
     `auto` shares cores only when the trainer would compute on the cores vLLM generates on: this run launched its
     vLLM servers on its own CPU machine (no CUDA) and the trainer uses every core (`trainer_threads` None or >=
     `cores`). It is then `adaptive`, or `time_slice` when the run is `on_policy` (max_staleness 0, not streaming:
-    generation and training never overlap, so vLLM is better off with every core while the trainer waits). A trainer held to fewer threads (`torch_num_threads`, e.g. 1 on 2 cores) already leaves vLLM its own
-    cores: overlap (the tiny demo: 1.95 steps/s overlapped against 1.51 time-sliced on 2 cores). GPU runs overlap:
+    generation and training never overlap, so vLLM is better off with every core while the trainer waits). A
+    trainer held to fewer threads (`torch_num_threads`, e.g. 1 on 2 cores) already leaves vLLM its own cores:
+    overlap (the tiny demo: 1.95 steps/s overlapped against 1.51 time-sliced on 2 cores). GPU runs overlap:
     vLLM and the trainer hold separate GPU memory; set `time_slice` yourself when both compute on one GPU.
     `streaming` is accepted for the callers' sake: adaptive and overlap both stream.
     """
