@@ -4,6 +4,7 @@ model's forward and backward)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -46,8 +47,11 @@ def test_vllm_cpu_threads_leave_the_trainer_its_cores(mode, trainer_threads, cor
 def test_for_run_follows_the_config_and_a_disabled_slice_is_a_no_op():
     replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])  # nothing listens: any call would fail
     assert TimeSlice.for_run(GRPOConfig(torch_num_threads=64, max_staleness=0), replicas, launched_here=True).enabled
-    assert isinstance(TimeSlice.for_run(GRPOConfig(torch_num_threads=64), replicas, launched_here=True,
-                                        model=torch.nn.Linear(2, 2)), ThreadGovernor)
+    governor = TimeSlice.for_run(GRPOConfig(torch_num_threads=64), replicas, launched_here=True,
+                                 model=torch.nn.Linear(2, 2))
+    assert isinstance(governor, ThreadGovernor) and governor.full == 64
+    cores = len(os.sched_getaffinity(0))
+    assert governor.low == max(1, cores - max(1, cores // 2))  # the cores vLLM leaves, not 64 - vLLM's threads
     assert not TimeSlice.for_run(GRPOConfig(torch_num_threads=1), replicas, launched_here=True).enabled
     assert not TimeSlice.for_run(GRPOConfig(resource_sharing="overlap"), replicas, launched_here=True).enabled
     off = TimeSlice(replicas, enabled=False)

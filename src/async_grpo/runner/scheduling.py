@@ -102,7 +102,9 @@ class TimeSlice:
         logger.info("resource_sharing=%s -> %s", config.inference.resource_sharing, mode)
         if mode == "adaptive" and model is not None:
             full = config.optim.torch_num_threads or torch.get_num_threads()
-            return ThreadGovernor(replicas, full, max(1, full - (vllm_cpu_threads(mode) or 0))).install(model)
+            cores = len(os.sched_getaffinity(0))  # low: the cores vLLM does not compute on (never oversubscribed)
+            low = max(1, min(full, cores - (vllm_cpu_threads(mode, cores=cores) or 0)))
+            return ThreadGovernor(replicas, full, low).install(model)
         return cls(replicas, mode == "time_slice")
 
     def metrics(self) -> dict[str, float]:
