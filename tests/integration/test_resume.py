@@ -4,10 +4,8 @@ writes a checkpoint, stops cleanly, and the same command with resume_from_checkp
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -26,6 +24,8 @@ from async_grpo.runner.checkpoints import complete_checkpoints, read_meta
 from async_grpo.runner.recipe import GRPORecipe
 from async_grpo.runner.state import load_checkpoint
 from async_grpo.trainer.distributed import DistInfo
+
+from .test_faults import _loss_steps
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,10 @@ def test_sigterm_checkpoints_and_the_same_command_resumes(tiny_model_dir, tmp_pa
     seen: dict[int, psutil.Process] = {}
     try:
         deadline = time.monotonic() + 400
-        while _steps_logged(out) < 2:  # vLLM is up and training has taken a couple of steps
+        # steps read through read-only sqlite: an MlflowClient here would run MLflow's schema set-up against the
+        # store the trainer is creating, and the two migrations racing killed the trainer ("expected to match one
+        # row when updating ... 0 found")
+        while _loss_steps(out / "mlflow.db") < 2:  # vLLM is up and training has taken a couple of steps
             assert proc.poll() is None, (tmp_path / "stderr.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "run did not start in time"
             _record(proc.pid, seen)
@@ -153,21 +156,6 @@ def test_sigterm_checkpoints_and_the_same_command_resumes(tiny_model_dir, tmp_pa
     assert metric_steps(uri, run_id, "num_tokens")[-3:] == [step, step + 1, step + 2]
     assert client.get_run(run_id).info.status == "FINISHED"
     print(f"\nSIGTERM at step ~{step}: exited in {stop_s:.1f} s")
-
-
-def _steps_logged(out: Path) -> int:
-    """Steps the run in `out` has logged so far (0 before its MLflow store has them). Read through sqlite, read-only:
-    an MlflowClient here would run MLflow's schema set-up against the store the trainer is creating at that moment,
-    and the two migrations racing failed the trainer's ("expected to match one row when updating ... 0 found")."""
-    db = out / "mlflow.db"
-    if not db.exists():
-        return 0
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)) as conn:
-            rows = conn.execute("SELECT COUNT(*) FROM metrics WHERE key = 'num_tokens' GROUP BY run_uuid").fetchall()
-        return max((n for (n,) in rows), default=0)
-    except sqlite3.Error:  # no metrics table yet, or the database is locked for a moment
-        return 0
 
 
 def _record(pid: int, seen: dict[int, psutil.Process]) -> None:
