@@ -47,7 +47,7 @@ def resolve_resource_sharing(mode: str, *, launched_here: bool, streaming: bool,
     trainer held to fewer threads (`torch_num_threads`, e.g. 1 on 2 cores) already leaves vLLM its own cores:
     overlap (the tiny demo: 1.95 steps/s overlapped against 1.51 time-sliced on 2 cores). GPU runs overlap:
     vLLM and the trainer hold separate GPU memory; set `time_slice` yourself when both compute on one GPU.
-    `streaming` is accepted for the callers' sake: adaptive and overlap both stream.
+    A streamed on-policy run does overlap (the trainer starts on the first chunks): adaptive.
     """
     if mode != "auto":
         return mode
