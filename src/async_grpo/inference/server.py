@@ -101,8 +101,8 @@ def build_server_command(
             # The model runs inside the engine-core process (`CPU_SERVER_ENV` keeps vLLM from switching back to
             # the multiprocess executor). With a separate worker process the engine core busy-polls the worker's
             # shared-memory answer queue (`shm_broadcast.SpinCondition`, sched_yield for 1 s after each read), so
-            # generation held a second core: 1.35k tokens/s on 2 cores, against 2.1k tokens/s on one core in
-            # process (the 18M vs_trl model, 64 completions of up to 128 tokens; benchmarks/vs_trl.py).
+            # generation held a second core: 1.35k tokens/s on 2 cores, against 1.5k tokens/s on 1 thread and 1.9k on
+            # 2 threads in process (the 18M vs_trl model, 64 completions of up to 128 tokens; benchmarks/vs_trl.py).
             cmd += ["--distributed-executor-backend", "uni"]
     return cmd + list(extra_args or [])
 

@@ -27,7 +27,7 @@ from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
 from async_grpo.runner.checkpoints import StopGuard, checkpoint_on_stop
 from async_grpo.runner.follower import run_follower
-from async_grpo.runner.scheduling import resolve_resource_sharing, vllm_cpu_threads
+from async_grpo.runner.scheduling import resolve_for_config, vllm_cpu_threads
 from async_grpo.trainer.distributed import check_env, close_distributed, init_distributed
 from async_grpo.transports.weights.sync import resolve_backend
 
@@ -101,11 +101,7 @@ def vllm_thread_env(config: GRPOConfig) -> dict[str, str]:
     already sets OMP_NUM_THREADS (the user's choice wins)."""
     if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
         return {}
-    threads = config.optim.torch_num_threads
-    mode = resolve_resource_sharing(config.inference.resource_sharing, launched_here=True,
-                                    streaming=config.producer.streaming_min_groups is not None, trainer_threads=threads,
-                                    on_policy=config.off_policy.max_staleness == 0)
-    n = vllm_cpu_threads(mode, threads)
+    n = vllm_cpu_threads(resolve_for_config(config, launched_here=True), config.optim.torch_num_threads)
     return {} if n is None else {"OMP_NUM_THREADS": str(n)}
 
 
@@ -120,6 +116,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         if inf.vllm_url:
             return attached_endpoints(inf.vllm_url, inf.vllm_replicas, inf.vllm_startup_timeout_s)
         endpoints = []
+        thread_env = vllm_thread_env(config)
         for i in range(inf.vllm_replicas):  # all launched first: their start-ups overlap each other and the model load
             port = inf.vllm_port + i if inf.vllm_port else free_port()
             url = f"http://127.0.0.1:{port}"
@@ -127,8 +124,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
                                        weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
                                        seed=config.seed, extra_args=lora_server_args(config) + config.vllm_serve_args)
             log = Path(config.output_dir) / ("vllm.log" if i == 0 else f"vllm-{i}.log")
-            env = server_env(inf.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync)
-            env.update(vllm_thread_env(config))
+            env = {**server_env(inf.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync), **thread_env}
             server = VLLMServer(cmd, env, log, url, inf.vllm_startup_timeout_s)
             servers.append(server)
             server.launch()

@@ -57,6 +57,16 @@ def resolve_resource_sharing(mode: str, *, launched_here: bool, streaming: bool,
     return "time_slice" if on_policy and not streaming else "adaptive"
 
 
+def resolve_for_config(config, launched_here: bool) -> str:
+    """`resolve_resource_sharing` with the arguments `config` (a `GRPOConfig`) gives: its resource_sharing, streaming
+    (streaming_min_groups set), torch_num_threads, CUDA present, on-policy (max_staleness 0). The launcher (vLLM's
+    threads) and the runner (time slice or thread governor) both resolve through it, so they always agree."""
+    return resolve_resource_sharing(config.inference.resource_sharing, launched_here=launched_here,
+                                    streaming=config.producer.streaming_min_groups is not None,
+                                    trainer_threads=config.optim.torch_num_threads, cuda=torch.cuda.is_available(),
+                                    on_policy=config.off_policy.max_staleness == 0)
+
+
 def vllm_cpu_threads(mode: str, trainer_threads: int | None = None, cores: int | None = None) -> int | None:
     """OMP_NUM_THREADS for a vLLM CPU server this run launches under the resolved `mode`: None (torch's default,
     every core) for time_slice, which gives vLLM the machine while the trainer waits; the cores the trainer leaves
@@ -95,10 +105,7 @@ class TimeSlice:
                 model: torch.nn.Module | None = None) -> TimeSlice | ThreadGovernor:
         """The run's sharing of the machine (logged once): a `ThreadGovernor` over `model` when `resource_sharing`
         resolves to adaptive, else a time slice, enabled for time_slice."""
-        mode = resolve_resource_sharing(config.inference.resource_sharing, launched_here=launched_here,
-                                        streaming=config.producer.streaming_min_groups is not None,
-                                        trainer_threads=config.optim.torch_num_threads, cuda=torch.cuda.is_available(),
-                                        on_policy=config.off_policy.max_staleness == 0)
+        mode = resolve_for_config(config, launched_here)
         logger.info("resource_sharing=%s -> %s", config.inference.resource_sharing, mode)
         if mode == "adaptive" and model is not None:
             full = config.optim.torch_num_threads or torch.get_num_threads()
