@@ -29,7 +29,9 @@ INDEX_URL = "https://pypi.org/simple"
 # image -> its top-level requirements (the pins the Dockerfile used before it was locked)
 IMAGES = {
     "reward": lambda: ["pebble==5.2.3", "pydantic==2.14.3", "pyyaml==6.0.3", "httpx==0.28.1", "requests==2.33.0",
-                       "fastapi==0.136.3", "uvicorn==0.54.0", "math-verify==0.9.0"],
+                       "fastapi==0.136.3", "uvicorn==0.54.0", "math-verify==0.9.0",
+                       # tool schemas (`/v1/tools`): transformers.utils.get_json_schema, the schema chat templates render
+                       "transformers==5.19.0"],
     "mlflow": lambda: ["mlflow[auth]==3.17.2", "psycopg2-binary==2.9.13", "boto3==1.44.5"],
 }
 

@@ -15,6 +15,7 @@ beside this one are committed and a test fails when they are stale.
 
 import inspect
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List
 
@@ -24,6 +25,7 @@ from kfp import compiler, dsl, kubernetes
 from async_grpo.config import FIELDS, flatten_mapping
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS
 from async_grpo.launch.k8s_policy import POLICY_CONFIG_MAP, POLICY_MOUNT_DIR
+from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
 from components import ASYNC_GRPO_CPU_IMAGE
 from components.cleanup.component import cleanup
 from components.evaluate.component import evaluate
@@ -36,7 +38,7 @@ DEFAULT_CONFIG_PATH = HERE.parent / "examples" / "tiny_cpu.yaml"
 GPU_CONFIG_PATH = HERE.parent / "examples" / "trl_qwen_gsm8k.yaml"
 # Set by the pipeline itself, so left out of the default `config_yaml`.
 PIPELINE_SET_FIELDS = ("dataset", "eval_dataset", "output_dir", "run_name", "mlflow_tracking_uri")
-WORKSPACE_MOUNT_PATH = "/workspace"  # the workspace PVC, mounted at this path in component and trainer pods
+WORKSPACE_MOUNT_PATH = DEFAULT_DATA_MOUNT_PATH  # the workspace PVC, mounted at this path in component and trainer pods
 # On Kubernetes the model is a folder on the workspace volume (docs/deploy.md downloads it there)
 GPU_MODEL_PATH = f"{WORKSPACE_MOUNT_PATH}/models/Qwen2.5-0.5B-Instruct"
 SHM_SIZE_LIMIT = "16Gi"  # /dev/shm for vLLM and NCCL (the container default of 64 MiB is far too small)
@@ -77,7 +79,24 @@ def knob_defaults(gpu: bool) -> dict:
     return {k: config.get(k, FIELDS[k].default) for k in names}
 
 
-def _mlflow_env(task: dsl.PipelineTask, secret_name) -> None:
+@dataclass(frozen=True)
+class PipelineWiring:
+    """The Secret and volume names the pipeline's steps mount: fixed when the platform engineer compiles the
+    pipeline (`async-grpo pipeline compile --mlflow-secret ... --hf-token-secret ... --workspace-pvc ...`), never
+    run parameters, so a run started from the Kubeflow UI cannot mount another Secret or volume into a step.
+
+    Attributes:
+        mlflow_secret: Secret holding MLFLOW_TRACKING_URI and optional MLFLOW_TRACKING_USERNAME / PASSWORD.
+        hf_token_secret: Secret holding HF_TOKEN (optional key), mounted in the dataset step only.
+        workspace_pvc: PersistentVolumeClaim mounted at WORKSPACE_MOUNT_PATH in the steps.
+    """
+
+    mlflow_secret: str = "mlflow-tracking"
+    hf_token_secret: str = "hf-token"
+    workspace_pvc: str = "async-grpo-workspace"
+
+
+def _mlflow_env(task: dsl.PipelineTask, secret_name: str) -> None:
     """MLFLOW_TRACKING_URI (required) and optional basic-auth credentials from one secret."""
     kubernetes.use_secret_as_env(task, secret_name=secret_name,
                                  secret_key_to_env={"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"})
@@ -85,13 +104,13 @@ def _mlflow_env(task: dsl.PipelineTask, secret_name) -> None:
         "MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"})
 
 
-def _hf_env(task: dsl.PipelineTask, secret_name) -> None:
+def _hf_env(task: dsl.PipelineTask, secret_name: str) -> None:
     """HF_TOKEN for gated hub models; optional, public models need none."""
     kubernetes.use_secret_as_env(task, secret_name=secret_name, optional=True,
                                  secret_key_to_env={"HF_TOKEN": "HF_TOKEN"})
 
 
-def _workspace(task: dsl.PipelineTask, pvc_name) -> None:
+def _workspace(task: dsl.PipelineTask, pvc_name: str) -> None:
     kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=WORKSPACE_MOUNT_PATH)
 
 
@@ -101,10 +120,13 @@ def _policy(task: dsl.PipelineTask) -> None:
     kubernetes.use_config_map_as_volume(task, config_map_name=POLICY_CONFIG_MAP, mount_path=POLICY_MOUNT_DIR)
 
 
-def build_pipeline(gpu: bool = True) -> Callable:
+def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) -> Callable:
     """The pipeline function, GPU flavour (evaluation pod asks one `nvidia.com/gpu` and is steered to GPU
     nodes by default) or CPU flavour (the CPU image for every step, no accelerator, empty node selector
     and tolerations).
+
+    Args:
+        wiring: the Secret and volume names the steps mount, compiled in as constants.
 
     Returns:
         a `@dsl.pipeline` function, named `async-grpo` or `async-grpo-cpu`.
@@ -168,10 +190,7 @@ def build_pipeline(gpu: bool = True) -> Callable:
         registered_model_name: str = registered_default,
         min_eval_reward: float = 0.0,
         require_improvement: bool = True,
-        # ---- Kubernetes wiring
-        mlflow_secret_name: str = "mlflow-tracking",
-        hf_token_secret_name: str = "hf-token",
-        workspace_pvc_name: str = "async-grpo-workspace",
+        # ---- Kubernetes scheduling of the evaluation pod (Secret and volume names are compiled in: PipelineWiring)
         gpu_node_selector: dict = default_selector,
         gpu_tolerations: list = default_tolerations,
     ):
@@ -218,14 +237,11 @@ def build_pipeline(gpu: bool = True) -> Callable:
             launch_timeout_s: Seconds the training step may run before it gives up and cleans up.
             kubernetes_options: ClusterSettings for the kubernetes backend (GPUs, nodes, images, resources); the platform policy bounds them.
             run_name: Name of the run (MLflow run, folders, cluster objects); empty: the KFP run's name. A suffix of the KFP run id keeps names unique.
-            work_dir: Shared folder for run outputs and staged data (the workspace volume's mount path).
+            work_dir: Shared folder for run outputs and staged data: the workspace volume's mount path or a folder under it (in a cluster pod the steps refuse any other).
             mlflow_tracking_uri: MLflow tracking URI; empty: the MLflow secret's MLFLOW_TRACKING_URI.
             registered_model_name: MLflow registry entry the model is registered under when it passes the gate.
             min_eval_reward: Register only when the held-out reward is at least this.
             require_improvement: Register only when the held-out reward also beats the current champion's.
-            mlflow_secret_name: Secret holding MLFLOW_TRACKING_URI (and optional MLFLOW_TRACKING_USERNAME / PASSWORD).
-            hf_token_secret_name: Secret holding HF_TOKEN for gated hub datasets (optional); only the dataset step sees it.
-            workspace_pvc_name: PersistentVolumeClaim mounted at /workspace in every step and run pod.
             gpu_node_selector: Node selector of the evaluation pod (it starts its own vLLM server).
             gpu_tolerations: Tolerations of the evaluation pod.
         """
@@ -234,7 +250,7 @@ def build_pipeline(gpu: bool = True) -> Callable:
                             pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, work_dir=work_dir,
                             backend_options=kubernetes_options)
         flavour(exit_task).set_display_name("cleanup").set_caching_options(False)
-        _workspace(exit_task, workspace_pvc_name)
+        _workspace(exit_task, wiring.workspace_pvc)
         _policy(exit_task)
 
         with dsl.ExitHandler(exit_task, name="grpo-run"):
@@ -242,8 +258,8 @@ def build_pipeline(gpu: bool = True) -> Callable:
                                    model_name_or_path=model_name_or_path, max_prompt_length=max_prompt_length,
                                    seed=seed, dataset_config=dataset_config, system_prompt=system_prompt)
             flavour(data).set_display_name("prepare dataset").set_caching_options(False)
-            _hf_env(data, hf_token_secret_name)
-            _workspace(data, workspace_pvc_name)
+            _hf_env(data, wiring.hf_token_secret)
+            _workspace(data, wiring.workspace_pvc)
 
             train = train_grpo(
                 dataset=data.outputs["dataset"], config_yaml=config_yaml, model_name_or_path=model_name_or_path,
@@ -263,8 +279,8 @@ def build_pipeline(gpu: bool = True) -> Callable:
                 pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, mlflow_tracking_uri=mlflow_tracking_uri,
             )  # fmt: skip
             flavour(train).set_display_name("train (async GRPO)").set_caching_options(False)
-            _mlflow_env(train, mlflow_secret_name)
-            _workspace(train, workspace_pvc_name)
+            _mlflow_env(train, wiring.mlflow_secret)
+            _workspace(train, wiring.workspace_pvc)
             _policy(train)
 
             score = evaluate(
@@ -275,8 +291,8 @@ def build_pipeline(gpu: bool = True) -> Callable:
                 launch_backend=launch_backend, backend_options=kubernetes_options, run_name=train.outputs["run_name"],
             )  # fmt: skip
             flavour(score).set_display_name("evaluate (held-out reward, vLLM)").set_caching_options(False)
-            _mlflow_env(score, mlflow_secret_name)
-            _workspace(score, workspace_pvc_name)
+            _mlflow_env(score, wiring.mlflow_secret)
+            _workspace(score, wiring.workspace_pvc)
             _policy(score)
             for key, value in EVALUATOR_LABELS.items():  # its reward service admits only pods with this label
                 kubernetes.add_pod_label(score, key, value)
@@ -294,7 +310,7 @@ def build_pipeline(gpu: bool = True) -> Callable:
                     registered_model_name=registered_model_name,
                 )  # fmt: skip
                 flavour(register).set_display_name("register model (MLflow)").set_caching_options(False)
-                _mlflow_env(register, mlflow_secret_name)
+                _mlflow_env(register, wiring.mlflow_secret)
 
     return grpo_pipeline
 
@@ -303,11 +319,12 @@ grpo_pipeline = build_pipeline(gpu=True)
 grpo_pipeline_cpu = build_pipeline(gpu=False)
 
 
-def compile_pipeline(package_path: str | Path, gpu: bool = True) -> Path:
-    """Compile the pipeline (GPU or CPU flavour) to the IR YAML at `package_path`; returns the path."""
+def compile_pipeline(package_path: str | Path, gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) -> Path:
+    """Compile the pipeline (GPU or CPU flavour, with `wiring`'s Secret and volume names) to the IR YAML at
+    `package_path`; returns the path."""
     path = Path(package_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(gpu), str(path))
+    compiler.Compiler().compile(build_pipeline(gpu, wiring), str(path))
     return path
 
 

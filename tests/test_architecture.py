@@ -21,15 +21,15 @@ ALLOWED = {
     "algorithms": set(),
     "inference": set(),
     "transports": {"inference"},
-    "tools": {"modules"},
-    "rewards": {"config", "modules", "tasks", "tools", "transports", "__init__"},
+    "tools": {"user_code"},
+    "rewards": {"config", "user_code", "tasks", "tools", "transports", "__init__"},
     "orchestrator": {"algorithms", "data", "errors", "inference", "rewards", "tools", "transports", "tasks"},
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
     "errors": set(),
-    "modules": set(),
-    "preflight": {"config", "hub", "data", "rewards", "tiny_model"},
+    "user_code": set(),
+    "preflight": {"config", "hub", "data", "rewards", "tiny_model", "tools", "user_code"},
 }
 
 

@@ -44,7 +44,14 @@ def test_the_gpu_example_fails_only_for_its_model_folder_on_this_machine(capsys)
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith("error: model_name_or_path: '/models/Qwen2.5-1.5B-Instruct'")
     assert cli.main(["validate", "examples/tools_gpu.yaml", "--skip", "model"]) == 0
-    assert cli.main(["validate", "examples/tools_gpu.yaml", "--target", "cluster"]) == 0
+    # on a cluster the model folder and tool files must lie on the workspace volume: the policy says so first
+    capsys.readouterr()
+    assert cli.main(["validate", "examples/tools_gpu.yaml", "--target", "cluster"]) == 2
+    errors = capsys.readouterr().err
+    assert "model_name_or_path='/models/Qwen2.5-1.5B-Instruct'" in errors and "examples/tools/arithmetic.py" in errors
+    on_volume = ["model_name_or_path=/workspace/models/Qwen2.5-1.5B-Instruct",
+                 "tools=[/workspace/tools/arithmetic.py:multiply, /workspace/tools/arithmetic.py:add]"]
+    assert cli.main(["validate", "examples/tools_gpu.yaml", *on_volume, "--target", "cluster"]) == 0
 
 
 def test_the_hub_example_says_what_it_could_not_check(capsys):
@@ -112,7 +119,7 @@ def test_run_local_refuses_bad_input_before_any_process(monkeypatch, tmp_path):
 def test_render_refuses_bad_input_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "objects"
     assert cli.main(["render", f"{BAD}/configs/31_extra_args_seed.yaml", "-o", str(out)]) == 2
-    assert "error: inference.vllm_extra_args: '--seed=3'" in capsys.readouterr().err
+    assert "error: vllm_extra_args: flag '--seed' is not allowed" in capsys.readouterr().err  # the policy first
     assert not out.exists()
 
 

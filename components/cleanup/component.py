@@ -43,16 +43,19 @@ def cleanup(
 
     Raises:
         ValueError: unknown launch_backend.
+        PolicyViolation (a ValueError): in a cluster pod, work_dir is not on the workspace volume.
         Exception: whatever the Kubernetes API raised while deleting (the task then shows failed).
     """
     import logging
     import shutil
     from pathlib import Path
 
+    from async_grpo.launch.k8s_policy import check_work_dir
     from async_grpo.launch.naming import pipeline_run_name
 
     log = logging.getLogger("cleanup")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_work_dir(work_dir)  # in a cluster pod, only a folder on the workspace volume
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
     log.info("pipeline %s ended %s %s", pipeline_status.pipeline_job_resource_name, pipeline_status.state,
              pipeline_status.error_message or "")

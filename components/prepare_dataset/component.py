@@ -56,6 +56,7 @@ def prepare_dataset(
 
     Raises:
         FileNotFoundError: the dataset path does not exist.
+        ValueError: also, in a cluster pod, a dataset path off the workspace volume (checked before reading it).
         ValueError: unsupported spec, bad `prompt` column, no chat template for conversational
             prompts, an impossible split, or every prompt too long; each message names the fix.
     """
@@ -64,12 +65,18 @@ def prepare_dataset(
 
     from async_grpo import hub
     from async_grpo.data import encode_prompt, load_prompt_dataset
+    from async_grpo.launch.k8s_policy import in_cluster_pod, work_dir_problems
 
     log = logging.getLogger("prepare_dataset")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def local_spec(uri: str) -> str:
-        return uri[len("file://"):] if uri.startswith("file://") else uri
+        spec = uri[len("file://"):] if uri.startswith("file://") else uri
+        local_path = not spec.startswith("builtin:") and not hub.looks_like_repo_id(spec)
+        if local_path and in_cluster_pod() and work_dir_problems(spec):  # this pod holds HF_TOKEN: no other files
+            raise ValueError(f"dataset {spec!r}: in a cluster pod a dataset file must be a normalized path on the "
+                             "workspace volume (/workspace/...). Fix: copy it there.")
+        return spec
 
     source = local_spec(dataset_uri)
     options = {"config_name": dataset_config or None, "system_prompt": system_prompt or None}

@@ -61,7 +61,8 @@ def train_grpo(
 
     Config precedence (later wins): `config_yaml`; each named knob that is not None (the names are
     GRPOConfig fields); the dataset from the `dataset` artifact, `run_name`, `output_dir` and the
-    MLflow URI set by this component; then `extra_overrides` (`key=value`, values parsed as YAML).
+    MLflow URI set by this component; then `extra_overrides` (`key=value`, values parsed as YAML), which may not
+    change the run name, its folder or its datasets (a ConfigError says so).
     A builtin training set is kept as `builtin:<task>` (the job regenerates it with the same seed,
     and the warm start needs the task); held-out prompts always come from the artifact.
 
@@ -96,7 +97,9 @@ def train_grpo(
             (`async_grpo.preflight`: PreflightError); raised before anything starts.
         ValueError: unknown launch_backend.
         PolicyViolation (a ValueError): the platform policy refuses the run (the local backend inside a
-            cluster pod, or, on kubernetes, an image, account, secret, MLflow server or vLLM flag).
+            cluster pod, a work_dir off the workspace volume in a cluster pod, or, on kubernetes, an image, account,
+            secret, volume, mount path, MLflow server, NCCL variable, vLLM flag or submitter code beside
+            credentials); checked before preflight reads any of the submitter's files.
         TimeoutError: the backend ran past `launch_timeout_s` (it cleans up first).
         RuntimeError: the run failed, or finished without a checkpoint.
     """
@@ -110,7 +113,7 @@ def train_grpo(
     import yaml
 
     from async_grpo.config import ConfigError, dump_config, flatten_mapping, load_config
-    from async_grpo.launch.k8s_policy import check_backend_choice
+    from async_grpo.launch.k8s_policy import check_backend_choice, check_work_dir
     from async_grpo.launch.naming import pipeline_run_name
 
     log = logging.getLogger("train_grpo")
@@ -137,6 +140,7 @@ def train_grpo(
     base.update({k: v for k, v in knobs.items() if v is not None})
 
     check_backend_choice(launch_backend)
+    check_work_dir(work_dir)
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
     base["run_name"] = name
     if work_dir:
@@ -160,6 +164,15 @@ def train_grpo(
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(base, sort_keys=False))
         config = load_config(path, list(extra_overrides or []))
+    pinned = {"run_name": (config.tracking.run_name, name), "dataset": (config.data.dataset, base["dataset"]),
+              "eval_dataset": (config.data.eval_dataset, base["eval_dataset"])}
+    if work_dir:
+        pinned["output_dir"] = (config.output_dir, base["output_dir"])
+    changed = sorted(field for field, (got, want) in pinned.items() if got != want)
+    if changed:  # a run may not take another run's name or folders: cleanup and MLflow key on them
+        raise ConfigError(f"extra_overrides may not set {changed}: the pipeline sets them (the run's unique name, its "
+                          "folder and the staged dataset). Fix: use the pipeline's run_name, work_dir and dataset "
+                          "parameters instead.")
     if not config.checkpoint.save_model:
         raise ConfigError("save_model is false, but the pipeline evaluates and registers the checkpoint. "
                           "Fix: drop save_model=false.")
@@ -177,8 +190,11 @@ def train_grpo(
         from async_grpo.launch.kubernetes import KubernetesBackend
         from async_grpo.preflight import check_config
 
+        backend = KubernetesBackend(settings=dict(backend_options or {}))  # loads the mounted platform policy
+        # the policy first: nothing reads a submitter's file before the run is allowed, and preflight on the cluster
+        # target only parses such files (ast), never imports them, since this pod holds credentials
+        backend.check(config)
         check_config(config, target="cluster")  # the local backend runs preflight itself (run_local)
-        backend = KubernetesBackend(settings=dict(backend_options or {}))
     else:
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
 

@@ -103,14 +103,27 @@ def _print_summary(s) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from async_grpo.preflight import preflight
 
+    cluster_flags = args.policy or args.settings or args.set
+    if cluster_flags and args.target != "cluster":
+        return print_user_error(ConfigError("--policy, --settings and --set check a cluster run. Fix: add "
+                                            "--target cluster."))
+    source = None
     try:
-        config = load_config(args.config, list(args.overrides))
-        report = preflight(config, target=args.target, skip=args.skip)
-    except ConfigError as err:
+        if args.target == "cluster":  # exactly what `render` checks, the policy first (cli_render.check_cluster_run)
+            from async_grpo.cli_render import check_cluster_run, load_cluster_run, warn_placeholders
+
+            config, settings, policy, source = load_cluster_run(args)
+            resolved, report = check_cluster_run(config, settings, policy, skip=args.skip)
+            warn_placeholders(resolved)
+        else:
+            config = load_config(args.config, list(args.overrides))
+            report = preflight(config, target=args.target, skip=args.skip)
+    except (ConfigError, ValueError) as err:  # PolicyViolation and PreflightError are ValueErrors
         return print_user_error(err)
     if not report.ok:
         return print_user_error(PreflightError(report.problems))
-    print(f"OK: {args.config} passes {len(report.checked)} preflight checks for a {args.target} run")
+    policy_note = f" and the platform policy ({source})" if source else ""
+    print(f"OK: {args.config} passes {len(report.checked)} preflight checks{policy_note} for a {args.target} run")
     for note in report.skipped:
         print(f"  not checked: {note}")
     return 0
@@ -145,13 +158,14 @@ def main(argv: list[str] | None = None) -> int:
                         "output_dir, device, MLflow, reward service); cluster checks only what does not depend on it")
     p.add_argument("--skip", action="append", default=[], choices=list(CHECKS), metavar="CHECK",
                    help=f"a check not to run (repeatable): one of {', '.join(CHECKS)}")
+    from async_grpo import cli_pipeline, cli_render
+
+    cli_render.add_cluster_arguments(p)  # with --target cluster: the platform policy and settings, as `render`
     p.set_defaults(func=_cmd_validate)
     p = sub.add_parser("make-tiny-model", help="build the tiny char-level Qwen2-style model locally")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_make_tiny_model)
-    from async_grpo import cli_pipeline, cli_render
-
     cli_render.register(sub)  # async-grpo render CONFIG --backend kubernetes -o DIR
     cli_pipeline.register(sub)  # async-grpo pipeline compile|submit|schedule|run-local
     args = parser.parse_args(argv)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from async_grpo.config import ConfigError, GRPOConfig, flatten_mapping, load_config, lookup_field
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run
+from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run, work_dir_problems
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.preflight import check_config
 from async_grpo.pipeline_local import (
@@ -159,8 +159,9 @@ def preflight_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any
 def check_submission(params: dict[str, dict[str, Any]], arguments: dict[str, Any], policy: PlatformPolicy,
                      namespace: str | None = None) -> None:
     """Refuse a kubernetes run the platform policy does not allow, before it is submitted: the run config and
-    `kubernetes_options` (as the train step checks them), and the secrets and volume the pipeline's own steps
-    mount (`mlflow_secret_name`, `hf_token_secret_name`, `workspace_pvc_name`). Other backends: no check.
+    `kubernetes_options`, as the train step checks them (`k8s_policy.prepare_run`). The Secrets and volume the
+    pipeline's own steps mount are compiled into the pipeline (`PipelineWiring`), not run parameters. Other
+    backends: no check.
 
     Raises:
         PolicyViolation: what is not allowed, each with the field and the fix.
@@ -171,16 +172,8 @@ def check_submission(params: dict[str, dict[str, Any]], arguments: dict[str, Any
     options = dict(_argument("kubernetes_options", arguments, params) or {})
     if namespace and "namespace" not in options:
         options["namespace"] = namespace
-    problems = []
-    for name in ("mlflow_secret_name", "hf_token_secret_name"):
-        secret = _argument(name, arguments, params)
-        if secret and secret not in policy.secrets:
-            problems.append(f"{name}={secret!r} is not an allowed secret (allowed: {policy.secrets}). Fix: use one "
-                            "of them, or ask your platform engineer to allow it in ConfigMap async-grpo-policy.")
-    pvc = _argument("workspace_pvc_name", arguments, params)
-    if pvc and pvc not in policy.pvcs:
-        problems.append(f"workspace_pvc_name={pvc!r} is not an allowed volume (allowed: {policy.pvcs}). Fix: use one "
-                        "of them, or ask your platform engineer to allow it in ConfigMap async-grpo-policy.")
+    work_dir = _argument("work_dir", arguments, params)
+    problems = [] if not work_dir else work_dir_problems(str(work_dir))
     try:
         prepare_run(submitted_config(params, arguments), ClusterSettings.from_mapping(options), policy)
     except PolicyViolation as err:
@@ -218,8 +211,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         targets = {Path(args.output): not args.cpu}
     else:
         targets = {find_repo_root() / path: gpu for path, gpu in ((GPU_PACKAGE, True), (CPU_PACKAGE, False))}
+    wiring = module.PipelineWiring(mlflow_secret=args.mlflow_secret, hf_token_secret=args.hf_token_secret,
+                                   workspace_pvc=args.workspace_pvc)
     for path, gpu in targets.items():
-        module.compile_pipeline(path, gpu=gpu)
+        module.compile_pipeline(path, gpu=gpu, wiring=wiring)
         if args.image:
             text = path.read_text()
             for image in (ASYNC_GRPO_IMAGE, ASYNC_GRPO_CPU_IMAGE):
@@ -363,6 +358,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="write one flavour here instead")
     p.add_argument("--cpu", action="store_true", help="with -o: the CPU flavour")
     p.add_argument("--image", help="replace the component image (a mirror of the project image)")
+    p.add_argument("--mlflow-secret", default="mlflow-tracking", help="Secret with MLFLOW_TRACKING_URI (and optional "
+                   "credentials) that the train, evaluate and register steps mount; compiled in, not a run parameter")
+    p.add_argument("--hf-token-secret", default="hf-token", help="Secret with HF_TOKEN (optional key) that the dataset "
+                   "step mounts; compiled in")
+    p.add_argument("--workspace-pvc", default="async-grpo-workspace", help="PVC the steps mount at /workspace; "
+                   "compiled in")
     p.set_defaults(func=_guard(_cmd_compile))
 
     p = sub.add_parser("submit", help="start one run on Kubeflow Pipelines (kfp.Client)")

@@ -49,7 +49,7 @@ def tool_model_dir(tmp_path_factory) -> Path:
     out = build_tiny_model(tmp_path_factory.mktemp("tool-model") / "model", seed=0)
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    pairs = warm_start_pairs(GRPOConfig(dataset="builtin:calc"), get_task("calc"), tok, 512)
+    pairs = warm_start_pairs(GRPOConfig(dataset="builtin:calc"), get_task("calc"), tok, 512, [])
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # beside a vLLM worker on 2 cores, more threads only contend (4x slower)

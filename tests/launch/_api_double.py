@@ -161,7 +161,20 @@ class FakeCluster:
         if uid is not None and self.objects[(kind, name)]["metadata"]["uid"] != uid:
             raise ApiException(status=409, reason="Conflict: the UID in the precondition does not match")
         self.objects.pop((kind, name))
+        self.collect_garbage()
         return {"status": "Success"}
+
+    def collect_garbage(self) -> None:
+        """What the API server's garbage collector does after a delete: remove every object one of whose owners is
+        gone, until none is left (owners of owners included)."""
+        while True:
+            uids = {o["metadata"]["uid"] for o in self.objects.values()}
+            orphans = [key for key, o in self.objects.items()
+                       if any(ref["uid"] not in uids for ref in o["metadata"].get("ownerReferences", []))]
+            if not orphans:
+                return
+            for key in orphans:
+                self.objects.pop(key)
 
     def _pods(self, verb: str, args: tuple, kwargs: dict) -> Any:
         if verb == "list":

@@ -305,8 +305,9 @@ def test_the_tokens_secret_holds_two_distinct_random_tokens(gpu_config, gpu_sett
 
 
 def test_nccl_env_cannot_load_code():
-    for key in ("LD_PRELOAD", "PYTHONPATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN"):
-        with pytest.raises(ValueError, match=rf"nccl_env may only set NCCL_\*/GLOO_\*.*{key}"):
+    for key in ("LD_PRELOAD", "PYTHONPATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_CONF_FILE",
+                "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE", "NCCL_DEBUG_FILE", "GLOO_PLUGIN"):
+        with pytest.raises(ValueError, match=rf"nccl_env may only set NCCL/gloo tuning variables.*{key}"):
             ClusterSettings(nccl_env={key: "/workspace/evil.so"})
     assert ClusterSettings(nccl_env={"NCCL_IB_HCA": "mlx5"}).nccl_env == {"NCCL_IB_HCA": "mlx5"}
 

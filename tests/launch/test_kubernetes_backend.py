@@ -44,15 +44,6 @@ def kinds_left(cluster: FakeCluster) -> set[str]:
     return {kind for kind, _ in cluster.objects}
 
 
-def left_for_the_garbage_collector(cluster: FakeCluster) -> set[tuple[str, str]]:
-    """Objects the fake still holds whose owner is gone: the API server's garbage collector deletes them (the
-    launcher may create Secrets but never delete one). Asserts that nothing else is left."""
-    uids = {o["metadata"]["uid"] for o in cluster.objects.values()}
-    orphans = {key for key, o in cluster.objects.items()
-               if any(ref["uid"] not in uids for ref in o["metadata"].get("ownerReferences", []))}
-    return orphans
-
-
 def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_settings, caplog):
     cluster = FakeCluster([{}, status(condition("Created")), status(condition("Created"), condition("Running")),
                            status(condition("Created"), condition("Running"), condition("Succeeded"))])
@@ -63,20 +54,20 @@ def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_sett
     assert result.mlflow_run_id == "mlflow-run-1" and result.tracking_uri == "http://mlflow:5000"
     assert result.model_dir == f"/workspace/runs/{RUN}/final-model"
     assert tracking.created == [("http://mlflow:5000", "async-grpo", RUN)] and tracking.ended == []
-    # what stays: the finished job, its config and its tokens (owned by the job, removed with it by its TTL)
-    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config"), ("Secret", f"{RUN}-tokens")}
-    # every object but the job is owned by the job, so deleting the job deletes the run
+    # what stays: the finished job and what it owns (its config, tokens, Services and NetworkPolicies), removed
+    # with it by its TTL; the Deployments (GPUs) are gone
+    assert kinds_left(cluster) == {"PyTorchJob", "ConfigMap", "Secret", "Service", "NetworkPolicy"}
+    # the job is created first and every other object is owned by it, so deleting the job deletes the run
     job_uid = cluster.objects[("PyTorchJob", RUN)]["metadata"]["uid"]
     creates = [c.args[-1] for c in cluster.calls if c.method.startswith("create_")]
-    assert [o["kind"] for o in creates] == ["ConfigMap", "PyTorchJob", "Secret", "NetworkPolicy", "NetworkPolicy",
+    assert [o["kind"] for o in creates] == ["PyTorchJob", "ConfigMap", "Secret", "NetworkPolicy", "NetworkPolicy",
                                             "NetworkPolicy", "Deployment", "Service", "Service", "Deployment"]
-    for obj in creates[2:]:
+    for obj in creates[1:]:
         assert obj["metadata"]["ownerReferences"][0]["uid"] == job_uid
-    assert cluster.objects[("ConfigMap", f"{RUN}-config")]["metadata"]["ownerReferences"][0]["uid"] == job_uid
-    # the vLLM Deployment (dev-mode endpoints) is created last and deleted first
+    assert "patch_namespaced_config_map" not in cluster.methods()
+    # only Deployments are deleted, the vLLM one (dev-mode endpoints, created last) first
     deletes = [(c.method, c.args[0]) for c in cluster.calls if c.method.startswith("delete_")]
-    assert deletes[0] == ("delete_namespaced_deployment", f"{RUN}-vllm")
-    assert {name for _, name in deletes} == {f"{RUN}-vllm", f"{RUN}-reward", f"{RUN}-trainer"}
+    assert deletes == [("delete_namespaced_deployment", f"{RUN}-vllm"), ("delete_namespaced_deployment", f"{RUN}-reward")]
     assert all(c.kwargs.get("propagation_policy") == "Background" for c in cluster.calls
                if c.method.startswith("delete_"))
     # the trainer logs into the pre-created MLflow run
@@ -102,7 +93,7 @@ def test_failed_job_surfaces_reason_and_logs_and_cleans_up(gpu_config, gpu_setti
     assert "CUDA out of memory" in msg and "INFO vLLM ready" in msg
     log_calls = [c for c in cluster.calls if c.method == "read_namespaced_pod_log"]
     assert [(c.args[0], c.kwargs["container"]) for c in log_calls] == [(RUN_POD, "pytorch"), (VLLM_POD, "vllm")]
-    assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{RUN}-tokens")}
+    assert cluster.objects == {}  # the job deleted, and everything it owned with it
     assert tracking.ended == [("mlflow-run-1", "FAILED")]
 
 
@@ -111,7 +102,7 @@ def test_timeout_raises_and_cleans_up(gpu_config, gpu_settings):
     backend, clock, tracking = make_backend(cluster, gpu_settings)
     with pytest.raises(TimeoutError, match=r"did not finish within 60 s \(last condition: Running\)"):
         backend.launch(gpu_config, timeout_s=60)
-    assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{RUN}-tokens")}
+    assert cluster.objects == {}
     assert clock.now == pytest.approx(60.0) and cluster.reads == 7  # polled every 10 s, then gave up
     assert tracking.ended == [("mlflow-run-1", "FAILED")]
 
@@ -122,11 +113,9 @@ def test_error_while_creating_deletes_what_was_created(gpu_config, gpu_settings)
     with pytest.raises(ApiException) as info:
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
     assert info.value.status == 403
-    assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{RUN}-tokens")}
-    created = [c.args[-1]["metadata"]["name"] for c in cluster.calls if c.method.startswith("create_")
-               and c.args[-1]["kind"] != "Secret"]
+    assert cluster.objects == {}  # the job deleted; what it owned went with it
     deleted = [c.args[0] if c.api != "custom" else c.args[4] for c in cluster.calls if c.method.startswith("delete_")]
-    assert sorted(deleted) == sorted(created[:-1])  # everything but the refused Deployment (and the Secret: GC)
+    assert deleted == [RUN]  # the job alone: the refused Deployment never existed
     assert "get_namespaced_custom_object" not in cluster.methods()  # never started waiting
     assert tracking.ended == [("mlflow-run-1", "FAILED")]
 
@@ -136,7 +125,7 @@ def test_cleanup_goes_on_when_one_delete_fails(gpu_config, gpu_settings, caplog)
     backend, _, _ = make_backend(cluster, gpu_settings)
     with pytest.raises(RuntimeError, match="Boom"):  # the run's error, not the cleanup's
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert kinds_left(cluster) == {"Deployment", "Secret"}
+    assert cluster.objects == {}  # the Deployments go with the job anyway; the failed delete is logged
     assert "could not delete Deployment" in caplog.text and "kubectl delete -n team-a -l async-grpo/run=" in caplog.text
 
 
@@ -151,14 +140,14 @@ def test_interrupt_while_waiting_cleans_up_and_marks_the_run_killed(gpu_config, 
     backend, _, tracking = make_backend(cluster, gpu_settings, clock=clock)
     with pytest.raises(KeyboardInterrupt):
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert left_for_the_garbage_collector(cluster) == set(cluster.objects)
+    assert cluster.objects == {}
     assert tracking.ended == [("mlflow-run-1", "KILLED")]
 
 
 def test_bad_config_fails_before_any_api_call(gpu_settings):
     cluster = FakeCluster()
     backend, _, tracking = make_backend(cluster, gpu_settings)
-    with pytest.raises(ValueError, match="on Kubernetes the model must be a folder on the shared volume"):
+    with pytest.raises(ValueError, match="on Kubernetes the model folder must be a builtin or a normalized path"):
         backend.launch(GRPOConfig(model_name_or_path="Qwen/Qwen2.5-7B"), timeout_s=TIMEOUT_S)
     assert cluster.calls == [] and tracking.created == []
 
@@ -175,7 +164,8 @@ def test_job_deleted_behind_our_back_is_an_error(gpu_config, gpu_settings):
     backend.sleep = delete_job_then_sleep
     with pytest.raises(RuntimeError, match="was deleted while the run was in progress"):
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert left_for_the_garbage_collector(cluster) == set(cluster.objects)
+    cluster.collect_garbage()  # the job was popped behind the fake's back
+    assert cluster.objects == {}
 
 
 def test_backend_calls_need_exactly_the_launcher_role(gpu_config, gpu_settings):
@@ -228,7 +218,9 @@ def test_in_a_pod_the_namespace_defaults_to_the_pods(tmp_path, monkeypatch):
     ns_file.write_text("kubeflow-user-example-com\n")
     monkeypatch.setattr("async_grpo.launch.kubernetes.SA_NAMESPACE_FILE", ns_file)
     assert KubernetesBackend().settings.namespace == "kubeflow-user-example-com"
-    assert KubernetesBackend(namespace="ml").settings.namespace == "ml"
+    assert KubernetesBackend(namespace="kubeflow-user-example-com").settings.namespace == "kubeflow-user-example-com"
+    with pytest.raises(PolicyViolation, match="namespace='ml' is not this launcher's namespace"):
+        KubernetesBackend(namespace="ml")  # a submitter's kubernetes_options never reach another namespace
 
 
 def test_bad_options_fail_early():
@@ -246,8 +238,8 @@ def test_named_runs_use_their_name_and_cleanup_finds_them(gpu_config, gpu_settin
         name = k8s_run_name(run_name)
         assert ("PyTorchJob", name) in cluster.objects
         assert result.model_dir == f"/workspace/runs/{name}/final-model"
-        assert backend.cleanup(run_name) == [f"PyTorchJob/{name}", f"ConfigMap/{name}-config"]
-        assert left_for_the_garbage_collector(cluster) == set(cluster.objects) == {("Secret", f"{name}-tokens")}
+        assert backend.cleanup(run_name) == [f"PyTorchJob/{name}"]
+        assert cluster.objects == {}
     assert k8s_run_name("my-run-1") == "my-run-1"
 
 
@@ -257,13 +249,23 @@ def _leave_behind(cluster: FakeCluster, objs: list[dict]) -> None:
         cluster._create(obj["kind"], obj)
 
 
+def _leave_behind_owned(cluster: FakeCluster, objs: list[dict]) -> None:
+    """A killed launch's objects as `launch` creates them: the PyTorchJob first, every other object owned by it."""
+    job = next(o for o in objs if o["kind"] == "PyTorchJob")
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job["metadata"]["name"],
+             "uid": cluster._create("PyTorchJob", job)["metadata"]["uid"]}
+    for obj in objs:
+        if obj is not job:
+            cluster._create(obj["kind"], {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}})
+
+
 def test_cleanup_of_a_killed_launch_deletes_every_object(gpu_config, gpu_settings):
     cluster = FakeCluster()
     backend, _, _ = make_backend(cluster, gpu_settings)
-    _leave_behind(cluster, build_run_objects(gpu_config, gpu_settings, RUN))
+    _leave_behind_owned(cluster, build_run_objects(gpu_config, gpu_settings, RUN))
     removed = backend.cleanup(RUN)
-    assert len(removed) == 9 and set(cluster.objects) == {("Secret", f"{RUN}-tokens")}  # the Secret: GC, by owner
-    assert removed[0] == f"Deployment/{RUN}-reward" and removed[1] == f"Deployment/{RUN}-vllm"  # workloads first
+    assert removed == [f"Deployment/{RUN}-reward", f"Deployment/{RUN}-vllm", f"PyTorchJob/{RUN}"]  # workloads first
+    assert cluster.objects == {}  # the rest was owned by the job
     assert backend.cleanup(RUN) == []  # idempotent
     lists = [c for c in cluster.calls if c.method.startswith("list_") and c.method != "list_namespaced_pod"]
     assert {c.kwargs["label_selector"] for c in lists} == {f"async-grpo/run={RUN},app.kubernetes.io/managed-by=async-grpo"}
@@ -277,14 +279,13 @@ def test_cleanup_never_touches_another_run_or_an_unlabelled_namesake(gpu_config,
     cluster = FakeCluster()
     backend, _, _ = make_backend(cluster, gpu_settings)
     other = f"{RUN}x"  # a name the old prefix-and-suffix deletion would have confused with ours
-    _leave_behind(cluster, build_run_objects(gpu_config, gpu_settings, RUN))
-    _leave_behind(cluster, build_run_objects(gpu_config, gpu_settings, other))
+    _leave_behind_owned(cluster, build_run_objects(gpu_config, gpu_settings, RUN))
+    _leave_behind_owned(cluster, build_run_objects(gpu_config, gpu_settings, other))
     stranger = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{RUN}-vllm2", "labels": {}}}
     _leave_behind(cluster, [stranger])
     backend.cleanup(RUN)
-    assert {name for kind, name in cluster.objects if kind != "Secret"} == (
-        {o["metadata"]["name"] for o in build_run_objects(gpu_config, gpu_settings, other) if o["kind"] != "Secret"}
-        | {f"{RUN}-vllm2"})
+    assert {name for kind, name in cluster.objects} == (
+        {o["metadata"]["name"] for o in build_run_objects(gpu_config, gpu_settings, other)} | {f"{RUN}-vllm2"})
 
 
 def test_a_run_name_in_use_is_a_clear_error(gpu_config, gpu_settings):
@@ -293,8 +294,8 @@ def test_a_run_name_in_use_is_a_clear_error(gpu_config, gpu_settings):
     backend.launch(gpu_config, timeout_s=TIMEOUT_S)  # leaves the finished job
     with pytest.raises(RuntimeError, match=f"a run named '{RUN}' is there.*delete pytorchjob {RUN}"):
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
-    assert set(cluster.objects) == {("PyTorchJob", RUN), ("ConfigMap", f"{RUN}-config"),
-                                    ("Secret", f"{RUN}-tokens")}  # the old run is untouched
+    assert kinds_left(cluster) == {"PyTorchJob", "ConfigMap", "Secret", "Service", "NetworkPolicy"}  # old run intact
+    assert len(cluster.objects) == len(build_run_objects(gpu_config, gpu_settings, RUN)) - 2  # minus its Deployments
 
 
 def test_mlflow_run_tracking_creates_the_run_the_trainer_resumes(tmp_path):
@@ -365,5 +366,7 @@ def test_the_evaluate_steps_reward_service_lives_only_inside_the_block(gpu_confi
         secret = inside[("Secret", f"{RUN}-eval-tokens")]
         assert secret["stringData"]["reward-token"] == token
         dep_uid = inside[("Deployment", f"{RUN}-eval-reward")]["metadata"]["uid"]
-        assert secret["metadata"]["ownerReferences"][0]["uid"] == dep_uid  # goes with the Deployment
-    assert left_for_the_garbage_collector(cluster) == set(cluster.objects)
+        for key, obj in inside.items():  # everything goes with the Deployment
+            if key[0] != "Deployment":
+                assert obj["metadata"]["ownerReferences"][0]["uid"] == dep_uid, key
+    assert cluster.objects == {}

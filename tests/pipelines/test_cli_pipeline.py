@@ -169,8 +169,8 @@ def test_the_demo_config_maps_onto_the_pipeline_without_loss():
     (['kubernetes_options={"trainer_image": "docker.io/evil/x:latest"}'], "trainer_image='docker.io/evil/x:latest'"),
     (['kubernetes_options={"service_account": "default"}'], "service_account='default' is not allowed"),
     (['kubernetes_options={"mlflow_secret": "any"}'], "mlflow_secret='any' is not an allowed secret"),
-    (["mlflow_secret_name=mlflow-postgres"], "mlflow_secret_name='mlflow-postgres' is not an allowed secret"),
-    (["workspace_pvc_name=mlflow-data"], "workspace_pvc_name='mlflow-data' is not an allowed volume"),
+    (['kubernetes_options={"pvc_name": "mlflow-data"}'], "pvc_name='mlflow-data' is not an allowed workspace volume"),
+    (["work_dir=/workspace/../etc"], "work_dir='/workspace/../etc' is not the workspace volume"),
     (["mlflow_tracking_uri=https://collector.example.com"], "mlflow_tracking_uri='https://collector.example.com'"),
     (["vllm_extra_args=[--trust-remote-code]"], "flag '--trust-remote-code' is not allowed"),
 ])
@@ -183,6 +183,13 @@ def test_submit_and_schedule_refuse_what_the_policy_does_not_allow(client, capsy
     err = capsys.readouterr().err
     assert "the platform policy refuses this run" in err and message in err and "Fix:" in err
     assert client == []  # nothing reached KFP
+
+
+@pytest.mark.parametrize("name", ["mlflow_secret_name", "hf_token_secret_name", "workspace_pvc_name"])
+def test_secret_and_volume_names_are_no_run_parameters(client, capsys, name):
+    """The Secrets and volume the steps mount are compiled into the pipeline (PipelineWiring): a run cannot name them."""
+    assert run_cli("submit", f"{name}=mlflow-data") == 2
+    assert "is neither a pipeline parameter nor a config field" in capsys.readouterr().err and client == []
 
 
 def test_submit_checks_against_the_given_policy_file_and_skips_the_local_backend(client, capsys, tmp_path):

@@ -59,9 +59,11 @@ def test_every_knob_is_a_typed_parameter_defaulting_to_the_flavour_config(compil
     assert "output_dir" not in rebuilt  # the pipeline sets it from work_dir
     assert GRPOConfig.model_validate(rebuilt) == expected_config
     for name_ in ("launch_backend", "launch_timeout_s", "registered_model_name", "min_eval_reward",
-                  "require_improvement", "extra_overrides", "kubernetes_options", "work_dir", "mlflow_secret_name",
-                  "hf_token_secret_name", "workspace_pvc_name", "gpu_node_selector", "gpu_tolerations"):
+                  "require_improvement", "extra_overrides", "kubernetes_options", "work_dir", "gpu_node_selector",
+                  "gpu_tolerations"):
         assert "defaultValue" in params[name_], name_
+    for name_ in ("mlflow_secret_name", "hf_token_secret_name", "workspace_pvc_name"):  # compiled in, not chosen
+        assert name_ not in params, name_
     assert params["launch_backend"]["defaultValue"] == "kubernetes"
     if gpu:  # TRL's learning rate, no supervised warm start, the registered name from the model
         assert params["learning_rate"]["defaultValue"] == 1e-6 and params["warmup_sft_steps"]["defaultValue"] == 0
@@ -107,19 +109,24 @@ def test_kubernetes_wiring_lives_in_the_pipeline(compiled):
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
 
     def secret_envs(executor):
-        return {kv["envVar"]: entry["secretNameParameter"]["componentInputParameter"].removeprefix("pipelinechannel--")
-                for entry in executors[executor].get("secretAsEnv", []) for kv in entry["keyToEnv"]}
+        out = {}
+        for entry in executors[executor].get("secretAsEnv", []):
+            # a constant compiled into the pipeline, never a run parameter (a run cannot mount another Secret)
+            assert "componentInputParameter" not in entry["secretNameParameter"], entry
+            for kv in entry["keyToEnv"]:
+                out[kv["envVar"]] = entry["secretNameParameter"]["runtimeValue"]["constant"]
+        return out
 
     for executor in ("exec-train-grpo", "exec-evaluate", "exec-register-model"):
-        assert secret_envs(executor)["MLFLOW_TRACKING_URI"] == "mlflow_secret_name", executor
+        assert secret_envs(executor)["MLFLOW_TRACKING_URI"] == "mlflow-tracking", executor
     # the HF token reaches only the dataset step; no step that can run submitter code holds it
-    assert secret_envs("exec-prepare-dataset")["HF_TOKEN"] == "hf_token_secret_name"
+    assert secret_envs("exec-prepare-dataset")["HF_TOKEN"] == "hf-token"
     for executor in ("exec-train-grpo", "exec-evaluate", "exec-register-model", "exec-cleanup"):
         assert "HF_TOKEN" not in secret_envs(executor), executor
     for executor in ("exec-prepare-dataset", "exec-train-grpo", "exec-evaluate", "exec-cleanup"):
         (mount,) = executors[executor]["pvcMount"]
         assert mount["mountPath"] == module.WORKSPACE_MOUNT_PATH, executor
-        assert mount["pvcNameParameter"]["componentInputParameter"].endswith("workspace_pvc_name")
+        assert mount["pvcNameParameter"] == {"runtimeValue": {"constant": "async-grpo-workspace"}}, executor
     # every step that launches or deletes run objects reads the platform policy, fixed (not a parameter)
     for executor in ("exec-train-grpo", "exec-evaluate", "exec-cleanup"):
         (policy,) = executors[executor]["configMapAsVolume"]

@@ -42,8 +42,10 @@ def service(tmp_path_factory):
 
 
 def test_tool_calls_run_on_the_service_like_local_ones(service):
-    tools = load_tools(TOOLS)
-    remote = RemoteToolExecutor(service, tools, timeout_s=2.0, token=TOKEN)
+    remote = RemoteToolExecutor(service, TOOLS, timeout_s=2.0, token=TOKEN)
+    # the schemas come from the service, identical to the ones a local load builds (transformers' get_json_schema)
+    assert [t.schema for t in remote.tools] == [t.schema for t in load_tools(TOOLS)]
+    assert [t.spec for t in remote.tools] == TOOLS
     try:
         async def calls():
             return await asyncio.gather(
@@ -63,9 +65,11 @@ def test_tool_calls_run_on_the_service_like_local_ones(service):
 
 def test_the_service_must_serve_the_runs_tools_and_wants_the_token(service):
     with pytest.raises(ToolServiceError, match="serves tools"):
-        RemoteToolExecutor(service, load_tools(["builtin:calculator"]), timeout_s=2.0, token=TOKEN)
+        RemoteToolExecutor(service, ["builtin:calculator"], timeout_s=2.0, token=TOKEN)
+    with pytest.raises(ToolServiceError, match="serves tools"):  # same tools, another order: other prompts
+        RemoteToolExecutor(service, TOOLS[::-1], timeout_s=2.0, token=TOKEN)
     with pytest.raises(ToolServiceError, match="could not list"):
-        RemoteToolExecutor(service, load_tools(TOOLS), timeout_s=2.0, token="wrong")
+        RemoteToolExecutor(service, TOOLS, timeout_s=2.0, token="wrong")
 
 
 def test_conversational_completions_reach_reward_functions_intact(service):

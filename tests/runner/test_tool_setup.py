@@ -77,7 +77,7 @@ def test_string_prompts_are_refused_with_tools(tmp_path):
 
 def test_warm_start_pairs_are_one_per_assistant_turn_with_tool_results_as_context():
     tok = build_tiny_tokenizer()
-    pairs = warm_start_pairs(GRPOConfig(dataset="builtin:calc"), get_task("calc"), tok, 3)
+    pairs = warm_start_pairs(GRPOConfig(dataset="builtin:calc"), get_task("calc"), tok, 3, [])
     assert len(pairs) == 6
     (ctx1, turn1), (ctx2, turn2) = pairs[:2]
     assert tok.decode(turn1).startswith("<tool_call>{\"name\": \"calculator\"") and tok.decode(turn1).endswith("<|im_end|>")

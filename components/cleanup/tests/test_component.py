@@ -42,6 +42,9 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
         def __init__(self, settings=None, **options):
             calls.append(("init", {**(settings or {}), **options}))
 
+        def check(self, config):
+            calls.append(("check", config.tracking.run_name))
+
         def cleanup(self, run_name):
             calls.append(("cleanup", run_name))
             return [f"deployment/{run_name}-vllm", f"pytorchjob/{run_name}"]
@@ -67,7 +70,8 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
                                model=dsl.Model(uri=str(tmp_path / "m"), name="m"), launch_backend="kubernetes",
                                run_name="Nightly Run_3!", pipeline_job_id=job_id,
                                mlflow_tracking_uri="sqlite:///unused.db")
-    assert calls == [("init", {"namespace": "ml"}), ("cleanup", "nightly-run-3-9b1d0c2e"), ("init", {})]
+    assert calls == [("init", {"namespace": "ml"}), ("cleanup", "nightly-run-3-9b1d0c2e"), ("init", {}),
+                     ("check", "nightly-run-3-9b1d0c2e")]
     assert str(trained_as.value) == "nightly-run-3-9b1d0c2e"
     assert summary == ("run nightly-run-3-9b1d0c2e (FAILED): deployment/nightly-run-3-9b1d0c2e-vllm, "
                        "pytorchjob/nightly-run-3-9b1d0c2e")

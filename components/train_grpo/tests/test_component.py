@@ -32,9 +32,15 @@ class RecordingBackend:
     def __init__(self, settings=None, **options):
         self.options = {**(settings or {}), **options}
         self.launches: list[tuple[GRPOConfig, float]] = []
+        self.checked: GRPOConfig | None = None
         RecordingBackend.instances.append(self)
 
+    def check(self, config: GRPOConfig) -> None:
+        """The policy gate (the real one is tested in tests/launch); recorded, so its order can be asserted."""
+        self.checked = config
+
     def launch(self, config: GRPOConfig, *, timeout_s: float) -> LaunchResult:
+        assert self.checked is config, "the policy must be checked before the launch"
         self.launches.append((config, timeout_s))
         mlflow.set_tracking_uri(config.tracking_uri)
         mlflow.set_experiment(config.tracking.mlflow_experiment_name)  # not whatever experiment an earlier test left active

@@ -56,6 +56,9 @@ def _parse_override(item: str) -> list[tuple[FieldRef | str, Any]]:
         ref = _field(key)
         return [(ref, _override_value(ref, raw))]
     value = yaml.safe_load(raw) if raw.strip() else {}
+    if not isinstance(value, Mapping) and lookup_field(key) is not None:  # a field named like its section (`tools`)
+        ref = _field(key)
+        return [(ref, _override_value(ref, raw))]
     if not isinstance(value, Mapping):
         example = next(name for name, ref in FIELDS.items() if ref.section == key)
         raise ConfigError(f"override {key!r}: a section takes a mapping. Fix: write e.g. {key}={{{example}: ...}}.")

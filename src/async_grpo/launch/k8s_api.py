@@ -12,15 +12,18 @@ TERMINAL_CONDITIONS = ("Succeeded", "Failed")
 
 # What the backend calls, as RBAC rules (apiGroup, resource) -> verbs. manifests/base/rbac.yaml grants
 # exactly this; tests check both that the Role matches and that the calls the backend makes match.
-# Secrets: create only (never get/list, which would read every secret of the namespace, nor delete);
-# a run's Secrets are owned by its PyTorchJob or Deployment and go with them.
+# ConfigMaps, Secrets, Services and NetworkPolicies: create only. Every such object of a run is created with an
+# ownerReference to its PyTorchJob (or, for the evaluate step's reward service, its Deployment) and goes with it
+# through the garbage collector, so the launcher never needs to change or delete one, and cannot touch the
+# platform's own (the policy ConfigMap, the default-deny NetworkPolicy, the MLflow Service). Secrets are never
+# read or listed (that would read every secret of the namespace).
 LAUNCHER_RBAC_RULES: dict[tuple[str, str], frozenset[str]] = {
     (PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL): frozenset({"create", "get", "list", "delete"}),
     ("apps", "deployments"): frozenset({"create", "list", "delete"}),
-    ("", "services"): frozenset({"create", "list", "delete"}),
-    ("", "configmaps"): frozenset({"create", "patch", "list", "delete"}),
+    ("", "services"): frozenset({"create"}),
+    ("", "configmaps"): frozenset({"create"}),
     ("", "secrets"): frozenset({"create"}),
-    ("networking.k8s.io", "networkpolicies"): frozenset({"create", "list", "delete"}),
+    ("networking.k8s.io", "networkpolicies"): frozenset({"create"}),
     ("", "pods"): frozenset({"list"}),
     ("", "pods/log"): frozenset({"get"}),
 }

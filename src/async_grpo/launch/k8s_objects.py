@@ -27,8 +27,10 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     reward_url, run_selector, scratch_volumes, selector, template, token_env, tokens_secret_name, vllm_url,
 )
 from async_grpo.launch.k8s_pods import resources as _resources
-from async_grpo.launch.k8s_policy import PlatformPolicy
+from async_grpo.launch.k8s_policy import PlatformPolicy, on_volume, path_problems
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.uris import canonical_http_uri
+from async_grpo.user_code import is_file_spec
 
 PROBE_PERIOD_S = 10
 TERMINATION_MARGIN_S = 30  # trainer pod: past checkpoint_signal_grace_s, for MLflow and process shutdown
@@ -52,25 +54,21 @@ sys.exit(f"vLLM not ready at {url} after {timeout_s:.0f} s: {err}")
 
 
 def run_output_dir(config: GRPOConfig, settings: ClusterSettings, run_name: str) -> str:
-    """The run folder on the shared PVC: the config's `output_dir` when it already lies on the volume
-    (the pipeline sets `<work_dir>/<run>`), else `<mount>/runs/<run>`."""
-    mount = settings.data_mount_path.rstrip("/")
-    if config.output_dir.startswith(f"{mount}/"):
-        return config.output_dir
-    return f"{mount}/runs/{run_name}"
+    """The run folder on the shared PVC: the config's `output_dir` when it lies on the volume (`on_volume`; the
+    pipeline sets `<work_dir>/<run>`), else `<mount>/runs/<run>`."""
+    if on_volume(config.output_dir, settings):
+        return config.output_dir.rstrip("/")
+    return f"{settings.data_mount_path}/runs/{run_name}"
 
 
 def tracking_uri(config: GRPOConfig, settings: ClusterSettings) -> str:
-    """The MLflow URI the trainer logs to: the config's when set, else the cluster's."""
-    return config.tracking.mlflow_tracking_uri or settings.mlflow_tracking_uri
+    """The MLflow URI the trainer logs to: the config's when set, else the cluster's, rebuilt from its parsed parts
+    (`uris.canonical_http_uri`), so the pods connect to the host the policy checked.
 
-
-def _check_on_volume(field: str, value: str | None, settings: ClusterSettings, what: str) -> None:
-    mount = settings.data_mount_path.rstrip("/") + "/"
-    if value is not None and not value.startswith("builtin:") and not value.startswith(mount):
-        raise ValueError(f"{field}={value!r}: on Kubernetes the {what} must be a builtin or lie on the shared volume "
-                         f"(run pods reach no hub). Fix: copy it onto PVC {settings.pvc_name!r} and set {field}="
-                         f"{mount}<path>.")
+    Raises:
+        UnsafeURI (a ValueError): the URI is malformed or ambiguous.
+    """
+    return canonical_http_uri(config.tracking.mlflow_tracking_uri or settings.mlflow_tracking_uri)
 
 
 # ------------------------------------------------------------------------------------------------ trainer side
@@ -79,16 +77,12 @@ def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str)
     in the cluster, outputs on the PVC.
 
     Raises:
-        ValueError: `model_name_or_path` is neither `builtin:tiny` nor a path on the PVC, a dataset is neither
-            a builtin nor on the PVC, or `reward_url` points elsewhere while the run starts its own reward service.
+        ValueError: a path is not on the PVC (`k8s_policy.path_problems`), `reward_url` points elsewhere while the run starts its
+            own reward service, or a URI is unsafe (`uris.UnsafeURI`).
     """
-    model = config.model_name_or_path
-    if model != "builtin:tiny" and not model.startswith(settings.data_mount_path.rstrip("/") + "/"):
-        raise ValueError(f"model_name_or_path={model!r}: on Kubernetes the model must be a folder on the shared "
-                         f"volume. Fix: copy it onto PVC {settings.pvc_name!r} and set model_name_or_path="
-                         f"{settings.data_mount_path}/models/<name>.")
-    _check_on_volume("dataset", config.data.dataset, settings, "dataset")
-    _check_on_volume("eval_dataset", config.data.eval_dataset, settings, "dataset")
+    problems = path_problems(config, settings)
+    if problems:
+        raise ValueError(problems[0])
     data = flat_dump(config)  # flat names, so the updates below name fields as the user does
     if settings.reward_replicas:  # the run's own reward service scores the groups
         own = reward_url(run_name, settings)
@@ -97,6 +91,8 @@ def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str)
                              "would start a reward service and score elsewhere. Fix: set reward_replicas=0 to use your "
                              "own service, or drop reward_url.")
         data["reward_url"] = own
+    elif config.rewards.reward_url:  # the run's own service (allowed by the policy), as the client will parse it
+        data["reward_url"] = canonical_http_uri(config.rewards.reward_url)
     data.update(vllm_url=vllm_url(run_name, settings), mlflow_tracking_uri=tracking_uri(config, settings),
                 output_dir=run_output_dir(config, settings, run_name), run_name=config.tracking.run_name or run_name,
                 weight_sync_backend="nccl" if settings.device == "gpu" else "gloo")
@@ -258,7 +254,7 @@ def build_reward_deployment(config: GRPOConfig, settings: ClusterSettings, run_n
 
     Reward code is submitter code, so these pods hold no credentials: no MLflow secret, no HF token, no
     ServiceAccount token; only the reward service's own bearer token. The shared volume is mounted,
-    read-only, only when a reward function is a file (`/workspace/rewards/x.py:fn`).
+    read-only, only when a reward function or a tool is a file (`/workspace/rewards/x.py:fn`).
 
     Args:
         component: "reward" (the run's service) or "eval-reward" (the evaluate step's).
@@ -268,7 +264,7 @@ def build_reward_deployment(config: GRPOConfig, settings: ClusterSettings, run_n
     vols, mounts = scratch_volumes(settings, shm=False)
     vols.append({"name": "config", "configMap": {"name": config_map or f"{run_name}-config"}})
     mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
-    if any(spec.rsplit(":", 1)[0].endswith(".py") for spec in config.rewards.reward_funcs):
+    if any(is_file_spec(spec) for spec in [*config.rewards.reward_funcs, *config.tools.tools]):
         data_vol, data_mount = data_volume(settings, read_only=True)
         vols.append(data_vol)
         mounts.append(data_mount)

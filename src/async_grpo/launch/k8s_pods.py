@@ -150,8 +150,10 @@ def scratch_volumes(settings: ClusterSettings, shm: bool) -> tuple[list[dict], l
 
 def base_env() -> list[dict[str, Any]]:
     """HOME and every JIT/framework cache on the writable /cache emptyDir (numba, triton and inductor
-    otherwise try to write next to their sources or under ~); no hub access (models live on the PVC)."""
-    env = {"HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface",
+    otherwise try to write next to their sources or under ~); no hub access (models live on the PVC); no user
+    site directory (PYTHONNOUSERSITE: `.pth` files under HOME never run at start-up, also in an image that forgot
+    to set it)."""
+    env = {"PYTHONNOUSERSITE": "1", "HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface",
            "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/inductor",
            "NUMBA_CACHE_DIR": f"{CACHE_DIR}/numba", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}

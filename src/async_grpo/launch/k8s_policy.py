@@ -11,16 +11,19 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import posixpath
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from async_grpo.config import ConfigError, GRPOConfig, format_validation_error
-from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.image_refs import BadImageReference, parse_image_ref, prefix_covers
+from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH, NCCL_TUNING_ENV, ClusterSettings, check_mount_path
+from async_grpo.launch.uris import UnsafeURI, parse_http_uri, uri_allowed
+from async_grpo.user_code import is_file_spec
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +33,6 @@ POLICY_MOUNT_DIR = "/etc/async-grpo/policy"  # where the pipeline mounts the Con
 POLICY_KEY = "policy.yaml"
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # marks "set your image's digest here" in the manifests
 METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")  # cloud metadata endpoints, never reachable
-DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
 FIX = f"Fix: change it, or ask your platform engineer to allow it in ConfigMap {POLICY_CONFIG_MAP}"
 # vLLM flags a submitter may pass in vllm_extra_args: sizing and scheduling only. Flags that load code
 # (--trust-remote-code, --worker-extension-cls, --middleware, plugins), change auth or the listening
@@ -101,6 +103,11 @@ class PlatformPolicy(BaseModel):
                                description="Secrets a run or a pipeline step may read.")
     pvcs: list[str] = Field(default_factory=lambda: ["async-grpo-workspace"],
                             description="PersistentVolumeClaims a run may mount as its workspace.")
+    data_mount_paths: list[str] = Field(default_factory=lambda: ["/workspace"], description="Paths at which a run "
+                                        "may mount the workspace PVC (data_mount_path); the pipeline mounts it at "
+                                        "/workspace.")
+    nccl_env_keys: list[str] = Field(default_factory=lambda: list(NCCL_TUNING_ENV), description="NCCL/gloo "
+                                     "variables a run may set in nccl_env (never one naming a file or library).")
     mlflow_tracking_uris: list[str] = Field(default_factory=lambda: ["http://mlflow:5000"],
                                             description="MLflow servers a run may log to (and send credentials).")
     reward_urls: list[str] = Field(default_factory=list, description="External reward services (reward_url).")
@@ -119,6 +126,50 @@ class PlatformPolicy(BaseModel):
                                              "(an MLflow server or object store outside the namespace).")
     reward_egress: list[EgressRule] = Field(default_factory=list, description="Egress of reward pods (none: "
                                             "reward code reaches nothing, not even DNS).")
+
+    @field_validator("images")
+    @classmethod
+    def _valid_images(cls, value: list[str]) -> list[str]:
+        """Each allowed reference parses in full (`image_refs.parse_image_ref`)."""
+        for ref in value:
+            parse_image_ref(ref)
+        return value
+
+    @field_validator("default_images")
+    @classmethod
+    def _valid_default_images(cls, value: dict[str, str]) -> dict[str, str]:
+        """Each default image parses in full, under a known role."""
+        unknown = sorted(set(value) - {"trainer", "vllm", "reward", "cpu"})
+        if unknown:
+            raise ValueError(f"default_images has unknown roles {unknown}. Fix: use trainer, vllm, reward, cpu.")
+        for ref in value.values():
+            parse_image_ref(ref)
+        return value
+
+    @field_validator("image_prefixes")
+    @classmethod
+    def _valid_prefixes(cls, value: list[str]) -> list[str]:
+        """Each prefix is `registry[/path...][/]` in plain characters."""
+        for prefix in value:
+            if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*/?", prefix):
+                raise ValueError(f"image_prefixes entry {prefix!r} is not registry[/path][/]. Fix: e.g. ghcr.io/org/.")
+        return value
+
+    @field_validator("mlflow_tracking_uris", "reward_urls")
+    @classmethod
+    def _valid_uris(cls, value: list[str]) -> list[str]:
+        """Each allowed server parses unambiguously (`uris.parse_http_uri`)."""
+        for uri in value:
+            parse_http_uri(uri)
+        return value
+
+    @field_validator("data_mount_paths")
+    @classmethod
+    def _valid_mount_paths(cls, value: list[str]) -> list[str]:
+        """Each path passes `k8s_settings.check_mount_path`."""
+        for path in value:
+            check_mount_path(path)
+        return value
 
     @classmethod
     def from_yaml(cls, text: str, source: str) -> PlatformPolicy:
@@ -176,38 +227,74 @@ def resolve_images(settings: ClusterSettings, policy: PlatformPolicy) -> Cluster
     return settings.model_copy(update=update) if update else settings
 
 
-def _normal_uri(uri: str) -> tuple[str, str, int | None, str]:
-    parts = urlsplit(uri)
-    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
-    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or default, parts.path.rstrip("/")
-
-
-def uri_allowed(uri: str, allowed: list[str]) -> bool:
-    """True when `uri` has the scheme, host and port of an allowed URI and lies under its path (False for a
-    malformed URI)."""
-    try:
-        scheme, host, port, path = _normal_uri(uri)
-    except ValueError:  # e.g. a port that is not a number
-        return False
-    for entry in allowed:
-        a_scheme, a_host, a_port, a_path = _normal_uri(entry)
-        if (scheme, host, port) == (a_scheme, a_host, a_port) and host and (path + "/").startswith(a_path + "/"):
-            return True
-    return False
-
-
 def _image_problems(field: str, ref: str, policy: PlatformPolicy, allow_placeholders: bool) -> list[str]:
+    """An image must parse as the registry parses it (`image_refs.parse_image_ref`), be an allowed reference or lie
+    under an allowed prefix by registry and whole path segments, and carry a digest when the policy requires one."""
+    try:
+        parsed = parse_image_ref(ref)
+    except BadImageReference as err:
+        return [f"{field}: {err}"]
     problems = []
-    if ref not in policy.images and not any(ref.startswith(p) for p in policy.image_prefixes):
+    exact = any(_parsed_or_none(entry) == parsed for entry in policy.images)
+    if not exact and not any(prefix_covers(p, parsed) for p in policy.image_prefixes):
         problems.append(f"{field}={ref!r} is not an allowed image (allowed prefixes {policy.image_prefixes}, "
                         f"references {policy.images}). {FIX} (image_prefixes or images).")
-    if policy.require_digest and not DIGEST_RE.search(ref):
+    if policy.require_digest and not parsed.pinned:
         problems.append(f"{field}={ref!r} is not pinned by digest and the platform requires it. Fix: use "
                         f"{ref.split('@')[0]}@sha256:<digest of the pushed image>.")
-    if ref.endswith(PLACEHOLDER_DIGEST) and not allow_placeholders:
+    if parsed.digest == PLACEHOLDER_DIGEST and not allow_placeholders:
         problems.append(f"{field}={ref!r} carries the placeholder digest. Fix: put the digest of the image you "
                         f"pushed into default_images of ConfigMap {POLICY_CONFIG_MAP} (or the image override).")
     return problems
+
+
+def on_volume(path: str, settings: ClusterSettings) -> bool:
+    """True when `path` is a normalized absolute path under the workspace mount: no `..` or `.` segment, no `//`
+    (`posixpath.normpath` leaves it unchanged but for a trailing slash), no NUL, inside `data_mount_path` by
+    segment."""
+    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+        return False
+    trimmed = path.rstrip("/") or "/"
+    return posixpath.normpath(trimmed) == trimmed and trimmed.startswith(settings.data_mount_path + "/")
+
+
+def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
+    """Every path the run reads on the cluster must lie on the workspace volume (`on_volume`): the model (or
+    builtin:tiny), the datasets (or builtin tasks), a checkpoint to resume from, and each submitter file named by
+    reward_funcs, tools and data_producer. Returns one problem per path that does not, naming the field and the fix.
+    """
+    mount = settings.data_mount_path
+    fix = f"Fix: copy it onto PVC {settings.pvc_name!r} and name it as {mount}/<path>, without '..' or '//'"
+    checked = [("model_name_or_path", config.model_name_or_path, "the model folder"),
+               ("dataset", config.data.dataset, "the dataset"), ("eval_dataset", config.data.eval_dataset, "the dataset")]
+    resume = config.checkpoint.resume_from_checkpoint
+    if isinstance(resume, str):
+        checked.append(("resume_from_checkpoint", resume, "the checkpoint"))
+    for field, specs in (("reward_funcs", config.rewards.reward_funcs), ("tools", config.tools.tools),
+                         ("data_producer", [config.producer.data_producer])):
+        checked += [(field, spec.rsplit(":", 1)[0], f"the file of {spec!r}") for spec in specs if is_file_spec(spec)]
+    return [f"{field}={value!r}: on Kubernetes {what} must be a builtin or a normalized path on the shared volume (run "
+            f"pods reach no hub). {fix}." for field, value, what in checked
+            if value is not None and not value.startswith("builtin:") and not on_volume(value, settings)]
+
+
+def _parsed_or_none(ref: str):
+    try:
+        return parse_image_ref(ref)
+    except BadImageReference:
+        return None
+
+
+def _uri_problems(field: str, uri: str, allowed: list[str], what: str, stake: str) -> list[str]:
+    """A URI the run would send credentials or data to: it must parse unambiguously (`uris.parse_http_uri`) and lie
+    under an allowed entry."""
+    try:
+        parse_http_uri(uri)
+    except UnsafeURI as err:
+        return [f"{field}: {err}"]
+    if uri_allowed(uri, allowed):
+        return []
+    return [f"{field}={uri!r} is not an allowed {what} (allowed: {allowed}); {stake}. {FIX} ({field}s)."]
 
 
 def _flag_problems(args: list[str], policy: PlatformPolicy) -> list[str]:
@@ -220,10 +307,6 @@ def _flag_problems(args: list[str], policy: PlatformPolicy) -> list[str]:
             problems.append(f"vllm_extra_args: flag {flag!r} is not allowed (it may load code, change the "
                             f"server's address or auth, or fetch files). {FIX} (vllm_flags).")
     return problems
-
-
-def _is_file_spec(spec: str) -> bool:
-    return spec.rsplit(":", 1)[0].endswith(".py")
 
 
 def check_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *,
@@ -247,32 +330,42 @@ def check_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPol
     if settings.mlflow_secret is not None and settings.mlflow_secret not in policy.secrets:
         problems.append(f"mlflow_secret={settings.mlflow_secret!r} is not an allowed secret (allowed: "
                         f"{policy.secrets}). {FIX} (secrets).")
+    if settings.data_mount_path not in policy.data_mount_paths:
+        problems.append(f"data_mount_path={settings.data_mount_path!r} is not an allowed mount path (allowed: "
+                        f"{policy.data_mount_paths}). {FIX} (data_mount_paths).")
+    unknown_nccl = sorted(set(settings.nccl_env) - set(policy.nccl_env_keys))
+    if unknown_nccl:
+        problems.append(f"nccl_env sets {unknown_nccl}, which are not allowed NCCL/gloo variables (allowed: "
+                        f"{policy.nccl_env_keys}). {FIX} (nccl_env_keys).")
     if settings.pvc_name not in policy.pvcs:
         problems.append(f"pvc_name={settings.pvc_name!r} is not an allowed workspace volume (allowed: "
                         f"{policy.pvcs}). {FIX} (pvcs).")
     uri = config.tracking.mlflow_tracking_uri or settings.mlflow_tracking_uri
-    if not uri_allowed(uri, policy.mlflow_tracking_uris):
-        problems.append(f"mlflow_tracking_uri={uri!r} is not an allowed MLflow server (allowed: "
-                        f"{policy.mlflow_tracking_uris}); the run's MLflow credentials would go there. "
-                        f"{FIX} (mlflow_tracking_uris).")
-    if config.rewards.reward_url and not settings.reward_replicas and not uri_allowed(config.rewards.reward_url, policy.reward_urls):
-        problems.append(f"reward_url={config.rewards.reward_url!r} is not an allowed reward service (allowed: "
-                        f"{policy.reward_urls}); every rollout would be sent there. {FIX} (reward_urls).")
+    problems += _uri_problems("mlflow_tracking_uri", uri, policy.mlflow_tracking_uris, "MLflow server",
+                              "the run's MLflow credentials would go there")
+    if config.rewards.reward_url and not settings.reward_replicas:
+        problems += _uri_problems("reward_url", config.rewards.reward_url, policy.reward_urls, "reward service",
+                                  "every rollout would be sent there")
     problems += _flag_problems(config.vllm_serve_args, policy)
+    problems += path_problems(config, settings)
     if not policy.user_code_with_credentials:
-        in_trainer = [s for s in config.rewards.reward_funcs if _is_file_spec(s)] if not (settings.reward_replicas
+        in_trainer = [s for s in config.rewards.reward_funcs if is_file_spec(s)] if not (settings.reward_replicas
                                                                                   or config.rewards.reward_url) else []
         if in_trainer:
             problems.append(f"reward_funcs {in_trainer} are files and reward_replicas=0 would run them in the "
                             "trainer pod, which holds the MLflow credentials. Fix: set reward_replicas >= 1 (they "
                             "then run in reward pods without credentials).")
-        tools = [s for s in config.tools.tools if _is_file_spec(s)] if not (settings.reward_replicas
+        tools = [s for s in config.tools.tools if is_file_spec(s)] if not (settings.reward_replicas
                                                                             or config.rewards.reward_url) else []
         if tools:  # tool calls run where rewards are scored: the reward pods, or else the trainer pod
             problems.append(f"tools {tools} are files and reward_replicas=0 would run them in the trainer pod, which "
                             "holds the MLflow credentials. Fix: set reward_replicas >= 1 (tool calls then run in the "
                             "reward pods, without credentials).")
-        if config.producer.data_producer and _is_file_spec(config.producer.data_producer):
+        if config.trust_remote_code:
+            problems.append("trust_remote_code=true would run the model folder's Python code in the trainer pod, "
+                            "which holds the MLflow credentials. Fix: use a model that transformers supports "
+                            "natively, or ask your platform engineer to set user_code_with_credentials.")
+        if config.producer.data_producer and is_file_spec(config.producer.data_producer):
             problems.append(f"data_producer={config.producer.data_producer!r} is a file: it would run in the trainer pod, "
                             "which holds the MLflow credentials. Fix: install it in the trainer image and name it "
                             f"as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials.")
@@ -289,13 +382,54 @@ def check_backend_choice(launch_backend: str, policy: PlatformPolicy | None = No
         PolicyViolation: launch_backend is "local", this process runs in a pod (KUBERNETES_SERVICE_HOST is
             set) and the policy does not allow user_code_with_credentials.
     """
-    if launch_backend != "local" or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if launch_backend != "local" or not in_cluster_pod():
         return
     policy = policy or load_policy()[0]
     if not policy.user_code_with_credentials:
         raise PolicyViolation("launch_backend='local' inside a cluster pod would run the run's reward code next to "
                               "the pipeline's credentials and ServiceAccount token. Fix: use launch_backend="
                               "kubernetes (reward code then runs in pods without credentials).")
+
+
+def in_cluster_pod() -> bool:
+    """True inside a Kubernetes pod (KUBERNETES_SERVICE_HOST is set by the kubelet)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def work_dir_problems(work_dir: str) -> list[str]:
+    """The pipeline's `work_dir` must be the workspace mount (DEFAULT_DATA_MOUNT_PATH) or a normalized folder under
+    it: the train step stages data there and the cleanup step deletes `<work_dir>/<run>/staging`."""
+    trimmed = work_dir.rstrip("/")
+    ok = trimmed == DEFAULT_DATA_MOUNT_PATH or (posixpath.normpath(trimmed) == trimmed
+                                                and trimmed.startswith(DEFAULT_DATA_MOUNT_PATH + "/"))
+    if ok and "\x00" not in work_dir:
+        return []
+    return [f"work_dir={work_dir!r} is not the workspace volume ({DEFAULT_DATA_MOUNT_PATH}) or a normalized folder "
+            f"under it. Fix: leave work_dir at {DEFAULT_DATA_MOUNT_PATH}."]
+
+
+def check_work_dir(work_dir: str) -> None:
+    """In a cluster pod, refuse a `work_dir` off the workspace volume (`work_dir_problems`); elsewhere (kfp.local,
+    a laptop) any folder is the user's own.
+
+    Raises:
+        PolicyViolation: in a pod, work_dir is not on the workspace volume.
+    """
+    problems = work_dir_problems(work_dir) if work_dir and in_cluster_pod() else []
+    if problems:
+        raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))
+
+
+def check_namespace(settings: ClusterSettings, own_namespace: str | None) -> None:
+    """A launcher in a pod creates objects only in its own namespace (its Role's); `settings.namespace` may not
+    name another.
+
+    Raises:
+        PolicyViolation: `own_namespace` is known and differs from `settings.namespace`.
+    """
+    if own_namespace and settings.namespace != own_namespace:
+        raise PolicyViolation(f"the platform policy refuses this run:\n  namespace={settings.namespace!r} is not this "
+                              f"launcher's namespace {own_namespace!r}. Fix: drop namespace from kubernetes_options.")
 
 
 def _role(field: str) -> str:

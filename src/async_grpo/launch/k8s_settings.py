@@ -6,6 +6,7 @@ cluster settings without importing anything else; like `GRPOConfig` it is one py
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any, Literal
 
@@ -15,8 +16,43 @@ from async_grpo import __version__
 from async_grpo.config import ConfigError, format_validation_error
 
 DEFAULT_REGISTRY = "ghcr.io/async-grpo"
-# NCCL_*/GLOO_* only, and no plugin variables: those name shared libraries NCCL loads into the process.
-NCCL_ENV_KEY = re.compile(r"^(NCCL|GLOO)_[A-Z0-9_]+$")
+DEFAULT_DATA_MOUNT_PATH = "/workspace"  # where the pipeline's steps and every run pod mount the workspace PVC
+# nccl_env may only ever name NCCL_*/GLOO_* variables, and never one that names a file or a library NCCL reads or
+# loads: NCCL_CONF_FILE (NCCL 2.23+ reads any variable from it, the plugin ones included), *_PLUGIN, *_FILE.
+NCCL_ENV_KEY = re.compile(r"(NCCL|GLOO)_[A-Z0-9_]+")
+NCCL_NEVER = re.compile(r"NCCL_CONF_FILE|.*_PLUGIN|.*_FILE|.*_PATH|.*_DIR")
+# The tuning and diagnostic variables a run may set by default (the platform policy's `nccl_env_keys`).
+NCCL_TUNING_ENV = (
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TC",
+    "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_SPLIT_DATA_ON_QPS",
+    "NCCL_IB_PCI_RELAXED_ORDERING", "NCCL_IB_ADAPTIVE_ROUTING", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
+    "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
+    "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "NCCL_SOCKET_FAMILY", "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_CROSS_NIC",
+    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_IGNORE_CPU_AFFINITY", "NCCL_LAUNCH_MODE",
+    "NCCL_NET_SHARED_BUFFERS", "GLOO_DEVICE_TRANSPORT",
+)
+# Where the workspace may never be mounted: over the image's code, libraries, configuration, HOME (/cache: a user
+# site directory or a .pth there would run at start-up) or the pod's scratch and system folders.
+PROTECTED_DIRS = ("/bin", "/boot", "/cache", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32",
+                  "/models", "/opt", "/proc", "/root", "/run", "/sbin", "/src", "/srv", "/sys", "/tmp", "/usr", "/var")
+
+
+def check_mount_path(value: str) -> str:
+    """`value` when it is an absolute, normalized path (no `..`, no `//`, no trailing slash) that neither is, holds
+    nor lies in one of PROTECTED_DIRS.
+
+    Raises:
+        ValueError: it is not; the message names data_mount_path and the fix.
+    """
+    if not value.startswith("/") or posixpath.normpath(value) != value or value == "/" or "\x00" in value:
+        raise ValueError(f"data_mount_path={value!r} must be an absolute, normalized path such as /workspace. "
+                         "Fix: write it without '..', '.', '//' or a trailing slash.")
+    clash = [d for d in PROTECTED_DIRS if value == d or value.startswith(d + "/") or d.startswith(value + "/")]
+    if clash:
+        raise ValueError(f"data_mount_path={value!r} would cover or sit inside {clash}, where the images keep "
+                         "code, configuration or HOME. Fix: use /workspace.")
+    return value
 
 
 class ClusterSettings(BaseModel):
@@ -55,16 +91,19 @@ class ClusterSettings(BaseModel):
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of the compute pods.")
     pvc_name: str = Field("async-grpo-workspace", description="PVC holding models, datasets and run folders "
                           "(the pipeline's workspace volume).")
-    data_mount_path: str = Field("/workspace", pattern=r"^/.+", description="Where that PVC is mounted in every "
-                                 "pod: the same path as in the pipeline's steps, so paths mean the same everywhere.")
+    data_mount_path: str = Field(DEFAULT_DATA_MOUNT_PATH, description="Where that PVC is mounted in every pod: the same path as "
+                                 "in the pipeline's steps, so paths mean the same everywhere. An absolute, normalized "
+                                 "path outside the image's folders (PROTECTED_DIRS); the platform policy's "
+                                 "data_mount_paths lists the allowed ones.")
     mlflow_tracking_uri: str = Field("http://mlflow:5000", description="MLflow tracking server as pods see it, "
                                      "used when the run config sets none.")
     mlflow_secret: str | None = Field("mlflow-tracking", description="Secret whose optional keys "
                                       "MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN reach the trainer pods (only them).")
     service_account: str = Field("async-grpo-workload", description="ServiceAccount of run pods (no API rights).")
     nccl_socket_ifname: str = Field("eth0", description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the pod NIC.")
-    nccl_env: dict[str, str] = Field(default_factory=dict, description="Extra NCCL_*/GLOO_* env for trainer and "
-                                     "vLLM (no *_PLUGIN variables).")
+    nccl_env: dict[str, str] = Field(default_factory=dict, description="Extra NCCL/gloo tuning variables for "
+                                     "trainer and vLLM; the platform policy's nccl_env_keys lists the allowed names "
+                                     "(default NCCL_TUNING_ENV). Never a variable that names a file or a library.")
     vllm_port: int = Field(8000, ge=1, le=65535, description="vLLM HTTP port.")
     reward_port: int = Field(8080, ge=1, le=65535, description="Reward service HTTP port.")
     weight_transfer_ports: tuple[int, int] = Field(
@@ -82,12 +121,20 @@ class ClusterSettings(BaseModel):
     @field_validator("nccl_env")
     @classmethod
     def _check_nccl_env(cls, value: dict[str, str]) -> dict[str, str]:
-        """Only NCCL_*/GLOO_* variables, never a plugin (a library path loaded into the trainer and vLLM)."""
-        bad = sorted(k for k in value if not NCCL_ENV_KEY.match(k) or k.endswith("_PLUGIN"))
+        """Only NCCL_*/GLOO_* variables, never one naming a file or library (NCCL_NEVER), values printable ASCII."""
+        bad = sorted(k for k in value if not NCCL_ENV_KEY.fullmatch(k) or NCCL_NEVER.fullmatch(k))
         if bad:
-            raise ValueError(f"nccl_env may only set NCCL_*/GLOO_* variables other than *_PLUGIN, not {bad}. "
-                             "Fix: drop them (LD_PRELOAD, PYTHONPATH or a plugin would load code into the pods).")
+            raise ValueError(f"nccl_env may only set NCCL/gloo tuning variables, not {bad}. Fix: drop them "
+                             "(LD_PRELOAD, PYTHONPATH, NCCL_CONF_FILE or a plugin would load code into the pods).")
+        odd = sorted(k for k, v in value.items() if not isinstance(v, str) or not all(0x20 <= ord(c) < 0x7f for c in v))
+        if odd:
+            raise ValueError(f"nccl_env values of {odd} hold control or non-ASCII characters. Fix: give plain values.")
         return value
+
+    @field_validator("data_mount_path")
+    @classmethod
+    def _check_data_mount_path(cls, value: str) -> str:
+        return check_mount_path(value)
 
     @model_validator(mode="after")
     def _check_ports(self) -> ClusterSettings:

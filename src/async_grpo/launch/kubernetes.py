@@ -42,7 +42,7 @@ from async_grpo.launch.k8s_objects import (
     selector,
     trainer_config,
 )
-from async_grpo.launch.k8s_policy import PlatformPolicy, load_policy, prepare_run
+from async_grpo.launch.k8s_policy import PlatformPolicy, check_namespace, load_policy, prepare_run
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.naming import k8s_run_name, make_run_name, resolve_run_name  # noqa: F401 - re-exported
 
@@ -54,8 +54,10 @@ LOG_TAIL_LINES = 80
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # set by the Training Operator on its pods
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 
-# What `cleanup` deletes, in this order (vLLM's dev-mode endpoints first); Secrets go with their owners.
-_CLEANUP_KINDS = ("Deployment", "Service", "NetworkPolicy", "PyTorchJob", "ConfigMap")
+# What `cleanup` deletes, in this order (vLLM's dev-mode endpoints first). Every other object of a run is owned by
+# one of these and goes with it (the launcher's Role cannot delete ConfigMaps, Secrets, Services or NetworkPolicies).
+_CLEANUP_KINDS = ("Deployment", "PyTorchJob")
+_DELETED_KINDS = frozenset(_CLEANUP_KINDS)
 EVAL_SERVICE_TIMEOUT_S = 600.0  # the evaluate step's reward service must be ready within this
 
 
@@ -120,6 +122,7 @@ class KubernetesBackend:
 
     Raises:
         ConfigError: unknown or invalid settings (the message names the field), or an invalid policy file.
+        PolicyViolation: in a pod, `namespace` names another namespace than the pod's own.
     """
 
     name = "kubernetes"
@@ -132,9 +135,11 @@ class KubernetesBackend:
                  **setting_fields: Any):
         base = settings.model_dump() if isinstance(settings, ClusterSettings) else dict(settings or {})
         fields = {**base, **setting_fields}
-        if "namespace" not in fields and SA_NAMESPACE_FILE.is_file():  # in a pod: launch where we run
-            fields["namespace"] = SA_NAMESPACE_FILE.read_text().strip()
+        own_namespace = SA_NAMESPACE_FILE.read_text().strip() if SA_NAMESPACE_FILE.is_file() else None
+        if "namespace" not in fields and own_namespace:  # in a pod: launch where we run
+            fields["namespace"] = own_namespace
         self.settings = ClusterSettings.from_mapping(fields)
+        check_namespace(self.settings, own_namespace)  # never another namespace than the pod's own
         if policy is None:
             policy, source = load_policy()
             logger.info("platform policy from %s", source)
@@ -147,12 +152,26 @@ class KubernetesBackend:
         self.sleep = sleep
 
     # ------------------------------------------------------------------------------------------ launch
+    def check(self, config: GRPOConfig) -> ClusterSettings:
+        """The platform policy's verdict on `config` with these settings (`k8s_policy.prepare_run`), without any API
+        call: the train step calls it before preflight reads any of the submitter's files, and `launch` again.
+
+        Returns:
+            The settings the run's objects are built with (the policy's default images filled in).
+
+        Raises:
+            PolicyViolation: one line per problem, each naming the field and the fix.
+        """
+        return prepare_run(config, self.settings, self.policy)
+
     def launch(self, config: GRPOConfig, *, timeout_s: float) -> LaunchResult:
         """Check the run against the platform policy, create its objects, wait for the PyTorchJob, clean up.
 
-        The vLLM and reward Deployments, Services and NetworkPolicies are deleted in every case; the
-        PyTorchJob (and its ConfigMap and tokens Secret) is kept after success (for its logs;
-        `ttlSecondsAfterFinished` or `cleanup` removes it) and deleted otherwise.
+        The PyTorchJob is created first; every other object is created with an ownerReference to it (its pods wait
+        for their ConfigMap and Secret, and the base default-deny isolates them until their NetworkPolicies exist).
+        The vLLM and reward Deployments are deleted in every case; the PyTorchJob is kept after success (for its
+        logs; `ttlSecondsAfterFinished` or `cleanup` removes it, and the garbage collector everything it owns) and
+        deleted otherwise.
 
         Raises:
             PolicyViolation: the run asks for an image, account, secret, volume, MLflow server or vLLM flag
@@ -163,7 +182,7 @@ class KubernetesBackend:
                 has the reason (and log tails).
             kubernetes.client.ApiException: the API server refused to create an object.
         """
-        s = prepare_run(config, self.settings, self.policy)  # refuses before anything exists
+        s = self.check(config)  # refuses before anything exists
         run_name = self.run_name or resolve_run_name(config.tracking)
         trainer_cfg = trainer_config(config, s, run_name)
         build_run_objects(config, s, run_name, policy=self.policy)
@@ -177,14 +196,11 @@ class KubernetesBackend:
         deadline = self.clock() + timeout_s
         logger.info("launching run %s in namespace %s (MLflow run %s)", run_name, s.namespace, mlflow_run_id)
         try:
-            config_map, job, rest = objects[0], objects[1], objects[2:]
-            self._create(config_map)
-            created.append(config_map)
+            job = next(o for o in objects if o["kind"] == "PyTorchJob")
+            rest = [o for o in objects if o is not job]
             job_live = self._create(job)
             created.append(job)
             owner = owner_reference(job_live)
-            self._call("core", "patch_namespaced_config_map", config_map["metadata"]["name"], s.namespace,
-                       {"metadata": {"ownerReferences": [owner]}})
             for obj in rest:
                 obj["metadata"]["ownerReferences"] = [owner]
                 self._create(obj)
@@ -224,12 +240,11 @@ class KubernetesBackend:
         deployment = next(o for o in objects if o["kind"] == "Deployment")
         created: list[Manifest] = []
         try:
-            owner = owner_reference(self._create(deployment))  # the ConfigMap and Secret go with it
+            owner = owner_reference(self._create(deployment))  # everything else goes with it
             created.append(deployment)
             for obj in objects:
                 if obj is not deployment:
-                    if obj["kind"] in ("ConfigMap", "Secret"):
-                        obj["metadata"]["ownerReferences"] = [owner]
+                    obj["metadata"]["ownerReferences"] = [owner]
                     self._create(obj)
                     created.append(obj)
             yield reward_url(name, s, "eval-reward"), tokens.reward_token
@@ -318,11 +333,11 @@ class KubernetesBackend:
         return [as_dict(item) for item in items(out)]
 
     def _cleanup(self, created: list[Manifest], keep_job: bool) -> None:
-        """Delete what was created, newest first (vLLM goes first). Errors are logged, never raised, so
-        they cannot hide the run's own error; an object already gone (404) is fine. Secrets are left to
-        the garbage collector (they are owned by the PyTorchJob or the Deployment)."""
+        """Delete the Deployments that were created, newest first (vLLM goes first), then the PyTorchJob unless
+        `keep_job`. Errors are logged, never raised, so they cannot hide the run's own error; an object already
+        gone (404) is fine. Everything else is owned by one of these and left to the garbage collector."""
         for obj in reversed(created):
-            if (keep_job and obj["kind"] in ("PyTorchJob", "ConfigMap")) or obj["kind"] == "Secret":
+            if obj["kind"] not in _DELETED_KINDS or (keep_job and obj["kind"] == "PyTorchJob"):
                 continue
             try:
                 self._delete(obj)

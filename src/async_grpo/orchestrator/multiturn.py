@@ -132,7 +132,8 @@ class MultiTurnRollout:
         self.offer_tools = offer_tools
         self.template = response_template(tokenizer)
         self.schemas = {t.name: t.schema for t in backend.tools}
-        check_chat_template(tokenizer, list(self.schemas.values()))
+        self.tool_schemas = list(self.schemas.values())  # the `Rollout` seam's view of the offered tools
+        check_chat_template(tokenizer, self.tool_schemas)
 
     def without_tools(self) -> MultiTurnRollout:
         """The same rollout with no tools offered: prompts rendered without them, every call answered

@@ -70,7 +70,14 @@ class RolloutDropped(Exception):
 
 @runtime_checkable
 class Rollout(Protocol):
-    """One prompt in, one scored group out (see the module docstring)."""
+    """One prompt in, one scored group out (see the module docstring).
+
+    Attributes:
+        tool_schemas: the JSON schemas of the tools offered to the model (empty for a single-turn rollout), as the
+            chat template renders them; the tool-calling warm start renders its conversations with the same ones.
+    """
+
+    tool_schemas: list[dict]
 
     async def __call__(self, client: GenerationClient, item: PromptItem, sampling: SamplingSettings, *,
                        version: Callable[[], int], seed: int | None = None) -> RolloutGroup:
@@ -103,6 +110,7 @@ class SingleTurnRollout:
     def __init__(self, scorer: Scorer, decode: Callable[[list[int]], str]):
         self.scorer = scorer
         self.decode = decode
+        self.tool_schemas: list[dict] = []
 
     async def __call__(self, client: GenerationClient, item: PromptItem, sampling: SamplingSettings, *,
                        version: Callable[[], int], seed: int | None = None) -> RolloutGroup:

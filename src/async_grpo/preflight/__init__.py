@@ -11,8 +11,10 @@ backend run it with target cluster.
 - vllm_extra_args (all): flags the launcher sets from validated fields (--max-model-len, --dtype, --port, --seed,
   --served-model-name, the weight-transfer flags), or given twice (also through their own field).
 - lengths (all): max_prompt_length + max_completion_length > vllm_max_model_len.
-- reward_funcs (all; on a cluster only builtins and files found here): specs that do not resolve, duplicate names.
-- data_producer (all; on a cluster only files found here): a spec that does not resolve.
+- reward_funcs (all): specs that do not resolve, duplicate names. On a cluster a submitter's file is read, never run
+  (`user_code.check_file_statically`: it exists, parses and defines the function), and modules are left to the image.
+- data_producer (all; on a cluster files are read, never run): a spec that does not resolve.
+- tools (all; on a cluster files are read, never run): a tool that does not resolve or has no JSON schema.
 - dataset (local; on a cluster builtin tasks): a missing or unreadable file, no `prompt` column, malformed messages
   or unknown roles, reserved column names, no rows.
 - prompt_lengths (where the dataset was read and the tokenizer is at hand): conversational prompts without a chat
@@ -43,9 +45,9 @@ from async_grpo.config import GRPOConfig
 from async_grpo.preflight.report import PreflightError, PreflightReport, Problem
 
 Target = Literal["local", "cluster"]
-CHECKS = ("warm_start", "vllm_extra_args", "lengths", "reward_funcs", "data_producer", "dataset", "prompt_lengths",
-          "reward_probe", "model", "lora_targets", "output_dir", "weight_sync_device", "vllm_replicas", "mlflow",
-          "reward_url")
+CHECKS = ("warm_start", "vllm_extra_args", "lengths", "reward_funcs", "data_producer", "tools", "dataset",
+          "prompt_lengths", "reward_probe", "model", "lora_targets", "output_dir", "weight_sync_device",
+          "vllm_replicas", "mlflow", "reward_url")
 LOCAL_ONLY = ("model", "output_dir", "weight_sync_device", "mlflow", "reward_url")
 
 
@@ -102,11 +104,15 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     if wanted("lora_targets") and not any(p.field.startswith("model") for p in report.problems):
         from async_grpo.preflight.peft_check import check_lora_targets
 
-        problems, note = check_lora_targets(config)
+        problems, note = check_lora_targets(config, local)
         add(problems)
         report.skipped += [note] if note else []
     if wanted("data_producer"):
         problems, notes = inputs.check_data_producer(config, local)
+        add(problems)
+        report.skipped += notes
+    if wanted("tools"):
+        problems, notes = inputs.check_tools(config, local)
         add(problems)
         report.skipped += notes
     if local and "reward_url" in report.checked and config.rewards.reward_url is None and \
@@ -126,7 +132,7 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         dataset = _check_datasets(config, local, report)
     if dataset is not None and wanted("prompt_lengths") and not any(p.field.startswith("model") for p in
                                                                     report.problems):
-        tokenizer = inputs.load_tokenizer(config)
+        tokenizer = inputs.load_tokenizer(config, local)
         if tokenizer is None:
             report.skipped.append("prompt_lengths: the tokenizer is not available here")
         else:

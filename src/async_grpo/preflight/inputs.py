@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -60,14 +61,15 @@ def is_checkable_dataset(spec: str, local: bool) -> bool:
     return local or Path(spec).exists()
 
 
-def load_tokenizer(config: GRPOConfig) -> Any | None:
-    """The policy's tokenizer when it is cheap to get here (builtin:tiny, or a local model folder); else None."""
+def load_tokenizer(config: GRPOConfig, local: bool = True) -> Any | None:
+    """The policy's tokenizer when it is cheap and safe to get here (builtin:tiny, or a local model folder; off the
+    local target never one whose code is remote, `trust_remote_code`, since that code would run here); else None."""
     if config.model_name_or_path == "builtin:tiny":
         from async_grpo.tiny_model import build_tiny_tokenizer
 
         return build_tiny_tokenizer()
     path = Path(config.model_name_or_path).expanduser()
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() or (config.trust_remote_code and not local):
         return None
     from transformers import AutoTokenizer
 
@@ -96,18 +98,29 @@ def check_prompt_lengths(config: GRPOConfig, dataset: Any, tokenizer: Any) -> li
 
 
 def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable], list[Problem], list[str]]:
-    """Resolve every reward spec that can be resolved here (builtins always; files and modules on the local target,
-    or when the file exists here). Returns ({spec: function}, problems, skip notes)."""
-    from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func, reward_func_name
+    """Resolve the reward specs that may be resolved here: builtins always; on the local target modules and files
+    too. Off it, a file is only read (`user_code.check_file_statically`: it exists, parses and defines the function;
+    none of its code runs, since this process may hold credentials) and a module is left to the trainer's image.
+    Returns ({spec: function}, problems, skip notes)."""
+    from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func, reward_func_name
+    from async_grpo.user_code import check_file_statically
 
     funcs, problems, skipped = {}, [], []
     for spec in config.rewards.reward_funcs:
-        target = spec.rsplit(":", 1)[0] if isinstance(spec, str) else ""
-        if not (local or target == "builtin" or (target.endswith(".py") and Path(target).is_file())):
-            skipped.append(f"reward_funcs: {spec!r} is resolved in the trainer's image")
-            continue
         try:
-            funcs[spec] = resolve_reward_func(spec)
+            parsed = parse_reward_spec(spec)
+            if local or parsed.kind == "builtin":
+                funcs[spec] = resolve_reward_func(spec)
+            elif parsed.is_file and not os.path.lexists(parsed.target):
+                skipped.append(f"reward_funcs: {spec!r} is not on this machine; it is read where it runs")
+            elif parsed.is_file:
+                problem = check_file_statically(parsed, what="reward function spec")
+                if problem:
+                    problems.append(Problem("rewards.reward_funcs", problem))
+                else:
+                    skipped.append(f"reward_funcs: {spec!r} was parsed, not run (it runs in the reward pods)")
+            else:
+                skipped.append(f"reward_funcs: {spec!r} is resolved in the trainer's image")
         except RewardSpecError as err:
             problems.append(Problem("rewards.reward_funcs", str(err), None if "Fix:" in str(err) else
                                     "give builtin:<name>, pkg.module:function or path/to/file.py:function"))
@@ -121,16 +134,23 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
 
 def check_data_producer(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[str]]:
     """`data_producer` must resolve to a callable factory (`pkg.module:factory` or `path/file.py:factory`); it is
-    called only at launch, with the tokenizer. Returns (problems, skip notes)."""
+    called only at launch, with the tokenizer. Off the local target a file is only read, never imported, and a
+    module is left to the trainer's image. Returns (problems, skip notes)."""
     spec = config.producer.data_producer
     if spec is None:
         return [], []
-    target = spec.rsplit(":", 1)[0]
-    if not (local or (target.endswith(".py") and Path(target).is_file())):
-        return [], [f"data_producer: {spec!r} is resolved in the trainer's image"]
-    from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func
+    from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func
+    from async_grpo.user_code import check_file_statically
 
     try:
+        parsed = parse_reward_spec(spec)
+        if not local:
+            if not parsed.is_file:
+                return [], [f"data_producer: {spec!r} is resolved in the trainer's image"]
+            if not os.path.lexists(parsed.target):
+                return [], [f"data_producer: {spec!r} is not on this machine; it is read where it runs"]
+            problem = check_file_statically(parsed, what="data_producer spec")
+            return ([Problem("producer.data_producer", problem)] if problem else []), []
         resolve_reward_func(spec)
     except RewardSpecError as err:
         message = str(err).replace("reward function spec", "spec").replace("f(prompts, completions, completion_ids, "
@@ -138,6 +158,36 @@ def check_data_producer(config: GRPOConfig, local: bool) -> tuple[list[Problem],
         return [Problem("producer.data_producer", message, None if "Fix:" in message else
                         "give pkg.module:factory or path/to/file.py:factory returning a DataProducer")], []
     return [], []
+
+
+def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[str]]:
+    """The `tools` specs: on the local target each resolves and has a JSON schema (`tools.loading.load_tools`);
+    off it a file is only read (`user_code.check_file_statically`), never imported, and a module is left to the
+    image that runs it. Returns (problems, skip notes)."""
+    specs = config.tools.tools
+    if not specs:
+        return [], []
+    from async_grpo.tools.loading import ToolSpecError, load_tools, parse_tool_spec
+    from async_grpo.user_code import check_file_statically
+
+    problems, notes = [], []
+    try:
+        if local:
+            load_tools(specs)
+            return [], []
+        for spec in specs:
+            parsed = parse_tool_spec(spec)
+            if parsed.is_file and not os.path.lexists(parsed.target):
+                notes.append(f"tools: {spec!r} is not on this machine; it is read where it runs")
+            elif parsed.is_file:
+                problem = check_file_statically(parsed, what="tool spec")
+                problems += [Problem("tools.tools", problem)] if problem else []
+            elif parsed.kind == "module":
+                notes.append(f"tools: {spec!r} is resolved in the image that runs the tool calls")
+    except ToolSpecError as err:
+        problems.append(Problem("tools.tools", str(err), None if "Fix:" in str(err) else
+                                "give builtin:<name>, pkg.module:function or path/to/file.py:function"))
+    return problems, notes
 
 
 def _name(spec: str, func: Callable) -> str:

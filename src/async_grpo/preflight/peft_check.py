@@ -16,15 +16,18 @@ from async_grpo.preflight.report import Problem
 FIELD = "peft.lora_target_modules"
 
 
-def check_lora_targets(config: GRPOConfig) -> tuple[list[Problem], str | None]:
+def check_lora_targets(config: GRPOConfig, local: bool = True) -> tuple[list[Problem], str | None]:
     """With use_peft and an explicit lora_target_modules (a list, or a regex string other than all-linear): a
     problem when no module name matches, as peft matches them (a list entry equals a module name or its last
     dotted parts; a string is a full-match regex). Returns (problems, a skip note when the model is not at hand:
-    a hub id or a folder without config.json)."""
+    a hub id or a folder without config.json; or, off the local target, a model whose config is remote code,
+    which is never run there)."""
     peft = config.peft
     targets = peft.lora_target_modules
     if not peft.use_peft or targets is None or targets == "all-linear":
         return [], None
+    if config.trust_remote_code and not local:
+        return [], "lora_targets: the model's config is remote code, which is never run on this machine"
     names = _module_names(config)
     if names is None:
         return [], f"lora_targets: {config.model_name_or_path!r} is read at launch"

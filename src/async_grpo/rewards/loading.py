@@ -6,31 +6,26 @@ config stays YAML and each reward worker process can resolve its own copy withou
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from async_grpo.modules import load_module_file
+from async_grpo.user_code import CodeSpec, import_target, parse_spec
 
 BUILTIN_PREFIX = "builtin:"
-_FORMS = "`builtin:<name>`, `pkg.module:function` or `path/to/file.py:function`"
+WHAT = "reward function spec"
 
 
 class RewardSpecError(ValueError):
     """A reward-function spec is malformed or does not resolve; the message names the spec and the fix."""
 
 
-def _split(spec: Any) -> tuple[str, str]:
-    if not isinstance(spec, str) or ":" not in spec:
-        hint = f" Did you mean 'builtin:{spec}'?" if isinstance(spec, str) and spec.isidentifier() else ""
-        raise RewardSpecError(f"reward function spec {spec!r} is not one of {_FORMS}.{hint}")
-    target, name = spec.rsplit(":", 1)
-    if not target or not name.isidentifier():
-        raise RewardSpecError(
-            f"reward function spec {spec!r}: {name!r} is not a function name. "
-            f"Fix: write it as {_FORMS}."
-        )
-    return target, name
+def parse_reward_spec(spec: Any) -> CodeSpec:
+    """`user_code.parse_spec` with this module's error type (imports nothing).
+
+    Raises:
+        RewardSpecError: the spec is malformed.
+    """
+    return parse_spec(spec, what=WHAT, error=RewardSpecError)
 
 
 def reward_func_name(spec: str) -> str:
@@ -39,7 +34,7 @@ def reward_func_name(spec: str) -> str:
     Raises:
         RewardSpecError: the spec is malformed.
     """
-    return _split(spec)[1]
+    return parse_reward_spec(spec).name
 
 
 def resolve_reward_func(spec: str) -> Callable[..., Any]:
@@ -56,8 +51,9 @@ def resolve_reward_func(spec: str) -> Callable[..., Any]:
         RewardSpecError: malformed spec, unknown builtin, missing file or module, missing attribute,
             or an attribute that is not callable; the message names the spec and the fix.
     """
-    target, name = _split(spec)
-    if target == "builtin":
+    parsed = parse_reward_spec(spec)
+    target, name = parsed.target, parsed.name
+    if parsed.kind == "builtin":
         from async_grpo.tasks import builtin_reward_funcs
 
         funcs = builtin_reward_funcs()
@@ -67,7 +63,7 @@ def resolve_reward_func(spec: str) -> Callable[..., Any]:
                 f"Fix: use one of {[BUILTIN_PREFIX + n for n in sorted(funcs)]}."
             )
         return funcs[name]
-    module = _load_file(spec, target) if target.endswith(".py") else _import_module(spec, target)
+    module = import_target(parsed, what=WHAT, error=RewardSpecError, prefix="_async_grpo_reward")
     if not hasattr(module, name):
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise RewardSpecError(
@@ -81,25 +77,3 @@ def resolve_reward_func(spec: str) -> Callable[..., Any]:
             f"Fix: point at a function f(prompts, completions, completion_ids, **kwargs)."
         )
     return func
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    if not all(part.isidentifier() for part in module_name.split(".")):
-        raise RewardSpecError(
-            f"reward function spec {spec!r}: {module_name!r} is neither a module name nor a .py file. "
-            f"Fix: write it as {_FORMS}."
-        )
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise RewardSpecError(
-            f"reward function spec {spec!r}: cannot import {module_name!r} ({err}). "
-            f"Fix: install the package or put it on PYTHONPATH, or use path/to/file.py:function."
-        ) from err
-    except Exception as err:  # the module itself is broken (SyntaxError, an error at import time)
-        raise RewardSpecError(f"reward function spec {spec!r}: importing {module_name!r} failed: {err!r}") from err
-
-
-def _load_file(spec: str, file_name: str) -> Any:
-    return load_module_file(file_name, prefix="_async_grpo_reward", what=f"reward function spec {spec!r}",
-                            error=RewardSpecError)

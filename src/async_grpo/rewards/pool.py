@@ -16,13 +16,12 @@ import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
-from pathlib import Path
 from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
 from async_grpo.rewards.contract import RewardLog, RewardTrainerState, ScoredGroup, bound_kwargs, call_reward
-from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func, reward_func_name
+from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func, reward_func_name
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +140,7 @@ def _score_group(
 # ------------------------------------------------------------------ parent side
 def _absolute_spec(spec: str) -> str:
     """File specs get an absolute path, so workers resolve them whatever their working directory."""
-    target, name = spec.rsplit(":", 1)
-    return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else spec
+    return parse_reward_spec(spec).absolute()
 
 
 class RewardPool:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import signal
@@ -142,6 +143,16 @@ def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S, toke
     return app
 
 
+def is_loopback(host: str) -> bool:
+    """True when `host` (a --host value) is a loopback address or `localhost`: only this machine can connect."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: it may resolve to any interface
+        return False
+
+
 def _raise_exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
@@ -165,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     With env ASYNC_GRPO_REWARD_TOKEN set, scoring requires that bearer token (see `build_app`).
 
+    A server without a token listens only on a loopback address: it refuses any other `--host` (exit 2), since
+    anyone who reaches the port could then run the rewards and tools, and read their answers.
+
     Returns:
         0 after a SIGTERM (graceful stop), 2 for a bad config, reward spec or argument (the message on
         stderr names the field and the fix), 130 after Ctrl-C.
@@ -174,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pool = tools = None
     try:
         try:
+            if token is None and not is_loopback(args.host):
+                raise ValueError(f"--host {args.host} without a token would serve every client that reaches the port. "
+                                 f"Fix: set {AUTH_TOKEN_ENV} (the Kubernetes objects set it), or listen on 127.0.0.1.")
             config = load_config(args.config)
             num_workers = config.rewards.reward_num_workers if args.num_workers is None else args.num_workers
             if not 1 <= args.port <= 65535:

@@ -24,7 +24,9 @@ def add_tool_routes(app: FastAPI, executor: ToolExecutor, request_margin_s: floa
     """Add the tool routes to `app` (the caller closes `executor` when the app stops).
 
     Routes:
-        GET /v1/tools: {"names": [tool names], "schemas": [their JSON schemas], "timeout_s": tool_timeout_s}.
+        GET /v1/tools: {"names": [tool names], "specs": [the config's specs], "schemas": [their JSON schemas, built
+            here by transformers.utils.get_json_schema], "timeout_s": tool_timeout_s}. The trainer renders prompts
+            from these schemas, so it never imports the submitter's tool files.
         POST /v1/tools/call: a `tools.remote.ToolCallRequest` -> 200 `ToolOutcome.to_json()` (success or a failed
             tool alike), 422 for a malformed request, 503 once the executor is closed or when no worker answered
             within timeout_s + request_margin_s.
@@ -33,8 +35,8 @@ def add_tool_routes(app: FastAPI, executor: ToolExecutor, request_margin_s: floa
 
     @app.get(TOOLS_PATH)
     async def tools() -> dict[str, Any]:
-        return {"names": [t.name for t in executor.tools], "schemas": [t.schema for t in executor.tools],
-                "timeout_s": executor.timeout_s}
+        return {"names": [t.name for t in executor.tools], "specs": [t.spec for t in executor.tools],
+                "schemas": [t.schema for t in executor.tools], "timeout_s": executor.timeout_s}
 
     @app.post(TOOL_CALL_PATH)
     async def call(req: ToolCallRequest) -> JSONResponse:
@@ -59,6 +61,6 @@ def tool_executor(config: GRPOConfig) -> ToolExecutor | None:
     t = config.tools
     if not t.tools:
         return None
-    # the reward image has no transformers: the service runs calls; prompts and argument types are the trainer's
-    return ToolExecutor(load_tools(t.tools, describe=False), num_workers=t.tool_num_workers, timeout_s=t.tool_timeout_s,
+    # the full schemas are built here, where submitter code may run; the trainer takes them from GET /v1/tools
+    return ToolExecutor(load_tools(t.tools), num_workers=t.tool_num_workers, timeout_s=t.tool_timeout_s,
                         cpu_seconds=t.tool_cpu_seconds, memory_mb=t.tool_memory_mb)

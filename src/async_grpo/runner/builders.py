@@ -167,10 +167,10 @@ def check_warm_start(config: GRPOConfig) -> None:
                          "Fix: set warmup_sft_steps=0.")
 
 
-def warm_start(config: GRPOConfig, model: Any, tokenizer: Any) -> float | None:
+def warm_start(config: GRPOConfig, model: Any, tokenizer: Any, tool_schemas: list[dict]) -> float | None:
     """The supervised warm start on a builtin task's reference answers (`warmup_sft_steps`), or on its reference
-    conversations for a tool-calling task (tool results are context, never trained); returns the final SFT loss
-    (nats per token), or None when off."""
+    conversations for a tool-calling task (tool results are context, never trained; rendered with `tool_schemas`,
+    the rollout's offered tools); returns the final SFT loss (nats per token), or None when off."""
     if config.data.warmup_sft_steps == 0:
         return None
     check_warm_start(config)
@@ -179,7 +179,7 @@ def warm_start(config: GRPOConfig, model: Any, tokenizer: Any) -> float | None:
 
     task = get_task(config.data.dataset.removeprefix("builtin:"))
     if task.transcript is not None:  # multi-turn reference conversations (tool calls): one pair per assistant turn
-        pairs = tool_setup.warm_start_pairs(config, task, tokenizer, 2048)
+        pairs = tool_setup.warm_start_pairs(config, task, tokenizer, 2048, tool_schemas)
     else:
         pairs = [(encode_prompt(tokenizer, p), tokenizer.encode(c, add_special_tokens=False) + [tokenizer.eos_token_id])
                  for p, c in task.sft_examples(config.seed, 4096)]

@@ -108,7 +108,8 @@ class GRPORecipe:
         # ---- inference starts; the model loads and warm-starts meanwhile
         self.replicas = ReplicaSet.of(start_inference(model_path))
         model = builders.load_policy(config, model_path)
-        sft_loss = None if self.resume_from else builders.warm_start(config, model, self.tokenizer)
+        sft_loss = None if self.resume_from else builders.warm_start(config, model, self.tokenizer,
+                                                                     self.rollout.tool_schemas)
         model.to(self.info.device)
         broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
         self.learner: Learner = builders.build_learner(config, model, self.tokenizer.pad_token_id, self.info)

@@ -4,7 +4,8 @@ The runner captures a `TrainState` from its live roles (`GRPORecipe.state()`) an
 (`GRPORecipe.restore()`); `save_checkpoint` / `load_checkpoint` move it to and from a folder:
 
     <checkpoint>/
-        train_state.pt    the TrainState (torch.save: tensors and plain Python values)
+        train_state.pt    the TrainState (torch.save: tensors and plain Python values only, so `load_checkpoint`
+                          reads it with `weights_only=True` and a planted pickle cannot run code on resume)
         meta.json         step, policy version, MLflow run id (readable without torch)
         model/            the policy as a Hugging Face folder (written by the runner; loadable by vllm serve)
 
@@ -65,8 +66,11 @@ class TrainState:
 
 
 def capture_rng() -> dict[str, Any]:
-    """The global RNG states of this process: python `random`, numpy, torch CPU, and every CUDA device."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The global RNG states of this process: python `random`, numpy (as plain values and a tensor, which
+    `torch.load(weights_only=True)` reads), torch CPU, and every CUDA device."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -75,7 +79,8 @@ def capture_rng() -> dict[str, Any]:
 def restore_rng(state: dict[str, Any]) -> None:
     """Set the global RNG states from `capture_rng()` (CUDA only when both sides have it)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -113,12 +118,22 @@ def save_checkpoint(state: TrainState, path: str | os.PathLike, write_model=None
 def load_checkpoint(path: str | os.PathLike) -> TrainState:
     """Read a `save_checkpoint` folder.
 
+    A checkpoint folder may come from the submitter (`resume_from_checkpoint` on a shared volume), so the state is
+    read with `torch.load(weights_only=True)`: tensors and plain values only, never arbitrary pickled objects.
+
     Raises:
         FileNotFoundError: `path` holds no `train_state.pt` (not a checkpoint, or an interrupted write).
+        pickle.UnpicklingError: the file holds anything but tensors and plain values (e.g. a planted pickle).
     """
     file = Path(path) / STATE_FILE
     if not file.is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE}). Fix: point at a folder written by "
                                 "save_checkpoint.")
-    data = torch.load(file, map_location="cpu", weights_only=False)  # our own file: RNG tuples, dataclasses
+    from async_grpo.data import PromptItem
+    from async_grpo.transports.messages import RolloutGroup
+
+    # our own dataclasses (replay buffer groups, re-roll prompts) are the only classes besides tensors and plain
+    # values that a checkpoint holds; torch rebuilds them field by field, running none of their code
+    with torch.serialization.safe_globals([RolloutGroup, PromptItem]):
+        data = torch.load(file, map_location="cpu", weights_only=True)
     return TrainState(**data)

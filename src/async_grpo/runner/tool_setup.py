@@ -29,20 +29,20 @@ logger = logging.getLogger(__name__)
 def build_tool_backend(config: GRPOConfig, service: tuple[str, str | None] | None = None) -> ToolBackend:
     """Where the run's tool calls run: the reward service when one is used (`service` = (URL, bearer token), else
     `reward_url` or env ASYNC_GRPO_REWARD_URL with env ASYNC_GRPO_REWARD_TOKEN; on Kubernetes), else
-    `tool_num_workers` local spawned workers.
+    `tool_num_workers` local spawned workers. With a reward service the tools and their schemas come from it: this
+    process, which may hold credentials, never imports a tool file.
 
     Raises:
-        ToolSpecError: a tool does not import, lacks type hints or a docstring, or two share a name.
-        ToolServiceError: the reward service serves other tools.
+        ToolSpecError: (local workers) a tool does not import, lacks type hints or a docstring, or two share a name.
+        ToolServiceError: (reward service) it cannot be reached, or serves other tools.
     """
     t = config.tools
-    tools = load_tools(t.tools)
     url, token = service if service is not None else (reward_service_url(config), None)
     if url is not None:
         logger.info("running tool calls on the reward service at %s", url)
-        return RemoteToolExecutor(url, tools, timeout_s=t.tool_timeout_s, token=token,
+        return RemoteToolExecutor(url, t.tools, timeout_s=t.tool_timeout_s, token=token,
                                   max_concurrency=max(t.tool_num_workers, config.producer.max_inflight_groups))
-    return ToolExecutor(tools, num_workers=t.tool_num_workers, timeout_s=t.tool_timeout_s,
+    return ToolExecutor(load_tools(t.tools), num_workers=t.tool_num_workers, timeout_s=t.tool_timeout_s,
                         cpu_seconds=t.tool_cpu_seconds, memory_mb=t.tool_memory_mb)
 
 
@@ -84,12 +84,15 @@ def build_rollout(config: GRPOConfig, scorer: Scorer, tokenizer: Any, decode: Ca
         raise
 
 
-def warm_start_pairs(config: GRPOConfig, task: Any, tokenizer: Any, n: int) -> list[tuple[list[int], list[int]]]:
+def warm_start_pairs(config: GRPOConfig, task: Any, tokenizer: Any, n: int,
+                     tool_schemas: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
     """(context ids, turn ids) pairs of a builtin task's reference conversations (`Task.sft_transcripts`), rendered
-    with the tools' schemas (the configured `tools`, else the task's own), one pair per assistant turn.
+    with `tool_schemas` (the rollout's, `Rollout.tool_schemas`, when the run declares `tools`: on a reward service
+    they come from there, and no tool file is imported here), else with the task's own builtin tools; one pair per
+    assistant turn.
 
     Raises:
-        ToolSpecError: a tool does not resolve; ChatTemplateError: the template is not prefix-preserving.
+        ToolSpecError: a builtin tool does not resolve; ChatTemplateError: the template is not prefix-preserving.
     """
-    schemas = [t.schema for t in load_tools(config.tools.tools or list(task.tools))]
+    schemas = list(tool_schemas) if config.tools.tools else [t.schema for t in load_tools(list(task.tools))]
     return [pair for conv in task.sft_transcripts(config.seed, n) for pair in turn_pairs(tokenizer, conv, schemas)]

@@ -10,17 +10,16 @@ pickled and may hold unpicklable state.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from async_grpo.modules import load_module_file
+from async_grpo.user_code import CodeSpec, import_target, parse_spec
 
 BUILTIN_PREFIX = "builtin:"
-_FORMS = "`builtin:<name>`, `pkg.module:function` or `path/to/file.py:function`"
+WHAT = "tool spec"
 
 
 class ToolSpecError(ValueError):
@@ -28,20 +27,18 @@ class ToolSpecError(ValueError):
     the spec and the fix)."""
 
 
-def _split(spec: Any) -> tuple[str, str]:
-    if not isinstance(spec, str) or ":" not in spec:
-        hint = f" Did you mean 'builtin:{spec}'?" if isinstance(spec, str) and spec.isidentifier() else ""
-        raise ToolSpecError(f"tool spec {spec!r} is not one of {_FORMS}.{hint}")
-    target, name = spec.rsplit(":", 1)
-    if not target or not name.isidentifier():
-        raise ToolSpecError(f"tool spec {spec!r}: {name!r} is not a function name. Fix: write it as {_FORMS}.")
-    return target, name
+def parse_tool_spec(spec: Any) -> CodeSpec:
+    """`user_code.parse_spec` with this module's error type (imports nothing).
+
+    Raises:
+        ToolSpecError: the spec is malformed.
+    """
+    return parse_spec(spec, what=WHAT, error=ToolSpecError)
 
 
 def absolute_spec(spec: str) -> str:
     """`spec` with a file target made absolute, so worker processes resolve it whatever their working directory."""
-    target, name = _split(spec)
-    return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else spec
+    return parse_tool_spec(spec).absolute()
 
 
 def resolve_tool(spec: str) -> Callable[..., Any]:
@@ -50,15 +47,16 @@ def resolve_tool(spec: str) -> Callable[..., Any]:
     Raises:
         ToolSpecError: malformed spec, unknown builtin, missing file or module, missing or non-callable attribute.
     """
-    target, name = _split(spec)
-    if target == "builtin":
+    parsed = parse_tool_spec(spec)
+    target, name = parsed.target, parsed.name
+    if parsed.kind == "builtin":
         from async_grpo.tools.builtin import BUILTIN_TOOLS
 
         if name not in BUILTIN_TOOLS:
             raise ToolSpecError(f"tool spec {spec!r}: no builtin tool {name!r}. Fix: use one of "
                                 f"{[BUILTIN_PREFIX + n for n in sorted(BUILTIN_TOOLS)]}.")
         return BUILTIN_TOOLS[name]
-    module = _load_file(spec, target) if target.endswith(".py") else _import_module(spec, target)
+    module = import_target(parsed, what=WHAT, error=ToolSpecError, prefix="_async_grpo_tool")
     func = getattr(module, name, None)
     if func is None:
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
@@ -67,23 +65,6 @@ def resolve_tool(spec: str) -> Callable[..., Any]:
         raise ToolSpecError(f"tool spec {spec!r}: {name!r} is a {type(func).__name__}, not a function. "
                             "Fix: point at a typed function with a Google-style docstring.")
     return func
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    if not all(part.isidentifier() for part in module_name.split(".")):
-        raise ToolSpecError(f"tool spec {spec!r}: {module_name!r} is neither a module name nor a .py file. "
-                            f"Fix: write it as {_FORMS}.")
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise ToolSpecError(f"tool spec {spec!r}: cannot import {module_name!r} ({err}). Fix: install the package "
-                            "or put it on PYTHONPATH, or use path/to/file.py:function.") from err
-    except Exception as err:  # the module itself is broken (SyntaxError, an error at import time)
-        raise ToolSpecError(f"tool spec {spec!r}: importing {module_name!r} failed: {err!r}") from err
-
-
-def _load_file(spec: str, file_name: str) -> Any:
-    return load_module_file(file_name, prefix="_async_grpo_tool", what=f"tool spec {spec!r}", error=ToolSpecError)
 
 
 @dataclass(frozen=True)

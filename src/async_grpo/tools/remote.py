@@ -2,9 +2,10 @@
 
 On Kubernetes the reward service (same image, same NetworkPolicy: only the run's trainer may call it, and its pods
 reach nothing and hold no credentials) also runs the run's tools, in its own `ToolExecutor` with the run's limits.
-The client sends one call per request and gets the same `ToolOutcome` a local executor would give; a tool that
-fails is an outcome, while a service that cannot be reached raises `ToolServiceError` (the rollout drops the group
-and counts it, rather than telling the model its tool failed).
+The client takes the tools' names and JSON schemas from the service (GET /v1/tools), so the trainer, which holds
+credentials, never imports a submitter's tool file. It sends one call per request and gets the same `ToolOutcome` a
+local executor would give; a tool that fails is an outcome, while a service that cannot be reached raises
+`ToolServiceError` (the rollout drops the group and counts it, rather than telling the model its tool failed).
 """
 
 from __future__ import annotations
@@ -53,40 +54,58 @@ class RemoteToolExecutor:
 
     Args:
         url: the service's base URL (the reward service's).
-        tools: the run's declared tools (their schemas render prompts here; the service must serve the same names).
+        specs: the run's declared tool specs (`tools`); the service must serve exactly these, in this order.
         timeout_s: the run's `tool_timeout_s`; a request may take that plus REQUEST_MARGIN_S.
         max_concurrency: calls in flight at once (threads of a private pool; the event loop is never blocked).
         token: bearer token; None reads env ASYNC_GRPO_REWARD_TOKEN (unset: none).
 
+    Attributes:
+        tools: the served tools (name, spec and the JSON schema the service built), in spec order.
+
     Raises:
-        ToolServiceError: the service does not list tools, or lists other names than `tools` (the fix is named).
+        ToolServiceError: the service does not list tools, lists other specs than `specs`, or a schema that is not
+            a function schema (the fix is named).
     """
 
-    def __init__(self, url: str, tools: Sequence[Tool], *, timeout_s: float, max_concurrency: int = 4,
+    def __init__(self, url: str, specs: Sequence[str], *, timeout_s: float, max_concurrency: int = 4,
                  token: str | None = None):
         self.url = url.rstrip("/")
-        self.tools = list(tools)
-        self._by_name = {t.name: t for t in self.tools}
         token = token if token is not None else os.environ.get(TOKEN_ENV, "")
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers,
                                   timeout=httpx.Timeout(timeout_s + REQUEST_MARGIN_S, connect=CONNECT_TIMEOUT_S))
         try:
+            self.tools = self._served_tools(list(specs))
+        except ToolServiceError:
+            self._http.close()
+            raise
+        self._by_name = {t.name: t for t in self.tools}
+        self._threads = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="tool-http")
+
+    def _served_tools(self, specs: list[str]) -> list[Tool]:
+        """The tools GET /v1/tools lists, checked against the declared `specs`. Raises ToolServiceError."""
+        try:
             resp = self._http.get(TOOLS_PATH)
             if resp.status_code != 200:
                 raise ValueError(f"HTTP {resp.status_code} {resp.text[:200]}")
-            served = resp.json().get("names")
+            body = resp.json()
+            names, served, schemas = body.get("names"), body.get("specs"), body.get("schemas")
         except (httpx.HTTPError, ValueError, AttributeError) as err:
-            self._http.close()
             raise ToolServiceError(f"could not list the tools of the reward service at {self.url}: {err}. Fix: run "
                                    "the same async-grpo version there, started with this run's config (and send its "
                                    "token, env ASYNC_GRPO_REWARD_TOKEN).") from None
-        expected = sorted(t.name for t in self.tools)
-        if served is None or sorted(served) != expected:
-            self._http.close()
+        if served != specs or not isinstance(names, list) or not isinstance(schemas, list) \
+                or not len(names) == len(schemas) == len(specs):
             raise ToolServiceError(f"the reward service at {self.url} serves tools {served}, this run declares "
-                                   f"{expected}. Fix: start the service with this run's config.")
-        self._threads = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="tool-http")
+                                   f"{specs}. Fix: start the service with this run's config.")
+        tools = []
+        for name, spec, schema in zip(names, specs, schemas, strict=True):
+            function = schema.get("function") if isinstance(schema, dict) else None
+            if not isinstance(function, dict) or function.get("name") != name or not isinstance(name, str):
+                raise ToolServiceError(f"the reward service at {self.url} sent no function schema for tool {spec!r}. "
+                                       "Fix: run the same async-grpo version there.")
+            tools.append(Tool(name, spec, spec, schema))
+        return tools
 
     def _post(self, name: str, arguments: Any, allowed: Sequence[str] | None) -> ToolOutcome:
         body = ToolCallRequest(name=name, arguments=arguments, allowed=None if allowed is None else list(allowed))
