@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from docker_image.digest import InvalidDigest
 from docker_image.reference import InvalidReference, Reference
 
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -54,7 +55,7 @@ def parse_image_ref(ref: object) -> ImageRef:
         raise BadImageReference(f"image {ref!r} is not a string. Fix: give registry/path[:tag]@sha256:<digest>.")
     try:
         parsed = Reference.parse_normalized_named(ref)
-    except InvalidReference as err:
+    except (InvalidReference, InvalidDigest) as err:
         raise BadImageReference(f"image {ref!r} is not a valid reference ({err or type(err).__name__}). Fix: give "
                                 "registry/path[:tag]@sha256:<digest>.") from None
     if parsed.string() != ref:

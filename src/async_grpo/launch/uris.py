@@ -93,6 +93,9 @@ def parse_http_uri(uri: object) -> HttpURI:
             raise _refuse(uri, f"has an invalid IPv6 host {host!r}") from None
     elif not _HOST_RE.fullmatch(host):
         raise _refuse(uri, f"has an invalid host {host!r}")
+    raw_path = urlsplit(uri).path  # urllib3 removes dot segments; refuse them as written
+    if any(s in (".", "..") for s in raw_path.split("/")):
+        raise _refuse(uri, f"has dot segments in its path {raw_path!r}")
     path = parts.path or ""
     segments = [s for s in path.split("/")[1:]]
     if segments and segments[-1] == "":
