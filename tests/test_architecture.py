@@ -1,5 +1,5 @@
-"""The role boundaries of docs/architecture.md, enforced: each package imports only the roles below it, and no
-source file grows past 400 lines."""
+"""The role boundaries of docs/architecture.md, enforced: each package imports only the roles below it. (A module
+holds one idea however long it is: there is no line limit.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "async_grpo"
-MAX_LINES = 400
 
 # role -> the roles (top-level modules or packages of async_grpo) it may import; itself is always allowed
 ALLOWED = {
@@ -73,8 +72,3 @@ def test_no_lower_layer_imports_the_runner_trainer_or_launch():
     offenders = {str(p.relative_to(SRC)): sorted(_imported_roles(p) & {"launch", "runner", "trainer"})
                  for role in lower for p in (SRC / role).rglob("*.py")}
     assert not {k: v for k, v in offenders.items() if v}
-
-
-def test_no_source_file_is_over_400_lines():
-    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"split these by responsibility: {long}"
