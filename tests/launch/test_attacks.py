@@ -432,6 +432,23 @@ def test_a_submitter_cannot_launch_into_another_namespace(tmp_path, monkeypatch)
         KubernetesBackend(settings={"namespace": "team-b"}, policy=PlatformPolicy())
 
 
+@pytest.mark.parametrize("kwargs", [{"cache_dir": "/workspace/evil-cache"}, {"gguf_file": "/workspace/x.gguf"},
+                                    {"attn_implementation": "kernels-community/flash-attn"}])
+def test_model_init_kwargs_cannot_load_files_or_kernels_in_the_trainer(kwargs, gpu_config):
+    config = gpu_config.model_copy(update={"model_init_kwargs": kwargs})
+    with pytest.raises(PolicyViolation, match="model_init_kwargs"):
+        check_run(config, ClusterSettings(), PlatformPolicy())
+    check_run(gpu_config.model_copy(update={"model_init_kwargs": {"attn_implementation": "sdpa", "revision": "main"}}),
+              ClusterSettings(), PlatformPolicy())
+
+
+def test_gpu_resource_is_an_extended_resource_name():
+    for bad in ("memory", "cpu", "nvidia.com/gpu\n", "a/b/c"):
+        with pytest.raises(ValueError, match="gpu_resource"):
+            ClusterSettings(gpu_resource=bad)
+    assert ClusterSettings(gpu_resource="amd.com/gpu").gpu_resource == "amd.com/gpu"
+
+
 def test_policy_entries_that_do_not_parse_are_refused_at_load():
     for field, value in (("mlflow_tracking_uris", ["http://evil\\@mlflow:5000"]), ("images", ["ubuntu"]),
                          ("data_mount_paths", ["/cache"]), ("image_prefixes", ["ghcr.io/ x"])):

@@ -47,6 +47,14 @@ DEFAULT_VLLM_FLAGS = (
 )
 
 
+# model_init_kwargs a cluster run may pass to from_pretrained: none of them loads code. Left out on purpose: keys that
+# point at files or caches the submitter controls (cache_dir, gguf_file, ...) and hub kernels (an attn_implementation
+# naming a repository, which transformers loads through the `kernels` package as a compiled library).
+SAFE_INIT_KWARGS = ("attn_implementation", "revision", "dtype", "torch_dtype", "use_cache", "low_cpu_mem_usage",
+                    "use_safetensors", "variant", "subfolder")
+BUILTIN_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention")
+
+
 class PolicyViolation(ValueError):
     """A run asks for something the platform policy does not allow; the message names each field and the fix."""
 
@@ -361,6 +369,13 @@ def check_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPol
             problems.append(f"tools {tools} are files and reward_replicas=0 would run them in the trainer pod, which "
                             "holds the MLflow credentials. Fix: set reward_replicas >= 1 (tool calls then run in the "
                             "reward pods, without credentials).")
+        init = config.model_init_kwargs or {}
+        odd = sorted(set(init) - set(SAFE_INIT_KWARGS))
+        attention = init.get("attn_implementation")
+        if odd or (attention is not None and attention not in BUILTIN_ATTENTION):
+            problems.append(f"model_init_kwargs {odd or {'attn_implementation': attention}} may load files or "
+                            f"compiled kernels in the trainer pod, which holds the MLflow credentials. Fix: use only "
+                            f"{list(SAFE_INIT_KWARGS)}, with attn_implementation one of {list(BUILTIN_ATTENTION)}.")
         if config.trust_remote_code:
             problems.append("trust_remote_code=true would run the model folder's Python code in the trainer pod, "
                             "which holds the MLflow credentials. Fix: use a model that transformers supports "

@@ -86,7 +86,9 @@ class ClusterSettings(BaseModel):
     reward_cpu: float = Field(2.0, gt=0, description="CPU cores requested per reward pod.")
     reward_memory_gib: int = Field(4, ge=1, description="Memory per reward pod (GiB).")
     shm_size_gib: int = Field(16, ge=1, description="Size limit of the /dev/shm emptyDir (GiB).")
-    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name of a GPU.")
+    gpu_resource: str = Field("nvidia.com/gpu", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+                              description="Extended resource name of a GPU (domain-prefixed, e.g. nvidia.com/gpu, "
+                              "amd.com/gpu).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of the GPU/compute pods.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of the compute pods.")
     pvc_name: str = Field("async-grpo-workspace", description="PVC holding models, datasets and run folders "
