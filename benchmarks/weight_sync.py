@@ -70,12 +70,12 @@ def main() -> None:
 
     import torch
     from transformers import AutoModelForCausalLM
+    from vllm.distributed.weight_transfer import ModuleSource
 
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
     from async_grpo.tiny_model import build_tiny_model
     from async_grpo.transports.weights.gloo import DEFAULT_BUCKET_BYTES, plan_buckets
     from async_grpo.transports.weights.sync import WeightPusher, resolve_backend
-    from vllm.distributed.weight_transfer import ModuleSource
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="weight-sync-"))

@@ -23,7 +23,6 @@ import yaml
 from async_grpo.config import ConfigError, GRPOConfig, flatten_mapping, load_config, lookup_field
 from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run, work_dir_problems
 from async_grpo.launch.k8s_settings import ClusterSettings
-from async_grpo.preflight import check_config
 from async_grpo.pipeline_local import (
     DEFAULT_OUTPUT_DIR,
     find_repo_root,
@@ -32,6 +31,7 @@ from async_grpo.pipeline_local import (
     pipeline_parameters,
     run_local_pipeline,
 )
+from async_grpo.preflight import check_config
 
 GPU_PACKAGE = "pipelines/grpo_pipeline.yaml"
 CPU_PACKAGE = "pipelines/grpo_pipeline_cpu.yaml"

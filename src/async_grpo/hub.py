@@ -48,8 +48,7 @@ def snapshot(repo_id: str, *, repo_type: str = "model", revision: str | None = N
     Raises:
         HubUnavailable: neither the hub nor the cache has it (offline, unreachable, unknown or gated repo).
     """
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub import errors
+    from huggingface_hub import constants, errors, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     not_cached = (LocalEntryNotFoundError, getattr(errors, "IncompleteSnapshotError", LocalEntryNotFoundError))

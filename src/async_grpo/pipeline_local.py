@@ -20,10 +20,10 @@ import secrets
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 

@@ -10,7 +10,6 @@ import pytest
 from async_grpo.config import GRPOConfig
 from async_grpo.launch.local import run_local
 
-
 pytestmark = pytest.mark.integration
 
 EXPECTED_METRICS = [

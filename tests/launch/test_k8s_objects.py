@@ -16,6 +16,7 @@ from async_grpo.launch.k8s_objects import (
     trainer_config,
     vllm_url,
 )
+
 from ._k8s_validate import validate_any, validate_builtin, validate_pytorchjob
 from .conftest import RUN
 

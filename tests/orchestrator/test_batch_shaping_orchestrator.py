@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.orchestrator.orchestrator import Orchestrator
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
-from .test_orchestrator import G, STOP_TIMEOUT_S, WAIT_S, ScriptedClient, decode
+from .test_orchestrator import STOP_TIMEOUT_S, WAIT_S, G, ScriptedClient, decode
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
-from .test_orchestrator import G, STOP_TIMEOUT_S, WAIT_S, ScriptedClient, decode, wait_until
+from .test_orchestrator import STOP_TIMEOUT_S, WAIT_S, G, ScriptedClient, decode, wait_until
 
 FNS = Path(__file__).with_name("ds_reward_fns.py")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from async_grpo.inference.client import Completion
 from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.inference.client import Completion
 from async_grpo.orchestrator.batching import make_train_batch
 from async_grpo.orchestrator.orchestrator import Orchestrator
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout

@@ -10,7 +10,6 @@ import pytest
 from async_grpo.config import ConfigError, load_config
 from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.orchestrator.orchestrator import Orchestrator
-from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.orchestrator.producer import (
     BaseDataProducer,
     DataProducer,
@@ -19,11 +18,12 @@ from async_grpo.orchestrator.producer import (
     VLLMProducer,
     load_data_producer,
 )
+from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.messages import TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
-from .test_orchestrator import G, STOP_TIMEOUT_S, WAIT_S, ScriptedClient, decode, expected_advantages, spec
+from .test_orchestrator import STOP_TIMEOUT_S, WAIT_S, G, ScriptedClient, decode, expected_advantages, spec
 
 
 def orchestrator(client, reward_pool, version, *, groups_per_step=4, streaming_min_groups=None, queue_size=8,

@@ -5,7 +5,6 @@ import argparse
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient

@@ -112,9 +112,9 @@ def test_wrong_length_is_bad_output_and_pool_keeps_working(flaky_pool):
 
 @pytest.mark.integration
 def test_wrong_type_is_bad_output():
-    with RewardPool([spec("string_reward")], num_workers=1, timeout_s=20) as pool:
-        with pytest.raises(RewardBadOutput, match="returned a str .* at index 0"):
-            pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
+    with RewardPool([spec("string_reward")], num_workers=1, timeout_s=20) as pool, \
+            pytest.raises(RewardBadOutput, match="returned a str .* at index 0"):
+        pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
 
 
 @pytest.mark.integration

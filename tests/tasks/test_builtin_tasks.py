@@ -21,7 +21,7 @@ def test_splits_are_deterministic_disjoint_and_well_formed(name):
     train, ev = task.train_dataset(0), task.eval_dataset()
     assert train.column_names == ["prompt", "answer"] == ev.column_names
     assert len(train) == task.train_size and len(ev) == task.eval_size
-    text = (lambda p: p[0]["content"]) if task.chat else (lambda p: p)  # noqa: E731
+    text = (lambda p: p[0]["content"]) if task.chat else (lambda p: p)
     train_prompts, eval_prompts = [text(p) for p in train["prompt"]], {text(p) for p in ev["prompt"]}
     assert len(set(train_prompts)) == len(train)  # no duplicate items
     assert not set(train_prompts) & eval_prompts
@@ -35,7 +35,7 @@ def test_splits_are_deterministic_disjoint_and_well_formed(name):
             for fn in task.reward_funcs.values():
                 assert fn(prompts=[conv[:1]], completions=[conv[1:]], completion_ids=[[0]], answer=[answer]) == [1.0]
     else:
-        for prompt, completion in sft:  # the reference answer scores full marks on every reward
+        for _prompt, completion in sft:  # the reference answer scores full marks on every reward
             for fn in task.reward_funcs.values():
                 assert call(fn, [completion], [completion]) == [1.0]
         assert all(isinstance(p, str) and p.endswith("\n") for p in train["prompt"][:50])

@@ -7,8 +7,14 @@ import datasets
 import pytest
 
 from async_grpo.data import load_prompt_dataset, with_system_prompt
-from async_grpo.tasks.math_reasoning import (gsm8k_final_answer, last_boxed, math_accuracy, soft_overlong_penalty,
-                                             think_answer_format, to_prompt_rows)
+from async_grpo.tasks.math_reasoning import (
+    gsm8k_final_answer,
+    last_boxed,
+    math_accuracy,
+    soft_overlong_penalty,
+    think_answer_format,
+    to_prompt_rows,
+)
 
 pytest.importorskip("math_verify")
 

@@ -10,8 +10,13 @@ import pytest
 import torch
 
 from async_grpo.algorithms import LossSettings
-from async_grpo.trainer.flattening import (FlattenedBatch, completion_hidden_states, completion_logps, flat_row_tokens,
-                                           flatten)
+from async_grpo.trainer.flattening import (
+    FlattenedBatch,
+    completion_hidden_states,
+    completion_logps,
+    flat_row_tokens,
+    flatten,
+)
 from async_grpo.trainer.packing import pack_batch
 from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import TrainBatch

@@ -191,8 +191,13 @@ def _budget_rank_main(rank: int, port: int, model_path: str, out_dir: str, fsdp:
 
     from transformers import AutoModelForCausalLM
 
-    from async_grpo.trainer.distributed import (DataParallelLearner, DistInfo, close_distributed, follow,
-                                                init_distributed)
+    from async_grpo.trainer.distributed import (
+        DataParallelLearner,
+        DistInfo,
+        close_distributed,
+        follow,
+        init_distributed,
+    )
 
     os.environ.update({"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})

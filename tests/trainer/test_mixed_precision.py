@@ -10,7 +10,6 @@ import torch
 
 from async_grpo.algorithms import LossSettings
 from async_grpo.trainer.trainer import GRPOLearner
-
 from async_grpo.transports.messages import TrainBatch
 
 from .test_trainer import PAD, make_group

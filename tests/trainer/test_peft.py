@@ -47,7 +47,7 @@ def test_only_adapter_parameters_train(tiny_model):
 def test_merged_push_equals_merge_and_unload_and_leaves_training_weights(tiny_model):
     learner = lora_learner(tiny_model)
     with torch.no_grad():  # a non-zero adapter (B starts at 0)
-        for name, param in learner.trainable_parameters().items():
+        for param in learner.trainable_parameters().values():
             param.normal_(0, 0.1)
     snapshot = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     source = learner.named_parameters_for_push()

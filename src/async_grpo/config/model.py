@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from async_grpo.config.keys import ALIASES, FIELDS, flatten_mapping, nest_mapping
-from async_grpo.config.trl_names import adapt_trl_keys
-from async_grpo.config.sections import SECTIONS
+from async_grpo.config.peft_section import PeftConfig, check_peft
 from async_grpo.config.sections import (
+    SECTIONS,
     BatchShapingConfig,
     CheckpointConfig,
     DataConfig,
@@ -29,8 +29,8 @@ from async_grpo.config.sections import (
     TrackingConfig,
     WeightSyncConfig,
 )
-from async_grpo.config.peft_section import PeftConfig, check_peft
 from async_grpo.config.tools_section import ToolsConfig, check_tools
+from async_grpo.config.trl_names import adapt_trl_keys
 
 
 def _section(model: type) -> Any:

@@ -15,11 +15,19 @@ from pydantic import Field
 from async_grpo.config.base import Section
 from async_grpo.config.checkpoint_section import CheckpointConfig
 from async_grpo.config.microbatch_fields import MicroBatchFields
-from async_grpo.config.placement import InferencePlacementFields
 from async_grpo.config.peft_section import PeftConfig
+from async_grpo.config.placement import InferencePlacementFields
 from async_grpo.config.tools_section import ToolsConfig
-from async_grpo.config.trl_fields import (DataTRLFields, InferenceTRLFields, OffPolicyTRLFields, OptimTRLFields,
-                                         RewardsTRLFields, RunTRLFields, SamplingTRLFields, TrackingTRLFields)
+from async_grpo.config.trl_fields import (
+    DataTRLFields,
+    InferenceTRLFields,
+    OffPolicyTRLFields,
+    OptimTRLFields,
+    RewardsTRLFields,
+    RunTRLFields,
+    SamplingTRLFields,
+    TrackingTRLFields,
+)
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]

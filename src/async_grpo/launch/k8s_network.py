@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from async_grpo.launch.k8s_policy import EgressRule, PlatformPolicy
 from async_grpo.launch.k8s_pods import Manifest, meta, selector
+from async_grpo.launch.k8s_policy import EgressRule, PlatformPolicy
 from async_grpo.launch.k8s_settings import ClusterSettings
 
 EVALUATOR_LABELS = {"async-grpo/role": "evaluate"}  # the pipeline's evaluate step pods (reach eval-reward)

@@ -216,7 +216,7 @@ class KubernetesBackend:
             if not succeeded:
                 try:
                     self.tracking.end_run(uri, mlflow_run_id, status)
-                except Exception as err:  # noqa: BLE001 - best effort; the original error matters more
+                except Exception as err:
                     logger.warning("could not mark MLflow run %s %s: %s", mlflow_run_id, status, err)
         model_dir = f"{trainer_cfg.output_dir}/final-model" if config.checkpoint.save_model else None
         return LaunchResult(mlflow_run_id, uri, model_dir, {})
@@ -342,7 +342,7 @@ class KubernetesBackend:
             try:
                 self._delete(obj)
                 logger.info("deleted %s %s", obj["kind"], obj["metadata"]["name"])
-            except Exception as err:  # noqa: BLE001 - keep deleting the rest
+            except Exception as err:
                 if api_error_status(err) != 404:
                     logger.warning("could not delete %s %s: %s (delete it with `kubectl delete -n %s -l "
                                    "async-grpo/run=%s`)", obj["kind"], obj["metadata"]["name"], err,
@@ -398,6 +398,6 @@ class KubernetesBackend:
                 log = self._call("core", "read_namespaced_pod_log", name, self.settings.namespace,
                                  container=container, tail_lines=LOG_TAIL_LINES)
                 parts.append(f"--- {what} pod {name}, last {LOG_TAIL_LINES} lines:\n{log}")
-            except Exception as err:  # noqa: BLE001 - logs are a courtesy; the failure itself is reported
+            except Exception as err:
                 parts.append(f"--- {what}: could not read logs: {err}")
         return "\n".join(parts)

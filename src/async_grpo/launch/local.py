@@ -22,6 +22,7 @@ from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import attached_endpoints
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+from async_grpo.launch.base import LaunchResult
 from async_grpo.preflight import check_config
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
@@ -167,10 +168,8 @@ class LocalBackend:
 
     name = "local"
 
-    def launch(self, config: GRPOConfig, *, timeout_s: float | None = None) -> "LaunchResult":
+    def launch(self, config: GRPOConfig, *, timeout_s: float | None = None) -> LaunchResult:
         """Run `config` here. `timeout_s` is not enforced beyond the run's own per-wait timeouts."""
-        from async_grpo.launch.base import LaunchResult
-
         summary = run_local(config, progress=True)
         metrics = {f"before/{k}": v for k, v in summary.eval_before.items()}
         metrics.update({f"after/{k}": v for k, v in summary.eval_after.items()})

@@ -25,8 +25,7 @@ from async_grpo.inference.client import GenerationClient, GenerationError
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
 from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, rollout_metrics
-from async_grpo.orchestrator.failures import (  # noqa: F401 - the errors are re-exported
-    DynamicSamplingError, RewardFailureWatch, RewardServiceError)
+from async_grpo.orchestrator.failures import DynamicSamplingError, RewardFailureWatch, RewardServiceError  # noqa: F401 - the errors are re-exported
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
 from async_grpo.rewards.pool import RewardError
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
@@ -273,7 +272,7 @@ class Orchestrator:
                 self.drops.add("generation_error")
                 logger.warning("generation failed: %s", err)
                 await asyncio.sleep(GENERATION_ERROR_BACKOFF_S)  # no tight retry loop against a failing server
-        except Exception as err:  # noqa: BLE001 - a bug in a rollout or a malformed answer: counted, never silent
+        except Exception as err:
             self.drops.add("rollout_error")
             logger.error("rollout failed, group dropped: %r", err, exc_info=err)
         finally:

@@ -251,8 +251,8 @@ def probe_rewards(config: GRPOConfig, funcs: dict[str, Callable], row: dict[str,
                 outcome["out"] = call_reward(func, prompts, completions, ids, columns,
                                              trainer_state=RewardTrainerState(0, config.optim.max_steps),
                                              log=RewardLog(), bound=bound.get(spec))
-            except BaseException as err:  # noqa: BLE001 - reported with the function's name
-                outcome["err"] = err
+            except BaseException as raised:  # reported with the function's name
+                outcome["err"] = raised
 
         thread = threading.Thread(target=run, name=f"preflight-reward-{spec}", daemon=True)
         thread.start()

@@ -77,7 +77,7 @@ def check_group(caller: str, prompts: Sequence[Any], completions: Sequence[Any],
 
 
 # ------------------------------------------------------------------ worker side (runs in spawned processes)
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _worker_func(spec: str) -> Any:
     return resolve_reward_func(spec)
 

@@ -26,8 +26,16 @@ from async_grpo.config import GRPOConfig
 from async_grpo.rewards.contract import RewardTrainerState
 from async_grpo.rewards.loading import reward_func_name
 from async_grpo.rewards.pool import CLOSE_TIMEOUT_S, RewardError, RewardPool, RewardTimeout, check_group
-from async_grpo.rewards.wire import (AUTH_TOKEN_ENV, FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, REWARD_URL_ENV,
-                                     SCORE_PATH, decode_scored, error_from_body)
+from async_grpo.rewards.wire import (
+    AUTH_TOKEN_ENV,
+    FUNCTIONS_PATH,
+    HEALTH_PATH,
+    REQUEST_MARGIN_S,
+    REWARD_URL_ENV,
+    SCORE_PATH,
+    decode_scored,
+    error_from_body,
+)
 
 logger = logging.getLogger(__name__)
 

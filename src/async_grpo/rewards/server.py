@@ -32,8 +32,16 @@ from async_grpo import __version__
 from async_grpo.config import ConfigError, load_config
 from async_grpo.rewards.pool import RewardError, RewardPool, RewardTimeout
 from async_grpo.rewards.tool_routes import add_tool_routes, tool_executor
-from async_grpo.rewards.wire import (AUTH_TOKEN_ENV, FUNCTIONS_PATH, HEALTH_PATH, REQUEST_MARGIN_S, SCORE_PATH,
-                                     ScoreRequest, encode_scored, error_body)
+from async_grpo.rewards.wire import (
+    AUTH_TOKEN_ENV,
+    FUNCTIONS_PATH,
+    HEALTH_PATH,
+    REQUEST_MARGIN_S,
+    SCORE_PATH,
+    ScoreRequest,
+    encode_scored,
+    error_body,
+)
 from async_grpo.tools.executor import ToolExecutor
 
 logger = logging.getLogger(__name__)

@@ -133,7 +133,7 @@ def checkpoint_on_stop(recipe: Any) -> Path | None:
             seconds = recipe.checkpoint_now()
             recipe.tracker.log_metrics({"checkpoint/seconds": seconds}, step=recipe.step)
         return path
-    except Exception as err:  # noqa: BLE001 - the run is stopping anyway
+    except Exception as err:
         logger.error("checkpoint on stop failed: %r", err)
         return None
 

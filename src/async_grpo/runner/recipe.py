@@ -27,8 +27,7 @@ from async_grpo.inference.health import InferenceHealth
 from async_grpo.inference.replicas import BalancedClient, ReplicaSet
 from async_grpo.orchestrator.producer import StepStream
 from async_grpo.rewards.remote import make_reward_pool
-from async_grpo.runner import builders
-from async_grpo.runner import checkpoints, peft_setup, recovery, report, scheduling
+from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, scheduling
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -389,5 +388,5 @@ class GRPORecipe:
                            ("tracking", lambda: self.tracker and self.tracker.end(status))):
             try:
                 stop()
-            except Exception as err:  # noqa: BLE001 - keep stopping the rest
+            except Exception as err:
                 logger.warning("cleanup: could not stop the %s: %r", name, err)

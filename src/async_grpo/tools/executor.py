@@ -134,7 +134,7 @@ def _init_worker(memory_bytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _worker_tool(spec: str) -> Any:
     return resolve_tool(spec)
 
@@ -157,7 +157,7 @@ def _run_tool(spec: str, arguments: dict, cpu_seconds: float | None) -> tuple[bo
         resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
     try:
         return True, _as_text(_worker_tool(spec)(**arguments))
-    except Exception as err:  # noqa: BLE001 - the model reads it as the tool's answer
+    except Exception as err:
         return False, f"{type(err).__name__}: {err}"
     finally:
         if cpu_seconds:

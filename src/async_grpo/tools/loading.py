@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from async_grpo.user_code import CodeSpec, import_target, parse_spec

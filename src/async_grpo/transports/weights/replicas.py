@@ -91,7 +91,7 @@ class ReplicaPusher:
             try:
                 self._join(replica)
                 targets.append(replica)
-            except Exception as err:  # noqa: BLE001 - it stays out; the run goes on with the others
+            except Exception as err:
                 self.replicas.mark_lost(replica, f"the weight transfer could not be set up again: {err!r}")
         if not targets:
             raise NoReplicaError(f"no live vLLM replica to push policy version {version} to ({self.replicas.urls})")
@@ -135,7 +135,7 @@ class ReplicaPusher:
         t0 = time.perf_counter()
         try:
             replica.endpoint.recover(self.recovery_timeout_s)
-        except Exception as err:  # noqa: BLE001 - logged; the run goes on with the other replicas
+        except Exception as err:
             replica.restarts += 1
             self.replicas.set_state(replica, "lost")
             if self.stop.is_set():  # the run ended meanwhile and stopped the server it was restarting
@@ -171,7 +171,7 @@ class ReplicaPusher:
                 self._join(replica)
                 self.replicas.set_state(replica, "available")
                 back += 1
-            except Exception as err:  # noqa: BLE001 - another replica may still come back
+            except Exception as err:
                 last = err
                 self.replicas.set_state(replica, "lost")
                 logger.warning("vLLM replica %d at %s did not come back: %r", replica.index, replica.url, err)
@@ -192,5 +192,5 @@ class ReplicaPusher:
 def _close_quietly(pusher: Any) -> None:
     try:
         pusher.close()
-    except Exception as err:  # noqa: BLE001 - the peer may be gone; a new group replaces this one
+    except Exception as err:
         logger.info("closing a weight transfer: %r", err)
