@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.async-grpo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean
+.PHONY: install demo test lint clean
 
 install: $(STAMP)
 
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml scripts/install.sh
 demo: install
 	$(BIN)/async-grpo pipeline run-local --config examples/tiny_cpu.yaml
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# ruff's lint and format check, configured in pyproject.toml (`ruff format .` fixes the formatting)
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf runs mlruns .pytest_cache

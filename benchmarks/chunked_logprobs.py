@@ -49,17 +49,34 @@ def main() -> None:
         return
     results = {}
     for variant in ("full", "chunked"):
-        cmd = [sys.executable, __file__, "--child", variant, "--n", str(a.n), "--t", str(a.t), "--h", str(a.h),
-               "--v", str(a.v), "--chunk", str(a.chunk)]
-        results[variant] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
-                                                     timeout=600).stdout.strip().splitlines()[-1])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            variant,
+            "--n",
+            str(a.n),
+            "--t",
+            str(a.t),
+            "--h",
+            str(a.h),
+            "--v",
+            str(a.v),
+            "--chunk",
+            str(a.chunk),
+        ]
+        results[variant] = json.loads(
+            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600).stdout.strip().splitlines()[-1]
+        )
     logits_mib = a.n * a.t * a.v * 4 / 2**20
     print(f"case: N={a.n} T={a.t} H={a.h} V={a.v} (float32 logits = {logits_mib:.0f} MiB), chunk={a.chunk}")
     for k, r in results.items():
         print(f"  {k:8s} peak RSS growth {r['delta_mib']:8.0f} MiB   forward+backward {r['seconds']:.2f} s")
     ratio = results["full"]["delta_mib"] / max(results["chunked"]["delta_mib"], 1e-9)
-    print(f"  memory ratio full/chunked = {ratio:.1f}x; time ratio chunked/full = "
-          f"{results['chunked']['seconds'] / results['full']['seconds']:.2f}x")
+    print(
+        f"  memory ratio full/chunked = {ratio:.1f}x; time ratio chunked/full = "
+        f"{results['chunked']['seconds'] / results['full']['seconds']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

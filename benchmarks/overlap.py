@@ -56,8 +56,10 @@ def split_cores(vllm: str | None, trainer: str | None) -> tuple[list[int], list[
     v = parse(vllm) if vllm else allowed[:half]
     t = parse(trainer) if trainer else allowed[half:] or allowed[:1]
     if not v or not t or set(v) & set(t) or not set(v + t) <= set(allowed):
-        raise ValueError(f"--vllm-cores {v} and --trainer-cores {t} must be disjoint, non-empty subsets of this "
-                         f"process's cores {allowed}. Fix: e.g. --vllm-cores 0 --trainer-cores 1.")
+        raise ValueError(
+            f"--vllm-cores {v} and --trainer-cores {t} must be disjoint, non-empty subsets of this "
+            f"process's cores {allowed}. Fix: e.g. --vllm-cores 0 --trainer-cores 1."
+        )
     return v, t
 
 
@@ -69,9 +71,18 @@ def time_generation(url: str, model: str, prompts: list[list[int]], args) -> tup
     async def one_round():
         client = AsyncVLLMClient(url, model)
         try:
-            return await asyncio.gather(*(client.generate(p, n=args.generations, max_tokens=args.max_completion,
-                                                          temperature=1.0, extra_body={"ignore_eos": True})
-                                          for p in prompts))
+            return await asyncio.gather(
+                *(
+                    client.generate(
+                        p,
+                        n=args.generations,
+                        max_tokens=args.max_completion,
+                        temperature=1.0,
+                        extra_body={"ignore_eos": True},
+                    )
+                    for p in prompts
+                )
+            )
         finally:
             await client.aclose()
 
@@ -90,18 +101,35 @@ def build_model(root: Path, args) -> Path:
     from async_grpo.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     if args.shape == "tiny":
-        return build_tiny_model(root / "model", seed=0, hidden_size=args.hidden, num_layers=args.layers,
-                                num_heads=args.hidden // 32, num_kv_heads=max(args.hidden // 64, 1),
-                                intermediate_size=3 * args.hidden)
+        return build_tiny_model(
+            root / "model",
+            seed=0,
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=args.hidden // 32,
+            num_kv_heads=max(args.hidden // 64, 1),
+            intermediate_size=3 * args.hidden,
+        )
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tiny_tokenizer()
     eos = tokenizer.eos_token_id
-    config = Qwen2Config(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096,
-                         tie_word_embeddings=True, rope_theta=1_000_000.0, rms_norm_eps=1e-6, eos_token_id=eos,
-                         pad_token_id=eos, bos_token_id=None)  # Qwen2.5-0.5B's shape
+    config = Qwen2Config(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        bos_token_id=None,
+    )  # Qwen2.5-0.5B's shape
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
@@ -121,14 +149,33 @@ def time_training(model_path: Path, prompts: list[list[int]], groups: list, args
 
     torch.set_num_threads(threads)
     rng = random.Random(0)
-    batch = TrainBatch(groups=[RolloutGroup(
-        prompt_ids=p, completion_ids=[c.token_ids for c in comps], sampling_logprobs=[c.logprobs for c in comps],
-        truncated=[False] * len(comps), completions=[c.text for c in comps], prompt="p", columns={},
-        policy_version=0, advantages=[rng.uniform(-1, 1) for _ in comps]) for p, comps in zip(prompts, groups)])
+    batch = TrainBatch(
+        groups=[
+            RolloutGroup(
+                prompt_ids=p,
+                completion_ids=[c.token_ids for c in comps],
+                sampling_logprobs=[c.logprobs for c in comps],
+                truncated=[False] * len(comps),
+                completions=[c.text for c in comps],
+                prompt="p",
+                columns={},
+                policy_version=0,
+                advantages=[rng.uniform(-1, 1) for _ in comps],
+            )
+            for p, comps in zip(prompts, groups)
+        ]
+    )
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(args.device)
-    learner = GRPOLearner(model, learning_rate=1e-5, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=args.micro,
-                          loss=LossSettings(max_completion_length=args.max_completion), pad_token_id=0,
-                          mixed_precision="bf16" if args.device == "cuda" else None)
+    learner = GRPOLearner(
+        model,
+        learning_rate=1e-5,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=args.micro,
+        loss=LossSettings(max_completion_length=args.max_completion),
+        pad_token_id=0,
+        mixed_precision="bf16" if args.device == "cuda" else None,
+    )
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     learner.step(batch)  # warm-up
     times = []
@@ -161,7 +208,7 @@ def time_pipeline(model_path: Path, url: str, args, threads: int, out: Path) -> 
     summary = run_local(config, progress=False)
     mlflow.set_tracking_uri(summary.tracking_uri)
     history = sorted(mlflow.MlflowClient().get_metric_history(summary.run_id, "loss"), key=lambda m: m.step)
-    stamps = [m.timestamp / 1000.0 for m in history][max(args.warmup - 1, 0):]
+    stamps = [m.timestamp / 1000.0 for m in history][max(args.warmup - 1, 0) :]
     return statistics.median([b - a for a, b in zip(stamps, stamps[1:])])
 
 
@@ -183,8 +230,12 @@ def main() -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when nvidia-smi lists a GPU")
     p.add_argument("--vllm-gpu", default="0", help="CUDA_VISIBLE_DEVICES of vLLM (--device cuda)")
     p.add_argument("--trainer-gpu", default="0", help="CUDA_VISIBLE_DEVICES of the trainer (--device cuda)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="vLLM's share of its GPU (default 0.35 when it shares the trainer's, else 0.85)")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM's share of its GPU (default 0.35 when it shares the trainer's, else 0.85)",
+    )
     p.add_argument("--reduced", action="store_true", help="tiny model, 2 prompts x 4, 16 tokens, 2 steps (CI)")
     args = p.parse_args()
     if args.reduced:
@@ -221,17 +272,29 @@ def main() -> None:
         env["CUDA_VISIBLE_DEVICES"] = args.vllm_gpu
         share = args.gpu_memory_utilization or (0.35 if shared_gpu else 0.85)
         extra = ["--gpu-memory-utilization", str(share)]
-    server = VLLMServer(build_server_command(str(model_path), port=port, dtype="bfloat16" if gpu else "float32",
-                                             max_model_len=512, weight_transfer_backend=args.push_backend,
-                                             extra_args=extra), env, root / "vllm.log", url, 600.0)
+    server = VLLMServer(
+        build_server_command(
+            str(model_path),
+            port=port,
+            dtype="bfloat16" if gpu else "float32",
+            max_model_len=512,
+            weight_transfer_backend=args.push_backend,
+            extra_args=extra,
+        ),
+        env,
+        root / "vllm.log",
+        url,
+        600.0,
+    )
     server.start()
     os.sched_setaffinity(0, trainer_cores)
     if gpu:  # torch has not initialized CUDA in this process yet: the trainer sees only its GPU as cuda:0
         os.environ["CUDA_VISIBLE_DEVICES"] = args.trainer_gpu
     threads = len(trainer_cores)
     try:
-        items, _ = load_prompt_items(build_tiny_tokenizer(), "builtin:add", "train", seed=0, max_prompt_length=256,
-                                     limit=args.prompts)
+        items, _ = load_prompt_items(
+            build_tiny_tokenizer(), "builtin:add", "train", seed=0, max_prompt_length=256, limit=args.prompts
+        )
         prompts = [item.prompt_ids for item in items]
         t_gen, groups = time_generation(url, str(model_path), prompts, args)
         t_train = time_training(model_path, prompts, groups, args, threads)
@@ -240,15 +303,32 @@ def main() -> None:
         server.stop()
     efficiency = (t_gen + t_train) / t_step
     ideal = (t_gen + t_train) / max(t_gen, t_train)
-    print(json.dumps({"device": args.device, "vllm_gpu": args.vllm_gpu if gpu else None,
-                      "trainer_gpu": args.trainer_gpu if gpu else None, "weight_push": args.push_backend,
-                      "shape": args.shape, "vllm_cores": vllm_cores, "trainer_cores": trainer_cores,
-                      "completions_per_step":
-                      args.prompts * args.generations, "completion_tokens": args.max_completion,
-                      "model_hidden": args.hidden, "model_layers": args.layers, "max_staleness": args.staleness,
-                      "t_gen_s": t_gen, "t_train_s": t_train, "t_step_s": t_step}, indent=2))
-    print(f"overlap efficiency (t_gen + t_train) / t_step: {efficiency:.2f} (ideal {ideal:.2f}); "
-          f"{efficiency / ideal:.2f} of ideal")
+    print(
+        json.dumps(
+            {
+                "device": args.device,
+                "vllm_gpu": args.vllm_gpu if gpu else None,
+                "trainer_gpu": args.trainer_gpu if gpu else None,
+                "weight_push": args.push_backend,
+                "shape": args.shape,
+                "vllm_cores": vllm_cores,
+                "trainer_cores": trainer_cores,
+                "completions_per_step": args.prompts * args.generations,
+                "completion_tokens": args.max_completion,
+                "model_hidden": args.hidden,
+                "model_layers": args.layers,
+                "max_staleness": args.staleness,
+                "t_gen_s": t_gen,
+                "t_train_s": t_train,
+                "t_step_s": t_step,
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"overlap efficiency (t_gen + t_train) / t_step: {efficiency:.2f} (ideal {ideal:.2f}); "
+        f"{efficiency / ideal:.2f} of ideal"
+    )
 
 
 if __name__ == "__main__":

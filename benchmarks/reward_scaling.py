@@ -61,8 +61,18 @@ def main() -> None:
     spec = f"{path}:busy_reward"
     rates = {n: throughput(spec, n, args.groups, args.generations, args.busy_ms) for n in args.workers}
     base = rates[args.workers[0]] / args.workers[0]
-    print(json.dumps({"cores": os.cpu_count(), "groups": args.groups, "completions_per_group": args.generations,
-                      "cpu_ms_per_completion": args.busy_ms, "groups_per_s": rates}, indent=2))
+    print(
+        json.dumps(
+            {
+                "cores": os.cpu_count(),
+                "groups": args.groups,
+                "completions_per_group": args.generations,
+                "cpu_ms_per_completion": args.busy_ms,
+                "groups_per_s": rates,
+            },
+            indent=2,
+        )
+    )
     for n, r in rates.items():
         print(f"{n} worker(s): {r:.2f} groups/s, efficiency {r / (n * base):.2f} of linear scaling")
 

@@ -41,12 +41,17 @@ def main() -> None:
         "import time\nfrom async_grpo.tasks.reverse import reverse_format\n\n\n"
         "def slow_reverse_format(prompts, completions, completion_ids=None, **kw):\n"
         f"    time.sleep({args.reward_latency})\n"
-        "    return reverse_format(prompts, completions, completion_ids, **kw)\n")
+        "    return reverse_format(prompts, completions, completion_ids, **kw)\n"
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = VLLMServer(build_server_command(model, port=port, dtype="float32", max_model_len=512,
-                                            weight_transfer_backend="gloo"),
-                        server_env(1), root / "vllm.log", url, 400.0)
+    server = VLLMServer(
+        build_server_command(model, port=port, dtype="float32", max_model_len=512, weight_transfer_backend="gloo"),
+        server_env(1),
+        root / "vllm.log",
+        url,
+        400.0,
+    )
     server.start()
     results = {}
     try:
@@ -66,8 +71,10 @@ def main() -> None:
     finally:
         server.stop()
     (a, b) = results.values()
-    print(f"ratio streamed/whole: steps/s x{b.steps_per_s / a.steps_per_s:.2f}, "
-          f"idle fraction x{b.trainer_idle_fraction / max(a.trainer_idle_fraction, 1e-9):.2f}")
+    print(
+        f"ratio streamed/whole: steps/s x{b.steps_per_s / a.steps_per_s:.2f}, "
+        f"idle fraction x{b.trainer_idle_fraction / max(a.trainer_idle_fraction, 1e-9):.2f}"
+    )
 
 
 if __name__ == "__main__":

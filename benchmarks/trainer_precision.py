@@ -23,17 +23,47 @@ import random
 import statistics
 import time
 
-QWEN_0_5B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True,
-                 rope_theta=1_000_000.0, rms_norm_eps=1e-6)  # Qwen2.5-0.5B's config.json shape
-MEDIUM = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
-              intermediate_size=1024, vocab_size=320, max_position_embeddings=512)  # benchmarks/vs_trl.py's 18M
-TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=384, vocab_size=320, max_position_embeddings=512)
+QWEN_0_5B = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)  # Qwen2.5-0.5B's config.json shape
+MEDIUM = dict(
+    hidden_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    intermediate_size=1024,
+    vocab_size=320,
+    max_position_embeddings=512,
+)  # benchmarks/vs_trl.py's 18M
+TINY = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=384,
+    vocab_size=320,
+    max_position_embeddings=512,
+)
 
 
-def synthetic_batch(groups: int, generations: int, prompt_len: int, max_completion: int, vocab: int, seed: int = 0,
-                    min_frac: float = 0.5):
+def synthetic_batch(
+    groups: int,
+    generations: int,
+    prompt_len: int,
+    max_completion: int,
+    vocab: int,
+    seed: int = 0,
+    min_frac: float = 0.5,
+):
     """`groups` x `generations` completions with random ids, lengths uniform in [min_frac x max_completion,
     max_completion] (at least 1)."""
     from async_grpo.transports.messages import RolloutGroup, TrainBatch
@@ -41,14 +71,23 @@ def synthetic_batch(groups: int, generations: int, prompt_len: int, max_completi
     rng = random.Random(seed)
     out = []
     for g in range(groups):
-        comps = [[rng.randrange(vocab) for _ in range(rng.randint(max(int(min_frac * max_completion), 1),
-                                                                  max_completion))]
-                 for _ in range(generations)]
-        out.append(RolloutGroup(
-            prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)], completion_ids=comps,
-            sampling_logprobs=[[-1.0 - rng.random() for _ in c] for c in comps], truncated=[False] * generations,
-            completions=[""] * generations, prompt=f"p{g}", columns={}, policy_version=0,
-            advantages=[rng.uniform(-1, 1) for _ in range(generations)]))
+        comps = [
+            [rng.randrange(vocab) for _ in range(rng.randint(max(int(min_frac * max_completion), 1), max_completion))]
+            for _ in range(generations)
+        ]
+        out.append(
+            RolloutGroup(
+                prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)],
+                completion_ids=comps,
+                sampling_logprobs=[[-1.0 - rng.random() for _ in c] for c in comps],
+                truncated=[False] * generations,
+                completions=[""] * generations,
+                prompt=f"p{g}",
+                columns={},
+                policy_version=0,
+                advantages=[rng.uniform(-1, 1) for _ in range(generations)],
+            )
+        )
     return TrainBatch(groups=out)
 
 
@@ -58,12 +97,19 @@ def build(variant: str, model, micro: int, max_completion: int, max_tokens: int 
     from async_grpo.algorithms import LossSettings
     from async_grpo.trainer.trainer import GRPOLearner
 
-    return GRPOLearner(model, learning_rate=1e-6, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=micro,
-                       loss=LossSettings(max_completion_length=max_completion, use_liger_kernel="+liger" in variant),
-                       pad_token_id=0, mixed_precision="bf16" if variant.startswith("bf16") else None,
-                       batch_flattening="+flat" in variant,
-                       max_tokens_per_microbatch=max_tokens if "+budget" in variant else None,
-                       group_by_length="+sorted" in variant)
+    return GRPOLearner(
+        model,
+        learning_rate=1e-6,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=micro,
+        loss=LossSettings(max_completion_length=max_completion, use_liger_kernel="+liger" in variant),
+        pad_token_id=0,
+        mixed_precision="bf16" if variant.startswith("bf16") else None,
+        batch_flattening="+flat" in variant,
+        max_tokens_per_microbatch=max_tokens if "+budget" in variant else None,
+        group_by_length="+sorted" in variant,
+    )
 
 
 def timed_step(learner, batch) -> tuple[float, dict]:
@@ -90,11 +136,17 @@ def report(variant: str, learner, batch, seconds: list[float], metrics: dict, cp
     micro = list(learner._micro_batches([batch]))
     # token positions the model runs per forward (padding included): deterministic, unlike the timings
     positions = sum((mb.layout.input_ids if hasattr(mb, "layout") else mb.input_ids).numel() for mb in micro)
-    return {"variant": variant, "s_per_step": s_per_step, "cpu_s_per_step": statistics.median(cpu),
-            "micro_batches": len(micro), "model_positions": positions, "real_tokens": tokens,
-            "trainer_tokens_per_s": tokens / s_per_step,
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
-            "loss": metrics["loss"]}
+    return {
+        "variant": variant,
+        "s_per_step": s_per_step,
+        "cpu_s_per_step": statistics.median(cpu),
+        "micro_batches": len(micro),
+        "model_positions": positions,
+        "real_tokens": tokens,
+        "trainer_tokens_per_s": tokens / s_per_step,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "loss": metrics["loss"],
+    }
 
 
 def run_sequential(variants, base, batch, args, max_tokens) -> list[dict]:
@@ -108,8 +160,9 @@ def run_sequential(variants, base, batch, args, max_tokens) -> list[dict]:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         runs = [timed_step(learner, batch) for _ in range(args.steps)]
-        results.append(report(variant, learner, batch, [r[0] for r in runs], runs[-1][1],
-                              [r[1]["cpu_s"] for r in runs]))
+        results.append(
+            report(variant, learner, batch, [r[0] for r in runs], runs[-1][1], [r[1]["cpu_s"] for r in runs])
+        )
         del learner
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -142,16 +195,32 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--max-completion", type=int, default=512)
     p.add_argument("--micro", type=int, default=8, help="completions per micro-batch")
-    p.add_argument("--shape", choices=["qwen0.5b", "medium", "tiny"], default=None,
-                   help="model shape (default: qwen0.5b on CUDA, tiny otherwise); medium = vs_trl.py's 18M workload")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="the +budget variants' max_tokens_per_microbatch (default micro x (prompt + max completion))")
+    p.add_argument(
+        "--shape",
+        choices=["qwen0.5b", "medium", "tiny"],
+        default=None,
+        help="model shape (default: qwen0.5b on CUDA, tiny otherwise); medium = vs_trl.py's 18M workload",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="the +budget variants' max_tokens_per_microbatch (default micro x (prompt + max completion))",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--variants", nargs="+", default=None, help="variants to time (the first is the reference)")
-    p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
-                   help="round-robin the variants' timed steps (default on CPU; needs every variant's model in memory)")
-    p.add_argument("--min-completion-frac", type=float, default=0.5,
-                   help="completion lengths are uniform in [frac x max completion, max completion]")
+    p.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="round-robin the variants' timed steps (default on CPU; needs every variant's model in memory)",
+    )
+    p.add_argument(
+        "--min-completion-frac",
+        type=float,
+        default=0.5,
+        help="completion lengths are uniform in [frac x max completion, max completion]",
+    )
     args = p.parse_args()
 
     import torch
@@ -170,8 +239,14 @@ def main() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(Qwen2Config(**shape)).to(device=device, dtype=torch.float32)
-    batch = synthetic_batch(args.groups, args.generations, args.prompt_len, args.max_completion, shape["vocab_size"],
-                            min_frac=args.min_completion_frac)
+    batch = synthetic_batch(
+        args.groups,
+        args.generations,
+        args.prompt_len,
+        args.max_completion,
+        shape["vocab_size"],
+        min_frac=args.min_completion_frac,
+    )
     variants = ["float32", "bf16"]
     try:
         import liger_kernel.chunked_loss  # noqa: F401
@@ -185,17 +260,29 @@ def main() -> None:
     interleave = (not cuda) if args.interleave is None else args.interleave
     results = (run_interleaved if interleave else run_sequential)(variants, base, batch, args, max_tokens)
     ref = results[0]["s_per_step"]
-    print(json.dumps({"device": torch.cuda.get_device_name() if cuda else "cpu",
-                      "model_params_M": sum(p.numel() for p in base.parameters()) / 1e6,
-                      "completions_per_step": args.groups * args.generations, "micro_batch": args.micro,
-                      "max_tokens_per_microbatch": max_tokens, "threads": torch.get_num_threads(),
-                      "interleaved": interleave, "min_completion_frac": args.min_completion_frac,
-                      "results": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name() if cuda else "cpu",
+                "model_params_M": sum(p.numel() for p in base.parameters()) / 1e6,
+                "completions_per_step": args.groups * args.generations,
+                "micro_batch": args.micro,
+                "max_tokens_per_microbatch": max_tokens,
+                "threads": torch.get_num_threads(),
+                "interleaved": interleave,
+                "min_completion_frac": args.min_completion_frac,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     ref_cpu = results[0]["cpu_s_per_step"]
     for r in results[1:]:
-        print(f"{r['variant']}: {ref / r['s_per_step']:.2f}x the {results[0]['variant']} steps/s "
-              f"(CPU seconds per step: {ref_cpu / r['cpu_s_per_step']:.2f}x fewer; model positions "
-              f"{r['model_positions']} vs {results[0]['model_positions']})")
+        print(
+            f"{r['variant']}: {ref / r['s_per_step']:.2f}x the {results[0]['variant']} steps/s "
+            f"(CPU seconds per step: {ref_cpu / r['cpu_s_per_step']:.2f}x fewer; model positions "
+            f"{r['model_positions']} vs {results[0]['model_positions']})"
+        )
 
 
 if __name__ == "__main__":

@@ -73,15 +73,21 @@ def trl_step_times(model_path: Path, args, out: Path) -> tuple[list[float], list
         max_steps=args.warmup + args.steps, logging_steps=1, report_to="none", use_cpu=True, bf16=args.bf16,
         save_strategy="no", seed=0, dataloader_num_workers=0, use_vllm=False,
     )  # fmt: skip
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
-                          reward_funcs=list(task.reward_funcs.values()), args=config, train_dataset=task.train_dataset(0),
-                          processing_class=AutoTokenizer.from_pretrained(model_path), callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+        reward_funcs=list(task.reward_funcs.values()),
+        args=config,
+        train_dataset=task.train_dataset(0),
+        processing_class=AutoTokenizer.from_pretrained(model_path),
+        callbacks=[Clock()],
+    )
     trainer.train()
     return [b - a for a, b in zip(stamps, stamps[1:])], [b - a for a, b in zip(tokens, tokens[1:])]
 
 
-def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
-                    resource_sharing: str = "auto") -> dict[str, list[float]]:
+def ours_step_times(
+    model_path: Path, args, out: Path, max_staleness: int, resource_sharing: str = "auto"
+) -> dict[str, list[float]]:
     """Per timed step of an async-grpo run (from MLflow): `wall_s` (wall clock between consecutive steps),
     `train_s` (the trainer's compute), `generating_s` (seconds vLLM had a request in flight), `tokens` (prompt +
     completion tokens trained), `vllm_tokens_per_s` and `tokens_per_s` (generation over the step's wall time)."""
@@ -104,16 +110,21 @@ def ours_step_times(model_path: Path, args, out: Path, max_staleness: int,
     client = mlflow.MlflowClient()
 
     def series(key: str) -> list[tuple[float, float]]:  # (timestamp s, value) by step
-        return [(m.timestamp / 1000.0, m.value) for m in sorted(client.get_metric_history(summary.run_id, key),
-                                                                 key=lambda m: m.step)]
+        return [
+            (m.timestamp / 1000.0, m.value)
+            for m in sorted(client.get_metric_history(summary.run_id, key), key=lambda m: m.step)
+        ]
 
     stamps = [t for t, _ in series("loss")]
     busy, tokens = [v for _, v in series("inference/generating_s")], [v for _, v in series("num_tokens")]
-    return {"wall_s": [b - a for a, b in zip(stamps, stamps[1:])],
-            "train_s": [v for _, v in series("trainer/step_seconds")][1:],
-            "generating_s": [b - a for a, b in zip(busy, busy[1:])], "tokens": [b - a for a, b in zip(tokens, tokens[1:])],
-            "vllm_tokens_per_s": [v for _, v in series("generation/vllm_tokens_per_s")][1:],
-            "tokens_per_s": [v for _, v in series("generation/tokens_per_s")][1:]}
+    return {
+        "wall_s": [b - a for a, b in zip(stamps, stamps[1:])],
+        "train_s": [v for _, v in series("trainer/step_seconds")][1:],
+        "generating_s": [b - a for a, b in zip(busy, busy[1:])],
+        "tokens": [b - a for a, b in zip(tokens, tokens[1:])],
+        "vllm_tokens_per_s": [v for _, v in series("generation/vllm_tokens_per_s")][1:],
+        "tokens_per_s": [v for _, v in series("generation/tokens_per_s")][1:],
+    }
 
 
 def main() -> None:
@@ -125,15 +136,28 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-completion", type=int, default=128)
     p.add_argument("--micro", type=int, default=16, help="completions per micro-batch")
-    p.add_argument("--bf16", action="store_true", help="bf16 for every system: TRL's and async-grpo's `bf16` "
-                   "(autocast, float32 master weights), and async-grpo's vLLM server in bfloat16")
-    p.add_argument("--learning-rate", type=float, default=1e-8,
-                   help="every system's learning rate; the default keeps the policy all but fixed, so each system "
-                   "generates completions of the same length distribution (at 1e-5 the lengths drift apart within a "
-                   "few steps, differently per system, and s/step stops comparing the same work)")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 for every system: TRL's and async-grpo's `bf16` "
+        "(autocast, float32 master weights), and async-grpo's vLLM server in bfloat16",
+    )
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=1e-8,
+        help="every system's learning rate; the default keeps the policy all but fixed, so each system "
+        "generates completions of the same length distribution (at 1e-5 the lengths drift apart within a "
+        "few steps, differently per system, and s/step stops comparing the same work)",
+    )
     p.add_argument("--reduced", action="store_true", help="tiny model, 2 prompts x 4, 16 tokens (CI)")
-    p.add_argument("--modes", nargs="*", default=[], choices=["time_slice", "overlap", "adaptive"],
-                   help="also time the async mode under these resource_sharing modes, against the default's choice")
+    p.add_argument(
+        "--modes",
+        nargs="*",
+        default=[],
+        choices=["time_slice", "overlap", "adaptive"],
+        help="also time the async mode under these resource_sharing modes, against the default's choice",
+    )
     args = p.parse_args()
     from async_grpo.tiny_model import build_tiny_model
 
@@ -144,35 +168,59 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     model_path = build_tiny_model(work / "model", seed=0, **dims)
     results = {}
-    trl, trl_tokens = (v[args.warmup:] for v in trl_step_times(model_path, args, work / "trl"))
-    results["trl_grpo_trainer"] = {"s_per_step": statistics.median(trl),
-                                   "trained_tokens_per_s": sum(trl_tokens) / sum(trl)}
+    trl, trl_tokens = (v[args.warmup :] for v in trl_step_times(model_path, args, work / "trl"))
+    results["trl_grpo_trainer"] = {
+        "s_per_step": statistics.median(trl),
+        "trained_tokens_per_s": sum(trl_tokens) / sum(trl),
+    }
     systems = [("async_grpo_on_policy", 0, "auto"), ("async_grpo_async", 2, "auto")]
     systems += [(f"async_grpo_async_{mode}", 2, mode) for mode in args.modes]
     for name, staleness, sharing in systems:
-        steps = {k: v[max(args.warmup - 1, 0):] for k, v in ours_step_times(model_path, args, work / name, staleness,
-                                                                              sharing).items()}
+        steps = {
+            k: v[max(args.warmup - 1, 0) :]
+            for k, v in ours_step_times(model_path, args, work / name, staleness, sharing).items()
+        }
         med = {k: statistics.median(v) for k, v in steps.items() if v}
-        results[name] = {"s_per_step": med["wall_s"], "trainer_s_per_step": med["train_s"],
-                         "vllm_generating_s_per_step": med["generating_s"],
-                         "trainer_tokens_per_s": statistics.median(t / s for t, s in zip(steps["tokens"], steps["train_s"])),
-                         "generation_tokens_per_s": med["tokens_per_s"], "vllm_tokens_per_s": med["vllm_tokens_per_s"],
-                         "trained_tokens_per_s": sum(steps["tokens"]) / sum(steps["wall_s"])}
+        results[name] = {
+            "s_per_step": med["wall_s"],
+            "trainer_s_per_step": med["train_s"],
+            "vllm_generating_s_per_step": med["generating_s"],
+            "trainer_tokens_per_s": statistics.median(t / s for t, s in zip(steps["tokens"], steps["train_s"])),
+            "generation_tokens_per_s": med["tokens_per_s"],
+            "vllm_tokens_per_s": med["vllm_tokens_per_s"],
+            "trained_tokens_per_s": sum(steps["tokens"]) / sum(steps["wall_s"]),
+        }
     completions = args.prompts * args.generations
     for r in results.values():
         r["completions_per_s"] = completions / r["s_per_step"]
-    print(json.dumps({"completions_per_step": completions, "max_completion_tokens": args.max_completion,
-                      "threads": args.threads, "precision": "bf16" if args.bf16 else "float32", "results": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "completions_per_step": completions,
+                "max_completion_tokens": args.max_completion,
+                "threads": args.threads,
+                "precision": "bf16" if args.bf16 else "float32",
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     trl_s = results["trl_grpo_trainer"]["s_per_step"]
     trl_tps = results["trl_grpo_trainer"]["trained_tokens_per_s"]
     for name in [n for n, _, _ in systems]:
-        print(f"{name}: {trl_s / results[name]['s_per_step']:.2f}x TRL's steps/s, "
-              f"{results[name]['trained_tokens_per_s'] / trl_tps:.2f}x its trained tokens/s")
-    print(f"async / on-policy: {results['async_grpo_on_policy']['s_per_step'] / results['async_grpo_async']['s_per_step']:.2f}x")
+        print(
+            f"{name}: {trl_s / results[name]['s_per_step']:.2f}x TRL's steps/s, "
+            f"{results[name]['trained_tokens_per_s'] / trl_tps:.2f}x its trained tokens/s"
+        )
+    print(
+        f"async / on-policy: {results['async_grpo_on_policy']['s_per_step'] / results['async_grpo_async']['s_per_step']:.2f}x"
+    )
     on = results["async_grpo_on_policy"]
-    print(f"on-policy step / (its generation + its training): {on['s_per_step']:.2f} / "
-          f"({on['vllm_generating_s_per_step']:.2f} + {on['trainer_s_per_step']:.2f}) = "
-          f"{on['s_per_step'] / (on['vllm_generating_s_per_step'] + on['trainer_s_per_step']):.2f}")
+    print(
+        f"on-policy step / (its generation + its training): {on['s_per_step']:.2f} / "
+        f"({on['vllm_generating_s_per_step']:.2f} + {on['trainer_s_per_step']:.2f}) = "
+        f"{on['s_per_step'] / (on['vllm_generating_s_per_step'] + on['trainer_s_per_step']):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ def raw_broadcast_seconds(sizes: list[int], dtype_name: str, rounds: int) -> flo
     import torch.multiprocessing as mp
 
     out = tempfile.mktemp(suffix=".json")
-    mp.start_processes(_raw_rank, args=(_free_port(), sizes, dtype_name, rounds, out), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _raw_rank, args=(_free_port(), sizes, dtype_name, rounds, out), nprocs=2, join=True, start_method="spawn"
+    )
     return statistics.median(json.loads(Path(out).read_text()))
 
 
@@ -80,16 +81,27 @@ def main() -> None:
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="weight-sync-"))
     heads = args.hidden // 32
-    path = build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=heads,
-                            num_kv_heads=max(1, heads // 4), intermediate_size=2 * args.hidden)
+    path = build_tiny_model(
+        work / "model",
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=heads,
+        num_kv_heads=max(1, heads // 4),
+        intermediate_size=2 * args.hidden,
+    )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     metas = ModuleSource(model).metadata()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     backend = resolve_backend("auto")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = VLLMServer(build_server_command(path, port=port, weight_transfer_backend=backend), server_env(1),
-                        work / "vllm.log", url, 400.0)
+    server = VLLMServer(
+        build_server_command(path, port=port, weight_transfer_backend=backend),
+        server_env(1),
+        work / "vllm.log",
+        url,
+        400.0,
+    )
     server.start()
     try:
         pusher = WeightPusher(model, url, backend=backend, timeout_s=300)
@@ -102,9 +114,20 @@ def main() -> None:
     sizes = [sum(torch.Size(metas[i].shape).numel() for i in b) for b in buckets]
     raw_s = raw_broadcast_seconds(sizes, "float32", args.pushes)
     push_med = statistics.median(push_s)
-    print(json.dumps({"backend": backend, "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
-                      "bytes_per_push": nbytes, "push_s_median": push_med, "raw_broadcast_s_median": raw_s,
-                      "push_MB_per_s": nbytes / push_med / 1e6, "raw_MB_per_s": nbytes / raw_s / 1e6}, indent=2))
+    print(
+        json.dumps(
+            {
+                "backend": backend,
+                "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
+                "bytes_per_push": nbytes,
+                "push_s_median": push_med,
+                "raw_broadcast_s_median": raw_s,
+                "push_MB_per_s": nbytes / push_med / 1e6,
+                "raw_MB_per_s": nbytes / raw_s / 1e6,
+            },
+            indent=2,
+        )
+    )
     print(f"weight push bandwidth = {raw_s / push_med:.2f} x the raw {backend} broadcast of the same bytes")
 
 

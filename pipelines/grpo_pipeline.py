@@ -67,8 +67,9 @@ def _default_config_yaml(typed_knobs: tuple[str, ...], gpu: bool) -> str:
 
 
 # GRPOConfig fields that are typed pipeline parameters (train_grpo takes each as an optional input).
-TYPED_KNOBS = tuple(p for p in inspect.signature(train_grpo.python_func).parameters
-                    if p in FIELDS and p not in PIPELINE_SET_FIELDS)
+TYPED_KNOBS = tuple(
+    p for p in inspect.signature(train_grpo.python_func).parameters if p in FIELDS and p not in PIPELINE_SET_FIELDS
+)
 DEFAULT_CONFIG_YAML = _default_config_yaml(TYPED_KNOBS, gpu=False)
 
 
@@ -98,16 +99,25 @@ class PipelineWiring:
 
 def _mlflow_env(task: dsl.PipelineTask, secret_name: str) -> None:
     """MLFLOW_TRACKING_URI (required) and optional basic-auth credentials from one secret."""
-    kubernetes.use_secret_as_env(task, secret_name=secret_name,
-                                 secret_key_to_env={"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"})
-    kubernetes.use_secret_as_env(task, secret_name=secret_name, optional=True, secret_key_to_env={
-        "MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"})
+    kubernetes.use_secret_as_env(
+        task, secret_name=secret_name, secret_key_to_env={"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"}
+    )
+    kubernetes.use_secret_as_env(
+        task,
+        secret_name=secret_name,
+        optional=True,
+        secret_key_to_env={
+            "MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
+            "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD",
+        },
+    )
 
 
 def _hf_env(task: dsl.PipelineTask, secret_name: str) -> None:
     """HF_TOKEN for gated hub models; optional, public models need none."""
-    kubernetes.use_secret_as_env(task, secret_name=secret_name, optional=True,
-                                 secret_key_to_env={"HF_TOKEN": "HF_TOKEN"})
+    kubernetes.use_secret_as_env(
+        task, secret_name=secret_name, optional=True, secret_key_to_env={"HF_TOKEN": "HF_TOKEN"}
+    )
 
 
 def _workspace(task: dsl.PipelineTask, pvc_name: str) -> None:
@@ -140,9 +150,11 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
     def flavour(task: dsl.PipelineTask) -> dsl.PipelineTask:
         return task if gpu else task.set_container_image(ASYNC_GRPO_CPU_IMAGE)
 
-    @dsl.pipeline(name="async-grpo" if gpu else "async-grpo-cpu",
-                  description="Asynchronous GRPO post-training: vLLM rollouts, reward workers and a trainer; "
-                              "evaluate on held-out prompts; register the model in MLflow when it improved.")
+    @dsl.pipeline(
+        name="async-grpo" if gpu else "async-grpo-cpu",
+        description="Asynchronous GRPO post-training: vLLM rollouts, reward workers and a trainer; "
+        "evaluate on held-out prompts; register the model in MLflow when it improved.",
+    )
     def grpo_pipeline(
         # ---- model, data, rewards (GRPOConfig names)
         model_name_or_path: str = d["model_name_or_path"],
@@ -245,18 +257,29 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
             gpu_node_selector: Node selector of the evaluation pod (it starts its own vLLM server).
             gpu_tolerations: Tolerations of the evaluation pod.
         """
-        exit_task = cleanup(launch_backend=launch_backend, run_name=run_name,
-                            pipeline_job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                            pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, work_dir=work_dir,
-                            backend_options=kubernetes_options)
+        exit_task = cleanup(
+            launch_backend=launch_backend,
+            run_name=run_name,
+            pipeline_job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            work_dir=work_dir,
+            backend_options=kubernetes_options,
+        )
         flavour(exit_task).set_display_name("cleanup").set_caching_options(False)
         _workspace(exit_task, wiring.workspace_pvc)
         _policy(exit_task)
 
         with dsl.ExitHandler(exit_task, name="grpo-run"):
-            data = prepare_dataset(dataset_uri=dataset, eval_dataset_uri=eval_dataset, eval_fraction=eval_fraction,
-                                   model_name_or_path=model_name_or_path, max_prompt_length=max_prompt_length,
-                                   seed=seed, dataset_config=dataset_config, system_prompt=system_prompt)
+            data = prepare_dataset(
+                dataset_uri=dataset,
+                eval_dataset_uri=eval_dataset,
+                eval_fraction=eval_fraction,
+                model_name_or_path=model_name_or_path,
+                max_prompt_length=max_prompt_length,
+                seed=seed,
+                dataset_config=dataset_config,
+                system_prompt=system_prompt,
+            )
             flavour(data).set_display_name("prepare dataset").set_caching_options(False)
             _hf_env(data, wiring.hf_token_secret)
             _workspace(data, wiring.workspace_pvc)
@@ -298,8 +321,9 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
                 kubernetes.add_pod_label(score, key, value)
             kubernetes.add_node_selector_json(score, gpu_node_selector)
             kubernetes.add_toleration_json(score, gpu_tolerations)
-            kubernetes.empty_dir_mount(score, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                                       size_limit=SHM_SIZE_LIMIT)
+            kubernetes.empty_dir_mount(
+                score, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE_LIMIT
+            )
             if gpu:
                 score.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
 

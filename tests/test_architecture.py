@@ -42,8 +42,10 @@ def _imported_roles(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         names = []
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "async_grpo":
-            names = [f"async_grpo.{a.name}" if (SRC / a.name).is_dir() or (SRC / f"{a.name}.py").is_file()
-                     else "async_grpo" for a in node.names]  # a submodule, or a name of the package itself
+            names = [
+                f"async_grpo.{a.name}" if (SRC / a.name).is_dir() or (SRC / f"{a.name}.py").is_file() else "async_grpo"
+                for a in node.names
+            ]  # a submodule, or a name of the package itself
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
         elif isinstance(node, ast.Import):
@@ -69,6 +71,9 @@ def test_a_role_imports_only_the_roles_below_it(role):
 
 def test_no_lower_layer_imports_the_runner_trainer_or_launch():
     lower = ("rewards", "algorithms", "transports", "inference", "tools")
-    offenders = {str(p.relative_to(SRC)): sorted(_imported_roles(p) & {"launch", "runner", "trainer"})
-                 for role in lower for p in (SRC / role).rglob("*.py")}
+    offenders = {
+        str(p.relative_to(SRC)): sorted(_imported_roles(p) & {"launch", "runner", "trainer"})
+        for role in lower
+        for p in (SRC / role).rglob("*.py")
+    }
     assert not {k: v for k, v in offenders.items() if v}

@@ -65,8 +65,7 @@ def case_env(monkeypatch, tmp_path):
             if torch.cuda.is_available():
                 pytest.skip("the case needs a machine without CUDA")
         text = path.read_text()
-        return [] if "output_dir:" in text else [
-            f"output_dir={tmp_path / 'run'}"]
+        return [] if "output_dir:" in text else [f"output_dir={tmp_path / 'run'}"]
 
     return apply
 
@@ -103,12 +102,22 @@ def test_a_missing_config_file_exits_2(case_env, capsys):
 
 
 def test_every_problem_is_reported_at_once(case_env, launches, capsys):
-    code = cli.main(["validate", "examples/tiny_cpu.yaml", "dataset=tests/bad_inputs/data/good.jsonl",
-                     "vllm_extra_args=[--seed=3]", "reward_url=http://127.0.0.1:9"])
+    code = cli.main(
+        [
+            "validate",
+            "examples/tiny_cpu.yaml",
+            "dataset=tests/bad_inputs/data/good.jsonl",
+            "vllm_extra_args=[--seed=3]",
+            "reward_url=http://127.0.0.1:9",
+        ]
+    )
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert code == 2
     assert [line.split(":")[1].strip() for line in lines] == [
-        "data.warmup_sft_steps", "inference.vllm_extra_args", "rewards.reward_url"]
+        "data.warmup_sft_steps",
+        "inference.vllm_extra_args",
+        "rewards.reward_url",
+    ]
 
 
 def _vllm_children(proc: psutil.Process) -> set[int]:
@@ -125,18 +134,27 @@ def _vllm_children(proc: psutil.Process) -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("case, args", [
-    ("missing config file", ["tests/bad_inputs/configs/missing.yaml"]),
-    ("yaml syntax error", ["tests/bad_inputs/configs/03_yaml_syntax_error.yaml"]),
-    ("warm start on a user dataset", ["tests/bad_inputs/configs/20_warmup_sft_user_dataset.yaml"]),
-    ("reward service unreachable", ["tests/bad_inputs/configs/52_reward_url_unreachable.yaml"]),
-    ("output_dir not writable", ["tests/bad_inputs/configs/53_output_dir_inside_file.yaml"]),
-])
+@pytest.mark.parametrize(
+    "case, args",
+    [
+        ("missing config file", ["tests/bad_inputs/configs/missing.yaml"]),
+        ("yaml syntax error", ["tests/bad_inputs/configs/03_yaml_syntax_error.yaml"]),
+        ("warm start on a user dataset", ["tests/bad_inputs/configs/20_warmup_sft_user_dataset.yaml"]),
+        ("reward service unreachable", ["tests/bad_inputs/configs/52_reward_url_unreachable.yaml"]),
+        ("output_dir not writable", ["tests/bad_inputs/configs/53_output_dir_inside_file.yaml"]),
+    ],
+)
 def test_train_subprocess_exits_2_without_traceback_or_vllm(case, args, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, "-m", "async_grpo.cli", "train", *args], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "async_grpo.cli", "train", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ps, seen, deadline = psutil.Process(proc.pid), set(), time.monotonic() + SUBPROCESS_LIMIT_S
     while proc.poll() is None and time.monotonic() < deadline:
         seen |= _vllm_children(ps)

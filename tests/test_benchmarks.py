@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(script: str, *args: str, timeout_s: float = 600) -> str:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
-                         timeout=timeout_s, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -45,9 +50,14 @@ def test_vs_trl_reduced():
 
 @pytest.mark.integration
 def test_gpu_sh_reduced_cpu_mode(tmp_path):
-    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--reduced", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=400, cwd=ROOT,
-                         env={**os.environ, "PYTHON": sys.executable})
+    out = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--reduced", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "mode reduced-cpu" in out.stdout and "x the float32 steps/s" in out.stdout
     overlap = (tmp_path / "overlap.txt").read_text()  # gpu.sh's reduced mode is the CI run of overlap.py and

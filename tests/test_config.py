@@ -98,8 +98,7 @@ def test_clip_max_alias_sets_the_cap(tmp_path):
 
 
 def test_groups_per_step():
-    config = load_config(None, ["per_device_train_batch_size=12", "gradient_accumulation_steps=2",
-                                "num_generations=4"])
+    config = load_config(None, ["per_device_train_batch_size=12", "gradient_accumulation_steps=2", "num_generations=4"])
     assert config.groups_per_step == 6
     assert GRPOConfig().groups_per_step == 1  # 8 x 1 / 8
 
@@ -287,6 +286,8 @@ def test_multi_rank_launch_without_torchrun_env_is_refused_before_anything_start
 def test_cispo_with_a_ratio_cap_below_one_is_refused_with_the_fix():
     from async_grpo.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"loss_type=cispo caps the importance ratio.*Fix: set epsilon_high, e.g. 5.0"):
+    with pytest.raises(
+        ConfigError, match=r"loss_type=cispo caps the importance ratio.*Fix: set epsilon_high, e.g. 5.0"
+    ):
         load_config(None, ["loss_type=cispo", "epsilon_high=0.28"])
     assert load_config(None, ["loss_type=cispo", "epsilon_high=5.0"]).epsilon_high_value == 5.0

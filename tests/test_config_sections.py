@@ -94,9 +94,17 @@ def test_flat_yaml_equals_nested_yaml(tmp_path):
 
 
 def test_mixed_flat_dotted_and_nested_keys(tmp_path):
-    path = write_yaml(tmp_path, {"learning_rate": 2e-5, "optim": {"max_steps": 7}, "loss.loss_type": "grpo",
-                                 "vllm_importance_sampling_clip_max": 4.0, "sampling": {"temperature": 0.5},
-                                 "seed": 3})
+    path = write_yaml(
+        tmp_path,
+        {
+            "learning_rate": 2e-5,
+            "optim": {"max_steps": 7},
+            "loss.loss_type": "grpo",
+            "vllm_importance_sampling_clip_max": 4.0,
+            "sampling": {"temperature": 0.5},
+            "seed": 3,
+        },
+    )
     config = load_config(path)
     assert (config.optim.learning_rate, config.optim.max_steps, config.loss.loss_type) == (2e-5, 7, "grpo")
     assert config.off_policy.vllm_importance_sampling_cap == 4.0
@@ -124,16 +132,19 @@ def test_conflicting_spellings_of_one_field_are_an_error_naming_both(tmp_path, d
 
 
 def test_override_wins_over_the_file_however_either_spells_the_field(tmp_path):
-    path = write_yaml(tmp_path, {"optim": {"learning_rate": 1e-4}, "max_steps": 9,
-                                 "off_policy": {"vllm_importance_sampling_clip_max": 4.0}})
+    path = write_yaml(
+        tmp_path,
+        {"optim": {"learning_rate": 1e-4}, "max_steps": 9, "off_policy": {"vllm_importance_sampling_clip_max": 4.0}},
+    )
     config = load_config(path, ["learning_rate=2e-5", "optim.max_steps=3", "vllm_importance_sampling_cap=6"])
     assert (config.optim.learning_rate, config.optim.max_steps) == (2e-5, 3)
     assert config.off_policy.vllm_importance_sampling_cap == 6.0
 
 
 def test_dotted_and_section_overrides():
-    config = load_config(None, ["optim.learning_rate=3e-5", "tracking.run_name=2024",
-                                "loss={loss_type: grpo, beta: 0.01}"])
+    config = load_config(
+        None, ["optim.learning_rate=3e-5", "tracking.run_name=2024", "loss={loss_type: grpo, beta: 0.01}"]
+    )
     assert config.optim.learning_rate == 3e-5
     assert config.tracking.run_name == "2024"  # a string field keeps the raw text, dotted too
     assert (config.loss.loss_type, config.loss.beta) == ("grpo", 0.01)
@@ -141,8 +152,13 @@ def test_dotted_and_section_overrides():
 
 
 def test_keyword_construction_with_flat_trl_names():
-    flat = {"learning_rate": 1e-5, "max_steps": 5, "loss_type": "bnpo", "reward_url": "http://reward:8080",
-            "output_dir": "runs/x"}
+    flat = {
+        "learning_rate": 1e-5,
+        "max_steps": 5,
+        "loss_type": "bnpo",
+        "reward_url": "http://reward:8080",
+        "output_dir": "runs/x",
+    }
     config = GRPOConfig(**flat)
     assert flat_dump(config, exclude_defaults=True) == flat
     assert GRPOConfig.model_validate(flat_dump(config)) == config
@@ -196,7 +212,11 @@ def test_assigning_sections_and_fields_is_validated():
     config.loss = GRPOConfig(loss_type="grpo").loss
     config.sampling.temperature = 0.5
     assert (config.seed, config.optim.max_steps, config.loss.loss_type, config.sampling.temperature) == (
-        5, 4, "grpo", 0.5)
+        5,
+        4,
+        "grpo",
+        0.5,
+    )
     assert config.optim.learning_rate == 1e-6  # a section given as a mapping starts from its defaults
     with pytest.raises(ValidationError, match="max_steps"):
         config.optim.max_steps = 0
@@ -245,4 +265,8 @@ def test_flatten_and_lookup_helpers():
     assert lookup_field("vllm_importance_sampling_clip_max") is FIELDS["vllm_importance_sampling_cap"]
     assert lookup_field("loss.learning_rate") is None and lookup_field("nope") is None
     assert flatten_mapping({"optim": {"learning_rate": 1.0}, "seed": 1, "typo": 2, "optim.typo": 3}) == {
-        "learning_rate": 1.0, "seed": 1, "typo": 2, "optim.typo": 3}
+        "learning_rate": 1.0,
+        "seed": 1,
+        "typo": 2,
+        "optim.typo": 3,
+    }

@@ -25,18 +25,28 @@ def test_tools_loads_flat_nested_dotted_and_round_trips(tmp_path):
     assert flat.model_copy(update={"tools": []}).tools.tools == []
 
 
-@pytest.mark.parametrize(("tools", "says"), [
-    (["calculator"], "Did you mean 'builtin:calculator'"), (["x.py:"], "is not `builtin:<name>`"),
-    (CALC * 2, "more than once"),
-])
+@pytest.mark.parametrize(
+    ("tools", "says"),
+    [
+        (["calculator"], "Did you mean 'builtin:calculator'"),
+        (["x.py:"], "is not `builtin:<name>`"),
+        (CALC * 2, "more than once"),
+    ],
+)
 def test_bad_tool_specs_fail_naming_the_entry(tools, says):
     with pytest.raises(ValidationError, match=says):
         GRPOConfig(tools=tools)
 
 
 def test_limits_are_checked_and_a_data_producer_is_refused():
-    for bad in ({"max_tool_calling_iterations": 0}, {"max_tool_response_length": 0}, {"tool_timeout_s": 0},
-                {"tool_cpu_seconds": -1}, {"tool_memory_mb": 8}, {"tool_num_workers": 0}):
+    for bad in (
+        {"max_tool_calling_iterations": 0},
+        {"max_tool_response_length": 0},
+        {"tool_timeout_s": 0},
+        {"tool_cpu_seconds": -1},
+        {"tool_memory_mb": 8},
+        {"tool_num_workers": 0},
+    ):
         with pytest.raises(ValidationError):
             GRPOConfig(tools=CALC, **bad)
     assert GRPOConfig(tools=CALC, tool_cpu_seconds=None, tool_memory_mb=None).tools.tool_memory_mb is None

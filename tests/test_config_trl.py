@@ -19,9 +19,19 @@ trl = pytest.importorskip("trl")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRL_EXAMPLE = REPO_ROOT / "examples" / "trl_qwen_gsm8k.yaml"
 # The fields a typical TRL GRPO YAML had that the issue found refused as unknown.
-ISSUE_FIELDS = {"lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "bf16": False, "gradient_checkpointing": True,
-                "use_vllm": True, "vllm_mode": "server", "save_steps": 100, "report_to": "mlflow",
-                "push_to_hub": False, "log_completions": True, "dataset_name": "builtin:add"}
+ISSUE_FIELDS = {
+    "lr_scheduler_type": "cosine",
+    "warmup_ratio": 0.1,
+    "bf16": False,
+    "gradient_checkpointing": True,
+    "use_vllm": True,
+    "vllm_mode": "server",
+    "save_steps": 100,
+    "report_to": "mlflow",
+    "push_to_hub": False,
+    "log_completions": True,
+    "dataset_name": "builtin:add",
+}
 
 
 def trl_field_names() -> list[str]:
@@ -36,8 +46,9 @@ def test_every_trl_grpo_config_field_has_a_disposition():
 def test_the_docs_table_lists_every_trl_field_with_its_disposition():
     from async_grpo.config.trl_table import render_table
 
-    assert (REPO_ROOT / "docs" / "trl.md").read_text() == render_table(), \
+    assert (REPO_ROOT / "docs" / "trl.md").read_text() == render_table(), (
         "docs/trl.md is stale. Fix: python -m async_grpo.config.trl_table > docs/trl.md"
+    )
 
 
 def test_the_issues_trl_fields_all_load(caplog):
@@ -53,7 +64,10 @@ def test_trl_example_yaml_validates_offline_with_hub_ids():
     config = load_config(TRL_EXAMPLE)
     assert config.model_name_or_path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (config.data.dataset, config.data.dataset_config, config.data.dataset_test_split) == (
-        "openai/gsm8k", "main", "test")
+        "openai/gsm8k",
+        "main",
+        "test",
+    )
     assert config.optim.bf16 and config.optim.gradient_checkpointing and config.optim.lr_scheduler_type == "cosine"
     assert config.inference.vllm_max_model_len == 1024 and config.off_policy.vllm_importance_sampling_cap == 3.0
     assert config.data.eval_strategy == "steps" and config.data.eval_steps == 50
@@ -77,8 +91,16 @@ def test_refused_trl_values_name_the_field_and_the_reason(key, value, reason):
 
 
 def test_trl_names_as_overrides_and_did_you_mean():
-    config = load_config(None, ["use_vllm=true", "vllm_server_base_url=http://vllm:8000", "weight_sync_steps=3",
-                                "optim=adamw_torch_fused", "dataloader_num_workers=4"])
+    config = load_config(
+        None,
+        [
+            "use_vllm=true",
+            "vllm_server_base_url=http://vllm:8000",
+            "weight_sync_steps=3",
+            "optim=adamw_torch_fused",
+            "dataloader_num_workers=4",
+        ],
+    )
     assert config.inference.vllm_url == "http://vllm:8000" and config.weight_sync.vllm_sync_interval == 3
     with pytest.raises(ConfigError, match="did you mean `lr_scheduler_type`"):
         load_config(None, ["lr_scheduler_typ=cosine"])
@@ -156,8 +178,14 @@ def test_a_resolved_trl_grpo_config_loads_with_every_shared_field_equal(tmp_path
 
 
 def test_a_default_trl_dump_loads_once_vllm_server_mode_is_chosen(tmp_path):
-    data = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_vllm=True, vllm_mode="server",
-                          vllm_max_model_length=1024).to_dict()
+    data = trl.GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_max_model_length=1024,
+    ).to_dict()
     config = GRPOConfig.model_validate(data)
     assert config.optim.max_steps == -1 and config.optim.num_train_epochs == 3.0  # TRL: epochs decide
     assert config.optim.gradient_checkpointing  # TRL's default

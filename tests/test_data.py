@@ -10,7 +10,10 @@ from async_grpo.tiny_model import build_tiny_tokenizer
 
 STANDARD = [{"prompt": "reverse: abc\n", "answer": "cba"}, {"prompt": "reverse: xyz\n", "answer": "zyx"}]
 CONVERSATIONAL = [
-    {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "reverse: abc"}], "answer": "cba"},
+    {
+        "prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "reverse: abc"}],
+        "answer": "cba",
+    },
     {"prompt": [{"role": "user", "content": "reverse: xyz"}], "answer": "zyx"},
 ]
 
@@ -58,8 +61,9 @@ def test_builtin_splits():
 
 
 def test_dataset_dict_folder_picks_the_split(tmp_path):
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(STANDARD),
-                               "test": datasets.Dataset.from_list(STANDARD[:1])})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(STANDARD), "test": datasets.Dataset.from_list(STANDARD[:1])}
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     assert len(load_prompt_dataset(str(tmp_path / "dd"), split="train")) == 2
     assert len(load_prompt_dataset(str(tmp_path / "dd"), split="eval")) == 1
@@ -71,8 +75,11 @@ def test_dataset_dict_folder_picks_the_split(tmp_path):
 @pytest.mark.parametrize(
     ("rows", "match"),
     [
-        ([{"text": "q", "label": "a"}], r"column 'prompt' missing; found columns \['text', 'label'\]. "
-                                         r"Fix: rename your prompt column to 'prompt'"),
+        (
+            [{"text": "q", "label": "a"}],
+            r"column 'prompt' missing; found columns \['text', 'label'\]. "
+            r"Fix: rename your prompt column to 'prompt'",
+        ),
         ([{"prompt": 3}], r"row 0 field 'prompt' is a int, not a string or a list of messages. Fix:"),
         ([{"prompt": ""}], "row 0 field 'prompt' is an empty string"),
         ([{"prompt": [{"role": "user"}]}], "row 0 field 'prompt' message 0 key 'content' is missing"),
@@ -93,7 +100,9 @@ def test_bad_specs(tmp_path):
     (tmp_path / "data.csv").write_text("prompt\nx\n")
     with pytest.raises(ValueError, match=r"unsupported file type '.csv'. Fix: convert it"):
         load_prompt_dataset(str(tmp_path / "data.csv"), split="train")
-    with pytest.raises(ValueError, match=r"unknown builtin task. Fix: use one of \['builtin:add', 'builtin:calc', 'builtin:reverse'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown builtin task. Fix: use one of \['builtin:add', 'builtin:calc', 'builtin:reverse'\]"
+    ):
         load_prompt_dataset("builtin:nope", split="train")
     (tmp_path / "empty_folder").mkdir()
     with pytest.raises(ValueError, match="not a datasets.save_to_disk folder"):

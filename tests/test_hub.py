@@ -68,9 +68,11 @@ def test_a_hub_dataset_id_with_config_and_splits_loads_from_the_cache(hf_cache):
     (snap / "README.md").write_text(CARD)
     (snap / "main").mkdir()
     datasets.Dataset.from_list([{"question": "1+1?", "answer": "#### 2"}] * 3).to_parquet(
-        snap / "main" / "train-00000-of-00001.parquet")
+        snap / "main" / "train-00000-of-00001.parquet"
+    )
     datasets.Dataset.from_list([{"question": "2+2?", "answer": "#### 4"}]).to_parquet(
-        snap / "main" / "test-00000-of-00001.parquet")
+        snap / "main" / "test-00000-of-00001.parquet"
+    )
     train = load_prompt_dataset("acme/gsm", split="train", config_name="main", system_prompt="sys")
     assert len(train) == 3 and train[0]["answer"] == "2" and train[0]["prompt"][0]["role"] == "system"
     test = load_prompt_dataset("acme/gsm", split="eval", config_name="main")
@@ -82,9 +84,12 @@ def test_a_hub_dataset_id_with_config_and_splits_loads_from_the_cache(hf_cache):
 
 def test_offline_without_a_cached_copy_is_a_clear_error(hf_cache, tmp_path):
     with pytest.raises(hub.HubUnavailable, match="hub cannot be reached.*offline mode.*no copy.*Fix"):
-        builders.resolve_model_path(GRPOConfig(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct",
-                                               output_dir=str(tmp_path)))
-    with pytest.raises(hub.HubUnavailable, match="dataset 'openai/gsm8k'.*hf download openai/gsm8k --repo-type dataset"):
+        builders.resolve_model_path(
+            GRPOConfig(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", output_dir=str(tmp_path))
+        )
+    with pytest.raises(
+        hub.HubUnavailable, match="dataset 'openai/gsm8k'.*hf download openai/gsm8k --repo-type dataset"
+    ):
         load_prompt_dataset("openai/gsm8k", split="train", config_name="main")
 
 

@@ -49,8 +49,10 @@ def test_the_gpu_example_fails_only_for_its_model_folder_on_this_machine(capsys)
     assert cli.main(["validate", "examples/tools_gpu.yaml", "--target", "cluster"]) == 2
     errors = capsys.readouterr().err
     assert "model_name_or_path='/models/Qwen2.5-1.5B-Instruct'" in errors and "examples/tools/arithmetic.py" in errors
-    on_volume = ["model_name_or_path=/workspace/models/Qwen2.5-1.5B-Instruct",
-                 "tools=[/workspace/tools/arithmetic.py:multiply, /workspace/tools/arithmetic.py:add]"]
+    on_volume = [
+        "model_name_or_path=/workspace/models/Qwen2.5-1.5B-Instruct",
+        "tools=[/workspace/tools/arithmetic.py:multiply, /workspace/tools/arithmetic.py:add]",
+    ]
     assert cli.main(["validate", "examples/tools_gpu.yaml", *on_volume, "--target", "cluster"]) == 0
 
 
@@ -62,12 +64,20 @@ def test_the_hub_example_says_what_it_could_not_check(capsys):
 
 
 def test_the_cluster_target_skips_exactly_the_checks_of_this_machine(tmp_path):
-    config = GRPOConfig(model_name_or_path="/nonexistent/model", output_dir=f"{BAD}/README.md/run",
-                        weight_sync_backend="nccl", mlflow_tracking_uri="http://127.0.0.1:9",
-                        reward_url="http://127.0.0.1:9")
+    config = GRPOConfig(
+        model_name_or_path="/nonexistent/model",
+        output_dir=f"{BAD}/README.md/run",
+        weight_sync_backend="nccl",
+        mlflow_tracking_uri="http://127.0.0.1:9",
+        reward_url="http://127.0.0.1:9",
+    )
     local = preflight(config, skip=["weight_sync_device"])
-    assert [p.field for p in local.problems] == ["output_dir", "tracking.mlflow_tracking_uri", "rewards.reward_url",
-                                                 "model_name_or_path"]
+    assert [p.field for p in local.problems] == [
+        "output_dir",
+        "tracking.mlflow_tracking_uri",
+        "rewards.reward_url",
+        "model_name_or_path",
+    ]
     cluster = preflight(config, target="cluster")
     assert cluster.ok, cluster.problems
     assert set(cluster.checked) == set(CHECKS) - set(LOCAL_ONLY)

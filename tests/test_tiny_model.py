@@ -43,7 +43,12 @@ def test_tokenizer_special_tokens(tokenizer):
 
 @pytest.mark.parametrize(
     "text",
-    ["reverse: abcd\n", "  two  spaces, tabs\tand\nnewlines\n\n", "<answer>dcba</answer> x=1+2*3? yes!", "naïve café 日本"],
+    [
+        "reverse: abcd\n",
+        "  two  spaces, tabs\tand\nnewlines\n\n",
+        "<answer>dcba</answer> x=1+2*3? yes!",
+        "naïve café 日本",
+    ],
 )
 def test_round_trip(tokenizer, text):
     assert tokenizer.decode(tokenizer.encode(text)) == text

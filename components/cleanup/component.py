@@ -57,8 +57,12 @@ def cleanup(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_work_dir(work_dir)  # in a cluster pod, only a folder on the workspace volume
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
-    log.info("pipeline %s ended %s %s", pipeline_status.pipeline_job_resource_name, pipeline_status.state,
-             pipeline_status.error_message or "")
+    log.info(
+        "pipeline %s ended %s %s",
+        pipeline_status.pipeline_job_resource_name,
+        pipeline_status.state,
+        pipeline_status.error_message or "",
+    )
 
     removed: list[str] = []
     if launch_backend == "kubernetes":

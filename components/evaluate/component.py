@@ -104,37 +104,59 @@ def evaluate(
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model artifact {model_dir} holds no HF checkpoint (config.json missing).")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    items, too_long = load_prompt_items(tokenizer, dataset.path, "eval", seed=config.seed,
-                                        max_prompt_length=config.data.max_prompt_length,
-                                        limit=num_prompts or config.data.eval_num_prompts)
+    items, too_long = load_prompt_items(
+        tokenizer,
+        dataset.path,
+        "eval",
+        seed=config.seed,
+        max_prompt_length=config.data.max_prompt_length,
+        limit=num_prompts or config.data.eval_num_prompts,
+    )
     if too_long:
         log.warning("%d held-out prompts are longer than max_prompt_length and were left out", too_long)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_dir = Path(config.output_dir) if Path(config.output_dir).is_dir() else Path(tempfile.mkdtemp())
-    cmd = build_server_command(str(model_dir), port=port, dtype=config.inference.vllm_dtype,
-                               max_model_len=config.inference.vllm_max_model_len,
-                               weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
-                               seed=config.seed, extra_args=config.vllm_serve_args)
-    server = VLLMServer(cmd, server_env(config.inference.vllm_kv_cache_gib), log_dir / "vllm-eval.log", url,
-                        config.inference.vllm_startup_timeout_s)
+    cmd = build_server_command(
+        str(model_dir),
+        port=port,
+        dtype=config.inference.vllm_dtype,
+        max_model_len=config.inference.vllm_max_model_len,
+        weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+        seed=config.seed,
+        extra_args=config.vllm_serve_args,
+    )
+    server = VLLMServer(
+        cmd,
+        server_env(config.inference.vllm_kv_cache_gib),
+        log_dir / "vllm-eval.log",
+        url,
+        config.inference.vllm_startup_timeout_s,
+    )
     tool_service = None  # tool calls (a run with `tools`) run where the reward functions run
     with contextlib.ExitStack() as stack:
         if launch_backend == "kubernetes":  # reward code runs in a pod without credentials, checked by the policy
             from async_grpo.launch.kubernetes import EVAL_SERVICE_TIMEOUT_S, KubernetesBackend
 
             backend = KubernetesBackend(settings=dict(backend_options or {}))
-            reward_url, token = stack.enter_context(backend.reward_service(config, run_name or config.tracking.run_name
-                                                                           or "async-grpo"))
-            pool = RemoteRewardPool(reward_url, config.rewards.reward_timeout_s, config.rewards.reward_num_workers, token=token,
-                                    connect_timeout_s=EVAL_SERVICE_TIMEOUT_S)
+            reward_url, token = stack.enter_context(
+                backend.reward_service(config, run_name or config.tracking.run_name or "async-grpo")
+            )
+            pool = RemoteRewardPool(
+                reward_url,
+                config.rewards.reward_timeout_s,
+                config.rewards.reward_num_workers,
+                token=token,
+                connect_timeout_s=EVAL_SERVICE_TIMEOUT_S,
+            )
             tool_service = (reward_url, token)
         else:
             pool = RewardPool.from_config(config)
         stack.callback(pool.close)
-        rollout = build_rollout(config, pool, tokenizer, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                items, tool_service)  # the run's own rollout: multi-turn when it declares tools
+        rollout = build_rollout(
+            config, pool, tokenizer, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), items, tool_service
+        )  # the run's own rollout: multi-turn when it declares tools
         if hasattr(rollout, "close"):
             stack.callback(rollout.close)
         stack.callback(server.stop)
@@ -164,8 +186,11 @@ def evaluate(
     elif require_improvement and previous is not None and not reward > previous:
         passed, decision = False, f"skip: reward {reward:.4f} does not beat the {champion_alias} ({previous:.4f})"
     else:
-        passed, decision = True, f"register: reward {reward:.4f}" + (
-            f" beats the {champion_alias} ({previous:.4f})" if previous is not None else "")
+        passed, decision = (
+            True,
+            f"register: reward {reward:.4f}"
+            + (f" beats the {champion_alias} ({previous:.4f})" if previous is not None else ""),
+        )
     log.info("registration gate: %s", decision)
 
     final = {"final_eval/" + k.removeprefix("eval/"): v for k, v in scores.items()}

@@ -71,11 +71,13 @@ def prepare_dataset(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def local_spec(uri: str) -> str:
-        spec = uri[len("file://"):] if uri.startswith("file://") else uri
+        spec = uri[len("file://") :] if uri.startswith("file://") else uri
         local_path = not spec.startswith("builtin:") and not hub.looks_like_repo_id(spec)
         if local_path and in_cluster_pod() and work_dir_problems(spec):  # this pod holds HF_TOKEN: no other files
-            raise ValueError(f"dataset {spec!r}: in a cluster pod a dataset file must be a normalized path on the "
-                             "workspace volume (/workspace/...). Fix: copy it there.")
+            raise ValueError(
+                f"dataset {spec!r}: in a cluster pod a dataset file must be a normalized path on the "
+                "workspace volume (/workspace/...). Fix: copy it there."
+            )
         return spec
 
     source = local_spec(dataset_uri)
@@ -93,8 +95,13 @@ def prepare_dataset(
             held_out = load_prompt_dataset(source, split="eval", seed=seed, split_name=dataset_test_split, **options)
             eval_source = f"{source} ({dataset_test_split})"
         except ValueError as err:  # no such split: hold out a fraction below
-            log.warning("dataset %s has no usable %r split (%s); holding out %g of the training rows", source,
-                        dataset_test_split, str(err).splitlines()[0], eval_fraction)
+            log.warning(
+                "dataset %s has no usable %r split (%s); holding out %g of the training rows",
+                source,
+                dataset_test_split,
+                str(err).splitlines()[0],
+                eval_fraction,
+            )
     if held_out is None:
         if not 0.0 < eval_fraction <= 0.5:
             raise ValueError(
@@ -133,8 +140,12 @@ def prepare_dataset(
                     f"(shortest: {min(lengths)}). Fix: raise max_prompt_length or shorten the prompts."
                 )
             if too_long:
-                log.warning("%d of %d training prompts exceed %d tokens; training drops them",
-                            too_long, len(lengths), max_prompt_length)
+                log.warning(
+                    "%d of %d training prompts exceed %d tokens; training drops them",
+                    too_long,
+                    len(lengths),
+                    max_prompt_length,
+                )
 
     import datasets
 
@@ -143,7 +154,13 @@ def prepare_dataset(
         "source": source, "eval_source": eval_source, "train_rows": len(train), "eval_rows": len(held_out),
         "prompt_format": prompt_format, "columns": list(train.column_names), "too_long_prompts": too_long,
     })  # fmt: skip
-    log.info("dataset %s: %d train / %d held-out prompts (%s) -> %s", source, len(train), len(held_out),
-             prompt_format, dataset.path)
+    log.info(
+        "dataset %s: %d train / %d held-out prompts (%s) -> %s",
+        source,
+        len(train),
+        len(held_out),
+        prompt_format,
+        dataset.path,
+    )
     outputs = namedtuple("PrepareOutputs", ["train_rows", "eval_rows", "prompt_format"])
     return outputs(len(train), len(held_out), prompt_format)

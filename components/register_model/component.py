@@ -63,8 +63,10 @@ def register_model(
     if not registered_model_name:
         raise ValueError("registered_model_name is empty. Fix: name the registry entry, e.g. async-grpo-tiny.")
     if "eval_reward" not in metrics.metadata:
-        raise ValueError(f"metrics artifact has no eval_reward (keys: {sorted(metrics.metadata)}); "
-                         "it must come from the evaluate component.")
+        raise ValueError(
+            f"metrics artifact has no eval_reward (keys: {sorted(metrics.metadata)}); "
+            "it must come from the evaluate component."
+        )
     reward = float(metrics.metadata["eval_reward"])
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
@@ -73,26 +75,40 @@ def register_model(
     if not source and client.list_artifacts(mlflow_run_id, "model"):
         source = f"{run.info.artifact_uri}/model"
     if not source:
-        raise FileNotFoundError(f"MLflow run {mlflow_run_id} logged no model to register. "
-                                "Fix: train with save_model=true, and check the trainer log for a failed upload.")
+        raise FileNotFoundError(
+            f"MLflow run {mlflow_run_id} logged no model to register. "
+            "Fix: train with save_model=true, and check the trainer log for a failed upload."
+        )
     try:
-        client.create_registered_model(registered_model_name,
-                                       description="async GRPO checkpoints; the alias marks the best held-out reward")
+        client.create_registered_model(
+            registered_model_name, description="async GRPO checkpoints; the alias marks the best held-out reward"
+        )
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    tags = {"eval_reward": repr(reward), "kfp.run_name": str(model.metadata.get("run_name", "")),
-            "base_model": str(model.metadata.get("base_model", ""))}
-    version = client.create_model_version(registered_model_name, source=source, run_id=mlflow_run_id, tags=tags,
-                                          description=f"held-out reward {reward:.4f}")
+    tags = {
+        "eval_reward": repr(reward),
+        "kfp.run_name": str(model.metadata.get("run_name", "")),
+        "base_model": str(model.metadata.get("base_model", "")),
+    }
+    version = client.create_model_version(
+        registered_model_name,
+        source=source,
+        run_id=mlflow_run_id,
+        tags=tags,
+        description=f"held-out reward {reward:.4f}",
+    )
     deadline = time.monotonic() + registration_timeout_s
     while version.status != "READY":
         if version.status == "FAILED_REGISTRATION":
-            raise RuntimeError(f"registering {registered_model_name} v{version.version} failed: "
-                               f"{version.status_message}")
+            raise RuntimeError(
+                f"registering {registered_model_name} v{version.version} failed: {version.status_message}"
+            )
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{registered_model_name} v{version.version} not READY after "
-                               f"{registration_timeout_s:.0f} s (status {version.status}).")
+            raise TimeoutError(
+                f"{registered_model_name} v{version.version} not READY after "
+                f"{registration_timeout_s:.0f} s (status {version.status})."
+            )
         time.sleep(1.0)
         version = client.get_model_version(registered_model_name, version.version)
     client.set_registered_model_alias(registered_model_name, champion_alias, version.version)

@@ -164,21 +164,29 @@ def train_grpo(
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(base, sort_keys=False))
         config = load_config(path, list(extra_overrides or []))
-    pinned = {"run_name": (config.tracking.run_name, name), "dataset": (config.data.dataset, base["dataset"]),
-              "eval_dataset": (config.data.eval_dataset, base["eval_dataset"])}
+    pinned = {
+        "run_name": (config.tracking.run_name, name),
+        "dataset": (config.data.dataset, base["dataset"]),
+        "eval_dataset": (config.data.eval_dataset, base["eval_dataset"]),
+    }
     if work_dir:
         pinned["output_dir"] = (config.output_dir, base["output_dir"])
     changed = sorted(field for field, (got, want) in pinned.items() if got != want)
     if changed:  # a run may not take another run's name or folders: cleanup and MLflow key on them
-        raise ConfigError(f"extra_overrides may not set {changed}: the pipeline sets them (the run's unique name, its "
-                          "folder and the staged dataset). Fix: use the pipeline's run_name, work_dir and dataset "
-                          "parameters instead.")
+        raise ConfigError(
+            f"extra_overrides may not set {changed}: the pipeline sets them (the run's unique name, its "
+            "folder and the staged dataset). Fix: use the pipeline's run_name, work_dir and dataset "
+            "parameters instead."
+        )
     if not config.checkpoint.save_model:
-        raise ConfigError("save_model is false, but the pipeline evaluates and registers the checkpoint. "
-                          "Fix: drop save_model=false.")
+        raise ConfigError(
+            "save_model is false, but the pipeline evaluates and registers the checkpoint. Fix: drop save_model=false."
+        )
     if config.tracking.report_to != "mlflow":
-        raise ConfigError("report_to is none, but the pipeline evaluates and registers the model through the "
-                          "run's MLflow run. Fix: report_to: mlflow.")
+        raise ConfigError(
+            "report_to is none, but the pipeline evaluates and registers the model through the "
+            "run's MLflow run. Fix: report_to: mlflow."
+        )
 
     if launch_backend == "local":
         from async_grpo.launch.local import LocalBackend
@@ -198,16 +206,30 @@ def train_grpo(
     else:
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
 
-    log.info("launching run %r with the %s backend (timeout %.0f s): model=%s dataset=%s max_steps=%d output_dir=%s",
-             name, launch_backend, launch_timeout_s, config.model_name_or_path, config.data.dataset, config.optim.max_steps,
-             config.output_dir)
+    log.info(
+        "launching run %r with the %s backend (timeout %.0f s): model=%s dataset=%s max_steps=%d output_dir=%s",
+        name,
+        launch_backend,
+        launch_timeout_s,
+        config.model_name_or_path,
+        config.data.dataset,
+        config.optim.max_steps,
+        config.output_dir,
+    )
     result = backend.launch(config, timeout_s=launch_timeout_s)
-    log.info("run %r finished: MLflow run %s at %s; metrics %s", name, result.mlflow_run_id, result.tracking_uri,
-             result.metrics)
+    log.info(
+        "run %r finished: MLflow run %s at %s; metrics %s",
+        name,
+        result.mlflow_run_id,
+        result.tracking_uri,
+        result.metrics,
+    )
 
     if not result.model_dir or not (Path(result.model_dir) / "config.json").is_file():
-        raise RuntimeError(f"run {name!r} finished but left no HF checkpoint at {result.model_dir!r}. "
-                           "Fix: check the trainer logs; save_model must stay true.")
+        raise RuntimeError(
+            f"run {name!r} finished but left no HF checkpoint at {result.model_dir!r}. "
+            "Fix: check the trainer logs; save_model must stay true."
+        )
     shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
     model.metadata.update({
         "mlflow_run_id": result.mlflow_run_id, "tracking_uri": result.tracking_uri, "run_name": name,

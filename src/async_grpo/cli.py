@@ -21,8 +21,10 @@ def _field_help() -> str:
     """Every config field, grouped by section, with its default and description."""
     from async_grpo.config import FIELDS, SECTIONS
 
-    lines = ["config fields, by section. In YAML give them flat (`learning_rate: 1e-5`, TRL names) or nested",
-             "(`optim: {learning_rate: 1e-5}`); override them as `learning_rate=1e-5` or `optim.learning_rate=1e-5`."]
+    lines = [
+        "config fields, by section. In YAML give them flat (`learning_rate: 1e-5`, TRL names) or nested",
+        "(`optim: {learning_rate: 1e-5}`); override them as `learning_rate=1e-5` or `optim.learning_rate=1e-5`.",
+    ]
     for section, doc in [(None, "top level"), *((name, model.__doc__ or "") for name, model in SECTIONS.items())]:
         lines.append("")
         lines.append(f"{section}: {doc.strip()}" if section else f"({doc})")
@@ -82,8 +84,10 @@ def _print_summary(s) -> None:
         table.add_row("held-out reward (before -> after)", f"{before:.3f} -> {after:.3f}")
     if "eval_no_tools/reward" in s.eval_after:  # a tool-calling run: the final model with and without its tools
         table.add_row("held-out reward, final model without tools", f"{s.eval_after['eval_no_tools/reward']:.3f}")
-    for key, label in (("eval/tools/call_frequency", "tool calls per completion"),
-                       ("eval/tools/failure_frequency", "tool-call failures per call")):
+    for key, label in (
+        ("eval/tools/call_frequency", "tool calls per completion"),
+        ("eval/tools/failure_frequency", "tool-call failures per call"),
+    ):
         if key in s.eval_before and key in s.eval_after:
             table.add_row(f"{label} (before -> after)", f"{s.eval_before[key]:.3f} -> {s.eval_after[key]:.3f}")
     table.add_row("steps", f"{s.steps} in {s.train_s:.1f} s ({s.steps_per_s:.2f} steps/s)")
@@ -105,8 +109,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     cluster_flags = args.policy or args.settings or args.set
     if cluster_flags and args.target != "cluster":
-        return print_user_error(ConfigError("--policy, --settings and --set check a cluster run. Fix: add "
-                                            "--target cluster."))
+        return print_user_error(
+            ConfigError("--policy, --settings and --set check a cluster run. Fix: add --target cluster.")
+        )
     source = None
     try:
         if args.target == "cluster":  # exactly what `render` checks, the policy first (cli_render.check_cluster_run)
@@ -143,21 +148,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="run a GRPO job", epilog=_field_help(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "train", help="run a GRPO job", epilog=_field_help(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("config", help="YAML config, e.g. examples/tiny_cpu.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides (values parsed as YAML)")
     p.add_argument("--vllm-url", help="attach to a running vLLM server instead of starting one")
     p.set_defaults(func=_cmd_train)
-    p = sub.add_parser("validate", help="check a config and its dataset, reward functions and services without "
-                                        "starting anything (exit 0: OK, 2: errors)")
+    p = sub.add_parser(
+        "validate",
+        help="check a config and its dataset, reward functions and services without "
+        "starting anything (exit 0: OK, 2: errors)",
+    )
     p.add_argument("config", help="YAML config, e.g. examples/tiny_cpu.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides (values parsed as YAML)")
-    p.add_argument("--target", choices=["local", "cluster"], default="local",
-                   help="where the run will execute: local (default) checks this machine too (model folder, "
-                        "output_dir, device, MLflow, reward service); cluster checks only what does not depend on it")
-    p.add_argument("--skip", action="append", default=[], choices=list(CHECKS), metavar="CHECK",
-                   help=f"a check not to run (repeatable): one of {', '.join(CHECKS)}")
+    p.add_argument(
+        "--target",
+        choices=["local", "cluster"],
+        default="local",
+        help="where the run will execute: local (default) checks this machine too (model folder, "
+        "output_dir, device, MLflow, reward service); cluster checks only what does not depend on it",
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=list(CHECKS),
+        metavar="CHECK",
+        help=f"a check not to run (repeatable): one of {', '.join(CHECKS)}",
+    )
     from async_grpo import cli_pipeline, cli_render
 
     cli_render.add_cluster_arguments(p)  # with --target cluster: the platform policy and settings, as `render`
@@ -169,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     cli_render.register(sub)  # async-grpo render CONFIG --backend kubernetes -o DIR
     cli_pipeline.register(sub)  # async-grpo pipeline compile|submit|schedule|run-local
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("httpx", "urllib3", "alembic", "mlflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return args.func(args)

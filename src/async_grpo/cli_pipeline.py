@@ -59,8 +59,9 @@ def _typed(name: str, raw: str, parameter_type: str) -> Any:
         try:
             return expected(raw.strip())  # float("1e-5") works where YAML 1.1 reads a string
         except ValueError:
-            raise ConfigError(f"pipeline parameter {name}={raw!r} is not a {parameter_type.lower()}. "
-                              "Fix: give one.") from None
+            raise ConfigError(
+                f"pipeline parameter {name}={raw!r} is not a {parameter_type.lower()}. Fix: give one."
+            ) from None
     value = yaml.safe_load(raw)
     if expected is not None and not isinstance(value, expected):
         raise ConfigError(f"pipeline parameter {name}={raw!r} is not a {parameter_type.lower()}. Fix: give one.")
@@ -107,8 +108,10 @@ def pipeline_arguments(params: dict[str, dict[str, Any]], config_path: str | Non
         elif ref is not None:
             extra.append(f"{key}={raw}")
         else:
-            raise ConfigError(f"{key!r} is neither a pipeline parameter nor a config field. "
-                              f"Fix: use one of {sorted(params)} or a GRPOConfig field.")
+            raise ConfigError(
+                f"{key!r} is neither a pipeline parameter nor a config field. "
+                f"Fix: use one of {sorted(params)} or a GRPOConfig field."
+            )
     if extra:
         args["extra_overrides"] = list(args.get("extra_overrides", [])) + extra
     return args
@@ -131,8 +134,11 @@ def submitted_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any
     base = flatten_mapping(yaml.safe_load(str(_argument("config_yaml", arguments, params) or "")) or {})
     for name in params:
         value = _argument(name, arguments, params)
-        if lookup_field(name) is not None and name not in ("dataset", "eval_dataset", "run_name") and value not in (
-                None, ""):
+        if (
+            lookup_field(name) is not None
+            and name not in ("dataset", "eval_dataset", "run_name")
+            and value not in (None, "")
+        ):
             base[name] = value
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.yaml"
@@ -156,8 +162,9 @@ def preflight_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any
     return config.model_copy(update=update) if update else config
 
 
-def check_submission(params: dict[str, dict[str, Any]], arguments: dict[str, Any], policy: PlatformPolicy,
-                     namespace: str | None = None) -> None:
+def check_submission(
+    params: dict[str, dict[str, Any]], arguments: dict[str, Any], policy: PlatformPolicy, namespace: str | None = None
+) -> None:
     """Refuse a kubernetes run the platform policy does not allow, before it is submitted: the run config and
     `kubernetes_options`, as the train step checks them (`k8s_policy.prepare_run`). The Secrets and volume the
     pipeline's own steps mount are compiled into the pipeline (`PipelineWiring`), not run parameters. Other
@@ -192,8 +199,10 @@ def kfp_cron(expression: str) -> str:
     if len(fields) == 5:
         fields = ["0", *fields]
     if len(fields) != 6:
-        raise ValueError(f"cron {expression!r} has {len(fields)} fields. Fix: give 5 (min hour dom mon dow), e.g. "
-                         "'0 3 * * 1' for Mondays at 03:00, or KFP's 6 with seconds first.")
+        raise ValueError(
+            f"cron {expression!r} has {len(fields)} fields. Fix: give 5 (min hour dom mon dow), e.g. "
+            "'0 3 * * 1' for Mondays at 03:00, or KFP's 6 with seconds first."
+        )
     return " ".join(fields)
 
 
@@ -211,8 +220,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         targets = {Path(args.output): not args.cpu}
     else:
         targets = {find_repo_root() / path: gpu for path, gpu in ((GPU_PACKAGE, True), (CPU_PACKAGE, False))}
-    wiring = module.PipelineWiring(mlflow_secret=args.mlflow_secret, hf_token_secret=args.hf_token_secret,
-                                   workspace_pvc=args.workspace_pvc)
+    wiring = module.PipelineWiring(
+        mlflow_secret=args.mlflow_secret, hf_token_secret=args.hf_token_secret, workspace_pvc=args.workspace_pvc
+    )
     for path, gpu in targets.items():
         module.compile_pipeline(path, gpu=gpu, wiring=wiring)
         if args.image:
@@ -276,10 +286,13 @@ def _cmd_run_local(args: argparse.Namespace) -> int:
             shutil.rmtree(invocation.parent if len(list(invocation.parent.iterdir())) == 1 else invocation)
         raise
     reward = "n/a" if result.eval_reward is None else f"{result.eval_reward:.4f}"
-    registered = (f"{result.registered_model_name} version {result.model_version} "
-                  f"(models:/{result.registered_model_name}/{result.model_version})"
-                  if result.model_version else f"not registered ({result.decision}); champion: "
-                  + (f"version {result.champion_version}" if result.champion_version else "none"))
+    registered = (
+        f"{result.registered_model_name} version {result.model_version} "
+        f"(models:/{result.registered_model_name}/{result.model_version})"
+        if result.model_version
+        else f"not registered ({result.decision}); champion: "
+        + (f"version {result.champion_version}" if result.champion_version else "none")
+    )
     print(f"\nasync-grpo pipeline run {result.run_name!r} finished in {result.wall_s:.0f} s")
     print(f"  MLflow run        {result.mlflow_run_id} (experiment {result.experiment_name})")
     for line in training_headline(result.tracking_uri, result.mlflow_run_id):
@@ -301,13 +314,17 @@ def training_headline(tracking_uri: str, run_id: str) -> list[str]:
     metrics = client.get_run(run_id).data.metrics
     lines = []
     if len(evals) >= 2:
-        lines.append(f"training eval     held-out reward {evals[0].value:.3f} (step {evals[0].step}) -> "
-                     f"{evals[-1].value:.3f} (step {evals[-1].step})")
+        lines.append(
+            f"training eval     held-out reward {evals[0].value:.3f} (step {evals[0].step}) -> "
+            f"{evals[-1].value:.3f} (step {evals[-1].step})"
+        )
     if "summary/steps_per_s" in metrics:
         syncs = len(client.get_metric_history(run_id, "weight_sync/seconds"))
-        lines.append(f"training speed    {metrics['summary/steps_per_s']:.2f} steps/s, {syncs} weight syncs x "
-                     f"{metrics.get('summary/weight_sync_s_mean', float('nan')):.3f} s, trainer idle "
-                     f"{100 * metrics.get('summary/trainer_idle_fraction', float('nan')):.0f} %")
+        lines.append(
+            f"training speed    {metrics['summary/steps_per_s']:.2f} steps/s, {syncs} weight syncs x "
+            f"{metrics.get('summary/weight_sync_s_mean', float('nan')):.3f} s, trainer idle "
+            f"{100 * metrics.get('summary/trainer_idle_fraction', float('nan')):.0f} %"
+        )
     return lines
 
 
@@ -327,10 +344,15 @@ def _guard(func):
 
 
 def _add_arguments_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="GRPOConfig YAML: keys that are pipeline parameters set them, the rest go "
-                                     "into config_yaml")
-    p.add_argument("items", nargs="*", metavar="key=value",
-                   help="a pipeline parameter, or a config field (routed to extra_overrides)")
+    p.add_argument(
+        "--config", help="GRPOConfig YAML: keys that are pipeline parameters set them, the rest go into config_yaml"
+    )
+    p.add_argument(
+        "items",
+        nargs="*",
+        metavar="key=value",
+        help="a pipeline parameter, or a config field (routed to extra_overrides)",
+    )
 
 
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:
@@ -340,9 +362,12 @@ def _add_cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service-account", help="service account for the run's pods (needs the async-grpo Role)")
     p.add_argument("--package", help=f"compiled pipeline (default: {GPU_PACKAGE}, or {CPU_PACKAGE} with --cpu)")
     p.add_argument("--cpu", action="store_true", help="use the CPU flavour (no GPU for the evaluation pod)")
-    p.add_argument("--policy", help="platform policy YAML to check a kubernetes run against before submitting (a "
-                                    "copy of ConfigMap async-grpo-policy); default: $ASYNC_GRPO_POLICY_FILE, else "
-                                    "the built-in defaults")
+    p.add_argument(
+        "--policy",
+        help="platform policy YAML to check a kubernetes run against before submitting (a "
+        "copy of ConfigMap async-grpo-policy); default: $ASYNC_GRPO_POLICY_FILE, else "
+        "the built-in defaults",
+    )
     _add_arguments_options(p)
 
 
@@ -358,12 +383,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="write one flavour here instead")
     p.add_argument("--cpu", action="store_true", help="with -o: the CPU flavour")
     p.add_argument("--image", help="replace the component image (a mirror of the project image)")
-    p.add_argument("--mlflow-secret", default="mlflow-tracking", help="Secret with MLFLOW_TRACKING_URI (and optional "
-                   "credentials) that the train, evaluate and register steps mount; compiled in, not a run parameter")
-    p.add_argument("--hf-token-secret", default="hf-token", help="Secret with HF_TOKEN (optional key) that the dataset "
-                   "step mounts; compiled in")
-    p.add_argument("--workspace-pvc", default="async-grpo-workspace", help="PVC the steps mount at /workspace; "
-                   "compiled in")
+    p.add_argument(
+        "--mlflow-secret",
+        default="mlflow-tracking",
+        help="Secret with MLFLOW_TRACKING_URI (and optional "
+        "credentials) that the train, evaluate and register steps mount; compiled in, not a run parameter",
+    )
+    p.add_argument(
+        "--hf-token-secret",
+        default="hf-token",
+        help="Secret with HF_TOKEN (optional key) that the dataset step mounts; compiled in",
+    )
+    p.add_argument(
+        "--workspace-pvc", default="async-grpo-workspace", help="PVC the steps mount at /workspace; compiled in"
+    )
     p.set_defaults(func=_guard(_cmd_compile))
 
     p = sub.add_parser("submit", help="start one run on Kubeflow Pipelines (kfp.Client)")
@@ -373,8 +406,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("schedule", help="create a recurring run (scheduled retraining)")
     _add_cluster_options(p)
-    p.add_argument("--cron", required=True, help="cron expression, 5 fields ('0 3 * * 1': Mondays 03:00) or "
-                                                 "KFP's 6 (seconds first)")
+    p.add_argument(
+        "--cron",
+        required=True,
+        help="cron expression, 5 fields ('0 3 * * 1': Mondays 03:00) or KFP's 6 (seconds first)",
+    )
     p.add_argument("--name", default=DEFAULT_SCHEDULE_NAME, help="recurring run name")
     p.add_argument("--max-concurrency", type=int, default=1, help="runs of this schedule allowed at once")
     p.add_argument("--catchup", action="store_true", help="run missed intervals after a pause (default: skip them)")

@@ -30,8 +30,15 @@ _SPLIT_NAMES = {"train": ("train",), "eval": ("eval", "validation", "test")}
 Split = Literal["train", "eval"]
 
 
-def load_prompt_dataset(spec: str, *, split: Split, seed: int = 0, config_name: str | None = None,
-                        split_name: str | None = None, system_prompt: str | None = None) -> datasets.Dataset:
+def load_prompt_dataset(
+    spec: str,
+    *,
+    split: Split,
+    seed: int = 0,
+    config_name: str | None = None,
+    split_name: str | None = None,
+    system_prompt: str | None = None,
+) -> datasets.Dataset:
     """Load and validate a prompt dataset.
 
     Args:
@@ -62,9 +69,11 @@ def load_prompt_dataset(spec: str, *, split: Split, seed: int = 0, config_name: 
     if split not in _SPLIT_NAMES:
         raise ValueError(f"split={split!r} must be 'train' or 'eval'.")
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"dataset spec {spec!r} must be a non-empty string. Fix: give a file, folder or builtin:<task>.")
+        raise ValueError(
+            f"dataset spec {spec!r} must be a non-empty string. Fix: give a file, folder or builtin:<task>."
+        )
     if spec.startswith(BUILTIN_PREFIX):
-        ds = _load_builtin(spec[len(BUILTIN_PREFIX):], split, seed)
+        ds = _load_builtin(spec[len(BUILTIN_PREFIX) :], split, seed)
     elif hub.looks_like_repo_id(spec):
         ds = _load_hub(spec, config_name, split_name or ("train" if split == "train" else "test"))
     else:
@@ -90,8 +99,10 @@ def _load_hub(repo_id: str, config_name: str | None, split_name: str) -> dataset
     try:
         return datasets.load_dataset(str(folder), name=config_name, split=split_name)
     except (ValueError, KeyError, FileNotFoundError) as err:
-        raise ValueError(f"dataset {repo_id!r} (config {config_name!r}, split {split_name!r}): {err}. Fix: check "
-                         "dataset_config and dataset_train_split / dataset_test_split against the dataset card.") from err
+        raise ValueError(
+            f"dataset {repo_id!r} (config {config_name!r}, split {split_name!r}): {err}. Fix: check "
+            "dataset_config and dataset_train_split / dataset_test_split against the dataset card."
+        ) from err
 
 
 def with_system_prompt(prompt: Any, system_prompt: str) -> list[dict[str, str]]:
@@ -146,8 +157,9 @@ def _load_path(spec: str, split: Split, split_name: str | None = None) -> datase
     except Exception as err:  # the json/parquet readers raise many types; name the file either way
         cause = err.__cause__ or err.__context__  # datasets wraps the reader's own message (line, column)
         detail = f"{err} ({str(cause).strip()})" if cause is not None and str(cause).strip() else str(err)
-        raise ValueError(f"dataset {spec!r}: could not read it as {loader}: {detail}. Fix: check the file's "
-                         "format.") from err
+        raise ValueError(
+            f"dataset {spec!r}: could not read it as {loader}: {detail}. Fix: check the file's format."
+        ) from err
 
 
 def _pick_split(loaded: Any, spec: str, split: Split, split_name: str | None = None) -> datasets.Dataset:
@@ -221,8 +233,9 @@ def _prompt_problem(prompt: Any) -> str | None:
     return None
 
 
-def encode_prompt(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]],
-                  chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], chat_template_kwargs: Mapping[str, Any] | None = None
+) -> list[int]:
     """Token ids for one prompt, as the policy should see it before its completion.
 
     A string prompt is encoded without special tokens, except that a BOS token is prepended when the
@@ -243,7 +256,11 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]],
     if isinstance(prompt, str):
         ids = list(tokenizer.encode(prompt, add_special_tokens=False))
         bos = getattr(tokenizer, "bos_token_id", None)
-        if bos is not None and ids[:1] != [bos] and list(tokenizer.encode(prompt, add_special_tokens=True))[:1] == [bos]:
+        if (
+            bos is not None
+            and ids[:1] != [bos]
+            and list(tokenizer.encode(prompt, add_special_tokens=True))[:1] == [bos]
+        ):
             ids.insert(0, bos)
         return ids
     if not getattr(tokenizer, "chat_template", None):
@@ -251,8 +268,9 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]],
             "encode_prompt: conversational prompt but the tokenizer has no chat_template. "
             "Fix: use a chat model's tokenizer, or give string prompts."
         )
-    out = tokenizer.apply_chat_template([dict(m) for m in prompt], add_generation_prompt=True, tokenize=True,
-                                        **dict(chat_template_kwargs or {}))
+    out = tokenizer.apply_chat_template(
+        [dict(m) for m in prompt], add_generation_prompt=True, tokenize=True, **dict(chat_template_kwargs or {})
+    )
     if isinstance(out, Mapping):  # transformers 5 returns a BatchEncoding
         out = out["input_ids"]
     return [int(i) for i in out]
@@ -261,7 +279,6 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]],
 def prompt_columns(row: Mapping[str, Any]) -> dict[str, Any]:
     """The non-prompt columns of one dataset row: the keyword arguments for the reward functions."""
     return {k: v for k, v in row.items() if k != "prompt"}
-
 
 
 @dataclass
@@ -279,9 +296,17 @@ class PromptItem:
     columns: dict
 
 
-def load_prompt_items(tokenizer: Any, spec: str, split: Split, *, seed: int, max_prompt_length: int,
-                      limit: int | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
-                      **dataset_options: Any) -> tuple[list[PromptItem], int]:
+def load_prompt_items(
+    tokenizer: Any,
+    spec: str,
+    split: Split,
+    *,
+    seed: int,
+    max_prompt_length: int,
+    limit: int | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    **dataset_options: Any,
+) -> tuple[list[PromptItem], int]:
     """Load, validate and tokenize a prompt dataset (`load_prompt_dataset`), keeping prompts of at most
     `max_prompt_length` tokens.
 
@@ -312,8 +337,10 @@ def load_prompt_items(tokenizer: Any, spec: str, split: Split, *, seed: int, max
             continue
         items.append(PromptItem(row["prompt"], ids, prompt_columns(row)))
     if not items:
-        raise ValueError(f"dataset {spec!r} ({split}): no prompt fits max_prompt_length={max_prompt_length} tokens. "
-                         "Fix: raise max_prompt_length, or shorten the prompts.")
+        raise ValueError(
+            f"dataset {spec!r} ({split}): no prompt fits max_prompt_length={max_prompt_length} tokens. "
+            "Fix: raise max_prompt_length, or shorten the prompts."
+        )
     return items, dropped
 
 
@@ -364,8 +391,13 @@ class PromptSampler:
 
     def state_dict(self) -> dict[str, Any]:
         """The position: `epoch`, `index` (items taken this epoch), `order` and the RNG state (picklable)."""
-        return {"epoch": self.epoch, "index": self.index, "order": list(self._order), "rng": self._rng.getstate(),
-                "num_items": len(self.items)}
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "order": list(self._order),
+            "rng": self._rng.getstate(),
+            "num_items": len(self.items),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a `state_dict()` position.
@@ -374,7 +406,9 @@ class PromptSampler:
             ValueError: the state was taken over a different number of items (another dataset).
         """
         if state["num_items"] != len(self.items):
-            raise ValueError(f"PromptSampler: the saved position covers {state['num_items']} prompts, this dataset "
-                             f"has {len(self.items)}. Fix: resume with the dataset and max_prompt_length of the run.")
+            raise ValueError(
+                f"PromptSampler: the saved position covers {state['num_items']} prompts, this dataset "
+                f"has {len(self.items)}. Fix: resume with the dataset and max_prompt_length of the run."
+            )
         self.epoch, self.index, self._order = int(state["epoch"]), int(state["index"]), list(state["order"])
         self._rng.setstate(state["rng"])

@@ -29,8 +29,14 @@ class EvaluationError(RuntimeError):
     """No held-out group could be generated and scored (the first failure is chained)."""
 
 
-async def _run_groups(rollout: Rollout, client_factory: Callable[[], GenerationClient], items: Sequence[PromptItem],
-                      sampling: SamplingSettings, seed: int, version: int) -> list[RolloutGroup | BaseException]:
+async def _run_groups(
+    rollout: Rollout,
+    client_factory: Callable[[], GenerationClient],
+    items: Sequence[PromptItem],
+    sampling: SamplingSettings,
+    seed: int,
+    version: int,
+) -> list[RolloutGroup | BaseException]:
     client = client_factory()
     sem = asyncio.Semaphore(EVAL_CONCURRENCY)
 

@@ -30,8 +30,9 @@ def looks_like_repo_id(spec: str) -> bool:
     return bool(_REPO_ID.match(spec)) and not Path(spec).exists() and Path(spec).suffix.lower() not in _FILE_SUFFIXES
 
 
-def snapshot(repo_id: str, *, repo_type: str = "model", revision: str | None = None,
-             allow_patterns: list[str] | None = None) -> Path:
+def snapshot(
+    repo_id: str, *, repo_type: str = "model", revision: str | None = None, allow_patterns: list[str] | None = None
+) -> Path:
     """The local folder of `repo_id` at `revision`: downloaded into the HF cache when the hub is reachable,
     else the cached snapshot (`huggingface_hub.snapshot_download`, which falls back to the cache by itself
     when offline mode is on or the network fails).
@@ -54,15 +55,17 @@ def snapshot(repo_id: str, *, repo_type: str = "model", revision: str | None = N
     not_cached = (LocalEntryNotFoundError, getattr(errors, "IncompleteSnapshotError", LocalEntryNotFoundError))
 
     try:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision,
-                                      allow_patterns=allow_patterns))
+        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns))
     except not_cached as err:
         offline = " (offline mode: HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
         raise HubUnavailable(
             f"{repo_type} {repo_id!r} is a Hugging Face Hub id, but the hub cannot be reached{offline} and the HF "
             f"cache ({constants.HF_HUB_CACHE}) has no copy. Fix: run where the hub is reachable once (the copy is "
             f"cached), download it with `hf download {repo_id}{' --repo-type dataset' if repo_type == 'dataset' else ''}`"
-            f" on a machine that can, or point the field at a local folder.") from err
+            f" on a machine that can, or point the field at a local folder."
+        ) from err
     except HfHubHTTPError as err:
-        raise HubUnavailable(f"{repo_type} {repo_id!r}: the hub answered {err}. Fix: check the id and, for a gated "
-                             "repository, that HF_TOKEN has access.") from err
+        raise HubUnavailable(
+            f"{repo_type} {repo_id!r}: the hub answered {err}. Fix: check the id and, for a gated "
+            "repository, that HF_TOKEN has access."
+        ) from err

@@ -111,9 +111,12 @@ def new_invocation_dir(output_dir: str | Path) -> Path:
     return path
 
 
-def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str | Path = DEFAULT_OUTPUT_DIR,
-                       package_path: str | Path | None = None,
-                       invocation_dir: str | Path | None = None) -> LocalPipelineResult:
+def run_local_pipeline(
+    arguments: dict[str, Any] | None = None,
+    output_dir: str | Path = DEFAULT_OUTPUT_DIR,
+    package_path: str | Path | None = None,
+    invocation_dir: str | Path | None = None,
+) -> LocalPipelineResult:
     """Compile the CPU pipeline (unless `package_path` is given) and run it with kfp.local on this machine.
 
     Args:
@@ -151,8 +154,10 @@ def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str 
     args.setdefault("mlflow_tracking_uri", f"sqlite:///{out / 'mlflow.db'}")
     args.setdefault("run_name", "local-" + datetime.now().strftime("%Y%m%d-%H%M%S"))
     if not RUN_NAME_PATTERN.match(args["run_name"]):
-        raise ValueError(f"run_name={args['run_name']!r} must be lower-case letters, digits and '-', at most 63. "
-                         "Fix: e.g. run_name=tiny-demo-1.")
+        raise ValueError(
+            f"run_name={args['run_name']!r} must be lower-case letters, digits and '-', at most 63. "
+            "Fix: e.g. run_name=tiny-demo-1."
+        )
     unknown = sorted(set(args) - set(params))
     if unknown:
         raise ValueError(f"unknown pipeline parameters {unknown}. Fix: use names from {package_path}.")
@@ -176,9 +181,15 @@ def run_local_pipeline(arguments: dict[str, Any] | None = None, output_dir: str 
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         pipeline(**args)
     wall_s = time.perf_counter() - start
-    return _read_back(tracking_uri, experiment, train_outputs(pipeline_root),
-                      str(args.get("registered_model_name", params["registered_model_name"].get("defaultValue"))),
-                      wall_s, str(pipeline_root), str(package_path))
+    return _read_back(
+        tracking_uri,
+        experiment,
+        train_outputs(pipeline_root),
+        str(args.get("registered_model_name", params["registered_model_name"].get("defaultValue"))),
+        wall_s,
+        str(pipeline_root),
+        str(package_path),
+    )
 
 
 @contextlib.contextmanager
@@ -217,8 +228,15 @@ def train_outputs(pipeline_root: str | Path) -> dict[str, Any]:
     return dict(json.loads(found[0].read_text()).get("parameterValues", {}))
 
 
-def _read_back(tracking_uri: str, experiment: str, outputs: dict[str, Any], model_name: str, wall_s: float,
-               pipeline_root: str, package_path: str) -> LocalPipelineResult:
+def _read_back(
+    tracking_uri: str,
+    experiment: str,
+    outputs: dict[str, Any],
+    model_name: str,
+    wall_s: float,
+    pipeline_root: str,
+    package_path: str,
+) -> LocalPipelineResult:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -229,7 +247,9 @@ def _read_back(tracking_uri: str, experiment: str, outputs: dict[str, Any], mode
     except MlflowException:
         run = None
     if run is None:
-        raise LookupError(f"no MLflow run {run_id!r} (run {run_name!r}) in experiment {experiment!r} at {tracking_uri}.")
+        raise LookupError(
+            f"no MLflow run {run_id!r} (run {run_name!r}) in experiment {experiment!r} at {tracking_uri}."
+        )
     versions = [v for v in client.search_model_versions(f"run_id = '{run.info.run_id}'") if v.name == model_name]
     try:
         champion = str(client.get_model_version_by_alias(model_name, "champion").version)

@@ -46,8 +46,13 @@ RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
-                       "transform": {"type": "function", "function": "{content}"}},
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
         "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
@@ -134,8 +139,11 @@ def build_tiny_model(
         )
     if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
         raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}. Fix: use e.g. 1 or 2.")
-    for name, value in (("num_layers", num_layers), ("intermediate_size", intermediate_size),
-                        ("max_position_embeddings", max_position_embeddings)):
+    for name, value in (
+        ("num_layers", num_layers),
+        ("intermediate_size", intermediate_size),
+        ("max_position_embeddings", max_position_embeddings),
+    ):
         if value < 1:
             raise ValueError(f"{name}={value} must be >= 1. Fix: pass a positive value.")
 
@@ -165,14 +173,20 @@ def build_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id, bos_token_id=None
-    )
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id, bos_token_id=None)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    marker = {"build_version": BUILD_VERSION, "seed": seed, "hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
-              "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size,
-              "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": tie_word_embeddings}
+    marker = {
+        "build_version": BUILD_VERSION,
+        "seed": seed,
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+    }
     # Written last: its presence means the folder is complete (see is_tiny_model_dir).
     (out / _MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
     return out

@@ -79,15 +79,19 @@ class Tracker:
         run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
         if run_id is None:
             name = experiment_name(config)
-            if config.tracking.mlflow_tracking_uri is None and self._env_uri is None and (
-                    mlflow.get_experiment_by_name(name) is None):
+            if (
+                config.tracking.mlflow_tracking_uri is None
+                and self._env_uri is None
+                and (mlflow.get_experiment_by_name(name) is None)
+            ):
                 # keep artifacts beside the sqlite store, not in ./mlruns of whatever folder we were started from
                 artifacts = (Path(config.output_dir).resolve() / "mlartifacts").as_uri()
                 mlflow.create_experiment(name, artifact_location=artifacts)
             mlflow.set_experiment(name)
         system = True if config.tracking.log_system_metrics else None  # None: MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
-        self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else config.tracking.run_name,
-                                    log_system_metrics=system)
+        self.run = mlflow.start_run(
+            run_id=run_id, run_name=None if run_id else config.tracking.run_name, log_system_metrics=system
+        )
         self.run_id = self.run.info.run_id
         self._client = mlflow.MlflowClient(self.tracking_uri)
         params = {k: v[:MAX_PARAM_CHARS] for k, v in flat_params(config).items()}  # flat TRL names
@@ -109,8 +113,11 @@ class Tracker:
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
-                logger.warning("MLflow is not keeping up (%d records pending): %d record(s) dropped so far",
-                               MAX_PENDING, self.dropped)
+                logger.warning(
+                    "MLflow is not keeping up (%d records pending): %d record(s) dropped so far",
+                    MAX_PENDING,
+                    self.dropped,
+                )
 
     def _write_loop(self) -> None:
         """Write queued records until `end` sets the stop event and the queue is empty; failures are counted."""
@@ -136,8 +143,11 @@ class Tracker:
         if not self.enabled:
             return
         now = int(time.time() * 1000)
-        clean = [Metric(k, float(v), now, step) for k, v in metrics.items()
-                 if v is not None and v == v and abs(float(v)) != float("inf")]
+        clean = [
+            Metric(k, float(v), now, step)
+            for k, v in metrics.items()
+            if v is not None and v == v and abs(float(v)) != float("inf")
+        ]
         if clean:
             self._submit(self._client.log_batch, self.run_id, clean)
 
@@ -189,11 +199,15 @@ class Tracker:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 self.dropped += self._queue.qsize()
-                logger.warning("MLflow did not take the last %d record(s) within %.0f s; they are dropped",
-                               self._queue.qsize(), timeout_s)
+                logger.warning(
+                    "MLflow did not take the last %d record(s) within %.0f s; they are dropped",
+                    self._queue.qsize(),
+                    timeout_s,
+                )
         if self.failed or self.dropped:
-            logger.warning("MLflow tracking: %d record(s) failed and %d were dropped during this run",
-                           self.failed, self.dropped)
+            logger.warning(
+                "MLflow tracking: %d record(s) failed and %d were dropped during this run", self.failed, self.dropped
+            )
         mlflow.end_run(status=status)
         if self._env_uri is None:  # give the process environment back as the user had it
             os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -212,8 +226,9 @@ def _log_input(client: mlflow.MlflowClient, run_id: str, spec: str, prompts: lis
         dataset = mlflow.data.from_pandas(frame, source=spec, name=spec)
     except mlflow.exceptions.MlflowException:
         dataset = mlflow.data.from_pandas(frame, name=spec)
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
-                                                     tags=[InputTag("mlflow.data.context", context)])])
+    client.log_inputs(
+        run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])]
+    )
 
 
 def log_transformers_model(path: Path) -> Any:
@@ -224,9 +239,14 @@ def log_transformers_model(path: Path) -> Any:
     import transformers
     from huggingface_hub import ModelCard
 
-    card = ModelCard(f"---\nlibrary_name: transformers\ntags: [grpo, async-grpo]\n---\n# {Path(path).name}\n\n"
-                     "A policy trained with asynchronous GRPO (async-grpo).\n")
+    card = ModelCard(
+        f"---\nlibrary_name: transformers\ntags: [grpo, async-grpo]\n---\n# {Path(path).name}\n\n"
+        "A policy trained with asynchronous GRPO (async-grpo).\n"
+    )
     return mlflow.transformers.log_model(
-        str(path), name="model", task="llm/v1/completions", model_card=card,
+        str(path),
+        name="model",
+        task="llm/v1/completions",
+        model_card=card,
         pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__.split('+')[0]}"],
     )

@@ -103,8 +103,10 @@ def import_target(spec: CodeSpec, *, what: str, error: type[Exception], prefix: 
     try:
         return importlib.import_module(spec.target)
     except ModuleNotFoundError as err:
-        raise error(f"{what} {spec.text!r}: cannot import {spec.target!r} ({err}). Fix: install the package or put "
-                    "it on PYTHONPATH, or use path/to/file.py:function.") from err
+        raise error(
+            f"{what} {spec.text!r}: cannot import {spec.target!r} ({err}). Fix: install the package or put "
+            "it on PYTHONPATH, or use path/to/file.py:function."
+        ) from err
     except Exception as err:  # the module itself is broken (SyntaxError, an error at import time)
         raise error(f"{what} {spec.text!r}: importing {spec.target!r} failed: {err!r}") from err
 
@@ -124,8 +126,10 @@ def load_file(file_name: str, *, prefix: str, what: str, error: type[Exception])
     """
     path = Path(file_name).resolve()
     if not path.is_file():
-        raise error(f"{what}: file {str(path)!r} does not exist. Fix: give a path to an existing .py file "
-                    "(relative to the working directory, or absolute).")
+        raise error(
+            f"{what}: file {str(path)!r} does not exist. Fix: give a path to an existing .py file "
+            "(relative to the working directory, or absolute)."
+        )
     module_name = f"{prefix}_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
     if module_name in sys.modules:
         return sys.modules[module_name]
@@ -170,14 +174,18 @@ def check_file_statically(spec: CodeSpec, *, what: str) -> str | None:
     path = Path(spec.target)
     absolute = os.path.abspath(spec.target)
     if os.path.realpath(absolute) != absolute:
-        return (f"{what} {spec.text!r}: {spec.target!r} is or passes through a symbolic link. Fix: copy the file "
-                "itself there.")
+        return (
+            f"{what} {spec.text!r}: {spec.target!r} is or passes through a symbolic link. Fix: copy the file "
+            "itself there."
+        )
     if not path.is_file():
         return f"{what} {spec.text!r}: {spec.target!r} is not a regular file. Fix: copy the .py file there."
     size = path.stat().st_size
     if size > MAX_STATIC_CHECK_BYTES:
-        return (f"{what} {spec.text!r}: {spec.target!r} is {size} bytes, larger than {MAX_STATIC_CHECK_BYTES}. "
-                "Fix: keep reward, tool and producer files small (import large code from an installed package).")
+        return (
+            f"{what} {spec.text!r}: {spec.target!r} is {size} bytes, larger than {MAX_STATIC_CHECK_BYTES}. "
+            "Fix: keep reward, tool and producer files small (import large code from an installed package)."
+        )
     try:
         tree = ast.parse(path.read_bytes(), filename=spec.target)
     except SyntaxError as err:
@@ -186,6 +194,8 @@ def check_file_statically(spec: CodeSpec, *, what: str) -> str | None:
         return f"{what} {spec.text!r}: {spec.target!r} is not a Python source file. Fix: correct the file."
     if spec.name not in top_level_names(tree):
         defined = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-        return (f"{what} {spec.text!r}: {spec.target!r} defines no {spec.name!r} at its top level. Fix: use one of "
-                f"its functions {defined}.")
+        return (
+            f"{what} {spec.text!r}: {spec.target!r} defines no {spec.name!r} at its top level. Fix: use one of "
+            f"its functions {defined}."
+        )
     return None

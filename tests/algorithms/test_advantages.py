@@ -148,10 +148,19 @@ def test_nanstd_matches_bessel():
         (dict(rewards_per_func=torch.ones(4, 2), reward_weights=torch.ones(1), num_generations=2), "reward_weights"),
         (dict(rewards_per_func=torch.ones(5, 1), reward_weights=torch.ones(1), num_generations=2), "multiple"),
         (dict(rewards_per_func=torch.ones(4, 1), reward_weights=torch.ones(1), num_generations=0), "positive"),
-        (dict(rewards_per_func=torch.ones(4, 1), reward_weights=torch.ones(1), num_generations=2, scale_rewards="x"),
-         "scale_rewards"),
-        (dict(rewards_per_func=torch.ones(4, 1), reward_weights=torch.ones(1), num_generations=2,
-              multi_objective_aggregation="x"), "multi_objective_aggregation"),
+        (
+            dict(rewards_per_func=torch.ones(4, 1), reward_weights=torch.ones(1), num_generations=2, scale_rewards="x"),
+            "scale_rewards",
+        ),
+        (
+            dict(
+                rewards_per_func=torch.ones(4, 1),
+                reward_weights=torch.ones(1),
+                num_generations=2,
+                multi_objective_aggregation="x",
+            ),
+            "multi_objective_aggregation",
+        ),
         (dict(rewards_per_func=_t([[1], [math.inf]]), reward_weights=torch.ones(1), num_generations=2), "inf"),
     ],
 )

@@ -112,8 +112,17 @@ def test_is_weights_match_trl(mode, bounds):
     sampling[0, 2] = NAN
     mask = _mask(lengths, 6)
     rewards = torch.arange(8, dtype=torch.float32).unsqueeze(1)
-    trl_out, trl_metrics = trl_score(rewards, torch.ones(1), 2, old_logps=old, sampling_logps=sampling, lengths=lengths,
-                                     is_mode=mode, is_cap=cap, is_clip_min=clip_min)
+    trl_out, trl_metrics = trl_score(
+        rewards,
+        torch.ones(1),
+        2,
+        old_logps=old,
+        sampling_logps=sampling,
+        lengths=lengths,
+        is_mode=mode,
+        is_cap=cap,
+        is_clip_min=clip_min,
+    )
     w, m = importance_sampling_weights(old, sampling, mask, mode, cap=cap, clip_min=clip_min)
     trl_w = trl_out["importance_sampling_ratio"].expand(8, 6) * mask
     torch.testing.assert_close(w, trl_w, atol=1e-6, rtol=1e-6)
@@ -134,9 +143,7 @@ def test_is_weights_match_trl(mode, bounds):
 def test_off_policy_mask_keep_and_drop():
     logps = torch.zeros(5, 3)
     # per-token (sampling - current); the third column of rows 3-4 is padding with garbage
-    sampling = torch.tensor(
-        [[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [1.0, 0.0, 100.0], [0.5, 0.6, NAN]]
-    )
+    sampling = torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [1.0, 0.0, 100.0], [0.5, 0.6, NAN]])
     mask = _mask([3, 3, 3, 2, 2], 3)
     advantages = torch.tensor([0.0, -1.0, -1.0, -1.0, -2.0])
     keep = off_policy_mask(advantages, logps, sampling, mask, threshold=0.5)
@@ -149,21 +156,34 @@ def test_off_policy_mask_keep_and_drop():
 def test_opsm_masked_fraction_metric_counts_dropped_tokens():
     """Same rows as above: rows 1 (3 tokens) and 4 (2 tokens) are dropped, 5 of 13 valid tokens."""
     logps = torch.zeros(5, 3, requires_grad=True)
-    sampling = torch.tensor(
-        [[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [1.0, 0.0, 100.0], [0.5, 0.6, NAN]]
+    sampling = torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [1.0, 0.0, 100.0], [0.5, 0.6, NAN]])
+    out = grpo_loss(
+        logps,
+        logps.detach(),
+        torch.tensor([0.0, -1.0, -1.0, -1.0, -2.0]),
+        _mask([3, 3, 3, 2, 2], 3),
+        _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
+        num_items_in_batch=13,
+        sampling_logps=sampling,
     )
-    out = grpo_loss(logps, logps.detach(), torch.tensor([0.0, -1.0, -1.0, -1.0, -2.0]), _mask([3, 3, 3, 2, 2], 3),
-                    _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
-                    num_items_in_batch=13, sampling_logps=sampling)
     assert out.metrics["opsm/masked_fraction"] == pytest.approx(5 / 13)
-    assert "opsm/masked_fraction" not in grpo_loss(logps, None, torch.ones(5), _mask([3] * 5, 3),
-                                                   _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
-                                                   num_items_in_batch=15).metrics
+    assert (
+        "opsm/masked_fraction"
+        not in grpo_loss(
+            logps,
+            None,
+            torch.ones(5),
+            _mask([3] * 5, 3),
+            _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
+            num_items_in_batch=15,
+        ).metrics
+    )
 
 
 def test_off_policy_mask_nan_sampling_token_counts_zero():
-    keep = off_policy_mask(torch.tensor([-1.0]), torch.zeros(1, 4), torch.tensor([[1.0, NAN, 0.0, 0.9]]),
-                           torch.ones(1, 4), threshold=0.5)
+    keep = off_policy_mask(
+        torch.tensor([-1.0]), torch.zeros(1, 4), torch.tensor([[1.0, NAN, 0.0, 0.9]]), torch.ones(1, 4), threshold=0.5
+    )
     assert keep.item() == 1.0  # (1 + 0 + 0 + 0.9) / 4 = 0.475
 
 
@@ -176,9 +196,7 @@ def test_off_policy_mask_matches_trl(threshold):
     mask = _mask([5, 4, 3, 2, 1, 5, 5, 2, 0, 3], 5)
     advantages = torch.randn(10, generator=gen)
     ours = off_policy_mask(advantages, logps, sampling, mask, threshold)
-    theirs = GRPOTrainer.get_off_policy_mask(
-        advantages.unsqueeze(1), logps, sampling, mask.float(), threshold
-    )
+    theirs = GRPOTrainer.get_off_policy_mask(advantages.unsqueeze(1), logps, sampling, mask.float(), threshold)
     assert torch.equal(ours, theirs)
     assert 0 < ours.sum() < 10
 
@@ -215,9 +233,15 @@ def _agg_logps():
 @pytest.mark.parametrize("gas", [1, 2])
 def test_loss_aggregation(loss_type, options, extra, value, grads, gas):
     logps = _agg_logps()
-    out = grpo_loss(logps, logps.detach(), AGG_ADV, AGG_MASK,
-                    _settings(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, **options),
-                    gradient_accumulation_steps=gas, **extra)
+    out = grpo_loss(
+        logps,
+        logps.detach(),
+        AGG_ADV,
+        AGG_MASK,
+        _settings(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, **options),
+        gradient_accumulation_steps=gas,
+        **extra,
+    )
     out.loss.backward()
     scale = 1 if loss_type == "dapo" else gas  # dapo's normaliser already spans the accumulation window
     assert out.loss.item() == pytest.approx(value / scale)
@@ -229,8 +253,13 @@ def test_loss_aggregation(loss_type, options, extra, value, grads, gas):
 def test_sapo_temperatures():
     # at ratio 1: loss_i = -(4 / tau) * sigmoid(0) * A = -2 A / tau; tau = 1.0 for A > 0, 1.05 otherwise
     logps = torch.zeros(2, 1, dtype=torch.float64, requires_grad=True)
-    out = grpo_loss(logps, logps.detach(), torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 1),
-                    _settings(loss_type="sapo", epsilon=0.2, epsilon_high=0.2))
+    out = grpo_loss(
+        logps,
+        logps.detach(),
+        torch.tensor([1.0, -1.0], dtype=torch.float64),
+        torch.ones(2, 1),
+        _settings(loss_type="sapo", epsilon=0.2, epsilon_high=0.2),
+    )
     assert out.loss.item() == pytest.approx((-2.0 + 2.0 / 1.05) / 2)
     out.loss.backward()  # d/dlogp = -(4 / tau) * sigmoid'(0) * tau * r * A = -A, halved by the batch mean
     _close(logps.grad, [[-0.5], [0.5]])
@@ -247,9 +276,16 @@ def test_dapo_global_token_mean_across_micro_batches_and_ranks():
     leaf = base.clone().requires_grad_(True)
     for r in range(2):
         for k in range(2):
-            out = grpo_loss(leaf[r, k], leaf[r, k].detach(), advs[r, k], _mask(lengths[r][k], 4),
-                            _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
-                            num_items_in_batch=total_tokens, gradient_accumulation_steps=2, num_processes=2)
+            out = grpo_loss(
+                leaf[r, k],
+                leaf[r, k].detach(),
+                advs[r, k],
+                _mask(lengths[r][k], 4),
+                _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
+                num_items_in_batch=total_tokens,
+                gradient_accumulation_steps=2,
+                num_processes=2,
+            )
             out.loss.backward()
     ddp_grad = leaf.grad / 2  # DDP averages over ranks
     ref = base.clone().requires_grad_(True)
@@ -280,8 +316,13 @@ def test_two_sided_clipping_delta():
     old = torch.zeros(1, 1, dtype=torch.float64)
     for delta, value, grad in [(None, 3.0, 3.0), (2.0, 2.0, 0.0)]:
         logps = torch.full((1, 1), LN(3.0), dtype=torch.float64, requires_grad=True)
-        out = grpo_loss(logps, old, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1),
-                        _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, delta=delta))
+        out = grpo_loss(
+            logps,
+            old,
+            torch.tensor([-1.0], dtype=torch.float64),
+            torch.ones(1, 1),
+            _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, delta=delta),
+        )
         out.loss.backward()
         assert out.loss.item() == pytest.approx(value)
         assert logps.grad.item() == pytest.approx(grad)
@@ -290,8 +331,14 @@ def test_two_sided_clipping_delta():
 def test_cispo_caps_the_detached_ratio():
     # ratio 3 > eps_max 2: loss = -2 * A * logp / num_items, gradient -2 * A / num_items
     logps = torch.full((1, 2), LN(3.0), dtype=torch.float64, requires_grad=True)
-    out = grpo_loss(logps, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
-                    torch.ones(1, 2), _settings(loss_type="cispo", epsilon=0.0, epsilon_high=2.0), num_items_in_batch=4)
+    out = grpo_loss(
+        logps,
+        torch.zeros(1, 2, dtype=torch.float64),
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 2),
+        _settings(loss_type="cispo", epsilon=0.0, epsilon_high=2.0),
+        num_items_in_batch=4,
+    )
     out.loss.backward()
     assert out.loss.item() == pytest.approx(-2 * 2 * LN(3.0) / 4)
     _close(logps.grad, [[-0.5, -0.5]])
@@ -302,8 +349,13 @@ def test_sequence_level_ratio_is_the_mean_log_ratio():
     # log-ratios [0.2, 0.4] -> sequence ratio exp(0.3) for every token; A = 1, eps wide: loss = -exp(0.3)
     old = torch.zeros(1, 2, dtype=torch.float64)
     logps = torch.tensor([[0.2, 0.4]], dtype=torch.float64, requires_grad=True)
-    out = grpo_loss(logps, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
-                    _settings(loss_type="grpo", epsilon=0.9, epsilon_high=9.0, importance_sampling_level="sequence"))
+    out = grpo_loss(
+        logps,
+        old,
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 2),
+        _settings(loss_type="grpo", epsilon=0.9, epsilon_high=9.0, importance_sampling_level="sequence"),
+    )
     assert out.loss.item() == pytest.approx(-math.exp(0.3))
     out.loss.backward()
     _close(logps.grad, [[-math.exp(0.3) / 2] * 2])
@@ -328,9 +380,15 @@ def test_opsm_and_is_weights_scale_per_token_loss():
     adv = torch.tensor([-1.0, -1.0], dtype=torch.float64)
     sampling = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)  # row 0 is off-policy: dropped
     is_w = torch.tensor([[1.0, 0.0], [0.5, 2.0]], dtype=torch.float64)
-    out = grpo_loss(logps, logps.detach(), adv, torch.ones(2, 2),
-                    _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
-                    sampling_logps=sampling, is_weights=is_w)
+    out = grpo_loss(
+        logps,
+        logps.detach(),
+        adv,
+        torch.ones(2, 2),
+        _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
+        sampling_logps=sampling,
+        is_weights=is_w,
+    )
     assert out.loss.item() == pytest.approx((0.5 + 2.0) / 4)  # per-token loss +1 times IS weight, row 0 dropped
 
 
@@ -346,11 +404,26 @@ def test_padding_garbage_does_not_leak():
     for clean in (True, False):
         f = (lambda x: x) if clean else dirty
         logps = base.clone().requires_grad_(True)
-        settings = _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, beta=0.04, use_bias_correction_kl=True,
-                             off_policy_mask_threshold=0.1, importance_sampling_level="sequence")
-        out = grpo_loss(f(logps) if not clean else logps, f(old), torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
-                        mask, settings, ref_logps=f(ref), is_weights=f(is_w), sampling_logps=f(old),
-                        num_items_in_batch=8)
+        settings = _settings(
+            loss_type="dapo",
+            epsilon=0.2,
+            epsilon_high=0.2,
+            beta=0.04,
+            use_bias_correction_kl=True,
+            off_policy_mask_threshold=0.1,
+            importance_sampling_level="sequence",
+        )
+        out = grpo_loss(
+            f(logps) if not clean else logps,
+            f(old),
+            torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
+            mask,
+            settings,
+            ref_logps=f(ref),
+            is_weights=f(is_w),
+            sampling_logps=f(old),
+            num_items_in_batch=8,
+        )
         out.loss.backward()
         results.append((out.loss.detach(), logps.grad))
     assert torch.isfinite(results[1][0]) and torch.isfinite(results[1][1]).all()
@@ -401,8 +474,12 @@ def _parity_inputs():
 CASES = [
     (lt, level, kl, use_is, opsm, delta)
     for lt, level, kl, use_is, opsm, delta in itertools.product(
-        ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"], ["token", "sequence"], ["none", "k3", "k3_bias"],
-        [False, True], [False, True], [None, 1.6],
+        ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"],
+        ["token", "sequence"],
+        ["none", "k3", "k3_bias"],
+        [False, True],
+        [False, True],
+        [None, 1.6],
     )
     if delta is None or lt in ("grpo", "dapo")
 ]
@@ -450,8 +527,13 @@ def test_grpo_loss_matches_trl(loss_type, level, kl, use_is, opsm, delta):
 def test_parity_cases_exercise_clipping_and_opsm():
     # guard against the parity matrix silently testing trivial inputs
     mask, base, old, ref, sampling, advantages, _ = _parity_inputs()
-    out = grpo_loss(base.clone().requires_grad_(True), old, advantages, mask,
-                    _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.28))
+    out = grpo_loss(
+        base.clone().requires_grad_(True),
+        old,
+        advantages,
+        mask,
+        _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.28),
+    )
     assert out.metrics["clip_ratio/low_mean"] > 0 and out.metrics["clip_ratio/high_mean"] > 0
     keep = off_policy_mask(advantages, base, sampling, mask, 0.1)
     assert 0 < keep.sum() < B
@@ -496,15 +578,27 @@ def test_entropy_mask_scales_policy_term_not_kl():
     logps = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
     ref = torch.full((1, 2), LN(2.0), dtype=torch.float64)
     keep = torch.tensor([[True, False]])
-    out = grpo_loss(logps, logps.detach(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
-                    _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, beta=0.1), ref_logps=ref,
-                    entropy_mask=keep)
+    out = grpo_loss(
+        logps,
+        logps.detach(),
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 2),
+        _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, beta=0.1),
+        ref_logps=ref,
+        entropy_mask=keep,
+    )
     assert out.loss.item() == pytest.approx((-1.0 + 0.0) / 2 + 0.1 * (1 - LN(2.0)))  # denominator still 2 tokens
     out.loss.backward()  # policy grad -A/2 on the kept token only; KL grad d/dlogp k3 = 1 - 2 = -1, times 0.1 / 2
     _close(logps.grad, [[-0.5 - 0.05, -0.05]])
     with pytest.raises(ValueError, match="entropy_mask"):
-        grpo_loss(logps, None, torch.tensor([1.0]), torch.ones(1, 2),
-                  _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2), entropy_mask=keep[:, :1])
+        grpo_loss(
+            logps,
+            None,
+            torch.tensor([1.0]),
+            torch.ones(1, 2),
+            _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2),
+            entropy_mask=keep[:, :1],
+        )
 
 
 def _parity_entropies():
@@ -526,8 +620,9 @@ def test_high_entropy_mask_matches_trl(rho):
 @requires_trl
 @pytest.mark.parametrize(
     "loss_type, level, rho",
-    list(itertools.product(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"], ["token", "sequence"],
-                           [0.0, 0.2, 0.7])),
+    list(
+        itertools.product(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"], ["token", "sequence"], [0.0, 0.2, 0.7])
+    ),
 )
 def test_entropy_mask_loss_matches_trl(loss_type, level, rho):
     # everything on at once (OPSM, stale-policy IS, KL with bias correction), so the order of the masks matters
@@ -544,8 +639,9 @@ def test_entropy_mask_loss_matches_trl(loss_type, level, rho):
     )  # fmt: skip
     ours_leaf = base.clone().requires_grad_(True)
     trl_leaf = base.clone().requires_grad_(True)
-    ours = grpo_loss(ours_leaf, old, advantages, mask, settings, entropy_mask=high_entropy_mask(ent, mask, rho),
-                     **kwargs)
+    ours = grpo_loss(
+        ours_leaf, old, advantages, mask, settings, entropy_mask=high_entropy_mask(ent, mask, rho), **kwargs
+    )
     trl_loss, _ = trl_compute_loss(trl_leaf, old, advantages, mask, settings, entropies=ent, **kwargs)
     ours.loss.backward()
     trl_loss.backward()

@@ -42,8 +42,10 @@ from async_grpo.algorithms import (
         (dict(top_entropy_quantile=-0.1), "top_entropy_quantile"),
         (dict(temperature=0.0), "temperature"),
         (dict(loss_type="cispo", epsilon_high=0.2), "epsilon_high"),  # eps_max below 1 clamps every ratio
-        (dict(loss_type="sapo", importance_sampling_level="sequence", use_liger_kernel=True),
-         "importance_sampling_level"),
+        (
+            dict(loss_type="sapo", importance_sampling_level="sequence", use_liger_kernel=True),
+            "importance_sampling_level",
+        ),
     ],
 )
 def test_settings_refuse_bad_values_by_name(change, field):
@@ -80,8 +82,10 @@ def test_objective_tells_the_trainer_which_forwards_to_run():
     assert (fused.needs_reference, fused.wants_hidden_states, fused.temperature) == (True, True, 1.0)
 
 
-@pytest.mark.parametrize("loss_type, expected", [("dapo", 1 / 40), ("cispo", 1 / 40), ("grpo", 1 / 4),
-                                                 ("bnpo", 1 / 4), ("dr_grpo", 1 / 4), ("sapo", 1 / 4)])
+@pytest.mark.parametrize(
+    "loss_type, expected",
+    [("dapo", 1 / 40), ("cispo", 1 / 40), ("grpo", 1 / 4), ("bnpo", 1 / 4), ("dr_grpo", 1 / 4), ("sapo", 1 / 4)],
+)
 def test_normalizer_scale(loss_type, expected):
     objective = GRPOObjective(LossSettings(loss_type=loss_type, epsilon_high=5.0))
     assert objective.normalizer_scale(40.0, 4) == expected
@@ -111,7 +115,10 @@ def make_inputs(seed: int = 0) -> dict:
     sampling[4] += 1.0  # fresh, A < 0, drifted: OPSM drops it
     pad = ~mask.bool()
     return dict(
-        mask=mask, logps=logps, advantages=torch.tensor(ADVANTAGES), replayed=torch.tensor(REPLAYED),
+        mask=mask,
+        logps=logps,
+        advantages=torch.tensor(ADVANTAGES),
+        replayed=torch.tensor(REPLAYED),
         sampling=sampling.masked_fill(pad, float("nan")),
         old=(logps + torch.randn(B, T, generator=gen) * 0.3).masked_fill(pad, -1e4),
         ref=(logps + torch.randn(B, T, generator=gen) * 0.2).masked_fill(pad, 1e4),
@@ -136,10 +143,22 @@ def hand_corrections(x: dict, old: torch.Tensor, recompute: bool):
 
 
 def settings(**change) -> LossSettings:
-    return LossSettings(**{**dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.05,
-                                  off_policy_mask_threshold=OPSM, max_completion_length=T,
-                                  vllm_importance_sampling_cap=CAP, vllm_importance_sampling_clip_min=CLIP_MIN,
-                                  top_entropy_quantile=RHO), **change})
+    return LossSettings(
+        **{
+            **dict(
+                loss_type="dapo",
+                epsilon=0.2,
+                epsilon_high=0.28,
+                beta=0.05,
+                off_policy_mask_threshold=OPSM,
+                max_completion_length=T,
+                vllm_importance_sampling_cap=CAP,
+                vllm_importance_sampling_clip_min=CLIP_MIN,
+                top_entropy_quantile=RHO,
+            ),
+            **change,
+        }
+    )
 
 
 CASES = list(itertools.product(["dapo", "grpo", "bnpo", "dr_grpo"], [False, True], [True, False]))
@@ -154,17 +173,35 @@ def test_micro_batch_loss_equals_grpo_loss_on_hand_built_corrections(loss_type, 
     objective = GRPOObjective(settings(loss_type=loss_type, replay_recompute_logps=recompute))
     norm = dict(num_items_in_batch=3 * x["mask"].sum(), gradient_accumulation_steps=3, num_processes=2)
     ours_leaf, ref_leaf = x["logps"].clone().requires_grad_(True), x["logps"].clone().requires_grad_(True)
-    result = objective.micro_batch_loss(MicroBatchInputs(
-        ours_leaf, x["entropies"], x["mask"], x["advantages"], x["sampling"], replayed=x["replayed"],
-        old_logps=x["old"] if cached_old else None, ref_logps=x["ref"]), **norm)
+    result = objective.micro_batch_loss(
+        MicroBatchInputs(
+            ours_leaf,
+            x["entropies"],
+            x["mask"],
+            x["advantages"],
+            x["sampling"],
+            replayed=x["replayed"],
+            old_logps=x["old"] if cached_old else None,
+            ref_logps=x["ref"],
+        ),
+        **norm,
+    )
 
     old = x["old"] if cached_old else x["logps"]
     sampling, is_weights, keep, entropy_mask = hand_corrections(x, old, recompute)
     assert 0 < keep.sum() < B and 0 < entropy_mask.sum() < x["mask"].sum()  # both corrections act
-    expected = grpo_loss(ref_leaf, old, x["advantages"], x["mask"],
-                         dataclasses.replace(objective.settings, off_policy_mask_threshold=None),
-                         ref_logps=x["ref"], is_weights=is_weights * keep, sampling_logps=sampling,
-                         entropy_mask=entropy_mask, **norm)
+    expected = grpo_loss(
+        ref_leaf,
+        old,
+        x["advantages"],
+        x["mask"],
+        dataclasses.replace(objective.settings, off_policy_mask_threshold=None),
+        ref_logps=x["ref"],
+        is_weights=is_weights * keep,
+        sampling_logps=sampling,
+        entropy_mask=entropy_mask,
+        **norm,
+    )
     result.output.loss.backward()
     expected.loss.backward()
     torch.testing.assert_close(result.output.loss, expected.loss, rtol=1e-6, atol=1e-7)
@@ -187,16 +224,27 @@ def test_micro_batch_loss_equals_grpo_loss_on_hand_built_corrections(loss_type, 
         assert result.metrics[key] == pytest.approx(float(value), rel=1e-5, abs=1e-7), key
     assert list(result.metrics) == [  # the trainer's logging order
         *(f"sampling/importance_sampling_ratio/{k}" for k in ("mean", "min", "max", "masked_frac")),
-        "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
-        *expected.metrics, "opsm/masked_fraction", "entropy", "entropy_mask/kept_fraction",
+        "sampling/sampling_logp_difference/mean",
+        "sampling/sampling_logp_difference/max",
+        *expected.metrics,
+        "opsm/masked_fraction",
+        "entropy",
+        "entropy_mask/kept_fraction",
     ]
     assert result.weight == float(tokens)
 
 
 def test_replay_recompute_gives_replayed_rows_weight_one():
     x = make_inputs()
-    inputs = MicroBatchInputs(x["logps"], x["entropies"], x["mask"], x["advantages"], x["sampling"],
-                              replayed=torch.ones(B, dtype=torch.bool), ref_logps=x["ref"])
+    inputs = MicroBatchInputs(
+        x["logps"],
+        x["entropies"],
+        x["mask"],
+        x["advantages"],
+        x["sampling"],
+        replayed=torch.ones(B, dtype=torch.bool),
+        ref_logps=x["ref"],
+    )
     metrics = GRPOObjective(settings()).micro_batch_loss(inputs, num_items_in_batch=x["mask"].sum()).metrics
     assert metrics["sampling/importance_sampling_ratio/min"] == metrics["sampling/importance_sampling_ratio/max"] == 1
     assert metrics["opsm/masked_fraction"] == 0.0  # no drift once the sampler is pi_old
@@ -204,13 +252,22 @@ def test_replay_recompute_gives_replayed_rows_weight_one():
 
 def test_switched_off_corrections_leave_no_metrics():
     x = make_inputs()
-    objective = GRPOObjective(settings(vllm_importance_sampling_correction=False, top_entropy_quantile=1.0,
-                                       off_policy_mask_threshold=None, beta=0.0))
+    objective = GRPOObjective(
+        settings(
+            vllm_importance_sampling_correction=False,
+            top_entropy_quantile=1.0,
+            off_policy_mask_threshold=None,
+            beta=0.0,
+        )
+    )
     leaf = x["logps"].clone().requires_grad_(True)
-    result = objective.micro_batch_loss(MicroBatchInputs(leaf, x["entropies"], x["mask"], x["advantages"],
-                                                         x["sampling"]), num_items_in_batch=x["mask"].sum())
-    expected = grpo_loss(x["logps"], None, x["advantages"], x["mask"], objective.settings,
-                         num_items_in_batch=x["mask"].sum())
+    result = objective.micro_batch_loss(
+        MicroBatchInputs(leaf, x["entropies"], x["mask"], x["advantages"], x["sampling"]),
+        num_items_in_batch=x["mask"].sum(),
+    )
+    expected = grpo_loss(
+        x["logps"], None, x["advantages"], x["mask"], objective.settings, num_items_in_batch=x["mask"].sum()
+    )
     assert list(result.metrics) == [*expected.metrics, "entropy"]
     torch.testing.assert_close(result.output.loss, expected.loss, rtol=0, atol=0)
 
@@ -245,9 +302,20 @@ def test_fused_path_matches_the_plain_path(loss_type):
         logps = selective_log_softmax(lm_head(hidden) / 0.8, ids)
         extra = dict(hidden=hidden, lm_head=lm_head, completion_ids=ids) if fused else {}
         result = objective.micro_batch_loss(
-            MicroBatchInputs(logps.detach() if fused else logps, x["entropies"], x["mask"], x["advantages"],
-                             x["sampling"], replayed=x["replayed"], old_logps=x["old"], ref_logps=x["ref"], **extra),
-            num_items_in_batch=x["mask"].sum(), gradient_accumulation_steps=2)
+            MicroBatchInputs(
+                logps.detach() if fused else logps,
+                x["entropies"],
+                x["mask"],
+                x["advantages"],
+                x["sampling"],
+                replayed=x["replayed"],
+                old_logps=x["old"],
+                ref_logps=x["ref"],
+                **extra,
+            ),
+            num_items_in_batch=x["mask"].sum(),
+            gradient_accumulation_steps=2,
+        )
         result.output.loss.backward()
         results.append((result, hidden.grad, lm_head.weight.grad))
     (plain, plain_h, plain_w), (fused, fused_h, fused_w) = results

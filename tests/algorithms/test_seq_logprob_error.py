@@ -41,11 +41,20 @@ def test_a_masked_sequence_loses_its_policy_term_only():
     advantages = torch.tensor([1.0, -1.0, 0.5])
     settings = LossSettings(beta=0.0, seq_logprob_error_threshold=2.0, vllm_importance_sampling_correction=False)
     leaf = logps.clone().requires_grad_(True)
-    result = GRPOObjective(settings).micro_batch_loss(MicroBatchInputs(leaf, torch.zeros(3, 4), mask, advantages,
-                                                                       sampling), num_items_in_batch=mask.sum())
+    result = GRPOObjective(settings).micro_batch_loss(
+        MicroBatchInputs(leaf, torch.zeros(3, 4), mask, advantages, sampling), num_items_in_batch=mask.sum()
+    )
     keep_rows = torch.tensor([[True] * 4, [False] * 4, [True] * 4])
-    expected = grpo_loss(logps, None, advantages, mask, settings, entropy_mask=keep_rows, sampling_logps=sampling,
-                         num_items_in_batch=mask.sum())
+    expected = grpo_loss(
+        logps,
+        None,
+        advantages,
+        mask,
+        settings,
+        entropy_mask=keep_rows,
+        sampling_logps=sampling,
+        num_items_in_batch=mask.sum(),
+    )
     torch.testing.assert_close(result.output.loss, expected.loss, rtol=0, atol=0)
     result.output.loss.backward()
     assert torch.all(leaf.grad[1] == 0) and torch.all(leaf.grad[0] != 0)

@@ -14,9 +14,14 @@ from async_grpo.algorithms.objective import GRPOObjective, MicroBatchInputs
 
 def inputs(logps: list[float], sampling: list[float], adv: float, ref: list[float] | None = None):
     lp = torch.tensor([logps], requires_grad=True)
-    return lp, MicroBatchInputs(logps=lp, entropies=torch.zeros(1, len(logps)), mask=torch.ones(1, len(logps)),
-                                advantages=torch.tensor([adv]), sampling_logps=torch.tensor([sampling]),
-                                ref_logps=None if ref is None else torch.tensor([ref]))
+    return lp, MicroBatchInputs(
+        logps=lp,
+        entropies=torch.zeros(1, len(logps)),
+        mask=torch.ones(1, len(logps)),
+        advantages=torch.tensor([adv]),
+        sampling_logps=torch.tensor([sampling]),
+        ref_logps=None if ref is None else torch.tensor([ref]),
+    )
 
 
 def grad_of(settings: LossSettings, logps, sampling, adv, ref=None) -> tuple[torch.Tensor, dict]:
@@ -30,8 +35,9 @@ def test_on_policy_samples_train_the_same_under_both_clips():
     """Sampler == trainer: the behaviour ratio is 1 and the current-mode IS weight is 1: identical updates."""
     logps, adv = [-0.5, -1.2, -0.3], 0.8
     current, _ = grad_of(LossSettings(loss_type="dapo", epsilon_high=0.28), logps, logps, adv)
-    behaviour, _ = grad_of(LossSettings(loss_type="dapo", epsilon_high=0.28, off_policy_clip="behaviour"),
-                           logps, logps, adv)
+    behaviour, _ = grad_of(
+        LossSettings(loss_type="dapo", epsilon_high=0.28, off_policy_clip="behaviour"), logps, logps, adv
+    )
     torch.testing.assert_close(behaviour, current, rtol=0, atol=0)
     assert torch.allclose(current, torch.full((3,), -adv / 3))  # d/dlogp of -(r A)/N at r = 1
 
@@ -41,8 +47,9 @@ def test_a_stale_token_outside_the_trust_region_stops_pushing():
     gradient; token 1 (ratio exp(0.1) ~ 1.105, inside) keeps the gradient -A r / N. The current mode weights every
     token by the truncated IS weight min(ratio, 3) instead and never clips."""
     logps, sampling, adv = [-0.5, -1.0], [-0.5 - math.log(2.0), -1.1], 1.0
-    behaviour, metrics = grad_of(LossSettings(loss_type="dapo", epsilon_high=0.28, off_policy_clip="behaviour"),
-                                 logps, sampling, adv)
+    behaviour, metrics = grad_of(
+        LossSettings(loss_type="dapo", epsilon_high=0.28, off_policy_clip="behaviour"), logps, sampling, adv
+    )
     assert behaviour[0] == 0.0
     assert behaviour[1].item() == pytest.approx(-adv * math.exp(0.1) / 2, rel=1e-6)
     assert metrics["clip_ratio/high_mean"] == pytest.approx(0.5)
@@ -54,8 +61,9 @@ def test_a_stale_token_outside_the_trust_region_stops_pushing():
 
 
 def test_unscorable_sampler_tokens_count_as_on_policy_under_the_behaviour_clip():
-    behaviour, _ = grad_of(LossSettings(loss_type="dapo", off_policy_clip="behaviour"), [-0.5, -1.0],
-                           [float("nan"), -1.0], 1.0)
+    behaviour, _ = grad_of(
+        LossSettings(loss_type="dapo", off_policy_clip="behaviour"), [-0.5, -1.0], [float("nan"), -1.0], 1.0
+    )
     torch.testing.assert_close(behaviour, torch.tensor([-0.5, -0.5]), rtol=1e-6, atol=0)
 
 

@@ -18,9 +18,23 @@ from async_grpo.launch.k8s_objects import VLLM_AUTH_MIDDLEWARE
 
 TOKEN = "vllm-token-for-tests"
 # vLLM's dev-mode and RL routes (vllm/entrypoints/rl/online/api_router.py, serve/dev/) and inference routes
-GUARDED = ["/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
-           "/finish_weight_update", "/collective_rpc", "/get_world_size", "/weight_info", "/v1/models",
-           "/v1/completions", "/sleep", "/reset_prefix_cache", "/metrics", "/server_info"]
+GUARDED = [
+    "/pause",
+    "/resume",
+    "/init_weight_transfer_engine",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/collective_rpc",
+    "/get_world_size",
+    "/weight_info",
+    "/v1/models",
+    "/v1/completions",
+    "/sleep",
+    "/reset_prefix_cache",
+    "/metrics",
+    "/server_info",
+]
 
 
 def _app() -> Starlette:
@@ -57,8 +71,15 @@ def test_vllm_loads_it_through_its_middleware_flag(monkeypatch):
 
     monkeypatch.setenv("VLLM_API_KEY", TOKEN)
     app = FastAPI()
-    args = Namespace(allowed_origins=["*"], allow_credentials=False, allowed_methods=["*"], allowed_headers=["*"],
-                     api_key=None, enable_request_id_headers=False, middleware=[VLLM_AUTH_MIDDLEWARE])
+    args = Namespace(
+        allowed_origins=["*"],
+        allow_credentials=False,
+        allowed_methods=["*"],
+        allowed_headers=["*"],
+        api_key=None,
+        enable_request_id_headers=False,
+        middleware=[VLLM_AUTH_MIDDLEWARE],
+    )
     init_entrypoints_middleware(args, app, ())
     classes = [m.cls for m in app.user_middleware]
     assert BearerTokenMiddleware in classes and AuthenticationMiddleware in classes

@@ -103,6 +103,7 @@ def test_no_live_replica_raises_the_transport_error_for_the_orchestrator():
 def fake_resolver(addresses: list[str]):
     def resolve(host, port, type=None):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in addresses]
+
     return resolve
 
 
@@ -118,7 +119,9 @@ def test_replica_urls_from_a_list_or_from_dns():
 
 def test_a_replaced_pod_is_rediscovered_at_its_new_address():
     addresses = ["10.1.0.4", "10.1.0.7"]
-    endpoints = attached_endpoints("http://run-vllm:8000", 2, 1.0, lambda h, p, type=None: fake_resolver(addresses)(h, p))
+    endpoints = attached_endpoints(
+        "http://run-vllm:8000", 2, 1.0, lambda h, p, type=None: fake_resolver(addresses)(h, p)
+    )
     assert [e.url for e in endpoints] == ["http://10.1.0.4:8000", "http://10.1.0.7:8000"]
     addresses[:] = ["10.1.0.7", "10.1.0.12"]  # pod .4 died; its replacement came up at .12
     assert endpoints[0].rediscover() == "http://10.1.0.12:8000"

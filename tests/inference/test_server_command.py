@@ -24,9 +24,16 @@ def test_cpu_build_runs_the_model_in_the_engine_core_process():
     assert gpu_env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
 
 
-@pytest.mark.parametrize("extra", [["--tensor-parallel-size", "2"], ["-tp", "2"], ["--pipeline-parallel-size", "2"],
-                                   ["--distributed-executor-backend", "mp"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--tensor-parallel-size", "2"],
+        ["-tp", "2"],
+        ["--pipeline-parallel-size", "2"],
+        ["--distributed-executor-backend", "mp"],
+    ],
+)
 def test_several_workers_or_an_explicit_executor_keep_vllms_choice(extra):
     cmd = build_server_command("m", port=1, cpu=True, extra_args=extra)
     assert cmd.count("--distributed-executor-backend") == extra.count("--distributed-executor-backend")
-    assert cmd[-len(extra):] == extra
+    assert cmd[-len(extra) :] == extra

@@ -27,8 +27,9 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     """A real vLLM server on the tiny model (gloo weight transfer), shared by the session."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = build_server_command(tiny_model_dir, port=port, dtype="float32", max_model_len=512,
-                               weight_transfer_backend="gloo")
+    cmd = build_server_command(
+        tiny_model_dir, port=port, dtype="float32", max_model_len=512, weight_transfer_backend="gloo"
+    )
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     server = VLLMServer(cmd, server_env(1), log, url, VLLM_STARTUP_TIMEOUT_S)
     server.start()

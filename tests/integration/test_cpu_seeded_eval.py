@@ -29,8 +29,9 @@ pytestmark = pytest.mark.integration
 EVAL_NUM_PROMPTS, NUM_GENERATIONS_EVAL = 128, 4  # the settings of the run that crashed
 
 
-def test_default_eval_of_35_token_conversational_prompts_keeps_the_cpu_engine_alive(vllm_server, tiny_model_dir,
-                                                                                   tmp_path):
+def test_default_eval_of_35_token_conversational_prompts_keeps_the_cpu_engine_alive(
+    vllm_server, tiny_model_dir, tmp_path
+):
     data = tmp_path / "chat.jsonl"
     with data.open("w") as f:
         for i in range(EVAL_NUM_PROMPTS):

@@ -64,4 +64,3 @@ def test_short_run_logs_everything_to_mlflow(child_pids, vllm_server, tiny_model
     assert "config.json" in model_files and "model.safetensors" in model_files
     tables = [a.path for a in client.list_artifacts(summary.run_id, "completions")]
     assert any(p.endswith("step_000002.json") for p in tables)
-

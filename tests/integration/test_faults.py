@@ -53,8 +53,14 @@ def test_kill_9_of_vllm_mid_run_is_recovered_and_loses_no_prompt(tiny_model_dir,
            f"max_steps={MAX_STEPS}", "eval_num_prompts=4", "per_device_train_batch_size=16",
            "gradient_accumulation_steps=1", "max_inflight_groups=4"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "stderr.log", "wb"))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "stderr.log", "wb"),
+    )
     seen: dict[int, psutil.Process] = {}
     try:
         deadline = time.monotonic() + STARTED_TIMEOUT_S
@@ -86,8 +92,10 @@ def test_kill_9_of_vllm_mid_run_is_recovered_and_loses_no_prompt(tiny_model_dir,
     assert run.data.metrics["inference/restarts"] == 1 and run.data.metrics["summary/inference_restarts"] == 1
     recovery_s = run.data.metrics["inference/recovery_seconds"]
     assert 0 < recovery_s < took
-    print(f"\nkill -9 of vLLM: recovered in {recovery_s:.1f} s; run finished {took:.1f} s after the kill; "
-          f"groups generated again: {run.data.metrics.get('inference/regenerated_groups')}")
+    print(
+        f"\nkill -9 of vLLM: recovered in {recovery_s:.1f} s; run finished {took:.1f} s after the kill; "
+        f"groups generated again: {run.data.metrics.get('inference/regenerated_groups')}"
+    )
     survivors = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not survivors, [(p.pid, p.cmdline()) for p in survivors]
 
@@ -102,9 +110,23 @@ def _start_reward_service(config_path: Path, log: Path) -> tuple[subprocess.Pope
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "async_grpo.rewards.server", "--config", str(config_path),
-                               "--host", "127.0.0.1", "--port", str(port), "--num-workers", "1"],
-                              stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "async_grpo.rewards.server",
+            "--config",
+            str(config_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-workers",
+            "1",
+        ],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     while True:
         assert server.poll() is None, log.read_text()
@@ -117,8 +139,9 @@ def _start_reward_service(config_path: Path, log: Path) -> tuple[subprocess.Pope
         time.sleep(0.2)
 
 
-def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming_the_service(vllm_server,
-                                                                                            tiny_model_dir, tmp_path):
+def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming_the_service(
+    vllm_server, tiny_model_dir, tmp_path
+):
     out = tmp_path / "run"
     overrides = [f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0",
                  "max_steps=100000", "eval_num_prompts=4", "per_device_train_batch_size=16",
@@ -127,10 +150,24 @@ def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming
     service, url = _start_reward_service(REPO / "examples" / "tiny_cpu.yaml", tmp_path / "reward.log")
     workers: list[psutil.Process] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(REPO / "examples" / "tiny_cpu.yaml"), *overrides,
-           f"reward_url={url}", f"vllm_url={vllm_server.url}"]  # the session's server: no second vLLM start
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "stderr.log", "wb"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "async_grpo.cli",
+        "train",
+        str(REPO / "examples" / "tiny_cpu.yaml"),
+        *overrides,
+        f"reward_url={url}",
+        f"vllm_url={vllm_server.url}",
+    ]  # the session's server: no second vLLM start
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "stderr.log", "wb"),
+    )
     try:
         deadline = time.monotonic() + STARTED_TIMEOUT_S
         while _loss_steps(out / "mlflow.db") < 3:
@@ -163,5 +200,7 @@ def test_a_reward_service_killed_mid_run_fails_the_run_within_the_timeout_naming
     client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])[0]
     assert run.info.status == "FAILED"
-    print(f"\nreward service killed: the run failed {took:.1f} s later (reward_failure_timeout_s="
-          f"{REWARD_FAILURE_TIMEOUT_S:g})")
+    print(
+        f"\nreward service killed: the run failed {took:.1f} s later (reward_failure_timeout_s="
+        f"{REWARD_FAILURE_TIMEOUT_S:g})"
+    )

@@ -25,8 +25,9 @@ def test_ctrl_c_leaves_no_stray_process(tiny_model_dir, tmp_path):
            f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0", "max_steps=100000",
            "eval_num_prompts=4"]  # fmt: skip
     # A new session, so that SIGINT to its process group is exactly what a terminal's Ctrl-C does.
-    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "stderr.log", "wb"))
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.log", "wb")
+    )
     seen: dict[int, psutil.Process] = {}
     try:
         deadline = time.monotonic() + STARTED_TIMEOUT_S

@@ -38,10 +38,16 @@ def lora_server(tiny_model_dir, tmp_path_factory):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = GRPOConfig(use_peft=True, vllm_lora_sync=True, lora_r=LORA_R)
-    cmd = build_server_command(tiny_model_dir, port=port, weight_transfer_backend="gloo",
-                               extra_args=lora_server_args(config))
-    server = VLLMServer(cmd, server_env(1, runtime_lora=True), tmp_path_factory.mktemp("vllm-lora") / "vllm.log",
-                        url, VLLM_STARTUP_TIMEOUT_S)
+    cmd = build_server_command(
+        tiny_model_dir, port=port, weight_transfer_backend="gloo", extra_args=lora_server_args(config)
+    )
+    server = VLLMServer(
+        cmd,
+        server_env(1, runtime_lora=True),
+        tmp_path_factory.mktemp("vllm-lora") / "vllm.log",
+        url,
+        VLLM_STARTUP_TIMEOUT_S,
+    )
     server.start()
     yield server
     server.stop()
@@ -51,9 +57,15 @@ def _learner(model_dir: Path, seed: int) -> PeftLearner:
     """A LoRA learner on the tiny model whose adapter is non-zero (B drawn at random)."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    learner = PeftLearner(wrap_with_lora(model, r=LORA_R, alpha=16, dropout=0.0, target_modules="all-linear"),
-                          learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
-                          loss=LossSettings(), pad_token_id=PAD)
+    learner = PeftLearner(
+        wrap_with_lora(model, r=LORA_R, alpha=16, dropout=0.0, target_modules="all-linear"),
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=2,
+        loss=LossSettings(),
+        pad_token_id=PAD,
+    )
     with torch.no_grad():
         for name, param in learner.trainable_parameters().items():
             if ".lora_B." in name:
@@ -115,8 +127,10 @@ def test_adapter_push_makes_vllm_sample_with_the_trainer_policy(lora_server, tin
     files = sum(f.stat().st_size for f in (tmp_path / "lora_sync" / "policy-v3-3").iterdir())
     assert adapter_bytes == files
     assert adapter_bytes < 0.15 * _full_bytes(tiny_model_dir) < full
-    print(f"\nadapter push: {adapter_bytes} B in {max(seconds):.3f} s (max of 2); first push with base weights: "
-          f"{full} B in {first:.3f} s; full model {_full_bytes(tiny_model_dir)} B")
+    print(
+        f"\nadapter push: {adapter_bytes} B in {max(seconds):.3f} s (max of 2); first push with base weights: "
+        f"{full} B in {first:.3f} s; full model {_full_bytes(tiny_model_dir)} B"
+    )
 
 
 def test_merged_push_makes_vllm_sample_with_the_trainer_policy(lora_server, tiny_model_dir):
@@ -186,5 +200,7 @@ def test_lora_run_with_adapter_sync_raises_held_out_reward(lora_server, tiny_mod
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # merged, loads without peft
     assert not any("lora" in n for n, _ in plain.named_parameters())
     assert (model_dir / ADAPTER_FOLDER / "adapter_model.safetensors").is_file()
-    print(f"\nLoRA run: eval/reward {before:.4f} -> {after:.4f}; {sent[0]:.0f} B per push (full model {full} B); "
-          f"push {summary.weight_sync_s_mean:.3f} s mean; wall {wall:.1f} s")
+    print(
+        f"\nLoRA run: eval/reward {before:.4f} -> {after:.4f}; {sent[0]:.0f} B per push (full model {full} B); "
+        f"push {summary.weight_sync_s_mean:.3f} s mean; wall {wall:.1f} s"
+    )

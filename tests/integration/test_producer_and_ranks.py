@@ -40,8 +40,14 @@ def history(summary, key: str) -> list[float]:
 
 def test_streaming_run_trains_on_chunks(vllm_server, tiny_model_dir, tmp_path):
     """2 groups per step streamed one group at a time: every step is two chunks."""
-    config = GRPOConfig(**BASE, model_name_or_path=str(tiny_model_dir), vllm_url=vllm_server.url,
-                        output_dir=str(tmp_path / "run"), max_steps=3, streaming_min_groups=1)
+    config = GRPOConfig(
+        **BASE,
+        model_name_or_path=str(tiny_model_dir),
+        vllm_url=vllm_server.url,
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        streaming_min_groups=1,
+    )
     summary = run_local(config, progress=False)
     assert summary.steps == 3
     assert history(summary, "streaming/chunks") == [2.0, 2.0, 2.0]
@@ -117,13 +123,25 @@ def test_user_data_producer_with_rollout_reuse_and_max_rollouts(vllm_server, tin
     producer = tmp_path / "my_producer.py"
     producer.write_text(PRODUCER_PY)
     out = tmp_path / "run"
-    config = GRPOConfig(**BASE, model_name_or_path=str(tiny_model_dir), vllm_url=vllm_server.url,
-                        output_dir=str(out), max_steps=100, data_producer=f"{producer}:factory",
-                        steps_per_generation=2, num_iterations=2, max_rollouts=2)
+    config = GRPOConfig(
+        **BASE,
+        model_name_or_path=str(tiny_model_dir),
+        vllm_url=vllm_server.url,
+        output_dir=str(out),
+        max_steps=100,
+        data_producer=f"{producer}:factory",
+        steps_per_generation=2,
+        num_iterations=2,
+        max_rollouts=2,
+    )
     summary = run_local(config, progress=False)
     assert summary.steps == 8
     assert json.loads((out / "producer_calls.json").read_text()) == [
-        ["begin", 0], ["end", 0, 2], ["begin", 4], ["end", 4, 2]]
+        ["begin", 0],
+        ["end", 0, 2],
+        ["begin", 4],
+        ["end", 4, 2],
+    ]
     assert history(summary, "rollouts") == [1.0] * 4 + [2.0] * 4
     clipped = history(summary, "clip_ratio/region_mean")
     assert clipped[0] == 0.0  # first update of a rollout: pi_theta == pi_old
@@ -138,16 +156,39 @@ def test_two_trainer_ranks_under_torchrun(vllm_server, tiny_model_dir, tmp_path,
     and the saved final model is the gathered, loadable checkpoint."""
     before = child_pids()
     out = tmp_path / "run"
-    cfg = {**BASE, "model_name_or_path": str(tiny_model_dir), "vllm_url": vllm_server.url,
-           "output_dir": str(out), "max_steps": 3, "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "fsdp": fsdp, "save_model": fsdp}
+    cfg = {
+        **BASE,
+        "model_name_or_path": str(tiny_model_dir),
+        "vllm_url": vllm_server.url,
+        "output_dir": str(out),
+        "max_steps": 3,
+        "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "fsdp": fsdp,
+        "save_model": fsdp,
+    }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    proc = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                           "--master-port", str(free_port()), "--module", "async_grpo.cli", "train", str(path)],
-                          capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S, env=env)
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "--module",
+            "async_grpo.cli",
+            "train",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TORCHRUN_TIMEOUT_S,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     mlflow.set_tracking_uri(cfg["mlflow_tracking_uri"])
     client = mlflow.tracking.MlflowClient()
@@ -177,16 +218,35 @@ def test_run_scores_through_the_reward_service(vllm_server, tiny_model_dir, tmp_
     import httpx
 
     before = child_pids()
-    cfg = {**BASE, "model_name_or_path": str(tiny_model_dir), "vllm_url": vllm_server.url,
-           "output_dir": str(tmp_path / "run"), "max_steps": 2}
+    cfg = {
+        **BASE,
+        "model_name_or_path": str(tiny_model_dir),
+        "vllm_url": vllm_server.url,
+        "output_dir": str(tmp_path / "run"),
+        "max_steps": 2,
+    }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with (tmp_path / "reward.log").open("w") as log:
-        server = subprocess.Popen([sys.executable, "-m", "async_grpo.rewards.server", "--config", str(path),
-                                   "--host", "127.0.0.1", "--port", str(port), "--num-workers", "1"],
-                                  stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "async_grpo.rewards.server",
+                "--config",
+                str(path),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--num-workers",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -43,10 +43,16 @@ MAX_STEPS = 16
 def second_server(tiny_model_dir, tmp_path_factory):
     """A second real vLLM server on the tiny model (the session's `vllm_server` is the first replica)."""
     port = free_port()
-    cmd = build_server_command(tiny_model_dir, port=port, dtype="float32", max_model_len=512,
-                               weight_transfer_backend="gloo")
-    server = VLLMServer(cmd, server_env(1), tmp_path_factory.mktemp("vllm-replica") / "vllm.log",
-                        f"http://127.0.0.1:{port}", VLLM_STARTUP_TIMEOUT_S)
+    cmd = build_server_command(
+        tiny_model_dir, port=port, dtype="float32", max_model_len=512, weight_transfer_backend="gloo"
+    )
+    server = VLLMServer(
+        cmd,
+        server_env(1),
+        tmp_path_factory.mktemp("vllm-replica") / "vllm.log",
+        f"http://127.0.0.1:{port}",
+        VLLM_STARTUP_TIMEOUT_S,
+    )
     server.start()
     yield server
     server.close()
@@ -54,6 +60,7 @@ def second_server(tiny_model_dir, tmp_path_factory):
 
 def _max_gap(url: str, served: str, model) -> float:
     """Largest |vLLM sampling logprob - trainer logprob| over 4 sampled completions of PROMPT (nats)."""
+
     async def go():
         client = AsyncVLLMClient(url, served)
         try:
@@ -104,8 +111,14 @@ def test_kill_9_of_one_replica_mid_run_finishes_on_the_other(vllm_server, second
            "eval_num_prompts=4", "per_device_train_batch_size=16", "gradient_accumulation_steps=1",
            "max_inflight_groups=4", "vllm_recovery_timeout_s=15"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "stderr.log", "wb"))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "stderr.log", "wb"),
+    )
     try:
         deadline = time.monotonic() + 300
         while _loss_steps(out / "mlflow.db") < 3:  # both replicas serve: requests are spread over them
@@ -126,12 +139,16 @@ def test_kill_9_of_one_replica_mid_run_finishes_on_the_other(vllm_server, second
     metrics = run.data.metrics
     assert metrics["summary/prompts_lost"] == 0
     assert metrics["summary/inference_restarts"] == 0  # never without a live replica: no run-wide recovery
-    history = {key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
-               for key in ("inference/replica_0/requests", "inference/replica_1/requests", "inference/live_replicas")}
+    history = {
+        key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
+        for key in ("inference/replica_0/requests", "inference/replica_1/requests", "inference/live_replicas")
+    }
     assert history["inference/replica_1/requests"][0] > 0 and history["inference/replica_0/requests"][0] > 0
     assert history["inference/live_replicas"][0] == 2 and history["inference/live_replicas"][-1] == 1
     assert metrics["inference/replica_0/requests"] > history["inference/replica_0/requests"][0]  # it took over
     pushed_to_1 = client.get_metric_history(run.info.run_id, "weight_sync/replica_1/seconds")
     assert pushed_to_1 and len(pushed_to_1) < MAX_STEPS  # replica 1 got the pushes until it died
-    print(f"\none of 2 replicas killed: run finished; replica requests 0/1: {metrics['inference/replica_0/requests']:.0f}"
-          f"/{metrics['inference/replica_1/requests']:.0f}; rerouted {metrics['inference/rerouted_requests']:.0f}")
+    print(
+        f"\none of 2 replicas killed: run finished; replica requests 0/1: {metrics['inference/replica_0/requests']:.0f}"
+        f"/{metrics['inference/replica_1/requests']:.0f}; rerouted {metrics['inference/rerouted_requests']:.0f}"
+    )

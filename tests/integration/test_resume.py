@@ -63,14 +63,16 @@ def test_resume_continues_the_run_with_the_uninterrupted_prompts(vllm_server, ti
     # the same run, stopped after 3 steps (max_rollouts) with a checkpoint at step 3, then resumed
     out = tmp_path / "cut"
     t0 = time.perf_counter()
-    first = run_local(GRPOConfig(**common, output_dir=str(out), max_rollouts=3, save_steps=3, save_total_limit=1),
-                      progress=False)
+    first = run_local(
+        GRPOConfig(**common, output_dir=str(out), max_rollouts=3, save_steps=3, save_total_limit=1), progress=False
+    )
     first_s = time.perf_counter() - t0
     ((step, ckpt),) = complete_checkpoints(out)
     assert step == 3 and read_meta(ckpt)["mlflow_run_id"] == first.run_id
     saved = load_checkpoint(ckpt)
     assert (saved.step, saved.policy_version, saved.rollouts) == (3, 3, 3)
     from transformers import AutoModelForCausalLM
+
     AutoModelForCausalLM.from_pretrained(ckpt / "model")  # the HF folder loads
 
     config = GRPOConfig(**common, output_dir=str(out), resume_from_checkpoint=True)
@@ -82,14 +84,20 @@ def test_resume_continues_the_run_with_the_uninterrupted_prompts(vllm_server, ti
         resume_s = time.perf_counter() - t0
         restored = recipe.state()
         assert (restored.step, restored.policy_version, restored.rollouts, restored.num_tokens, restored.drops) == (
-            saved.step, saved.policy_version, saved.rollouts, saved.num_tokens, saved.drops)
+            saved.step,
+            saved.policy_version,
+            saved.rollouts,
+            saved.num_tokens,
+            saved.drops,
+        )
         assert restored.mlflow_run_id == first.run_id and restored.sampler == saved.sampler
         for name, tensor in saved.learner["model"].items():
             assert torch.equal(restored.learner["model"][name], tensor), name
         for key, per_param in saved.learner["optimizer"]["state"].items():
             for name, value in per_param.items():
-                assert torch.equal(torch.as_tensor(restored.learner["optimizer"]["state"][key][name]),
-                                   torch.as_tensor(value)), (key, name)
+                assert torch.equal(
+                    torch.as_tensor(restored.learner["optimizer"]["state"][key][name]), torch.as_tensor(value)
+                ), (key, name)
         assert restored.learner["lr_scheduler"] == saved.learner["lr_scheduler"]
         recipe.train()
         resumed = recipe.finish()
@@ -108,9 +116,17 @@ def test_resume_continues_the_run_with_the_uninterrupted_prompts(vllm_server, ti
 
 def test_sigterm_checkpoints_and_the_same_command_resumes(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    cfg = {**BASE, "model_name_or_path": str(tiny_model_dir), "output_dir": str(out), "max_steps": 100000,
-           "resume_from_checkpoint": True, "checkpoint_signal_grace_s": 30, "log_completions": False,
-           "vllm_startup_timeout_s": 400, "mlflow_tracking_uri": f"sqlite:///{out / 'mlflow.db'}"}
+    cfg = {
+        **BASE,
+        "model_name_or_path": str(tiny_model_dir),
+        "output_dir": str(out),
+        "max_steps": 100000,
+        "resume_from_checkpoint": True,
+        "checkpoint_signal_grace_s": 30,
+        "log_completions": False,
+        "vllm_startup_timeout_s": 400,
+        "mlflow_tracking_uri": f"sqlite:///{out / 'mlflow.db'}",
+    }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(path)]

@@ -64,10 +64,16 @@ def tool_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tool_model_dir, tmp_path_factory):
     port = free_port()
-    cmd = build_server_command(tool_model_dir, port=port, dtype="float32", max_model_len=512,
-                               weight_transfer_backend="gloo")
-    srv = VLLMServer(cmd, server_env(1), tmp_path_factory.mktemp("vllm-tools") / "vllm.log",
-                     f"http://127.0.0.1:{port}", VLLM_STARTUP_TIMEOUT_S)
+    cmd = build_server_command(
+        tool_model_dir, port=port, dtype="float32", max_model_len=512, weight_transfer_backend="gloo"
+    )
+    srv = VLLMServer(
+        cmd,
+        server_env(1),
+        tmp_path_factory.mktemp("vllm-tools") / "vllm.log",
+        f"http://127.0.0.1:{port}",
+        VLLM_STARTUP_TIMEOUT_S,
+    )
     srv.start()
     yield srv
     srv.stop()
@@ -118,7 +124,12 @@ def test_turn_by_turn_against_the_chat_template_and_the_trainer(server, tool_mod
     called = [i for i in range(4) if group.rollout_stats["tools/calls"][i] > 0]
     assert called, f"the warm-started model called no tool: {group.completions}"
     for i in called:
-        ids, mask, lps, conv = group.completion_ids[i], group.loss_mask[i], group.sampling_logprobs[i], group.completions[i]
+        ids, mask, lps, conv = (
+            group.completion_ids[i],
+            group.loss_mask[i],
+            group.sampling_logprobs[i],
+            group.completions[i],
+        )
         spans = runs(mask)
         assistants = [m for m in conv if m["role"] == "assistant"]
         assert [v for v, _, _ in spans] == [1, 0] * (len(assistants) - 1) + [1]  # turns alternate with tool output
@@ -147,8 +158,10 @@ def test_turn_by_turn_against_the_chat_template_and_the_trainer(server, tool_mod
 
 
 def test_a_hanging_and_a_raising_tool_are_errors_the_model_reads(server, tool_model_dir, tok):
-    for name, timeout_s, kind, says in (("hanging", 2.0, "timeout", "did not finish within 2 s"),
-                                        ("raising", 10.0, "exception", "ZeroDivisionError: the abacus broke")):
+    for name, timeout_s, kind, says in (
+        ("hanging", 2.0, "timeout", "did not finish within 2 s"),
+        ("raising", 10.0, "exception", "ZeroDivisionError: the abacus broke"),
+    ):
         with ToolExecutor(load_tools([f"{TOOLS}:{name}"]), num_workers=1, timeout_s=timeout_s) as backend:
             t0 = time.monotonic()
             group = rollout_group(server, tool_model_dir, tok, backend, g=2, seed=3)
@@ -192,13 +205,24 @@ def test_weights_pushed_between_turns_give_tokens_of_both_versions(server, tool_
     version = [0]
     try:
         with ToolExecutor(load_tools(["builtin:calculator"]), num_workers=1) as inner:
-            group = rollout_group(server, tool_model_dir, tok, PushBetweenTurns(inner, pusher, version), g=1, seed=5,
-                                  version=lambda: version[0])
+            group = rollout_group(
+                server,
+                tool_model_dir,
+                tok,
+                PushBetweenTurns(inner, pusher, version),
+                g=1,
+                seed=5,
+                version=lambda: version[0],
+            )
     finally:
         pusher.close()
     assert version == [1] and group.rollout_stats["tools/turns"][0] >= 2, group.completions
-    ids, mask, lps, versions = (group.completion_ids[0], group.loss_mask[0], group.sampling_logprobs[0],
-                                group.token_versions[0])
+    ids, mask, lps, versions = (
+        group.completion_ids[0],
+        group.loss_mask[0],
+        group.sampling_logprobs[0],
+        group.token_versions[0],
+    )
     (v1, s1, e1), (v0, s0, e0), (v2, s2, e2) = runs(mask)[:3]
     assert (v1, v0, v2) == (1, 0, 1)
     assert set(versions[s1:e1]) == {0} and set(versions[s2:e2]) == {1}  # each turn: the version that sampled it
@@ -212,12 +236,26 @@ def test_weights_pushed_between_turns_give_tokens_of_both_versions(server, tool_
     assert float((old_lp[second] - lps[second]).abs().max()) > 1e-2  # ... which differ
 
 
-@pytest.mark.parametrize("shaping", [
-    {"replay_buffer_size": 4, "reroll_start_fraction": 0.0, "off_policy_mask_threshold": 0.5,
-     "vllm_importance_sampling_mode": "token_mask", "max_staleness": 1},
-    {"dynamic_sampling": True, "max_gen_batches": 20, "importance_sampling_level": "sequence",
-     "vllm_importance_sampling_mode": "sequence_truncate", "streaming_min_groups": 1},
-], ids=["replay-reroll-opsm", "dynamic-sampling-streaming"])
+@pytest.mark.parametrize(
+    "shaping",
+    [
+        {
+            "replay_buffer_size": 4,
+            "reroll_start_fraction": 0.0,
+            "off_policy_mask_threshold": 0.5,
+            "vllm_importance_sampling_mode": "token_mask",
+            "max_staleness": 1,
+        },
+        {
+            "dynamic_sampling": True,
+            "max_gen_batches": 20,
+            "importance_sampling_level": "sequence",
+            "vllm_importance_sampling_mode": "sequence_truncate",
+            "streaming_min_groups": 1,
+        },
+    ],
+    ids=["replay-reroll-opsm", "dynamic-sampling-streaming"],
+)
 def test_a_tool_run_with_async_staleness_is_opsm_and_batch_shaping(server, tool_model_dir, tmp_path, shaping):
     """A short real run (the recipe, reward workers, tool workers, MLflow) on the warm-started model with the async
     pipeline's features on: it finishes, logs the tool metrics for training and evaluation, and the final model's
@@ -242,10 +280,18 @@ def test_a_tool_run_with_async_staleness_is_opsm_and_batch_shaping(server, tool_
     run = client.get_run(summary.run_id)
     assert run.info.status == "FINISHED" and summary.steps == 4
     metrics = run.data.metrics
-    for key in ("tools/call_frequency", "tools/failure_frequency", "tools/turns_per_rollout/mean", "tools/seconds",
-                "eval/tools/call_frequency", "eval_no_tools/reward", "eval_no_tools/tools/failures/unknown_tool"):
+    for key in (
+        "tools/call_frequency",
+        "tools/failure_frequency",
+        "tools/turns_per_rollout/mean",
+        "tools/seconds",
+        "eval/tools/call_frequency",
+        "eval_no_tools/reward",
+        "eval_no_tools/tools/failures/unknown_tool",
+    ):
         assert key in metrics, key
     assert metrics["tools/turns_per_rollout/max"] >= 2  # the warm-started model calls the calculator
     assert "eval_no_tools/reward" in summary.eval_after
-    assert not {k for k in summary.dropped_groups if k not in ("zero_std", "shutdown", "stale", "unconsumed_at_end")}, \
+    assert not {k for k in summary.dropped_groups if k not in ("zero_std", "shutdown", "stale", "unconsumed_at_end")}, (
         summary.dropped_groups
+    )

@@ -21,14 +21,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_qwen_gsm8k.yam
 
 
 def gsm8k_file(path: Path, n: int, offset: int = 0) -> Path:
-    rows = [{"question": f"What is {i} plus {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i}"}
-            for i in range(offset, offset + n)]
+    rows = [
+        {"question": f"What is {i} plus {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i}"}
+        for i in range(offset, offset + n)
+    ]
     datasets.Dataset.from_list(rows).to_json(path)
     return path
 
 
-def test_the_trl_example_trains_on_the_tiny_model_with_local_paths(child_pids, vllm_server, tiny_model_dir,
-                                                                   tmp_path):
+def test_the_trl_example_trains_on_the_tiny_model_with_local_paths(child_pids, vllm_server, tiny_model_dir, tmp_path):
     pytest.importorskip("math_verify")
     overrides = [
         f"model_name_or_path={tiny_model_dir}", f"dataset_name={gsm8k_file(tmp_path / 'train.jsonl', 32)}",
@@ -53,8 +54,13 @@ def test_the_trl_example_trains_on_the_tiny_model_with_local_paths(child_pids, v
     run = client.get_run(summary.run_id)
     assert run.info.status == "FINISHED" and run.data.params["lr_scheduler_type"] == "cosine"
     assert sorted(m.step for m in client.get_metric_history(summary.run_id, "eval/reward")) == [0, 2, 4]
-    for name in ("rewards/math_accuracy/mean", "rewards/think_format_reward/mean", "num_tokens", "num_tokens/step",
-                 "learning_rate"):
+    for name in (
+        "rewards/math_accuracy/mean",
+        "rewards/think_format_reward/mean",
+        "num_tokens",
+        "num_tokens/step",
+        "learning_rate",
+    ):
         assert name in run.data.metrics, name
     tokens = [m.value for m in client.get_metric_history(summary.run_id, "num_tokens")]
     assert tokens == sorted(tokens) and tokens[0] > 0  # TRL's num_tokens: cumulative prompt + completion tokens

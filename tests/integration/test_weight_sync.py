@@ -77,8 +77,13 @@ def test_a_tied_model_samples_with_the_pushed_head(tmp_path):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = VLLMServer(build_server_command(path, port=port, weight_transfer_backend="gloo"), server_env(1),
-                        tmp_path / "vllm.log", url, 400.0)
+    server = VLLMServer(
+        build_server_command(path, port=port, weight_transfer_backend="gloo"),
+        server_env(1),
+        tmp_path / "vllm.log",
+        url,
+        400.0,
+    )
     server.start()
     try:
         pusher = WeightPusher(model, url, backend="gloo", timeout_s=120)

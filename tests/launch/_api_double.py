@@ -20,11 +20,22 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client import ApiException
 
-REAL_APIS = {"core": client.CoreV1Api, "apps": client.AppsV1Api, "networking": client.NetworkingV1Api,
-             "custom": client.CustomObjectsApi}
+REAL_APIS = {
+    "core": client.CoreV1Api,
+    "apps": client.AppsV1Api,
+    "networking": client.NetworkingV1Api,
+    "custom": client.CustomObjectsApi,
+}
 API_GROUPS = {"core": "", "apps": "apps", "networking": "networking.k8s.io"}
-RESOURCES = {"config_map": "configmaps", "service": "services", "deployment": "deployments",
-             "network_policy": "networkpolicies", "pod": "pods", "pod_log": "pods/log", "secret": "secrets"}
+RESOURCES = {
+    "config_map": "configmaps",
+    "service": "services",
+    "deployment": "deployments",
+    "network_policy": "networkpolicies",
+    "pod": "pods",
+    "pod_log": "pods/log",
+    "secret": "secrets",
+}
 VERBS = {"create": "create", "delete": "delete", "patch": "patch", "list": "list", "get": "get", "read": "get"}
 
 
@@ -80,8 +91,14 @@ class FakeCluster:
         logs: pod name -> log text.
     """
 
-    def __init__(self, job_statuses: Iterable[dict] = ({},), *, fail_on_create: str | None = None,
-                 fail_on_delete: str | None = None, logs: dict[str, str] | None = None):
+    def __init__(
+        self,
+        job_statuses: Iterable[dict] = ({},),
+        *,
+        fail_on_create: str | None = None,
+        fail_on_delete: str | None = None,
+        logs: dict[str, str] | None = None,
+    ):
         self.calls: list[Call] = []
         self.objects: dict[tuple[str, str], dict] = {}
         self.statuses = list(job_statuses)
@@ -99,8 +116,12 @@ class FakeCluster:
 
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments of KubernetesBackend."""
-        return {"core_api": self.apis["core"], "apps_api": self.apis["apps"],
-                "networking_api": self.apis["networking"], "custom_api": self.apis["custom"]}
+        return {
+            "core_api": self.apis["core"],
+            "apps_api": self.apis["apps"],
+            "networking_api": self.apis["networking"],
+            "custom_api": self.apis["custom"],
+        }
 
     def methods(self) -> list[str]:
         """Method names called, in order."""
@@ -124,8 +145,11 @@ class FakeCluster:
 
     def _list(self, kind: str, label_selector: str) -> dict:
         wanted = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
-        found = [copy.deepcopy(o) for (k, _), o in self.objects.items()
-                 if k == kind and wanted.items() <= o["metadata"].get("labels", {}).items()]
+        found = [
+            copy.deepcopy(o)
+            for (k, _), o in self.objects.items()
+            if k == kind and wanted.items() <= o["metadata"].get("labels", {}).items()
+        ]
         return {"items": found}
 
     def _create(self, kind: str, body: dict) -> dict:
@@ -169,8 +193,11 @@ class FakeCluster:
         gone, until none is left (owners of owners included)."""
         while True:
             uids = {o["metadata"]["uid"] for o in self.objects.values()}
-            orphans = [key for key, o in self.objects.items()
-                       if any(ref["uid"] not in uids for ref in o["metadata"].get("ownerReferences", []))]
+            orphans = [
+                key
+                for key, o in self.objects.items()
+                if any(ref["uid"] not in uids for ref in o["metadata"].get("ownerReferences", []))
+            ]
             if not orphans:
                 return
             for key in orphans:

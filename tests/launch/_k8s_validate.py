@@ -31,8 +31,11 @@ def _strict(schema: Any) -> Any:
     """Forbid properties the schema does not name, wherever it names some (recursively)."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in out and "additionalProperties" not in out
-                and not out.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -62,9 +65,14 @@ def validate_pytorchjob(obj: dict) -> None:
     require_crd()
     _pytorchjob_validator().validate(obj)
     for rtype, spec in obj["spec"]["pytorchReplicaSpecs"].items():
-        validate_builtin({"apiVersion": "v1", "kind": "PodTemplate",
-                          "metadata": {"name": f"{obj['metadata']['name']}-{rtype.lower()}"},
-                          "template": spec["template"]})
+        validate_builtin(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": f"{obj['metadata']['name']}-{rtype.lower()}"},
+                "template": spec["template"],
+            }
+        )
 
 
 def validate_builtin(obj: dict) -> None:

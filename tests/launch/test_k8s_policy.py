@@ -32,16 +32,37 @@ def test_the_defaults_pass(gpu_config, gpu_settings):
     check_run(GRPOConfig(), ClusterSettings(device="cpu"), POLICY)
 
 
-@pytest.mark.parametrize("flag", ["--trust-remote-code", "--worker-extension-cls", "--middleware", "--api-key",
-                                  "--host", "--tool-parser-plugin", "--compilation-config", "--allowed-origins"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--trust-remote-code",
+        "--worker-extension-cls",
+        "--middleware",
+        "--api-key",
+        "--host",
+        "--tool-parser-plugin",
+        "--compilation-config",
+        "--allowed-origins",
+    ],
+)
 def test_vllm_flags_that_load_code_or_change_auth_are_refused(flag, gpu_config, gpu_settings):
     config = gpu_config.model_copy(update={"vllm_extra_args": [f"{flag}=x"]})
     assert f"vllm_extra_args: flag '{flag}' is not allowed" in refused(config, gpu_settings)
 
 
 def test_allowed_vllm_flags_and_their_values_pass(gpu_config, gpu_settings):
-    config = gpu_config.model_copy(update={"vllm_extra_args": [
-        "--gpu-memory-utilization", "0.85", "--max-num-seqs=64", "--enable-prefix-caching", "--swap-space", "-1"]})
+    config = gpu_config.model_copy(
+        update={
+            "vllm_extra_args": [
+                "--gpu-memory-utilization",
+                "0.85",
+                "--max-num-seqs=64",
+                "--enable-prefix-caching",
+                "--swap-space",
+                "-1",
+            ]
+        }
+    )
     check_run(config, gpu_settings, POLICY)
     widened = PlatformPolicy(vllm_flags=[*POLICY.vllm_flags, "--trust-remote-code"])
     check_run(gpu_config.model_copy(update={"vllm_extra_args": ["--trust-remote-code"]}), gpu_settings, widened)
@@ -62,8 +83,9 @@ def test_tool_files_never_run_in_the_trainer_pod(gpu_config):
     msg = refused(files, ClusterSettings(reward_replicas=0))
     assert "tools ['/workspace/tools/t.py:lookup']" in msg and "reward_replicas >= 1" in msg
     check_run(files, ClusterSettings(reward_replicas=1), POLICY)  # tool calls run in the reward pods
-    check_run(gpu_config.model_copy(update={"tools": ["builtin:calculator"]}), ClusterSettings(reward_replicas=0),
-              POLICY)  # image code
+    check_run(
+        gpu_config.model_copy(update={"tools": ["builtin:calculator"]}), ClusterSettings(reward_replicas=0), POLICY
+    )  # image code
 
 
 def test_a_data_producer_file_is_refused_a_module_is_not(gpu_config, gpu_settings):
@@ -76,16 +98,28 @@ def test_an_external_reward_service_must_be_allowed(gpu_config):
     config = gpu_config.model_copy(update={"reward_url": "http://collector.example.com:80"})
     assert "reward_url='http://collector.example.com:80'" in refused(config, ClusterSettings(reward_replicas=0))
     allowed = PlatformPolicy(reward_urls=["http://rewards.ml.svc:8080"])
-    check_run(gpu_config.model_copy(update={"reward_url": "http://rewards.ml.svc:8080"}),
-              ClusterSettings(reward_replicas=0), allowed)
+    check_run(
+        gpu_config.model_copy(update={"reward_url": "http://rewards.ml.svc:8080"}),
+        ClusterSettings(reward_replicas=0),
+        allowed,
+    )
 
 
-@pytest.mark.parametrize("uri, ok", [
-    ("http://mlflow:5000", True), ("http://MLFLOW:5000/", True), ("http://mlflow:5000/sub/path", True),
-    ("https://mlflow:5000", False), ("http://mlflow:5001", False), ("http://mlflow:5000.evil.com", False),
-    ("http://mlflow:5000@evil.com", False), ("http://evil.com/?x=http://mlflow:5000", False),
-    ("sqlite:///tmp/mlflow.db", False), ("file:///workspace/mlruns", False),
-])
+@pytest.mark.parametrize(
+    "uri, ok",
+    [
+        ("http://mlflow:5000", True),
+        ("http://MLFLOW:5000/", True),
+        ("http://mlflow:5000/sub/path", True),
+        ("https://mlflow:5000", False),
+        ("http://mlflow:5001", False),
+        ("http://mlflow:5000.evil.com", False),
+        ("http://mlflow:5000@evil.com", False),
+        ("http://evil.com/?x=http://mlflow:5000", False),
+        ("sqlite:///tmp/mlflow.db", False),
+        ("file:///workspace/mlruns", False),
+    ],
+)
 def test_tracking_uris_are_compared_by_scheme_host_port_and_path(uri, ok):
     assert uri_allowed(uri, ["http://mlflow:5000"]) is ok
     assert uri_allowed("https://mlflow.corp/team-a/x", ["https://mlflow.corp/team-a"])
@@ -94,10 +128,14 @@ def test_tracking_uris_are_compared_by_scheme_host_port_and_path(uri, ok):
 
 def test_images_by_prefix_exact_reference_and_digest():
     digest = "@sha256:" + "c" * 64
-    policy = PlatformPolicy(image_prefixes=["reg.corp/ml/"], images=["docker.io/vllm/vllm-openai" + digest],
-                            require_digest=True)
-    settings = ClusterSettings(trainer_image="reg.corp/ml/trainer" + digest, vllm_image="docker.io/vllm/vllm-openai"
-                               + digest, reward_image="reg.corp/ml/reward" + digest)
+    policy = PlatformPolicy(
+        image_prefixes=["reg.corp/ml/"], images=["docker.io/vllm/vllm-openai" + digest], require_digest=True
+    )
+    settings = ClusterSettings(
+        trainer_image="reg.corp/ml/trainer" + digest,
+        vllm_image="docker.io/vllm/vllm-openai" + digest,
+        reward_image="reg.corp/ml/reward" + digest,
+    )
     check_run(GRPOConfig(), settings, policy)
     msg = refused(GRPOConfig(), settings.model_copy(update={"reward_image": "reg.corp/ml/reward:latest"}), policy)
     assert "reward_image='reg.corp/ml/reward:latest' is not pinned by digest" in msg
@@ -109,17 +147,28 @@ def test_images_by_prefix_exact_reference_and_digest():
 
 
 def test_every_problem_is_listed_at_once():
-    settings = ClusterSettings(trainer_image="docker.io/evil/x:latest", service_account="default",
-                               mlflow_secret="any", pvc_name="mlflow-data")
+    settings = ClusterSettings(
+        trainer_image="docker.io/evil/x:latest", service_account="default", mlflow_secret="any", pvc_name="mlflow-data"
+    )
     msg = refused(GRPOConfig(mlflow_tracking_uri="http://evil:80", vllm_extra_args=["--trust-remote-code"]), settings)
-    for field in ("trainer_image=", "service_account=", "mlflow_secret=", "pvc_name=", "mlflow_tracking_uri=",
-                  "vllm_extra_args"):
+    for field in (
+        "trainer_image=",
+        "service_account=",
+        "mlflow_secret=",
+        "pvc_name=",
+        "mlflow_tracking_uri=",
+        "vllm_extra_args",
+    ):
         assert field in msg, field
 
 
 def test_default_images_fill_only_what_the_run_leaves_open():
-    policy = PlatformPolicy(default_images={"trainer": "ghcr.io/async-grpo/trainer@sha256:" + "d" * 64,
-                                            "cpu": "ghcr.io/async-grpo/cpu@sha256:" + "e" * 64})
+    policy = PlatformPolicy(
+        default_images={
+            "trainer": "ghcr.io/async-grpo/trainer@sha256:" + "d" * 64,
+            "cpu": "ghcr.io/async-grpo/cpu@sha256:" + "e" * 64,
+        }
+    )
     resolved = prepare_run(GRPOConfig(), ClusterSettings(), policy)
     assert resolved.image("trainer").endswith("d" * 64) and resolved.image("vllm") == "ghcr.io/async-grpo/vllm:0.1.0"
     assert prepare_run(GRPOConfig(), ClusterSettings(device="cpu"), policy).image("vllm").endswith("e" * 64)

@@ -28,15 +28,24 @@ TIMEOUT_S = 600.0
 POLL_S = 10.0
 
 
-def make_backend(cluster: FakeCluster, settings, clock: FakeClock | None = None,
-                 tracking: FakeTracking | None = None) -> tuple[KubernetesBackend, FakeClock, FakeTracking]:
+def make_backend(
+    cluster: FakeCluster, settings, clock: FakeClock | None = None, tracking: FakeTracking | None = None
+) -> tuple[KubernetesBackend, FakeClock, FakeTracking]:
     clock = clock or FakeClock()
     tracking = tracking or FakeTracking()
     cluster.add_pod(RUN_POD, {"training.kubeflow.org/job-name": RUN, "training.kubeflow.org/replica-type": "master"})
     cluster.add_pod(VLLM_POD, {"async-grpo/run": RUN, "app.kubernetes.io/component": "vllm"})
     cluster.add_pod("unrelated", {"app": "other"})
-    backend = KubernetesBackend(settings, **cluster.kwargs(), tracking=tracking, run_name=RUN, policy=PlatformPolicy(),
-                                poll_interval_s=POLL_S, clock=clock, sleep=clock.sleep)
+    backend = KubernetesBackend(
+        settings,
+        **cluster.kwargs(),
+        tracking=tracking,
+        run_name=RUN,
+        policy=PlatformPolicy(),
+        poll_interval_s=POLL_S,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     return backend, clock, tracking
 
 
@@ -45,8 +54,14 @@ def kinds_left(cluster: FakeCluster) -> set[str]:
 
 
 def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_settings, caplog):
-    cluster = FakeCluster([{}, status(condition("Created")), status(condition("Created"), condition("Running")),
-                           status(condition("Created"), condition("Running"), condition("Succeeded"))])
+    cluster = FakeCluster(
+        [
+            {},
+            status(condition("Created")),
+            status(condition("Created"), condition("Running")),
+            status(condition("Created"), condition("Running"), condition("Succeeded")),
+        ]
+    )
     backend, clock, tracking = make_backend(cluster, gpu_settings)
     with caplog.at_level(logging.INFO, logger="async_grpo.launch.kubernetes"):
         result = backend.launch(gpu_config, timeout_s=TIMEOUT_S)
@@ -60,16 +75,30 @@ def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_sett
     # the job is created first and every other object is owned by it, so deleting the job deletes the run
     job_uid = cluster.objects[("PyTorchJob", RUN)]["metadata"]["uid"]
     creates = [c.args[-1] for c in cluster.calls if c.method.startswith("create_")]
-    assert [o["kind"] for o in creates] == ["PyTorchJob", "ConfigMap", "Secret", "NetworkPolicy", "NetworkPolicy",
-                                            "NetworkPolicy", "Deployment", "Service", "Service", "Deployment"]
+    assert [o["kind"] for o in creates] == [
+        "PyTorchJob",
+        "ConfigMap",
+        "Secret",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "Deployment",
+        "Service",
+        "Service",
+        "Deployment",
+    ]
     for obj in creates[1:]:
         assert obj["metadata"]["ownerReferences"][0]["uid"] == job_uid
     assert "patch_namespaced_config_map" not in cluster.methods()
     # only Deployments are deleted, the vLLM one (dev-mode endpoints, created last) first
     deletes = [(c.method, c.args[0]) for c in cluster.calls if c.method.startswith("delete_")]
-    assert deletes == [("delete_namespaced_deployment", f"{RUN}-vllm"), ("delete_namespaced_deployment", f"{RUN}-reward")]
-    assert all(c.kwargs.get("propagation_policy") == "Background" for c in cluster.calls
-               if c.method.startswith("delete_"))
+    assert deletes == [
+        ("delete_namespaced_deployment", f"{RUN}-vllm"),
+        ("delete_namespaced_deployment", f"{RUN}-reward"),
+    ]
+    assert all(
+        c.kwargs.get("propagation_policy") == "Background" for c in cluster.calls if c.method.startswith("delete_")
+    )
     # the trainer logs into the pre-created MLflow run
     job = cluster.objects[("PyTorchJob", RUN)]
     env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
@@ -82,9 +111,10 @@ def test_success_keeps_the_job_and_deletes_vllm_and_rewards(gpu_config, gpu_sett
 
 def test_failed_job_surfaces_reason_and_logs_and_cleans_up(gpu_config, gpu_settings):
     failed = condition("Failed", "PyTorchJobFailed", f"PyTorchJob {RUN} is failed because 1 Master replica(s) failed.")
-    cluster = FakeCluster([status(condition("Created")), status(condition("Running")),
-                           status(condition("Running"), failed)],
-                          logs={RUN_POD: "step 3\nRuntimeError: CUDA out of memory", VLLM_POD: "INFO vLLM ready"})
+    cluster = FakeCluster(
+        [status(condition("Created")), status(condition("Running")), status(condition("Running"), failed)],
+        logs={RUN_POD: "step 3\nRuntimeError: CUDA out of memory", VLLM_POD: "INFO vLLM ready"},
+    )
     backend, _, tracking = make_backend(cluster, gpu_settings)
     with pytest.raises(RuntimeError) as info:
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
@@ -232,8 +262,9 @@ def test_named_runs_use_their_name_and_cleanup_finds_them(gpu_config, gpu_settin
     """launch(config with run_name) and cleanup(run_name) agree on object names, whatever the name."""
     for run_name in ("my-run-1", "Nightly GSM8K run for the Qwen2.5 7B model, take 2"):
         cluster = FakeCluster([status(condition("Succeeded"))])
-        backend = KubernetesBackend(gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), sleep=lambda s: None,
-                                    policy=PlatformPolicy())
+        backend = KubernetesBackend(
+            gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), sleep=lambda s: None, policy=PlatformPolicy()
+        )
         result = backend.launch(gpu_config.model_copy(update={"run_name": run_name}), timeout_s=TIMEOUT_S)
         name = k8s_run_name(run_name)
         assert ("PyTorchJob", name) in cluster.objects
@@ -252,8 +283,12 @@ def _leave_behind(cluster: FakeCluster, objs: list[dict]) -> None:
 def _leave_behind_owned(cluster: FakeCluster, objs: list[dict]) -> None:
     """A killed launch's objects as `launch` creates them: the PyTorchJob first, every other object owned by it."""
     job = next(o for o in objs if o["kind"] == "PyTorchJob")
-    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job["metadata"]["name"],
-             "uid": cluster._create("PyTorchJob", job)["metadata"]["uid"]}
+    owner = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "name": job["metadata"]["name"],
+        "uid": cluster._create("PyTorchJob", job)["metadata"]["uid"],
+    }
     for obj in objs:
         if obj is not job:
             cluster._create(obj["kind"], {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}})
@@ -268,7 +303,9 @@ def test_cleanup_of_a_killed_launch_deletes_every_object(gpu_config, gpu_setting
     assert cluster.objects == {}  # the rest was owned by the job
     assert backend.cleanup(RUN) == []  # idempotent
     lists = [c for c in cluster.calls if c.method.startswith("list_") and c.method != "list_namespaced_pod"]
-    assert {c.kwargs["label_selector"] for c in lists} == {f"async-grpo/run={RUN},app.kubernetes.io/managed-by=async-grpo"}
+    assert {c.kwargs["label_selector"] for c in lists} == {
+        f"async-grpo/run={RUN},app.kubernetes.io/managed-by=async-grpo"
+    }
     for call in (c for c in cluster.calls if c.method.startswith("delete_")):
         assert call.kwargs["body"]["preconditions"]["uid"].startswith("uid-")  # by uid, never by bare name
 
@@ -285,7 +322,8 @@ def test_cleanup_never_touches_another_run_or_an_unlabelled_namesake(gpu_config,
     _leave_behind(cluster, [stranger])
     backend.cleanup(RUN)
     assert {name for kind, name in cluster.objects} == (
-        {o["metadata"]["name"] for o in build_run_objects(gpu_config, gpu_settings, other)} | {f"{RUN}-vllm2"})
+        {o["metadata"]["name"] for o in build_run_objects(gpu_config, gpu_settings, other)} | {f"{RUN}-vllm2"}
+    )
 
 
 def test_a_run_name_in_use_is_a_clear_error(gpu_config, gpu_settings):
@@ -316,12 +354,18 @@ def test_mlflow_run_tracking_creates_the_run_the_trainer_resumes(tmp_path):
     assert client.get_run(first).info.status == "FAILED" and client.get_run(second).info.status == "RUNNING"
 
 
-@pytest.mark.parametrize("option, message", [
-    ({"trainer_image": "docker.io/evil/x:latest"}, "trainer_image='docker.io/evil/x:latest' is not an allowed image"),
-    ({"service_account": "default"}, "service_account='default' is not allowed"),
-    ({"mlflow_secret": "mlflow-postgres"}, "mlflow_secret='mlflow-postgres' is not an allowed secret"),
-    ({"pvc_name": "mlflow-data"}, "pvc_name='mlflow-data' is not an allowed workspace volume"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (
+            {"trainer_image": "docker.io/evil/x:latest"},
+            "trainer_image='docker.io/evil/x:latest' is not an allowed image",
+        ),
+        ({"service_account": "default"}, "service_account='default' is not allowed"),
+        ({"mlflow_secret": "mlflow-postgres"}, "mlflow_secret='mlflow-postgres' is not an allowed secret"),
+        ({"pvc_name": "mlflow-data"}, "pvc_name='mlflow-data' is not an allowed workspace volume"),
+    ],
+)
 def test_the_policy_refuses_before_any_api_call(gpu_config, gpu_settings, option, message):
     cluster = FakeCluster()
     backend, _, tracking = make_backend(cluster, gpu_settings.model_copy(update=option))
@@ -334,22 +378,28 @@ def test_a_foreign_tracking_uri_never_receives_the_credentials(gpu_config, gpu_s
     cluster = FakeCluster()
     backend, _, tracking = make_backend(cluster, gpu_settings)
     with pytest.raises(PolicyViolation, match="mlflow_tracking_uri='https://collector.example.com' is not an allowed"):
-        backend.launch(gpu_config.model_copy(update={"mlflow_tracking_uri": "https://collector.example.com"}),
-                       timeout_s=TIMEOUT_S)
+        backend.launch(
+            gpu_config.model_copy(update={"mlflow_tracking_uri": "https://collector.example.com"}), timeout_s=TIMEOUT_S
+        )
     assert tracking.created == [] and cluster.calls == []
 
 
 def test_the_policy_default_images_are_used_and_placeholders_refused(gpu_config, gpu_settings):
     pinned = "registry.corp/async-grpo/{}@sha256:" + "a" * 64
-    policy = PlatformPolicy(image_prefixes=["registry.corp/async-grpo/"], require_digest=True,
-                            default_images={r: pinned.format(r) for r in ("trainer", "vllm", "reward")})
+    policy = PlatformPolicy(
+        image_prefixes=["registry.corp/async-grpo/"],
+        require_digest=True,
+        default_images={r: pinned.format(r) for r in ("trainer", "vllm", "reward")},
+    )
     cluster = FakeCluster([status(condition("Succeeded"))])
-    backend = KubernetesBackend(gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), run_name=RUN, policy=policy,
-                                sleep=lambda s: None)
+    backend = KubernetesBackend(
+        gpu_settings, **cluster.kwargs(), tracking=FakeTracking(), run_name=RUN, policy=policy, sleep=lambda s: None
+    )
     backend.launch(gpu_config, timeout_s=TIMEOUT_S)
     job = cluster.objects[("PyTorchJob", RUN)]
-    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] == \
-        pinned.format("trainer")
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] == pinned.format(
+        "trainer"
+    )
     placeholder = PlatformPolicy(default_images={"trainer": "ghcr.io/async-grpo/trainer@sha256:" + "0" * 64})
     backend = KubernetesBackend(gpu_settings, **FakeCluster().kwargs(), tracking=FakeTracking(), policy=placeholder)
     with pytest.raises(PolicyViolation, match="carries the placeholder digest"):

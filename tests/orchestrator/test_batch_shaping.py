@@ -240,8 +240,14 @@ def test_config_fields_validate_and_build_the_state():
     assert isinstance(state["reroll"], RerollQueue)
     assert (state["reroll"].start_step, state["reroll"].max_per_batch) == (3, 2)
     assert GRPOConfig(reroll_start_fraction=0.0).reroll_start_step == 0
-    for bad in (dict(reroll_start_fraction=1.5), dict(reroll_start_fraction=-0.1), dict(reroll_max_groups=0),
-                dict(replay_buffer_size=-1), dict(top_entropy_quantile=1.1), dict(top_entropy_quantile=-0.5)):
+    for bad in (
+        dict(reroll_start_fraction=1.5),
+        dict(reroll_start_fraction=-0.1),
+        dict(reroll_max_groups=0),
+        dict(replay_buffer_size=-1),
+        dict(top_entropy_quantile=1.1),
+        dict(top_entropy_quantile=-0.5),
+    ):
         with pytest.raises(ValidationError):
             GRPOConfig(**bad)
     with pytest.raises(ValidationError, match="replay_buffer_size > 0 has no effect with dynamic_sampling"):

@@ -20,7 +20,7 @@ FNS = Path(__file__).with_name("ds_reward_fns.py")
 
 def test_weighted_reward_std():
     assert weighted_reward_std([[1.0, 0.0], [1.0, 0.0]], [1.0, 1.0]) == 0.0
-    assert weighted_reward_std([[1.0, 0.0], [0.0, 0.0]], [1.0, 1.0]) == pytest.approx(0.5 ** 0.5)
+    assert weighted_reward_std([[1.0, 0.0], [0.0, 0.0]], [1.0, 1.0]) == pytest.approx(0.5**0.5)
     assert weighted_reward_std([[1.0, float("nan")], [1.0, 0.0]], [1.0, 2.0]) == 0.0  # NaN counts as 0
 
 
@@ -37,7 +37,7 @@ def test_an_unscorable_row_does_not_make_a_group_informative():
     rows = [[1.0], [1.0], [1.0], [math.nan]]
     assert compute_advantages(torch.tensor(rows), torch.ones(1), 4).advantages.tolist() == [0.0] * 4
     assert weighted_reward_std(rows, [1.0]) == 0.0 and is_zero_std(weighted_reward_std(rows, [1.0]))
-    assert weighted_reward_std([[1.0], [0.0], [math.nan]], [1.0]) == pytest.approx(0.5 ** 0.5)  # 2 scored rows
+    assert weighted_reward_std([[1.0], [0.0], [math.nan]], [1.0]) == pytest.approx(0.5**0.5)  # 2 scored rows
 
 
 @pytest.fixture(scope="module")

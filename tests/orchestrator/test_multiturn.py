@@ -87,8 +87,7 @@ def item(expr: str = "12*34", **columns) -> PromptItem:
 
 def run(rollout, client, it, g=2, max_len=200, versions=None, seed=None):
     counter = iter(versions or range(100))
-    return asyncio.run(rollout(client, it, SamplingSettings(g, max_len, 1.0), version=lambda: next(counter),
-                               seed=seed))
+    return asyncio.run(rollout(client, it, SamplingSettings(g, max_len, 1.0), version=lambda: next(counter), seed=seed))
 
 
 def test_tokens_mask_logprobs_and_versions_turn_by_turn(tok, backend):
@@ -98,8 +97,10 @@ def test_tokens_mask_logprobs_and_versions_turn_by_turn(tok, backend):
     schemas = [rollout.schemas["calculator"]]
     conv = group.prompt + group.completions[0]
     assert [m["role"] for m in group.completions[0]] == ["assistant", "tool", "assistant"]
-    assert group.completions[0][0]["tool_calls"][0]["function"] == {"name": "calculator",
-                                                                    "arguments": {"expression": "12*34"}}
+    assert group.completions[0][0]["tool_calls"][0]["function"] == {
+        "name": "calculator",
+        "arguments": {"expression": "12*34"},
+    }
     assert group.completions[0][1] == {"role": "tool", "name": "calculator", "content": "408"}
     assert group.completions[0][2] == {"role": "assistant", "content": "408"}
     rendered = render_ids(tok, conv, schemas, add_generation_prompt=False)
@@ -129,19 +130,31 @@ def test_without_a_tool_call_it_equals_the_single_turn_rollout(tok, backend):
     multi = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, answer), item("0*9"), g=3, seed=3)
     it = item("0*9")
     it.prompt_ids = multi.prompt_ids
-    single = asyncio.run(SingleTurnRollout(ExactScorer(), lambda ids: tok.decode(ids, skip_special_tokens=True))(
-        Scripted(tok, answer), it, SamplingSettings(3, 200, 1.0), version=lambda: 0, seed=3))
-    for name in ("completion_ids", "sampling_logprobs", "loss_mask", "token_versions", "truncated",
-                 "rewards_per_func", "policy_version"):
+    single = asyncio.run(
+        SingleTurnRollout(ExactScorer(), lambda ids: tok.decode(ids, skip_special_tokens=True))(
+            Scripted(tok, answer), it, SamplingSettings(3, 200, 1.0), version=lambda: 0, seed=3
+        )
+    )
+    for name in (
+        "completion_ids",
+        "sampling_logprobs",
+        "loss_mask",
+        "token_versions",
+        "truncated",
+        "rewards_per_func",
+        "policy_version",
+    ):
         assert getattr(multi, name) == getattr(single, name), name
     assert [completion_display(c) for c in multi.completions] == [f"assistant: {i}" for i in range(3)]
 
 
 def test_malformed_calls_unknown_tools_and_long_results_become_counted_error_messages(tok, backend):
-    replies = {0: '<tool_call>{"name": "calculator", "arguments": {"expression": "1*2"</tool_call>',
-               1: '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>',
-               2: CALL % "(10**60)*(10**60)*(10**50)",
-               3: "done"}
+    replies = {
+        0: '<tool_call>{"name": "calculator", "arguments": {"expression": "1*2"</tool_call>',
+        1: '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>',
+        2: CALL % "(10**60)*(10**60)*(10**50)",
+        3: "done",
+    }
     rollout = MultiTurnRollout(ExactScorer(), tok, backend, settings=ToolCallingSettings(max_tool_response_length=40))
     group = run(rollout, Scripted(tok, lambda p, c, s: replies[c]), item(), g=1, max_len=1000)
     tools = [m for m in group.completions[0] if m["role"] == "tool"]
@@ -168,8 +181,7 @@ def test_stops_at_max_iterations_and_at_the_length_budget(tok, backend):
     assert tool_metrics([group])["tools/loop_exhausted_frac"] == 1.0
     # budget: the first call fits, its result does not -> stop before appending it, truncated
     call_len = len(tok.encode(CALL % "2*2")) + 1
-    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, always), item(), g=1,
-                max_len=call_len + 5)
+    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, always), item(), g=1, max_len=call_len + 5)
     assert group.completion_ids[0] == tok.encode(CALL % "2*2") + [IM_END] and group.truncated == [True]
     assert [m["role"] for m in group.completions[0]] == ["assistant"]
     # a turn cut by the budget: its call is not run

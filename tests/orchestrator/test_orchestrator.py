@@ -203,12 +203,24 @@ def started():
         orch.stop(timeout_s=STOP_TIMEOUT_S)
 
 
-def make_orchestrator(client, reward_pool, answers, *, version=None, groups_per_step=2, max_inflight=4,
-                      queue_size=4, max_staleness=10**6, vllm_sync_interval=1) -> Orchestrator:
+def make_orchestrator(
+    client,
+    reward_pool,
+    answers,
+    *,
+    version=None,
+    groups_per_step=2,
+    max_inflight=4,
+    queue_size=4,
+    max_staleness=10**6,
+    vllm_sync_interval=1,
+) -> Orchestrator:
     version = PolicyVersion() if version is None else version
     drops = DropCounter()
-    prompts = [PromptItem(prompt=f"prompt {i}", prompt_ids=[10 + i, 20 + i], columns={"answer": a})
-               for i, a in enumerate(answers)]
+    prompts = [
+        PromptItem(prompt=f"prompt {i}", prompt_ids=[10 + i, 20 + i], columns={"answer": a})
+        for i, a in enumerate(answers)
+    ]
     return Orchestrator(
         client_factory=lambda: client,
         prompts=PromptSampler(prompts, seed=0),
@@ -369,8 +381,17 @@ def test_launches_wait_for_the_policy_version(pool, started):
     """max_staleness=0, one version per batch of 2 groups: the orchestrator runs at most one batch ahead."""
     version = PolicyVersion()
     client = ScriptedClient(version, bump=False)
-    orch = make_orchestrator(client, pool, ["ok"], version=version, groups_per_step=2, max_inflight=8,
-                             queue_size=8, max_staleness=0, vllm_sync_interval=1)
+    orch = make_orchestrator(
+        client,
+        pool,
+        ["ok"],
+        version=version,
+        groups_per_step=2,
+        max_inflight=8,
+        queue_size=8,
+        max_staleness=0,
+        vllm_sync_interval=1,
+    )
     started.append(orch)
     orch.start()
     wait_until(lambda: len(client.calls) == 2, "the first batch's requests")
@@ -388,8 +409,16 @@ def test_launches_wait_for_the_policy_version(pool, started):
 def test_dropped_groups_do_not_stall_version_pacing(pool, started):
     version = PolicyVersion()
     client = ScriptedClient(version, bump=False)
-    orch = make_orchestrator(client, pool, ["raise", "ok"], version=version, groups_per_step=2, max_inflight=4,
-                             max_staleness=0, vllm_sync_interval=1)
+    orch = make_orchestrator(
+        client,
+        pool,
+        ["raise", "ok"],
+        version=version,
+        groups_per_step=2,
+        max_inflight=4,
+        max_staleness=0,
+        vllm_sync_interval=1,
+    )
     started.append(orch)
     orch.start()
     for _ in range(2):  # the trainer: one step per batch, one policy version per step
@@ -431,8 +460,17 @@ def test_a_step_batch_dropped_as_stale_does_not_shrink_the_async_window(pool, st
     (after max_staleness such skips the pipeline is lock-step)."""
     version = PolicyVersion()
     client = SlowFirstClient(slow={10, 13})  # prompt ids 10 + i: the first and fourth prompts are slow
-    orch = make_orchestrator(client, pool, ["ok"] * 6, version=version, groups_per_step=1, max_inflight=8,
-                             queue_size=16, max_staleness=2, vllm_sync_interval=1)
+    orch = make_orchestrator(
+        client,
+        pool,
+        ["ok"] * 6,
+        version=version,
+        groups_per_step=1,
+        max_inflight=8,
+        queue_size=16,
+        max_staleness=2,
+        vllm_sync_interval=1,
+    )
     started.append(orch)
     orch.start()
     for _ in range(30):  # the trainer: one step per batch, one policy version per step
@@ -474,8 +512,7 @@ def test_groups_whose_server_died_are_parked_and_generated_again_after_recovery(
     version = PolicyVersion(0)
     client = DyingClient(version, answers=2)
     health = InferenceHealth()
-    orch = make_orchestrator(client, pool, ["ok"] * 8, version=version, groups_per_step=2, max_inflight=2,
-                             queue_size=8)
+    orch = make_orchestrator(client, pool, ["ok"] * 8, version=version, groups_per_step=2, max_inflight=2, queue_size=8)
     orch.health, orch.recovery_timeout_s = health, WAIT_S
     started.append(orch)
     orch.start()

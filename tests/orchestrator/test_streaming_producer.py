@@ -26,8 +26,17 @@ from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 from .test_orchestrator import STOP_TIMEOUT_S, WAIT_S, G, ScriptedClient, decode, expected_advantages, spec
 
 
-def orchestrator(client, reward_pool, version, *, groups_per_step=4, streaming_min_groups=None, queue_size=8,
-                 max_staleness=10**6, **pacing) -> Orchestrator:
+def orchestrator(
+    client,
+    reward_pool,
+    version,
+    *,
+    groups_per_step=4,
+    streaming_min_groups=None,
+    queue_size=8,
+    max_staleness=10**6,
+    **pacing,
+) -> Orchestrator:
     drops = DropCounter()
     prompts = [PromptItem(prompt=f"p{i}", prompt_ids=[10 + i], columns={"answer": "ok"}) for i in range(3)]
     return Orchestrator(
@@ -78,8 +87,16 @@ def test_streaming_emits_ordered_chunks_and_the_step_metrics_on_the_last(pool):
 def test_pacing_with_rollouts_reuse_and_on_policy_warmup(pool):
     """required_version: rollout r (steps_per_generation=2 step batches of 2 groups, each trained 3 times) is
     consumed from trainer step r*2*3 on; warm-up rollouts get no max_staleness slack."""
-    orch = orchestrator(None, pool, PolicyVersion(), groups_per_step=2, max_staleness=1, steps_per_generation=2,
-                        rollout_reuse=3, sync_warmup_rollouts=1)
+    orch = orchestrator(
+        None,
+        pool,
+        PolicyVersion(),
+        groups_per_step=2,
+        max_staleness=1,
+        steps_per_generation=2,
+        rollout_reuse=3,
+        sync_warmup_rollouts=1,
+    )
     # launches 0..3 -> rollout 0 (first step 0, warm-up: exact), 4..7 -> rollout 1 (first step 6, slack 1)
     assert [orch.required_version(n) for n in (0, 3, 4, 7, 8)] == [0, 0, 5, 5, 11]
     plain = orchestrator(None, pool, PolicyVersion(), groups_per_step=2, max_staleness=2)
@@ -114,7 +131,7 @@ def test_producer_config_validates_and_counts_steps():
     assert ProducerConfig.from_config(config) == ProducerConfig(mini_epochs=2, max_rollouts=5, prefetch_depth=3)
 
 
-PRODUCER_PY = '''
+PRODUCER_PY = """
 from async_grpo.orchestrator.producer import BaseDataProducer, ProducerConfig
 
 
@@ -129,7 +146,7 @@ def good(config, tokenizer):
 
 def bad(config, tokenizer):
     return object()
-'''
+"""
 
 
 def test_load_data_producer_checks_the_protocol(tmp_path):

@@ -54,10 +54,24 @@ def run_cli(*argv: str) -> int:
 
 
 def test_submit_types_arguments_by_the_compiled_pipeline(client, capsys):
-    rc = run_cli("submit", "--host", "http://kfp:8888", "--namespace", "team-a", "--service-account", "async-grpo",
-                 "--run-name", "try-7", "max_steps=50", "learning_rate=1e-5", "require_improvement=false",
-                 "reward_funcs=[builtin:add_exact_match]", "reward_weights=[1]", "torch_num_threads=4",
-                 "gpu_node_selector={pool: a100}")
+    rc = run_cli(
+        "submit",
+        "--host",
+        "http://kfp:8888",
+        "--namespace",
+        "team-a",
+        "--service-account",
+        "async-grpo",
+        "--run-name",
+        "try-7",
+        "max_steps=50",
+        "learning_rate=1e-5",
+        "require_improvement=false",
+        "reward_funcs=[builtin:add_exact_match]",
+        "reward_weights=[1]",
+        "torch_num_threads=4",
+        "gpu_node_selector={pool: a100}",
+    )
 
     assert rc == 0
     (c,) = client
@@ -76,8 +90,10 @@ def test_submit_types_arguments_by_the_compiled_pipeline(client, capsys):
 
 def test_submit_maps_a_config_file_onto_parameters_and_config_yaml(client, tmp_path):
     config = tmp_path / "qwen.yaml"
-    config.write_text("model_name_or_path: /workspace/models/qwen\nmax_steps: 300\nlearning_rate: 1\n"
-                      "beta: 0\neval_dataset: null\nvllm_dtype: bfloat16\nweight_sync_backend: nccl\n")
+    config.write_text(
+        "model_name_or_path: /workspace/models/qwen\nmax_steps: 300\nlearning_rate: 1\n"
+        "beta: 0\neval_dataset: null\nvllm_dtype: bfloat16\nweight_sync_backend: nccl\n"
+    )
 
     assert run_cli("submit", "--cpu", "--config", str(config), "max_steps=10") == 0
 
@@ -93,8 +109,9 @@ def test_submit_maps_a_config_file_onto_parameters_and_config_yaml(client, tmp_p
 
 
 def test_schedule_creates_a_recurring_run_with_kfp_cron(client, capsys):
-    rc = run_cli("schedule", "--cron", "0 3 * * 1", "--name", "weekly-retrain", "--experiment", "retraining",
-                 "max_steps=100")
+    rc = run_cli(
+        "schedule", "--cron", "0 3 * * 1", "--name", "weekly-retrain", "--experiment", "retraining", "max_steps=100"
+    )
 
     assert rc == 0
     (c,) = client
@@ -165,18 +182,28 @@ def test_the_demo_config_maps_onto_the_pipeline_without_loss():
     assert GRPOConfig.model_validate(merged) == load_config(demo)
 
 
-@pytest.mark.parametrize("items, message", [
-    (['kubernetes_options={"trainer_image": "docker.io/evil/x:latest"}'], "trainer_image='docker.io/evil/x:latest'"),
-    (['kubernetes_options={"service_account": "default"}'], "service_account='default' is not allowed"),
-    (['kubernetes_options={"mlflow_secret": "any"}'], "mlflow_secret='any' is not an allowed secret"),
-    (['kubernetes_options={"pvc_name": "mlflow-data"}'], "pvc_name='mlflow-data' is not an allowed workspace volume"),
-    (["work_dir=/workspace/../etc"], "work_dir='/workspace/../etc' is not the workspace volume"),
-    (["mlflow_tracking_uri=https://collector.example.com"], "mlflow_tracking_uri='https://collector.example.com'"),
-    (["vllm_extra_args=[--trust-remote-code]"], "flag '--trust-remote-code' is not allowed"),
-])
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        (
+            ['kubernetes_options={"trainer_image": "docker.io/evil/x:latest"}'],
+            "trainer_image='docker.io/evil/x:latest'",
+        ),
+        (['kubernetes_options={"service_account": "default"}'], "service_account='default' is not allowed"),
+        (['kubernetes_options={"mlflow_secret": "any"}'], "mlflow_secret='any' is not an allowed secret"),
+        (
+            ['kubernetes_options={"pvc_name": "mlflow-data"}'],
+            "pvc_name='mlflow-data' is not an allowed workspace volume",
+        ),
+        (["work_dir=/workspace/../etc"], "work_dir='/workspace/../etc' is not the workspace volume"),
+        (["mlflow_tracking_uri=https://collector.example.com"], "mlflow_tracking_uri='https://collector.example.com'"),
+        (["vllm_extra_args=[--trust-remote-code]"], "flag '--trust-remote-code' is not allowed"),
+    ],
+)
 @pytest.mark.parametrize("command", ["submit", "schedule"])
-def test_submit_and_schedule_refuse_what_the_policy_does_not_allow(client, capsys, monkeypatch, items, message,
-                                                                   command):
+def test_submit_and_schedule_refuse_what_the_policy_does_not_allow(
+    client, capsys, monkeypatch, items, message, command
+):
     monkeypatch.delenv("ASYNC_GRPO_POLICY_FILE", raising=False)
     extra = ["--cron", "0 3 * * 1"] if command == "schedule" else []
     assert run_cli(command, *extra, *items) == 2

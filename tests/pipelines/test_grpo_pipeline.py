@@ -29,7 +29,8 @@ def compiled(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
 def test_committed_ir_is_up_to_date(compiled, name):
     # compared as data: the compiler's header comment orders dict defaults differently from run to run
     assert _load(REPO / "pipelines" / name) == compiled[name], (
-        f"pipelines/{name} is stale. Fix: run `async-grpo pipeline compile` and commit the result.")
+        f"pipelines/{name} is stale. Fix: run `async-grpo pipeline compile` and commit the result."
+    )
 
 
 def test_module_and_packages_agree():
@@ -45,8 +46,9 @@ def test_every_knob_is_a_typed_parameter_defaulting_to_the_flavour_config(compil
     params = ir["root"]["inputDefinitions"]["parameters"]
     example = REPO / "examples" / ("trl_qwen_gsm8k.yaml" if gpu else "tiny_cpu.yaml")
     flat = module.flavour_config(gpu)
-    expected_config = load_config(example).model_copy(update={"output_dir": FIELDS["output_dir"].default,
-                                                               "model_name_or_path": flat["model_name_or_path"]})
+    expected_config = load_config(example).model_copy(
+        update={"output_dir": FIELDS["output_dir"].default, "model_name_or_path": flat["model_name_or_path"]}
+    )
     ir_types = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "BOOLEAN": bool, "LIST": list}
     for knob in (*module.TYPED_KNOBS, "dataset"):
         spec = params[knob]
@@ -58,9 +60,18 @@ def test_every_knob_is_a_typed_parameter_defaulting_to_the_flavour_config(compil
     rebuilt.update({k: params[k]["defaultValue"] for k in (*module.TYPED_KNOBS, "dataset")})
     assert "output_dir" not in rebuilt  # the pipeline sets it from work_dir
     assert GRPOConfig.model_validate(rebuilt) == expected_config
-    for name_ in ("launch_backend", "launch_timeout_s", "registered_model_name", "min_eval_reward",
-                  "require_improvement", "extra_overrides", "kubernetes_options", "work_dir", "gpu_node_selector",
-                  "gpu_tolerations"):
+    for name_ in (
+        "launch_backend",
+        "launch_timeout_s",
+        "registered_model_name",
+        "min_eval_reward",
+        "require_improvement",
+        "extra_overrides",
+        "kubernetes_options",
+        "work_dir",
+        "gpu_node_selector",
+        "gpu_tolerations",
+    ):
         assert "defaultValue" in params[name_], name_
     for name_ in ("mlflow_secret_name", "hf_token_secret_name", "workspace_pvc_name"):  # compiled in, not chosen
         assert name_ not in params, name_
@@ -68,7 +79,9 @@ def test_every_knob_is_a_typed_parameter_defaulting_to_the_flavour_config(compil
     if gpu:  # TRL's learning rate, no supervised warm start, the registered name from the model
         assert params["learning_rate"]["defaultValue"] == 1e-6 and params["warmup_sft_steps"]["defaultValue"] == 0
         assert params["registered_model_name"]["defaultValue"] == "Qwen2.5-0.5B-Instruct-grpo"
-        assert params["dataset"]["defaultValue"] == "openai/gsm8k" and params["dataset_config"]["defaultValue"] == "main"
+        assert (
+            params["dataset"]["defaultValue"] == "openai/gsm8k" and params["dataset_config"]["defaultValue"] == "main"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(PACKAGES))
@@ -92,14 +105,19 @@ def test_dag_is_dataset_train_evaluate_register_inside_an_exit_handler(compiled)
     assert body["train-grpo"]["dependentTasks"] == ["prepare-dataset"]
     assert sorted(body["evaluate"]["dependentTasks"]) == ["prepare-dataset", "train-grpo"]
     assert body["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
-        "outputArtifactKey": "model", "producerTask": "train-grpo"}
+        "outputArtifactKey": "model",
+        "producerTask": "train-grpo",
+    }
     condition = body["condition-2"]
     assert "evaluate" in condition["dependentTasks"]
-    assert condition["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--evaluate-Output'] == true"
+    assert (
+        condition["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--evaluate-Output'] == true"
+    )
     inner = ir["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
     assert set(inner) == {"register-model"}
     assert inner["register-model"]["inputs"]["artifacts"]["metrics"]["componentInputArtifact"] == (
-        "pipelinechannel--evaluate-metrics")
+        "pipelinechannel--evaluate-metrics"
+    )
     for task in ("prepare-dataset", "train-grpo", "evaluate"):
         assert body[task]["cachingOptions"] == {}, f"{task} must not be cached (enableCache false)"
 
@@ -137,8 +155,9 @@ def test_kubernetes_wiring_lives_in_the_pipeline(compiled):
     assert evaluate["podMetadata"]["labels"] == {"async-grpo/role": "evaluate"}  # its reward service admits it
     assert evaluate["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("gpu_node_selector")
     assert evaluate["tolerations"][0]["tolerationJson"]["componentInputParameter"].endswith("gpu_tolerations")
-    assert evaluate["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
-                                           "volumeName": "dshm"}]
+    assert evaluate["emptyDirMounts"] == [
+        {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}
+    ]
 
 
 def test_only_the_gpu_flavour_asks_for_a_gpu(compiled):
@@ -174,5 +193,8 @@ def test_train_and_cleanup_name_the_run_with_the_kfp_run_id(compiled):
         assert params["pipeline_job_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
         assert params["run_name"]["componentInputParameter"].removeprefix("pipelinechannel--") == "run_name"
     evaluate = body["evaluate"]["inputs"]["parameters"]
-    assert evaluate["run_name"]["taskOutputParameter"] == {"outputParameterKey": "run_name", "producerTask": "train-grpo"}
+    assert evaluate["run_name"]["taskOutputParameter"] == {
+        "outputParameterKey": "run_name",
+        "producerTask": "train-grpo",
+    }
     assert evaluate["launch_backend"]["componentInputParameter"].removeprefix("pipelinechannel--") == "launch_backend"

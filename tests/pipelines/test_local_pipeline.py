@@ -67,20 +67,40 @@ def test_run_local_ends_with_a_registered_model(child_pids, tmp_path, capsys):
     assert [a.path for a in client.list_artifacts(run_id, "final_eval")] == ["final_eval/completions.json"]
 
 
-TINY = ("max_steps=2", "warmup_sft_steps=0", "eval_num_prompts=4", "num_generations_eval=2", "num_generations=4",
-        "per_device_train_batch_size=8", "gradient_accumulation_steps=1", "max_completion_length=6",
-        "reward_num_workers=1", "max_inflight_groups=2", "log_completions_steps=100")
+TINY = (
+    "max_steps=2",
+    "warmup_sft_steps=0",
+    "eval_num_prompts=4",
+    "num_generations_eval=2",
+    "num_generations=4",
+    "per_device_train_batch_size=8",
+    "gradient_accumulation_steps=1",
+    "max_completion_length=6",
+    "reward_num_workers=1",
+    "max_inflight_groups=2",
+    "log_completions_steps=100",
+)
 
 
 def test_two_concurrent_runs_with_the_same_name_keep_to_their_own(child_pids, tmp_path):
     """Same output folder, same MLflow store, same run_name, at the same time: both finish, each has its own
     folder, staging, MLflow run and kfp.local root, and neither's cleanup removed the other's files."""
-    cmd = [sys.executable, "-m", "async_grpo.cli", "pipeline", "run-local", "--output-dir", str(tmp_path),
-           "run_name=twin", *TINY]
+    cmd = [
+        sys.executable,
+        "-m",
+        "async_grpo.cli",
+        "pipeline",
+        "run-local",
+        "--output-dir",
+        str(tmp_path),
+        "run_name=twin",
+        *TINY,
+    ]
     before = child_pids()
     logs = [tmp_path / f"run-{i}.log" for i in (1, 2)]
-    procs = [subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy())
-             for log in logs]
+    procs = [
+        subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy()) for log in logs
+    ]
     codes = [p.wait(timeout=900) for p in procs]
     assert codes == [0, 0], "\n\n".join(log.read_text()[-3000:] for log in logs)
     assert child_pids() - before == set(), "processes left behind"

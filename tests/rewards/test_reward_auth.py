@@ -27,8 +27,12 @@ def test_every_route_but_health_needs_the_token():
     pool = RewardPool(["builtin:reverse_format"], None, num_workers=1, timeout_s=5)
     with TestClient(build_app(pool, token=TOKEN)) as http:
         assert http.get("/health").status_code == 200
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
-                        {"Authorization": TOKEN}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": f"Basic {TOKEN}"},
+            {"Authorization": TOKEN},
+        ):
             for method, path in (("get", "/v1/reward_functions"), ("post", "/v1/score"), ("get", "/docs")):
                 resp = getattr(http, method)(path, headers=headers, **({"json": BODY} if method == "post" else {}))
                 assert resp.status_code == 401, (path, headers)
@@ -39,21 +43,35 @@ def test_every_route_but_health_needs_the_token():
         assert http.get("/v1/reward_functions").status_code == 200
 
 
-SEES_TOKEN = f'''
+SEES_TOKEN = f"""
 import os
 def sees_token(prompts, completions, completion_ids, **kwargs):
     return [float({AUTH_TOKEN_ENV!r} in os.environ) for _ in completions]
-'''
+"""
 
 
 @pytest.mark.integration
 def test_client_sends_the_token_and_reward_code_never_sees_it(tmp_path, child_pids):
     (tmp_path / "fns.py").write_text(SEES_TOKEN)
-    (tmp_path / "config.yaml").write_text(f"reward_funcs: ['{tmp_path / 'fns.py'}:sees_token']\nreward_num_workers: 1\n")
+    (tmp_path / "config.yaml").write_text(
+        f"reward_funcs: ['{tmp_path / 'fns.py'}:sees_token']\nreward_num_workers: 1\n"
+    )
     port, before = free_port(), child_pids()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "async_grpo.rewards.server", "--config", str(tmp_path / "config.yaml"),
-                             "--port", str(port), "--log-level", "warning"], env={**os.environ, AUTH_TOKEN_ENV: TOKEN})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "async_grpo.rewards.server",
+            "--config",
+            str(tmp_path / "config.yaml"),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env={**os.environ, AUTH_TOKEN_ENV: TOKEN},
+    )
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:

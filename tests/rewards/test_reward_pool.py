@@ -66,8 +66,13 @@ def test_submit_rejects_inconsistent_lengths():
 
 @pytest.mark.integration
 def test_scores_sync_async_builtin_and_none():
-    specs = [spec("length_reward"), spec("answer_reward"), spec("async_reward"), spec("abstain_odd"),
-             "builtin:reverse_exact_match"]
+    specs = [
+        spec("length_reward"),
+        spec("answer_reward"),
+        spec("async_reward"),
+        spec("abstain_odd"),
+        "builtin:reverse_exact_match",
+    ]
     with RewardPool(specs, weights=[1, 2, 3, 4, 5], num_workers=2, timeout_s=20) as pool:
         assert pool.names == ["length_reward", "answer_reward", "async_reward", "abstain_odd", "reverse_exact_match"]
         assert pool.weights == [1.0, 2.0, 3.0, 4.0, 5.0]
@@ -112,8 +117,10 @@ def test_wrong_length_is_bad_output_and_pool_keeps_working(flaky_pool):
 
 @pytest.mark.integration
 def test_wrong_type_is_bad_output():
-    with RewardPool([spec("string_reward")], num_workers=1, timeout_s=20) as pool, \
-            pytest.raises(RewardBadOutput, match="returned a str .* at index 0"):
+    with (
+        RewardPool([spec("string_reward")], num_workers=1, timeout_s=20) as pool,
+        pytest.raises(RewardBadOutput, match="returned a str .* at index 0"),
+    ):
         pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
 
 

@@ -37,8 +37,12 @@ STOP_TIMEOUT_S = 20
 def group(*completions: str) -> dict:
     """submit() arguments for one group of len(completions)."""
     g = len(completions)
-    return {"prompts": ["p"] * g, "completions": list(completions),
-            "completion_ids": [[ord(ch) for ch in c] for c in completions], "columns": {"answer": ["a"] * g}}
+    return {
+        "prompts": ["p"] * g,
+        "completions": list(completions),
+        "completion_ids": [[ord(ch) for ch in c] for c in completions],
+        "columns": {"answer": ["a"] * g},
+    }
 
 
 GROUP = group("a", "bb", "ccc", "x")
@@ -49,7 +53,8 @@ def same(rows: list[list[float]], expected: list[list[float]]) -> bool:
     """Equal (G, F) rows, NaN equal to NaN."""
     return len(rows) == len(expected) and all(
         len(r) == len(e) and all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(r, e))
-        for r, e in zip(rows, expected))
+        for r, e in zip(rows, expected)
+    )
 
 
 def write_config(path: Path, **fields) -> Path:
@@ -67,9 +72,25 @@ def start_server(config: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "async_grpo.rewards.server", "--config", str(config),
-                                 "--host", "127.0.0.1", "--port", str(port), "--num-workers", "2",
-                                 "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "async_grpo.rewards.server",
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--num-workers",
+                "2",
+                "--log-level",
+                "warning",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -157,8 +178,10 @@ def test_main_exits_2_naming_the_problem(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["--config", str(write_config(tmp_path / "a.yaml", reward_timeout_s=-1))]) == 2
     assert "reward_timeout_s" in capsys.readouterr().err
-    assert main(["--config", str(write_config(tmp_path / "b.yaml", reward_funcs=["builtin:typo"],
-                                              reward_weights=None))]) == 2
+    assert (
+        main(["--config", str(write_config(tmp_path / "b.yaml", reward_funcs=["builtin:typo"], reward_weights=None))])
+        == 2
+    )
     assert "no builtin reward 'typo'" in capsys.readouterr().err
 
 

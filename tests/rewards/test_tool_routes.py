@@ -21,9 +21,14 @@ REWARD = f"{Path(__file__).with_name('tool_reward_fns.py')}:conversation_reward"
 TOOLS = ["builtin:calculator", f"{TOOL_FNS}:boom", f"{TOOL_FNS}:hang"]
 TOKEN = "s3cret-tool-token"
 CONVERSATION = [
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}]},
-    {"role": "tool", "name": "calculator", "content": "6"}, {"role": "assistant", "content": "6"}]
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}],
+    },
+    {"role": "tool", "name": "calculator", "content": "6"},
+    {"role": "assistant", "content": "6"},
+]
 PROMPT = [{"role": "user", "content": "2*3"}]
 
 
@@ -31,8 +36,9 @@ PROMPT = [{"role": "user", "content": "2*3"}]
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tool-service")
     config = tmp / "config.yaml"
-    config.write_text(yaml.safe_dump({"reward_funcs": [REWARD], "tools": TOOLS, "tool_timeout_s": 2.0,
-                                      "tool_num_workers": 2}))
+    config.write_text(
+        yaml.safe_dump({"reward_funcs": [REWARD], "tools": TOOLS, "tool_timeout_s": 2.0, "tool_num_workers": 2})
+    )
     mp = pytest.MonkeyPatch()
     mp.setenv("ASYNC_GRPO_REWARD_TOKEN", TOKEN)
     proc, url = start_server(config, tmp / "server.log")
@@ -47,12 +53,17 @@ def test_tool_calls_run_on_the_service_like_local_ones(service):
     assert [t.schema for t in remote.tools] == [t.schema for t in load_tools(TOOLS)]
     assert [t.spec for t in remote.tools] == TOOLS
     try:
+
         async def calls():
             return await asyncio.gather(
-                remote.call("calculator", {"expression": "347*912"}), remote.call("boom", {"text": "x"}),
-                remote.call("hang", {"text": "x"}), remote.call("abacus", {}),
-                remote.call("calculator", {"expression": 3}), remote.call("calculator", {"expression": "1"},
-                                                                         allowed=["boom"]))
+                remote.call("calculator", {"expression": "347*912"}),
+                remote.call("boom", {"text": "x"}),
+                remote.call("hang", {"text": "x"}),
+                remote.call("abacus", {}),
+                remote.call("calculator", {"expression": 3}),
+                remote.call("calculator", {"expression": "1"}, allowed=["boom"]),
+            )
+
         ok, raised, hung, unknown, bad, not_offered = asyncio.run(calls())
         assert (ok.content, ok.failure) == ("316464", None) and ok.seconds > 0
         assert raised.failure == "exception" and "RuntimeError: boom on x" in raised.content

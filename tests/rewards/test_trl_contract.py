@@ -21,8 +21,12 @@ pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
 FNS = Path(__file__).with_name("trl_fns.py")
-CONVERSATIONAL = ["trl.rewards:think_format_reward", "trl.rewards:accuracy_reward", f"{FNS}:contract_probe",
-                  f"{FNS}:async_probe"]
+CONVERSATIONAL = [
+    "trl.rewards:think_format_reward",
+    "trl.rewards:accuracy_reward",
+    f"{FNS}:contract_probe",
+    f"{FNS}:async_probe",
+]
 STANDARD = [f"{FNS}:soft_overlong", f"{FNS}:repetition", f"{FNS}:contract_probe", "builtin:math_accuracy"]
 PROMPT = [{"role": "system", "content": "Think, then answer."}, {"role": "user", "content": "1/3 + 0?"}]
 TEXTS = ["<think>easy</think>The answer is $\\frac{1}{3}$", "no thinking, \\boxed{\\frac{1}{2}}", "<think>a</think>b"]
@@ -30,10 +34,16 @@ IDS = [[1, 2], [3, 3, 3, 3, 3, 3], [7, 8, 9, 9, 9, 9, 9, 9]]  # 2, 6 and 8 token
 
 
 def make_group(prompt) -> RolloutGroup:
-    return RolloutGroup(prompt_ids=[5, 6], completion_ids=[list(i) for i in IDS],
-                        sampling_logprobs=[[-1.0] * len(i) for i in IDS], truncated=[False] * 3,
-                        completions=list(TEXTS), prompt=prompt,
-                        columns={"solution": "$\\frac{1}{3}$", "answer": "1/3"}, policy_version=0)
+    return RolloutGroup(
+        prompt_ids=[5, 6],
+        completion_ids=[list(i) for i in IDS],
+        sampling_logprobs=[[-1.0] * len(i) for i in IDS],
+        truncated=[False] * 3,
+        completions=list(TEXTS),
+        prompt=prompt,
+        columns={"solution": "$\\frac{1}{3}$", "answer": "1/3"},
+        policy_version=0,
+    )
 
 
 def scored(pool, prompt) -> RolloutGroup:
@@ -74,8 +84,10 @@ def test_trl_reward_functions_through_the_local_pool():
 def test_trl_reward_functions_through_the_reward_service(tmp_path):
     from tests.rewards.test_reward_server import start_server, stop_server
 
-    for specs, prompt, check in ((CONVERSATIONAL, PROMPT, check_conversational),
-                                 (STANDARD, "1/3 + 0?", check_standard)):
+    for specs, prompt, check in (
+        (CONVERSATIONAL, PROMPT, check_conversational),
+        (STANDARD, "1/3 + 0?", check_standard),
+    ):
         config = tmp_path / f"config-{len(specs)}-{check.__name__}.yaml"
         config.write_text(yaml.safe_dump({"reward_funcs": specs, "reward_timeout_s": 60.0, "reward_num_workers": 1}))
         proc, url = start_server(config, tmp_path / f"{check.__name__}.log")
@@ -88,8 +100,12 @@ def test_trl_reward_functions_through_the_reward_service(tmp_path):
 
 
 def test_the_overlong_builtin_is_bound_from_the_config():
-    config = GRPOConfig(reward_funcs=["builtin:soft_overlong_penalty"], max_completion_length=8,
-                        overlong_buffer_len=4, overlong_penalty_factor=0.5)
+    config = GRPOConfig(
+        reward_funcs=["builtin:soft_overlong_penalty"],
+        max_completion_length=8,
+        overlong_buffer_len=4,
+        overlong_penalty_factor=0.5,
+    )
     with RewardPool.from_config(config) as pool:
         rows = pool.submit(["p"] * 3, TEXTS, IDS).result(timeout=60)
     assert [r[0] for r in rows] == [0.0, -0.25, -0.5]  # -(6 - 4) / 4 x 0.5, then the full factor at L

@@ -39,10 +39,12 @@ def test_a_failed_write_deletes_nothing(tmp_path):
     def broken_save(path):
         def write_model(folder):
             raise OSError("disk full")
+
         return save_checkpoint(TrainState(step=3), path, write_model=write_model)
 
-    recipe = SimpleNamespace(out_dir=tmp_path, step=3, save_checkpoint=broken_save,
-                             config=load_config(None, ["save_total_limit=1"]))
+    recipe = SimpleNamespace(
+        out_dir=tmp_path, step=3, save_checkpoint=broken_save, config=load_config(None, ["save_total_limit=1"])
+    )
     with pytest.raises(OSError, match="disk full"):
         GRPORecipe.checkpoint_now(recipe)
     assert [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [1, 2]  # both kept: the new one failed
@@ -58,8 +60,9 @@ def test_checkpoint_now_rotates_after_the_new_one_is_complete(tmp_path):
         seen.append([s for s, _ in checkpoints.complete_checkpoints(tmp_path)])  # nothing deleted yet
         return write(tmp_path, 3)
 
-    recipe = SimpleNamespace(out_dir=tmp_path, step=3, save_checkpoint=save,
-                             config=load_config(None, ["save_total_limit=1"]))
+    recipe = SimpleNamespace(
+        out_dir=tmp_path, step=3, save_checkpoint=save, config=load_config(None, ["save_total_limit=1"])
+    )
     assert GRPORecipe.checkpoint_now(recipe) >= 0.0
     assert seen == [[1, 2]] and [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [3]
 
@@ -100,8 +103,10 @@ def test_checkpoint_fields_take_hf_values():
     config = load_config(None, ["save_steps=null", "resume_from_checkpoint=false", "save_total_limit=2"]).checkpoint
     assert (config.save_steps, config.resume_from_checkpoint, config.save_total_limit) == (0, None, 2)
     assert load_config(None, ["resume_from_checkpoint=true"]).checkpoint.resume_from_checkpoint is True
-    assert load_config(None, ["resume_from_checkpoint=/x/checkpoint-4"]).checkpoint.resume_from_checkpoint == \
-        "/x/checkpoint-4"
+    assert (
+        load_config(None, ["resume_from_checkpoint=/x/checkpoint-4"]).checkpoint.resume_from_checkpoint
+        == "/x/checkpoint-4"
+    )
     assert checkpoints.save_every(0, 100) == 0 and checkpoints.save_every(5, 100) == 5
     assert checkpoints.save_every(0.25, 100) == 25  # HF: below 1 a fraction of the steps
 

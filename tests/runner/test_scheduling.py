@@ -16,30 +16,51 @@ from async_grpo.inference.replicas import ReplicaSet
 from async_grpo.runner.scheduling import ThreadGovernor, TimeSlice, resolve_resource_sharing, vllm_cpu_threads
 
 
-@pytest.mark.parametrize(("mode", "launched", "streaming", "threads", "cuda", "on_policy", "expected"), [
-    ("auto", True, False, None, False, False, "adaptive"),  # a trainer on every core beside the local vLLM server
-    ("auto", True, False, 2, False, False, "adaptive"),
-    ("auto", True, True, None, False, False, "adaptive"),  # streaming overlaps too
-    ("auto", True, False, None, False, True, "time_slice"),  # on-policy: nothing to overlap, vLLM gets every core
-    ("auto", True, True, None, False, True, "adaptive"),  # streamed on-policy steps do overlap
-    ("auto", True, False, 1, False, False, "overlap"),  # 1 of 2 cores: vLLM keeps its own core, overlap wins
-    ("auto", False, False, None, False, False, "overlap"),  # attached servers / Kubernetes pods: own resources
-    ("auto", True, False, None, True, False, "overlap"),  # GPU: separate memory; time_slice is the user's call
-    ("overlap", True, False, None, False, False, "overlap"),
-    ("time_slice", False, False, 1, True, False, "time_slice"),
-    ("adaptive", False, False, 1, True, True, "adaptive"),
-])
-def test_auto_shares_cores_only_for_a_trainer_on_the_cores_of_its_own_vllm(mode, launched, streaming, threads, cuda,
-                                                                            on_policy, expected):
-    assert resolve_resource_sharing(mode, launched_here=launched, streaming=streaming, trainer_threads=threads,
-                                    cores=2, cuda=cuda, on_policy=on_policy) == expected
+@pytest.mark.parametrize(
+    ("mode", "launched", "streaming", "threads", "cuda", "on_policy", "expected"),
+    [
+        ("auto", True, False, None, False, False, "adaptive"),  # a trainer on every core beside the local vLLM server
+        ("auto", True, False, 2, False, False, "adaptive"),
+        ("auto", True, True, None, False, False, "adaptive"),  # streaming overlaps too
+        ("auto", True, False, None, False, True, "time_slice"),  # on-policy: nothing to overlap, vLLM gets every core
+        ("auto", True, True, None, False, True, "adaptive"),  # streamed on-policy steps do overlap
+        ("auto", True, False, 1, False, False, "overlap"),  # 1 of 2 cores: vLLM keeps its own core, overlap wins
+        ("auto", False, False, None, False, False, "overlap"),  # attached servers / Kubernetes pods: own resources
+        ("auto", True, False, None, True, False, "overlap"),  # GPU: separate memory; time_slice is the user's call
+        ("overlap", True, False, None, False, False, "overlap"),
+        ("time_slice", False, False, 1, True, False, "time_slice"),
+        ("adaptive", False, False, 1, True, True, "adaptive"),
+    ],
+)
+def test_auto_shares_cores_only_for_a_trainer_on_the_cores_of_its_own_vllm(
+    mode, launched, streaming, threads, cuda, on_policy, expected
+):
+    assert (
+        resolve_resource_sharing(
+            mode,
+            launched_here=launched,
+            streaming=streaming,
+            trainer_threads=threads,
+            cores=2,
+            cuda=cuda,
+            on_policy=on_policy,
+        )
+        == expected
+    )
 
 
-@pytest.mark.parametrize(("mode", "trainer_threads", "cores", "expected"), [
-    ("adaptive", None, 2, 1), ("adaptive", None, 16, 8), ("adaptive", None, 1, 1),
-    ("time_slice", None, 2, None),  # every core: the trainer waits while vLLM generates
-    ("overlap", 1, 4, 3), ("overlap", None, 4, 2), ("overlap", 4, 4, 2),  # never two pools on every core
-])
+@pytest.mark.parametrize(
+    ("mode", "trainer_threads", "cores", "expected"),
+    [
+        ("adaptive", None, 2, 1),
+        ("adaptive", None, 16, 8),
+        ("adaptive", None, 1, 1),
+        ("time_slice", None, 2, None),  # every core: the trainer waits while vLLM generates
+        ("overlap", 1, 4, 3),
+        ("overlap", None, 4, 2),
+        ("overlap", 4, 4, 2),  # never two pools on every core
+    ],
+)
 def test_vllm_cpu_threads_leave_the_trainer_its_cores(mode, trainer_threads, cores, expected):
     assert vllm_cpu_threads(mode, trainer_threads, cores) == expected
 
@@ -47,8 +68,9 @@ def test_vllm_cpu_threads_leave_the_trainer_its_cores(mode, trainer_threads, cor
 def test_for_run_follows_the_config_and_a_disabled_slice_is_a_no_op():
     replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])  # nothing listens: any call would fail
     assert TimeSlice.for_run(GRPOConfig(torch_num_threads=64, max_staleness=0), replicas, launched_here=True).enabled
-    governor = TimeSlice.for_run(GRPOConfig(torch_num_threads=64), replicas, launched_here=True,
-                                 model=torch.nn.Linear(2, 2))
+    governor = TimeSlice.for_run(
+        GRPOConfig(torch_num_threads=64), replicas, launched_here=True, model=torch.nn.Linear(2, 2)
+    )
     assert isinstance(governor, ThreadGovernor) and governor.full == 64
     cores = len(os.sched_getaffinity(0))
     assert governor.low == max(1, cores - max(1, cores // 2))  # the cores vLLM leaves, not 64 - vLLM's threads
@@ -62,8 +84,9 @@ def test_for_run_follows_the_config_and_a_disabled_slice_is_a_no_op():
 
 def test_time_slice_with_streaming_is_refused():
     with pytest.raises(ValueError, match="resource_sharing"):
-        GRPOConfig(resource_sharing="time_slice", streaming_min_groups=1, num_generations=8,
-                   per_device_train_batch_size=8)
+        GRPOConfig(
+            resource_sharing="time_slice", streaming_min_groups=1, num_generations=8, per_device_train_batch_size=8
+        )
 
 
 def test_a_dead_server_does_not_break_the_step():

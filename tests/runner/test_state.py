@@ -26,10 +26,19 @@ PAD = 256
 
 def group(prompt: int, rewards: list[float], advantages: list[float]) -> RolloutGroup:
     comps = [[30 + prompt, 31 + i] for i in range(len(rewards))]
-    return RolloutGroup(prompt_ids=[prompt, prompt + 1], completion_ids=comps,
-                        sampling_logprobs=[[-0.7, -0.9] for _ in comps], truncated=[False] * len(comps),
-                        completions=["ab"] * len(comps), prompt=f"p{prompt}", columns={}, policy_version=0,
-                        rewards_per_func=[[r] for r in rewards], rewards=rewards, advantages=advantages)
+    return RolloutGroup(
+        prompt_ids=[prompt, prompt + 1],
+        completion_ids=comps,
+        sampling_logprobs=[[-0.7, -0.9] for _ in comps],
+        truncated=[False] * len(comps),
+        completions=["ab"] * len(comps),
+        prompt=f"p{prompt}",
+        columns={},
+        policy_version=0,
+        rewards_per_func=[[r] for r in rewards],
+        rewards=rewards,
+        advantages=advantages,
+    )
 
 
 def recipe_with_roles(tiny_model, config: GRPOConfig, seed: int) -> GRPORecipe:
@@ -39,8 +48,10 @@ def recipe_with_roles(tiny_model, config: GRPOConfig, seed: int) -> GRPORecipe:
     recipe.learner = build_local_learner(config, tiny_model, PAD)
     items = [PromptItem(f"p{i}", [i], {}) for i in range(5)]
     recipe.orchestrator = types.SimpleNamespace(
-        prompts=PromptSampler(items, seed), replay=ReplayBuffer(3, random.Random(seed)),
-        reroll=RerollQueue(start_step=2, max_per_batch=1))
+        prompts=PromptSampler(items, seed),
+        replay=ReplayBuffer(3, random.Random(seed)),
+        reroll=RerollQueue(start_step=2, max_per_batch=1),
+    )
     return recipe
 
 
@@ -71,8 +82,9 @@ def test_checkpoint_round_trip_is_bit_identical(tiny_model_path, tmp_path):
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     resumed.load_checkpoint(path)
 
-    for (name, a), (_, b) in zip(original.learner.model.state_dict().items(),
-                                 resumed.learner.model.state_dict().items(), strict=True):
+    for (name, a), (_, b) in zip(
+        original.learner.model.state_dict().items(), resumed.learner.model.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), name
     opt_a, opt_b = original.learner.optimizer.state_dict(), resumed.learner.optimizer.state_dict()
     assert opt_a["param_groups"] == opt_b["param_groups"]

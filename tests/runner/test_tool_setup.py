@@ -33,13 +33,20 @@ def setup_until_inference(config: GRPOConfig) -> GRPORecipe:
 
 
 def base(tmp_path, **kw) -> GRPOConfig:
-    return GRPOConfig(output_dir=str(tmp_path / "run"), dataset="builtin:calc", reward_funcs=["builtin:calc_exact_match"],
-                      reward_num_workers=1, **kw)
+    return GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        dataset="builtin:calc",
+        reward_funcs=["builtin:calc_exact_match"],
+        reward_num_workers=1,
+        **kw,
+    )
 
 
 def test_tools_make_the_rollout_multi_turn_and_cleanup_stops_the_tool_workers(tmp_path):
     recipe = setup_until_inference(base(tmp_path, tools=["builtin:calculator"]))
-    assert isinstance(recipe.rollout, MultiTurnRollout) and recipe.rollout.offered(recipe.train_items[0]) == ["calculator"]
+    assert isinstance(recipe.rollout, MultiTurnRollout) and recipe.rollout.offered(recipe.train_items[0]) == [
+        "calculator"
+    ]
     recipe.scorer.close()
     recipe.rollout.close()
     assert recipe.rollout.backend.closed
@@ -48,14 +55,16 @@ def test_tools_make_the_rollout_multi_turn_and_cleanup_stops_the_tool_workers(tm
     plain.scorer.close()
 
 
-@pytest.mark.parametrize(("overrides", "says"), [
-    ({"tools": [f"{FNS}:untyped"]}, "missing a type hint"),
-    ({"tools": [f"{FNS}:add", "tests/tools/tool_fns.py:add"]}, "several tools are named"),
-    ({"tools": ["builtin:abacus"]}, "no builtin tool"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"tools": [f"{FNS}:untyped"]}, "missing a type hint"),
+        ({"tools": [f"{FNS}:add", "tests/tools/tool_fns.py:add"]}, "several tools are named"),
+        ({"tools": ["builtin:abacus"]}, "no builtin tool"),
+    ],
+)
 def test_bad_tools_are_refused_before_inference_starts(tmp_path, overrides, says):
-    recipe = GRPORecipe(base(tmp_path, **overrides), DistInfo(),
-                        progress=False)
+    recipe = GRPORecipe(base(tmp_path, **overrides), DistInfo(), progress=False)
     started = []
     with pytest.raises(ValueError, match=says):
         recipe.setup(lambda path: started.append(path))
@@ -80,6 +89,6 @@ def test_warm_start_pairs_are_one_per_assistant_turn_with_tool_results_as_contex
     pairs = warm_start_pairs(GRPOConfig(dataset="builtin:calc"), get_task("calc"), tok, 3, [])
     assert len(pairs) == 6
     (ctx1, turn1), (ctx2, turn2) = pairs[:2]
-    assert tok.decode(turn1).startswith("<tool_call>{\"name\": \"calculator\"") and tok.decode(turn1).endswith("<|im_end|>")
+    assert tok.decode(turn1).startswith('<tool_call>{"name": "calculator"') and tok.decode(turn1).endswith("<|im_end|>")
     assert tok.decode(ctx2).endswith("<|im_end|>\n<|im_start|>assistant\n") and "<|im_start|>tool\n" in tok.decode(ctx2)
-    assert tok.decode(turn2)[:-len("<|im_end|>")].isdigit()
+    assert tok.decode(turn2)[: -len("<|im_end|>")].isdigit()

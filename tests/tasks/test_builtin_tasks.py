@@ -11,8 +11,12 @@ from async_grpo.tasks.reverse import reverse_exact_match, reverse_format
 
 
 def call(fn, completions, answers):
-    return fn(prompts=["p"] * len(completions), completions=completions,
-              completion_ids=[[0]] * len(completions), answer=answers)
+    return fn(
+        prompts=["p"] * len(completions),
+        completions=completions,
+        completion_ids=[[0]] * len(completions),
+        answer=answers,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -87,9 +91,18 @@ def test_rewards_need_the_answer_column():
 
 
 def test_registry():
-    assert set(builtin_reward_funcs()) == {"reverse_exact_match", "reverse_format", "add_exact_match", "add_format",
-                                           "calc_exact_match", "calc_format", "calc_call_match",
-                                           "math_accuracy", "think_answer_format", "soft_overlong_penalty"}
+    assert set(builtin_reward_funcs()) == {
+        "reverse_exact_match",
+        "reverse_format",
+        "add_exact_match",
+        "add_format",
+        "calc_exact_match",
+        "calc_format",
+        "calc_call_match",
+        "math_accuracy",
+        "think_answer_format",
+        "soft_overlong_penalty",
+    }
     assert get_reward_func("reverse_format") is reverse_format
     assert pickle.loads(pickle.dumps(reverse_format)) is reverse_format  # module-level, importable by name
     with pytest.raises(KeyError, match="unknown builtin task 'nope'.*reverse"):
@@ -105,20 +118,29 @@ def test_calc_items_need_the_calculator():
         a, b = row["prompt"][0]["content"].split("*")
         assert 100 <= int(a) <= 999 and 100 <= int(b) <= 999 and row["answer"] == str(int(a) * int(b))
     conv = task.sft_transcripts(0, 1)[0]
-    assert conv[1]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": conv[0]["content"]}}
+    assert conv[1]["tool_calls"][0]["function"] == {
+        "name": "calculator",
+        "arguments": {"expression": conv[0]["content"]},
+    }
     assert conv[2] == {"role": "tool", "name": "calculator", "content": conv[3]["content"]}
     with pytest.raises(ValueError, match="no multi-turn transcripts"):
         get_task("add").sft_transcripts(0, 1)
 
 
 def test_calc_rewards_read_the_final_message():
-    conv = [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "408"},
-            {"role": "assistant", "content": " 408"}]
+    conv = [
+        {"role": "assistant", "content": "", "tool_calls": []},
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": " 408"},
+    ]
     assert call(calc_exact_match, [conv, conv[:2], "408", "409"], ["408"] * 4) == [1.0, 1.0, 1.0, 0.0]
     assert call(calc_exact_match, [conv[:1]], ["408"]) == [0.0]  # stopped at the call: no answer
     assert call(calc_format, ["400"], ["408"]) == pytest.approx([0.2 + 0.3 + 0.5 * 2 / 3])
-    call_of = lambda expr: [{"role": "assistant", "content": "", "tool_calls": [  # noqa: E731
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expr}}}]}]
+
+    def call_of(expr):
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expr}}}
+        return [{"role": "assistant", "content": "", "tool_calls": [call]}]
+
     prompt = [{"role": "user", "content": "123*456"}]
     scores = calc_call_match([prompt] * 4, [call_of("123*456"), call_of("923*456"), conv[2:], call_of(7)], None)
     assert scores == pytest.approx([1.0, 0.5 * (0.2 + 0.3 + 0.5 * 6 / 7), 0.0, 0.0])

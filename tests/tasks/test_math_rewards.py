@@ -20,13 +20,22 @@ pytest.importorskip("math_verify")
 
 
 def test_math_accuracy_on_boxed_plain_tagged_and_conversational_answers():
-    completions = ["So she has 72 apples.", r"Therefore \boxed{72}.", "<think>48+24</think><answer>72</answer>",
-                   "<answer>71</answer> though 72 is close", [{"role": "assistant", "content": r"$\frac{144}{2}$"}],
-                   r"\boxed{73}", ""]
+    completions = [
+        "So she has 72 apples.",
+        r"Therefore \boxed{72}.",
+        "<think>48+24</think><answer>72</answer>",
+        "<answer>71</answer> though 72 is close",
+        [{"role": "assistant", "content": r"$\frac{144}{2}$"}],
+        r"\boxed{73}",
+        "",
+    ]
     assert math_accuracy([None] * 7, completions, answer=["72"] * 7) == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
     # MATH: the gold is a worked solution whose last \boxed{} is the answer; equivalent forms count
-    got = math_accuracy([None] * 3, [r"\boxed{\frac{2}{4}}", r"\boxed{0.5}", r"\boxed{\frac13}"],
-                        solution=[r"Halve it: \boxed{\frac{1}{2}}"] * 3)
+    got = math_accuracy(
+        [None] * 3,
+        [r"\boxed{\frac{2}{4}}", r"\boxed{0.5}", r"\boxed{\frac13}"],
+        solution=[r"Halve it: \boxed{\frac{1}{2}}"] * 3,
+    )
     assert got == [1.0, 1.0, 0.0]
 
 
@@ -37,22 +46,29 @@ def test_math_accuracy_abstains_when_the_gold_does_not_parse_and_needs_a_gold_co
 
 
 def test_think_answer_format():
-    completions = ["<think>a</think><answer>b</answer>", "  <think>a\nb</think>\n<answer>c</answer>\n",
-                   "<think>a<think>b</think><answer>c</answer>", "<answer>c</answer>", "<think>a</think> c",
-                   [{"role": "assistant", "content": "<think>x</think><answer>y</answer>"}]]
+    completions = [
+        "<think>a</think><answer>b</answer>",
+        "  <think>a\nb</think>\n<answer>c</answer>\n",
+        "<think>a<think>b</think><answer>c</answer>",
+        "<answer>c</answer>",
+        "<think>a</think> c",
+        [{"role": "assistant", "content": "<think>x</think><answer>y</answer>"}],
+    ]
     assert think_answer_format([None] * 6, completions) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
 
 
 def test_soft_overlong_penalty_is_dapo_eq_13_times_the_factor():
     ids = [[0] * n for n in (10, 12, 13, 16, 17)]  # L = 16, buffer 4: free up to 12 tokens
-    got = soft_overlong_penalty([None] * 5, [""] * 5, ids, max_completion_length=16, overlong_buffer_len=4,
-                                overlong_penalty_factor=2.0)
+    got = soft_overlong_penalty(
+        [None] * 5, [""] * 5, ids, max_completion_length=16, overlong_buffer_len=4, overlong_penalty_factor=2.0
+    )
     assert got == [0.0, 0.0, -0.5, -2.0, -2.0]  # 13: -(1/4) x 2; 16: -(4/4) x 2; beyond L: -2
 
 
 def test_gsm8k_and_math_rows_become_prompt_answer_and_solution():
-    gsm = datasets.Dataset.from_list([{"question": "2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"},
-                                      {"question": "Big?", "answer": "so #### 1,234"}])
+    gsm = datasets.Dataset.from_list(
+        [{"question": "2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}, {"question": "Big?", "answer": "so #### 1,234"}]
+    )
     rows = to_prompt_rows(gsm)
     assert rows["prompt"] == ["2+2?", "Big?"] and rows["answer"] == ["4", "1234"] and rows["solution"] == ["4", "1234"]
     math_ds = datasets.Dataset.from_list([{"problem": "Half?", "solution": r"It is \boxed{\frac{1}{2}}."}])

@@ -39,9 +39,13 @@ def test_refused_before_running(executor):
     assert unknown.content.startswith("error: ") and unknown.seconds == 0.0
     not_offered = call(executor, "add", {"a": 1, "b": 2}, allowed=["echo"])
     assert not_offered.failure == "unknown_tool" and "['echo']" in not_offered.content
-    for args, says in (({"a": 1}, "missing ['b']"), ({"a": 1, "b": 2, "c": 3}, "unknown ['c']"),
-                       ({"a": "1", "b": 2}, "must be integer"), ({"a": True, "b": 2}, "must be integer"),
-                       ([1, 2], "must be a JSON object")):
+    for args, says in (
+        ({"a": 1}, "missing ['b']"),
+        ({"a": 1, "b": 2, "c": 3}, "unknown ['c']"),
+        ({"a": "1", "b": 2}, "must be integer"),
+        ({"a": True, "b": 2}, "must be integer"),
+        ([1, 2], "must be a JSON object"),
+    ):
         out = call(executor, "add", args)
         assert out.failure == "bad_arguments" and says in out.content, (args, out)
 
@@ -65,8 +69,7 @@ def test_a_crash_kills_only_that_call(executor):
 
 
 def test_the_cpu_seconds_limit_stops_a_busy_tool_before_its_timeout():
-    with ToolExecutor(load_tools([f"{FNS}:spin", f"{FNS}:add"]), num_workers=1, timeout_s=60.0,
-                      cpu_seconds=1.0) as ex:
+    with ToolExecutor(load_tools([f"{FNS}:spin", f"{FNS}:add"]), num_workers=1, timeout_s=60.0, cpu_seconds=1.0) as ex:
         t0 = time.monotonic()
         out = call(ex, "spin", {"text": "x"})
         assert out.failure == "crashed" and "CPU time limit" in out.content, out

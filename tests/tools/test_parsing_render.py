@@ -14,8 +14,10 @@ from async_grpo.tools.render import ChatTemplateError, check_chat_template, rend
 
 PREFIX = "<|im_start|>assistant\n"
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
-OLD_TINY = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-            "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+OLD_TINY = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 @pytest.fixture
@@ -32,18 +34,26 @@ def test_parse_calls_content_and_malformed(tok, schemas):
     template = response_template(tok)
     turn = parse_turn(tok, template, CALL + "<|im_end|>", PREFIX, schemas)
     assert turn.calls == [("calculator", {"expression": "2*3"})] and not turn.malformed and turn.wants_tools
-    assert turn.message == {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}]}
+    assert turn.message == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}],
+    }
     two = parse_turn(tok, template, "let me see" + CALL + CALL.replace("2*3", "4") + "<|im_end|>", PREFIX, schemas)
     assert [a for _, a in two.calls] == [{"expression": "2*3"}, {"expression": "4"}]
     plain = parse_turn(tok, template, "6<|im_end|>", PREFIX, schemas)
     assert plain.message == {"role": "assistant", "content": "6"} and not plain.wants_tools
-    for text in (CALL[:-14] + "<|im_end|>", "<tool_call>[1, 2]</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
-                 '<tool_call>{"name": "f", "arguments": "{bad"}</tool_call>'):
+    for text in (
+        CALL[:-14] + "<|im_end|>",
+        "<tool_call>[1, 2]</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": "{bad"}</tool_call>',
+    ):
         bad = parse_turn(tok, template, text, PREFIX, schemas)
         assert bad.malformed and not bad.calls and bad.wants_tools, text
-    string_args = parse_turn(tok, template, '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>', PREFIX,
-                             schemas)
+    string_args = parse_turn(
+        tok, template, '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>', PREFIX, schemas
+    )
     assert string_args.calls == [("f", {"x": 1})]
 
 
@@ -72,7 +82,8 @@ def test_check_chat_template_refuses_what_cannot_carry_tools(tok, schemas):
         "{{ message['content'] or '' }}{% if message['tool_calls'] is defined and message['tool_calls'] %}"
         "{% set mark = 'CALL' if loop.last else 'DONE' %}{% for call in message['tool_calls'] %}<tool_call>{{ mark }} "
         "{{ call['function']['name'] }} {{ call['function']['arguments'] | tojson }}</tool_call>{% endfor %}{% endif %}"
-        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     with pytest.raises(ChatTemplateError, match="prefix-preserving"):
         check_chat_template(tok, schemas)
     tok.chat_template = None
@@ -81,8 +92,16 @@ def test_check_chat_template_refuses_what_cannot_carry_tools(tok, schemas):
 
 
 def test_tool_suffix_appends_exactly_the_templates_tokens_and_keeps_drifted_held_ids(tok, schemas):
-    conv = [{"role": "user", "content": "2*3"}, {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}]}]
+    conv = [
+        {"role": "user", "content": "2*3"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}
+            ],
+        },
+    ]
     tool = [{"role": "tool", "name": "calculator", "content": "6"}]
     held = render_ids(tok, conv, schemas, add_generation_prompt=False)[:-1]  # up to <|im_end|>, as sampled
     suffix = tool_suffix(tok, conv, tool, schemas, held)
@@ -94,9 +113,10 @@ def test_tool_suffix_appends_exactly_the_templates_tokens_and_keeps_drifted_held
     assert suffix.drift and not suffix.fallback  # re-render differs from the held ids: they are kept, drift counted
     assert tok.decode(suffix.ids) == "\n<|im_start|>tool\n6<|im_end|>\n<|im_start|>assistant\n"
     # a template that drops an assistant's content once a tool message follows: the minimal conversation is used
-    tok.chat_template = CHAT_TEMPLATE.replace("(message['content'] or '')",
-                                              "((message['content'] or '') if loop.last or message['role'] != "
-                                              "'assistant' else '')")
+    tok.chat_template = CHAT_TEMPLATE.replace(
+        "(message['content'] or '')",
+        "((message['content'] or '') if loop.last or message['role'] != 'assistant' else '')",
+    )
     conv[1]["content"] = "thinking"
     held = render_ids(tok, conv, schemas, add_generation_prompt=False)[:-1]
     suffix = tool_suffix(tok, conv, tool, schemas, held)
@@ -105,9 +125,18 @@ def test_tool_suffix_appends_exactly_the_templates_tokens_and_keeps_drifted_held
 
 
 def test_turn_pairs_train_each_assistant_turn_on_its_context(tok, schemas):
-    conv = [{"role": "user", "content": "2*3"}, {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}]},
-            {"role": "tool", "name": "calculator", "content": "6"}, {"role": "assistant", "content": "6"}]
+    conv = [
+        {"role": "user", "content": "2*3"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}
+            ],
+        },
+        {"role": "tool", "name": "calculator", "content": "6"},
+        {"role": "assistant", "content": "6"},
+    ]
     (ctx1, turn1), (ctx2, turn2) = turn_pairs(tok, conv, schemas)
     assert ctx1 == render_ids(tok, conv[:1], schemas, add_generation_prompt=True)
     assert tok.decode(turn1) == CALL + "<|im_end|>" and tok.decode(turn2) == "6<|im_end|>"
@@ -137,8 +166,9 @@ def test_qwen_templates_pass_the_checks_and_use_the_hermes_parser(tok, schemas, 
     held = render_ids(tok, conv[:1], schemas, add_generation_prompt=True) + tok.encode(text.replace("<|im_end|>", ""))
     held += [tok.convert_tokens_to_ids("<|im_end|>")]
     suffix = tool_suffix(tok, conv, [{"role": "tool", "name": "calculator", "content": "6"}], schemas, held)
-    assert tok.decode(suffix.ids) == ("\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n"
-                                      "<|im_start|>assistant\n")
+    assert tok.decode(suffix.ids) == (
+        "\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert not suffix.fallback
 
 

@@ -50,8 +50,9 @@ def test_recompute_treats_replayed_rows_as_on_policy(tiny_model):
 
 
 def test_without_recompute_replayed_rows_keep_the_stale_is_weight(tiny_model):
-    metrics = make_learner(tiny_model, replay_recompute_logps=False,
-                           vllm_importance_sampling_cap=3.0).step(replayed_batch(tiny_model))
+    metrics = make_learner(tiny_model, replay_recompute_logps=False, vllm_importance_sampling_cap=3.0).step(
+        replayed_batch(tiny_model)
+    )
     # old - samp = logp + 8 > ln 3 for every token of this tiny model, so every weight is truncated to the cap
     assert metrics["sampling/importance_sampling_ratio/min"] == pytest.approx(3.0)
     assert metrics["sampling/importance_sampling_ratio/masked_frac"] == 1.0

@@ -28,8 +28,10 @@ def ragged_batch() -> TrainBatch:
     """Two groups: prompts of 3 and 1 tokens, completions of 2, 23 | 1, 9 tokens; multi-turn loss masks (0 on
     tool-output tokens in the middle of completions 1 and 3), off-policy sampling logprobs."""
     long = list(range(30, 53))
-    groups = [make_group([1, 2, 3], [[10, 11], long], [1.0, -0.5]),
-              make_group([4], [[20], [21, 22, 23, 24, 25, 26, 27, 28, 29]], [0.5, -1.5])]
+    groups = [
+        make_group([1, 2, 3], [[10, 11], long], [1.0, -0.5]),
+        make_group([4], [[20], [21, 22, 23, 24, 25, 26, 27, 28, 29]], [0.5, -1.5]),
+    ]
     groups[0].loss_mask[1] = [1] * 5 + [0] * 10 + [1] * 8
     groups[1].loss_mask[1] = [1, 1, 0, 0, 0, 1, 1, 1, 1]
     for g in groups:
@@ -44,8 +46,9 @@ def completion_real(packed) -> torch.Tensor:
 
 
 def test_flatten_layout_concatenates_real_tokens_and_restarts_positions():
-    packed = pack_batch(TrainBatch(groups=[make_group([1, 2, 3], [[10, 11]], [1.0]),
-                                           make_group([4], [[20, 21, 22]], [1.0])]), PAD)
+    packed = pack_batch(
+        TrainBatch(groups=[make_group([1, 2, 3], [[10, 11]], [1.0]), make_group([4], [[20, 21, 22]], [1.0])]), PAD
+    )
     flat = flatten(packed)
     assert isinstance(flat, FlattenedBatch)
     assert flat.layout.input_ids.tolist() == [[1, 2, 3, 10, 11, 4, 20, 21, 22]]
@@ -60,8 +63,15 @@ def test_flatten_layout_concatenates_real_tokens_and_restarts_positions():
 
 def test_bounded_rows_pack_longest_first_and_pad_row_ends_as_their_own_sequence():
     # sequences of 5, 4 | 3, 2 tokens in rows of at most 6: [5], [4, 2], [3] (first fit, longest first)
-    packed = pack_batch(TrainBatch(groups=[make_group([1, 2, 3], [[10, 11], [12]], [1.0, -1.0]),
-                                           make_group([4], [[20, 21], [24]], [1.0, -1.0])]), PAD)
+    packed = pack_batch(
+        TrainBatch(
+            groups=[
+                make_group([1, 2, 3], [[10, 11], [12]], [1.0, -1.0]),
+                make_group([4], [[20, 21], [24]], [1.0, -1.0]),
+            ]
+        ),
+        PAD,
+    )
     flat = flatten(packed, row_tokens=6)
     assert flat.layout.input_ids.tolist() == [[1, 2, 3, 10, 11, 0], [1, 2, 3, 12, 4, 24], [4, 20, 21, 0, 0, 0]]
     assert flat.layout.position_ids.tolist() == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 1, 2]]
@@ -127,9 +137,17 @@ def test_a_prompt_less_row_is_refused():
 
 def learner(model, *, flattening: bool, micro: int = 2, max_tokens: int | None = None, **loss_kw) -> GRPOLearner:
     """A learner whose optimizer step is a no-op, so the model keeps the step's gradients for comparison."""
-    out = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=micro,
-                      loss=LossSettings(max_completion_length=32, **loss_kw), pad_token_id=PAD,
-                      batch_flattening=flattening, max_tokens_per_microbatch=max_tokens)
+    out = GRPOLearner(
+        model,
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=1e9,
+        micro_batch_size=micro,
+        loss=LossSettings(max_completion_length=32, **loss_kw),
+        pad_token_id=PAD,
+        batch_flattening=flattening,
+        max_tokens_per_microbatch=max_tokens,
+    )
     out.optimizer.step = lambda *a, **k: None
     return out
 

@@ -69,8 +69,18 @@ def make_inputs(device: str = "cpu", *, bias: bool, seed: int = 0) -> dict:
     sampling = (logps + torch.tensor(SAMPLER_DRIFT)[:, None]).masked_fill(pad, float("nan"))
     is_weights = (0.5 + 1.5 * torch.rand(N, T, generator=gen)).masked_fill(pad, float("inf"))
     entropy_mask = torch.rand(N, T, generator=gen) < 0.7
-    out = dict(hidden=hidden, head=head, ids=ids, mask=mask, adv=torch.tensor(ADVANTAGES), old=old, ref=ref,
-               sampling=sampling, is_weights=is_weights, entropy_mask=entropy_mask)
+    out = dict(
+        hidden=hidden,
+        head=head,
+        ids=ids,
+        mask=mask,
+        adv=torch.tensor(ADVANTAGES),
+        old=old,
+        ref=ref,
+        sampling=sampling,
+        is_weights=is_weights,
+        entropy_mask=entropy_mask,
+    )
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -113,8 +123,18 @@ def reference_and_fused(inputs: dict, opts: dict, old: bool, chunk_size: int, co
         head.load_state_dict(inputs["head"].state_dict())
         old_logps = inputs["old"] if old else None
         if fused:
-            out = fused_grpo_loss(hidden, head, inputs["ids"], inputs["mask"], inputs["adv"], old_logps, settings,
-                                  chunk_size=chunk_size, compiled=compiled, **call)
+            out = fused_grpo_loss(
+                hidden,
+                head,
+                inputs["ids"],
+                inputs["mask"],
+                inputs["adv"],
+                old_logps,
+                settings,
+                chunk_size=chunk_size,
+                compiled=compiled,
+                **call,
+            )
         else:
             logps = selective_log_softmax(head(hidden).float() / settings.temperature, inputs["ids"])
             out = grpo_loss(logps, old_logps, inputs["adv"], inputs["mask"], settings, **call)
@@ -188,8 +208,9 @@ def test_sequence_level_cispo_and_sapo_are_refused(loss_type):
     inputs = make_inputs(bias=False)
     settings, call = split(options(loss_type, "sequence", 0.0, False, False, inputs))
     with pytest.raises(ValueError, match="importance_sampling_level='sequence'.*Fix"):
-        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings,
-                        **call)
+        fused_grpo_loss(
+            inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
+        )
     with pytest.raises(ValueError, match="importance_sampling_level='sequence'.*Fix"):  # and as a setting
         dataclasses.replace(settings, use_liger_kernel=True)
 
@@ -211,16 +232,18 @@ def test_bad_options_are_refused_by_name(change, match):
     opts = {**options("dapo", "token", 0.0, False, False, inputs), **change}
     with pytest.raises(ValueError, match=match):
         settings, call = split(opts)
-        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings,
-                        **call)
+        fused_grpo_loss(
+            inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
+        )
 
 
 def test_hidden_must_be_n_t_h():
     inputs = make_inputs(bias=False)
     settings, call = split(options("dapo", "token", 0.0, False, False, inputs))
     with pytest.raises(ValueError, match=r"hidden \(5, 16\) must be \(N, T, H\)"):
-        fused_grpo_loss(inputs["hidden"][:, 0], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None,
-                        settings, **call)
+        fused_grpo_loss(
+            inputs["hidden"][:, 0], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
+        )
 
 
 def test_missing_liger_says_how_to_install(monkeypatch):
@@ -229,8 +252,9 @@ def test_missing_liger_says_how_to_install(monkeypatch):
     inputs = make_inputs(bias=False)
     settings, call = split(options("dapo", "token", 0.0, False, False, inputs))
     with pytest.raises(ImportError, match=r"pip install 'liger-kernel==0\.8\.5'.*gpu"):
-        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings,
-                        **call)
+        fused_grpo_loss(
+            inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
+        )
 
 
 GPU_CASES = list(itertools.product(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"], [False, True]))
@@ -266,15 +290,25 @@ def test_model_wiring_matches_the_unfused_trainer_path(liger, tiny_model):
     old = current + 0.3 * torch.randn(current.shape, generator=gen)
     sampling = current + torch.tensor([0.0, 0.0, 0.0, 1.0])[:, None]  # row 3 (A = -0.5) drifts: OPSM drops it
     settings = LossSettings(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, off_policy_mask_threshold=0.5)
-    opts = dict(num_items_in_batch=mb.completion_mask.sum(), sampling_logps=sampling,
-                is_weights=mb.completion_mask * 1.3)
+    opts = dict(
+        num_items_in_batch=mb.completion_mask.sum(), sampling_logps=sampling, is_weights=mb.completion_mask * 1.3
+    )
     losses = []
     for fused, model in zip((False, True), models):
         if fused:
-            hidden = completion_hidden_states(model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                              mb.completion_ids.size(1))
-            out = fused_grpo_loss(hidden, model.get_output_embeddings(), mb.completion_ids, mb.completion_mask,
-                                  mb.advantages, old, settings, **opts)
+            hidden = completion_hidden_states(
+                model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.completion_ids.size(1)
+            )
+            out = fused_grpo_loss(
+                hidden,
+                model.get_output_embeddings(),
+                mb.completion_ids,
+                mb.completion_mask,
+                mb.advantages,
+                old,
+                settings,
+                **opts,
+            )
         else:
             logps, _ = completion_logps(model, mb)
             out = grpo_loss(logps, old, mb.advantages, mb.completion_mask, settings, **opts)

@@ -83,8 +83,9 @@ RAGGED = pack_batch(byte_batch([2, 13, 6, 1], [[6, 2], [9], [4, 11], [7]], seed=
 
 def ours(model, mb: PackedBatch, chunk_size: int | None = None, position_ids: torch.Tensor | None = None):
     pos = mb.position_ids if position_ids is None else position_ids
-    return completion_logps_from_model(model, mb.input_ids, mb.attention_mask, pos, mb.completion_ids,
-                                       chunk_size=chunk_size, with_entropy=True)
+    return completion_logps_from_model(
+        model, mb.input_ids, mb.attention_mask, pos, mb.completion_ids, chunk_size=chunk_size, with_entropy=True
+    )
 
 
 def trl(trl_model, mb: PackedBatch):
@@ -171,8 +172,9 @@ def test_ragged_rows_equal_unpadded_single_row_forward(model):
             keep = RAGGED.attention_mask[i].bool()
             ids = RAGGED.input_ids[i][keep].unsqueeze(0)
             n = int(mask[i].sum())
-            single, _ = completion_logps_from_model(model, ids, torch.ones_like(ids), torch.arange(ids.size(1))[None],
-                                                    ids[:, ids.size(1) - n:])
+            single, _ = completion_logps_from_model(
+                model, ids, torch.ones_like(ids), torch.arange(ids.size(1))[None], ids[:, ids.size(1) - n :]
+            )
             # float32: the padded row's attention reduces over masked keys too, so a few ulp of rounding
             torch.testing.assert_close(logps[i, :n], single[0], rtol=0, atol=ulps(single, 4))
 
@@ -187,8 +189,9 @@ def _f64_rotary(self, x, position_ids):
 
 
 def _f64_logps(model, input_ids, attention_mask, position_ids, n: int) -> torch.Tensor:
-    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state[:, -(n + 1) : -1]
+    hidden = model.model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state[:, -(n + 1) : -1]
     return torch.log_softmax(model.lm_head(hidden), -1).gather(-1, input_ids[:, -n:, None]).squeeze(-1)
 
 
@@ -237,8 +240,16 @@ def test_trl_divides_logits_by_temperature(model):
     n = EQUAL.completion_ids.size(1)
     with torch.no_grad():
         trl_logps, _ = trl(trl_hot, EQUAL)
-        logits = model(input_ids=EQUAL.input_ids, attention_mask=EQUAL.attention_mask,
-                       position_ids=EQUAL.position_ids, logits_to_keep=n + 1).logits[:, :-1].float()
+        logits = (
+            model(
+                input_ids=EQUAL.input_ids,
+                attention_mask=EQUAL.attention_mask,
+                position_ids=EQUAL.position_ids,
+                logits_to_keep=n + 1,
+            )
+            .logits[:, :-1]
+            .float()
+        )
         scaled = selective_log_softmax(logits / 0.7, EQUAL.completion_ids)
         ours_t1, _ = ours(model, EQUAL)
     torch.testing.assert_close(scaled[mask], trl_logps[mask], rtol=0, atol=ulps(trl_logps[mask], 4))

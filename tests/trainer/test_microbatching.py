@@ -177,11 +177,27 @@ def test_group_by_length_step_equals_the_row_order_step(tiny_model, loss_type):
 def test_bnpo_keeps_the_row_order():
     model = torch.nn.Linear(2, 2)
     model.config = None
-    lrn = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
-                      loss=LossSettings(loss_type="bnpo"), pad_token_id=PAD, group_by_length=True)
+    lrn = GRPOLearner(
+        model,
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=2,
+        loss=LossSettings(loss_type="bnpo"),
+        pad_token_id=PAD,
+        group_by_length=True,
+    )
     assert lrn.batching.group_by_length is False
-    lrn = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
-                      loss=LossSettings(loss_type="dapo"), pad_token_id=PAD, group_by_length=True)
+    lrn = GRPOLearner(
+        model,
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=2,
+        loss=LossSettings(loss_type="dapo"),
+        pad_token_id=PAD,
+        group_by_length=True,
+    )
     assert lrn.batching.group_by_length is True
 
 
@@ -199,24 +215,41 @@ def _budget_rank_main(rank: int, port: int, model_path: str, out_dir: str, fsdp:
         init_distributed,
     )
 
-    os.environ.update({"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     torch.set_num_threads(1)
     info = init_distributed(timeout_s=120)
     out = {}
     for loss_type in ("grpo", "dr_grpo", "dapo"):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        local = GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=2,
-                            loss=LossSettings(max_completion_length=32, loss_type=loss_type), pad_token_id=PAD,
-                            fsdp=fsdp, batch_flattening=True, max_tokens_per_microbatch=20)
+        local = GRPOLearner(
+            model,
+            learning_rate=1e-3,
+            weight_decay=0.0,
+            max_grad_norm=1e9,
+            micro_batch_size=2,
+            loss=LossSettings(max_completion_length=32, loss_type=loss_type),
+            pad_token_id=PAD,
+            fsdp=fsdp,
+            batch_flattening=True,
+            max_tokens_per_microbatch=20,
+        )
         if rank == 0:
             dp = DataParallelLearner(local, info)
             out[loss_type] = dp.step(ragged_ten())["loss"]
             dp.close()
         else:
             follow(local, DistInfo(rank=1, world_size=2))
-        out[f"{loss_type}/grads"] = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                                     for p in model.parameters()]
+        out[f"{loss_type}/grads"] = [
+            p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in model.parameters()
+        ]
         out[f"{loss_type}/micro"] = sum(1 for _ in local.batching.cut(pack_batch(local_share(rank), PAD)))
     torch.save(out, os.path.join(out_dir, f"budget{rank}.pt"))
     close_distributed()
@@ -235,8 +268,7 @@ def local_share(rank: int) -> TrainBatch:
     return shard(ragged_ten(), rank, 2, 2)
 
 
-def test_two_fsdp_ranks_with_a_token_budget_train_like_one_process_with_fixed_micro_batches(tiny_model_path,
-                                                                                            tmp_path):
+def test_two_fsdp_ranks_with_a_token_budget_train_like_one_process_with_fixed_micro_batches(tiny_model_path, tmp_path):
     """Each rank cuts its share by tokens (4 and 3 micro-batches: FSDP pads rank 1 with a placeholder pass); the
     averaged gradient equals one process's on fixed micro-batches of 2 (equal sizes), for grpo, dr_grpo, dapo.
     (Replicas share the weighting and skip the placeholders; FSDP is the stricter case.) About 20 s: 2 spawns."""
@@ -248,17 +280,30 @@ def test_two_fsdp_ranks_with_a_token_budget_train_like_one_process_with_fixed_mi
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_budget_rank_main, args=(port, str(tiny_model_path), str(tmp_path), True), nprocs=2,
-                       join=True, start_method="spawn")
+    mp.start_processes(
+        _budget_rank_main,
+        args=(port, str(tiny_model_path), str(tmp_path), True),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     ranks = [torch.load(tmp_path / f"budget{r}.pt") for r in range(2)]
     assert (ranks[0]["grpo/micro"], ranks[1]["grpo/micro"]) == (4, 3)  # unequal micro-batch counts
     for loss_type in ("grpo", "dr_grpo", "dapo"):
         reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-        single = GRPOLearner(reference, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=2,
-                             loss=LossSettings(max_completion_length=32, loss_type=loss_type), pad_token_id=PAD)
+        single = GRPOLearner(
+            reference,
+            learning_rate=1e-3,
+            weight_decay=0.0,
+            max_grad_norm=1e9,
+            micro_batch_size=2,
+            loss=LossSettings(max_completion_length=32, loss_type=loss_type),
+            pad_token_id=PAD,
+        )
         want = single.step(ragged_ten())
         assert ranks[0][loss_type] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7), loss_type
-        for (name, param), g0, g1 in zip(reference.named_parameters(), ranks[0][f"{loss_type}/grads"],
-                                         ranks[1][f"{loss_type}/grads"], strict=True):
+        for (name, param), g0, g1 in zip(
+            reference.named_parameters(), ranks[0][f"{loss_type}/grads"], ranks[1][f"{loss_type}/grads"], strict=True
+        ):
             got = torch.cat([g0, g1]) if g0.shape != param.shape else g0  # FSDP: stitch the two shards
             torch.testing.assert_close(got, param.grad, atol=1e-5, rtol=1e-5, msg=f"{loss_type} {name}")

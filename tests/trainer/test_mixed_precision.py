@@ -27,9 +27,16 @@ def batch_of_four_groups() -> TrainBatch:
 
 
 def learner(model, mixed_precision=None, **loss_kw) -> GRPOLearner:
-    return GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=4,
-                       loss=LossSettings(max_completion_length=8, **loss_kw), pad_token_id=PAD,
-                       mixed_precision=mixed_precision)
+    return GRPOLearner(
+        model,
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=1e9,
+        micro_batch_size=4,
+        loss=LossSettings(max_completion_length=8, **loss_kw),
+        pad_token_id=PAD,
+        mixed_precision=mixed_precision,
+    )
 
 
 @pytest.mark.parametrize("loss_kw", [{}, {"beta": 0.05, "loss_type": "grpo"}], ids=["dapo", "grpo+kl"])

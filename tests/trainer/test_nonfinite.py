@@ -23,8 +23,15 @@ from .test_trainer import BAD, GOOD, PAD, PROMPT, make_group
 
 
 def make_learner(model, **loss) -> GRPOLearner:
-    return GRPOLearner(model, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
-                       loss=LossSettings(**loss), pad_token_id=PAD)
+    return GRPOLearner(
+        model,
+        learning_rate=1e-2,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=2,
+        loss=LossSettings(**loss),
+        pad_token_id=PAD,
+    )
 
 
 def bad_logprobs() -> list[list[float]]:

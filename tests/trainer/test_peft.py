@@ -23,8 +23,15 @@ TARGETS = ["q_proj", "v_proj", "gate_proj"]
 
 def lora_learner(model, lr=1e-2, **loss_kw) -> PeftLearner:
     wrapped = wrap_with_lora(model, r=4, alpha=8, dropout=0.0, target_modules=TARGETS)
-    return PeftLearner(wrapped, learning_rate=lr, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
-                       loss=LossSettings(**loss_kw), pad_token_id=PAD)
+    return PeftLearner(
+        wrapped,
+        learning_rate=lr,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=2,
+        loss=LossSettings(**loss_kw),
+        pad_token_id=PAD,
+    )
 
 
 def test_only_adapter_parameters_train(tiny_model):
@@ -122,8 +129,16 @@ def test_target_modules_that_match_nothing_name_the_field_and_the_modules(tiny_m
 
 
 def test_build_local_learner_with_use_peft(tiny_model, tmp_path):
-    config = GRPOConfig(use_peft=True, lora_r=4, lora_alpha=8, lora_target_modules="all-linear", max_steps=2,
-                        per_device_train_batch_size=2, num_generations=2, output_dir=str(tmp_path))
+    config = GRPOConfig(
+        use_peft=True,
+        lora_r=4,
+        lora_alpha=8,
+        lora_target_modules="all-linear",
+        max_steps=2,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        output_dir=str(tmp_path),
+    )
     learner = build_local_learner(config, tiny_model, PAD)
     assert isinstance(learner, PeftLearner)
     assert learner.model.peft_config["default"].r == 4

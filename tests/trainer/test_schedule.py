@@ -18,9 +18,19 @@ PAD = 256
 
 def batch() -> TrainBatch:
     comps = [[40, 41, 42], [43, 44]]
-    group = RolloutGroup(prompt_ids=[10, 11], completion_ids=comps, sampling_logprobs=[[-1.0] * len(c) for c in comps],
-                         truncated=[False, False], completions=["a", "b"], prompt="p", columns={}, policy_version=0,
-                         rewards_per_func=[[1.0], [0.0]], rewards=[1.0, 0.0], advantages=[0.7, -0.7])
+    group = RolloutGroup(
+        prompt_ids=[10, 11],
+        completion_ids=comps,
+        sampling_logprobs=[[-1.0] * len(c) for c in comps],
+        truncated=[False, False],
+        completions=["a", "b"],
+        prompt="p",
+        columns={},
+        policy_version=0,
+        rewards_per_func=[[1.0], [0.0]],
+        rewards=[1.0, 0.0],
+        advantages=[0.7, -0.7],
+    )
     return TrainBatch(groups=[group])
 
 
@@ -71,8 +81,9 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_path):
 
     load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)  # noqa: E731
     plain = build_local_learner(config(), load(), PAD)
-    saver = build_local_learner(config(), prepare_policy(load(), gradient_checkpointing=True, disable_dropout=True),
-                                PAD)
+    saver = build_local_learner(
+        config(), prepare_policy(load(), gradient_checkpointing=True, disable_dropout=True), PAD
+    )
     assert saver.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
     a, b = plain.step(batch()), saver.step(batch())
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)

@@ -37,9 +37,16 @@ def batch_of_four_groups(seed: int = 0) -> TrainBatch:
 
 
 def learner(model, micro_batch_size: int, fsdp: bool = False, **loss_kw) -> GRPOLearner:
-    return GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1e9,
-                       micro_batch_size=micro_batch_size, loss=LossSettings(max_completion_length=8, **loss_kw),
-                       pad_token_id=PAD, fsdp=fsdp)
+    return GRPOLearner(
+        model,
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=1e9,
+        micro_batch_size=micro_batch_size,
+        loss=LossSettings(max_completion_length=8, **loss_kw),
+        pad_token_id=PAD,
+        fsdp=fsdp,
+    )
 
 
 def step_then_reuse(trainer, batch: TrainBatch) -> tuple[list[dict], list[list[torch.Tensor]]]:
@@ -144,15 +151,23 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local().detach().clone() if hasattr(t, "to_local") else t.detach().clone()
 
 
-def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str, out_dir: str,
-               fsdp: bool = False) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, model_path: str, loss_type: str, out_dir: str, fsdp: bool = False
+) -> None:
     """One trainer rank: rank 0 drives two steps (the second with reused pi_old), rank 1 follows."""
     from transformers import AutoModelForCausalLM
 
     from async_grpo.trainer.distributed import broadcast_parameters, close_distributed, init_distributed
 
-    os.environ.update({"WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "WORLD_SIZE": str(world),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     torch.set_num_threads(1)
     info = init_distributed(timeout_s=120)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -175,8 +190,10 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
         else:
             follow(local, DistInfo(rank=1, world_size=world))
             state = None
-        torch.save({"grads": [_local(p.grad) for p in model.parameters()], "state": state},
-                   os.path.join(out_dir, f"fsdp{rank}.pt"))
+        torch.save(
+            {"grads": [_local(p.grad) for p in model.parameters()], "state": state},
+            os.path.join(out_dir, f"fsdp{rank}.pt"),
+        )
         close_distributed()
         return
     if rank == 0:
@@ -185,12 +202,15 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, loss_type: str
         metrics, step_grads = step_then_reuse(dp, batch)
         dp.forget(batch)
         dp.close()
-        torch.save({"metrics": metrics, "grads": step_grads, "params": [p.detach() for p in model.parameters()]},
-                   os.path.join(out_dir, "rank0.pt"))
+        torch.save(
+            {"metrics": metrics, "grads": step_grads, "params": [p.detach() for p in model.parameters()]},
+            os.path.join(out_dir, "rank0.pt"),
+        )
     else:
         steps = follow(local, DistInfo(rank=1, world_size=world))
-        torch.save({"steps": steps, "params": [p.detach() for p in model.parameters()]},
-                   os.path.join(out_dir, "rank1.pt"))
+        torch.save(
+            {"steps": steps, "params": [p.detach() for p in model.parameters()]}, os.path.join(out_dir, "rank1.pt")
+        )
     close_distributed()
 
 
@@ -200,8 +220,13 @@ def test_two_gloo_ranks_train_like_one_process_on_the_whole_batch(tiny_model_pat
     dapo divides by the global token count / num_processes, grpo averages per-rank means), two steps."""
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(_rank_main, args=(2, _free_port(), str(tiny_model_path), loss_type, str(tmp_path)),
-                       nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        _rank_main,
+        args=(2, _free_port(), str(tiny_model_path), loss_type, str(tmp_path)),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     rank0 = torch.load(tmp_path / "rank0.pt")
     rank1 = torch.load(tmp_path / "rank1.pt")
     assert rank1["steps"] == 2
@@ -231,8 +256,9 @@ def test_logprobs_are_those_of_the_tempered_sampling_distribution(tiny_model):
 
     mb = pack_batch(batch_of_four_groups(), PAD)
     with torch.no_grad():
-        logits = tiny_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                            position_ids=mb.position_ids).logits[:, -mb.completion_ids.size(1) - 1 : -1]
+        logits = tiny_model(
+            input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids
+        ).logits[:, -mb.completion_ids.size(1) - 1 : -1]
         want = torch.log_softmax(logits / 0.7, -1).gather(-1, mb.completion_ids.unsqueeze(-1)).squeeze(-1)
         for chunk in (None, 2):
             got, _ = completion_logps(tiny_model, mb, chunk_size=chunk, temperature=0.7)
@@ -266,8 +292,13 @@ def test_fsdp_ranks_shard_the_model_and_train_like_one_process(tiny_model_path, 
     one process on the whole batch, and the gathered full state dict equals the single-process weights."""
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(_rank_main, args=(2, _free_port(), str(tiny_model_path), "dapo", str(tmp_path), True),
-                       nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        _rank_main,
+        args=(2, _free_port(), str(tiny_model_path), "dapo", str(tmp_path), True),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     ranks = [torch.load(tmp_path / f"fsdp{r}.pt") for r in range(2)]
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     single = learner(reference, 4, loss_type="dapo", beta=0.05)
@@ -295,8 +326,14 @@ def test_merge_rank_metrics_keeps_extremes_sums_counts_and_averages_the_rest():
         {"loss": 1.0, "x/min": 0.5, "x/max": 2.0, "skipped_zero_adv_microbatches": 1.0, "grad_norm": 3.0, "kl": 0.2},
         {"loss": 3.0, "x/min": 0.1, "x/max": 1.0, "skipped_zero_adv_microbatches": 2.0, "grad_norm": 3.0},
     ])  # fmt: skip
-    assert merged == {"loss": 2.0, "x/min": 0.1, "x/max": 2.0, "skipped_zero_adv_microbatches": 3.0,
-                      "grad_norm": 3.0, "kl": 0.2}
+    assert merged == {
+        "loss": 2.0,
+        "x/min": 0.1,
+        "x/max": 2.0,
+        "skipped_zero_adv_microbatches": 3.0,
+        "grad_norm": 3.0,
+        "kl": 0.2,
+    }
 
 
 # ------------------------------------------------------------------ unequal shares, every loss type
@@ -318,8 +355,15 @@ def _uneven_rank_main(rank: int, port: int, model_path: str, out_dir: str, fsdp:
 
     from async_grpo.trainer.distributed import close_distributed, init_distributed
 
-    os.environ.update({"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     torch.set_num_threads(1)
     info = init_distributed(timeout_s=120)
     out = {}
@@ -346,15 +390,21 @@ def test_unequal_shares_train_like_one_process_for_every_loss_type(tiny_model_pa
     (27-45%). One process on the whole batch is the reference, for every loss type, to 1e-5."""
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(_uneven_rank_main, args=(_free_port(), str(tiny_model_path), str(tmp_path), fsdp, micro),
-                       nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        _uneven_rank_main,
+        args=(_free_port(), str(tiny_model_path), str(tmp_path), fsdp, micro),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     tag = "-fsdp" if fsdp else ""
     ranks = [torch.load(tmp_path / f"uneven{tag}{r}.pt") for r in range(2)]
     for loss_type in ALL_LOSSES:
         reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         want = learner(reference, micro, **_loss_kw(loss_type)).step(_five_groups())
         assert ranks[0][loss_type] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7), loss_type
-        for (name, param), g0, g1 in zip(reference.named_parameters(), ranks[0][f"{loss_type}/grads"],
-                                         ranks[1][f"{loss_type}/grads"], strict=True):
+        for (name, param), g0, g1 in zip(
+            reference.named_parameters(), ranks[0][f"{loss_type}/grads"], ranks[1][f"{loss_type}/grads"], strict=True
+        ):
             got = torch.cat([g0, g1]) if g0.shape != param.shape else g0  # FSDP: stitch the two shards
             torch.testing.assert_close(got, param.grad, atol=1e-5, rtol=1e-5, msg=f"{loss_type} {name}")

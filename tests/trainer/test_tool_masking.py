@@ -24,13 +24,23 @@ from tests.orchestrator.test_multiturn import ExactScorer, Scripted, calculator_
 
 PAD = 256
 SETTINGS = [
-    LossSettings(loss_type="dapo", beta=0.05, off_policy_mask_threshold=0.01, top_entropy_quantile=0.5,
-                 vllm_importance_sampling_mode="token_truncate"),
-    LossSettings(loss_type="grpo", beta=0.05, vllm_importance_sampling_mode="sequence_mask",
-                 vllm_importance_sampling_cap=50.0),
+    LossSettings(
+        loss_type="dapo",
+        beta=0.05,
+        off_policy_mask_threshold=0.01,
+        top_entropy_quantile=0.5,
+        vllm_importance_sampling_mode="token_truncate",
+    ),
+    LossSettings(
+        loss_type="grpo", beta=0.05, vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_cap=50.0
+    ),
     LossSettings(loss_type="bnpo", importance_sampling_level="sequence", off_policy_mask_threshold=0.01),
-    LossSettings(loss_type="dr_grpo", max_completion_length=200, vllm_importance_sampling_mode="token_mask",
-                 vllm_importance_sampling_cap=50.0),
+    LossSettings(
+        loss_type="dr_grpo",
+        max_completion_length=200,
+        vllm_importance_sampling_mode="token_mask",
+        vllm_importance_sampling_cap=50.0,
+    ),
     LossSettings(loss_type="cispo", epsilon_high=5.0),
     LossSettings(loss_type="sapo", off_policy_clip="behaviour"),
 ]
@@ -45,8 +55,11 @@ def tok():
 def tool_group(tok):
     """One group of 2: sample 0 calls the calculator (tool tokens in the middle), sample 1 answers at once."""
     with ToolExecutor(load_tools(["builtin:calculator"]), num_workers=1) as ex:
-        group = asyncio.run(MultiTurnRollout(ExactScorer(), tok, ex)(
-            Scripted(tok, calculator_agent), item("12*34"), SamplingSettings(2, 200, 1.0), version=lambda: 0))
+        group = asyncio.run(
+            MultiTurnRollout(ExactScorer(), tok, ex)(
+                Scripted(tok, calculator_agent), item("12*34"), SamplingSettings(2, 200, 1.0), version=lambda: 0
+            )
+        )
     group.advantages = [1.0, -1.0]
     assert 0 in group.loss_mask[0]
     return group
@@ -59,10 +72,17 @@ def test_tool_tokens_get_exactly_zero_gradient(tiny_model, tool_group, settings)
     logps, entropies = completion_logps(tiny_model, packed, with_entropy=True)
     logps.retain_grad()
     out = GRPOObjective(settings).micro_batch_loss(
-        MicroBatchInputs(logps=logps, entropies=entropies, mask=packed.completion_mask, advantages=packed.advantages,
-                         sampling_logps=packed.sampling_logps, old_logps=logps.detach() + 0.05,
-                         ref_logps=logps.detach() - 0.3),
-        num_items_in_batch=packed.completion_mask.sum())
+        MicroBatchInputs(
+            logps=logps,
+            entropies=entropies,
+            mask=packed.completion_mask,
+            advantages=packed.advantages,
+            sampling_logps=packed.sampling_logps,
+            old_logps=logps.detach() + 0.05,
+            ref_logps=logps.detach() - 0.3,
+        ),
+        num_items_in_batch=packed.completion_mask.sum(),
+    )
     out.output.loss.backward()
     masked = packed.completion_mask == 0  # tool output and padding
     assert torch.count_nonzero(logps.grad[masked]) == 0  # exactly zero, not small
@@ -73,18 +93,27 @@ def test_without_a_tool_call_the_step_is_the_single_turn_step(tiny_model, tok):
     answer = lambda prompt, call, sample: ["1", "22", "333", "4444"][sample]  # noqa: E731
     sampling = SamplingSettings(4, 200, 1.0)
     with ToolExecutor(load_tools(["builtin:calculator"]), num_workers=1) as ex:
-        multi = asyncio.run(MultiTurnRollout(ExactScorer(), tok, ex)(Scripted(tok, answer), item(), sampling,
-                                                                      version=lambda: 0))
+        multi = asyncio.run(
+            MultiTurnRollout(ExactScorer(), tok, ex)(Scripted(tok, answer), item(), sampling, version=lambda: 0)
+        )
     it = item()
     it.prompt_ids = multi.prompt_ids
-    single = asyncio.run(SingleTurnRollout(ExactScorer(), tok.decode)(Scripted(tok, answer), it, sampling,
-                                                                      version=lambda: 0))
+    single = asyncio.run(
+        SingleTurnRollout(ExactScorer(), tok.decode)(Scripted(tok, answer), it, sampling, version=lambda: 0)
+    )
     results = []
     for group in (multi, single):
         group.advantages = [1.5, -0.5, 0.5, -1.5]
         model = copy.deepcopy(tiny_model)
-        learner = GRPOLearner(model, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=4,
-                              loss=LossSettings(loss_type="dapo", beta=0.04), pad_token_id=PAD)
+        learner = GRPOLearner(
+            model,
+            learning_rate=1e-2,
+            weight_decay=0.0,
+            max_grad_norm=1e9,
+            micro_batch_size=4,
+            loss=LossSettings(loss_type="dapo", beta=0.04),
+            pad_token_id=PAD,
+        )
         metrics = learner.step(TrainBatch(groups=[group]))
         results.append((metrics, [p.detach().clone() for p in model.parameters()]))
     (m_multi, p_multi), (m_single, p_single) = results

@@ -49,7 +49,7 @@ def test_pack_batch_shapes_and_padding():
     assert packed.input_ids.tolist() == [
         [1, 2, 3, 10, 11, P, P],
         [1, 2, 3, 12, 13, 14, 15],
-        [P, 4, 5, 20, P, P, P],   # prompt left-padded, completion right-padded
+        [P, 4, 5, 20, P, P, P],  # prompt left-padded, completion right-padded
         [P, 4, 5, 21, 22, 23, P],
     ]
     assert packed.attention_mask.tolist() == [
@@ -158,8 +158,15 @@ def on_policy_batch(model) -> TrainBatch:
 
 
 def make_learner(model, micro_batch_size=2, lr=1e-3, **loss_kw) -> GRPOLearner:
-    return GRPOLearner(model, learning_rate=lr, weight_decay=0.0, max_grad_norm=1.0,
-                       micro_batch_size=micro_batch_size, loss=LossSettings(**loss_kw), pad_token_id=PAD)
+    return GRPOLearner(
+        model,
+        learning_rate=lr,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=micro_batch_size,
+        loss=LossSettings(**loss_kw),
+        pad_token_id=PAD,
+    )
 
 
 def test_learner_raises_positive_and_lowers_negative_advantage(tiny_model):
@@ -208,8 +215,9 @@ def test_micro_batching_gives_the_same_step(tiny_model, loss_type):
     """Gradient accumulation over 1-completion micro-batches equals one 4-completion micro-batch."""
     other = copy.deepcopy(tiny_model)
     logps = [direct_logps(tiny_model, PROMPT, c).tolist() for c in (GOOD, BAD, GOOD[:2], BAD[:1])]
-    batch = TrainBatch(groups=[make_group(PROMPT, [GOOD, BAD, GOOD[:2], BAD[:1]], [1.0, -1.0, 0.5, -0.5],
-                                          logprobs=logps)])
+    batch = TrainBatch(
+        groups=[make_group(PROMPT, [GOOD, BAD, GOOD[:2], BAD[:1]], [1.0, -1.0, 0.5, -0.5], logprobs=logps)]
+    )
     whole = make_learner(tiny_model, micro_batch_size=4, loss_type=loss_type).step(copy.deepcopy(batch))
     split = make_learner(other, micro_batch_size=1, loss_type=loss_type).step(copy.deepcopy(batch))
     assert split["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)

@@ -14,14 +14,26 @@ from .test_trainer import BAD, GOOD, PAD, PROMPT, direct_logps, make_group
 
 
 def make_learner(model, skip: bool) -> GRPOLearner:
-    return GRPOLearner(model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
-                       loss=LossSettings(), pad_token_id=PAD, skip_zero_advantage_batches=skip)
+    return GRPOLearner(
+        model,
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        micro_batch_size=2,
+        loss=LossSettings(),
+        pad_token_id=PAD,
+        skip_zero_advantage_batches=skip,
+    )
 
 
 def batch_with_a_flat_group(model) -> TrainBatch:
     logps = [direct_logps(model, PROMPT, c).tolist() for c in (GOOD, BAD)]
-    return TrainBatch(groups=[make_group(PROMPT, [GOOD, BAD], [1.0, -1.0], logprobs=logps),
-                              make_group(PROMPT, [GOOD, BAD], [0.0, 0.0], logprobs=logps)])
+    return TrainBatch(
+        groups=[
+            make_group(PROMPT, [GOOD, BAD], [1.0, -1.0], logprobs=logps),
+            make_group(PROMPT, [GOOD, BAD], [0.0, 0.0], logprobs=logps),
+        ]
+    )
 
 
 def test_skipping_is_counted_and_exact(tiny_model):
@@ -44,5 +56,13 @@ def test_the_learner_itself_refuses_skipping_with_a_kl_term(tiny_model):
     import pytest
 
     with pytest.raises(ValueError, match="skip_zero_advantage_batches needs beta=0.*Fix"):
-        GRPOLearner(tiny_model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
-                    loss=LossSettings(beta=0.1), pad_token_id=PAD, skip_zero_advantage_batches=True)
+        GRPOLearner(
+            tiny_model,
+            learning_rate=1e-3,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            micro_batch_size=2,
+            loss=LossSettings(beta=0.1),
+            pad_token_id=PAD,
+            skip_zero_advantage_batches=True,
+        )

@@ -11,8 +11,16 @@ from async_grpo.transports.messages import RolloutGroup
 
 
 def group(**kw) -> RolloutGroup:
-    base = dict(prompt_ids=[1], completion_ids=[[5, 6, 7], [8]], sampling_logprobs=[[-1.0, -1.0, -1.0], [-1.0]],
-                truncated=[False, False], completions=["a", "b"], prompt="p", columns={}, policy_version=4)
+    base = dict(
+        prompt_ids=[1],
+        completion_ids=[[5, 6, 7], [8]],
+        sampling_logprobs=[[-1.0, -1.0, -1.0], [-1.0]],
+        truncated=[False, False],
+        completions=["a", "b"],
+        prompt="p",
+        columns={},
+        policy_version=4,
+    )
     base.update(kw)
     return RolloutGroup(**base)
 
@@ -31,12 +39,15 @@ def test_a_group_straddling_a_weight_push_is_stamped_with_its_oldest_version():
     assert copy.policy_version == 5 and copy.loss_mask == [[1, 0, 1], [1]]
 
 
-@pytest.mark.parametrize("bad", [
-    {"loss_mask": [[1, 1], [1]]},
-    {"token_versions": [[4, 4, 4], [4, 4]]},
-    {"sampling_logprobs": [[-1.0], [-1.0]]},
-    {"truncated": [False]},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"loss_mask": [[1, 1], [1]]},
+        {"token_versions": [[4, 4, 4], [4, 4]]},
+        {"sampling_logprobs": [[-1.0], [-1.0]]},
+        {"truncated": [False]},
+    ],
+)
 def test_per_token_lists_must_match_the_completions(bad):
     with pytest.raises(ValueError, match="RolloutGroup"):
         group(**bad)

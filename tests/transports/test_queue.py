@@ -194,5 +194,3 @@ def test_drop_counter_counts_by_reason_across_threads():
     assert snap == {"stale": 800, "reward_timeout": 3}
     snap["stale"] = 0  # a copy: the counter is unchanged
     assert drops.snapshot()["stale"] == 800
-
-

@@ -11,8 +11,13 @@ from components.train_grpo.component import train_grpo
 
 
 def _status(state: str = "FAILED") -> dsl.PipelineTaskFinalStatus:
-    return dsl.PipelineTaskFinalStatus(state=state, pipeline_job_resource_name="jobs/42", pipeline_task_name="grpo-run",
-                                       error_code=None, error_message="train-grpo failed")
+    return dsl.PipelineTaskFinalStatus(
+        state=state,
+        pipeline_job_resource_name="jobs/42",
+        pipeline_task_name="grpo-run",
+        error_code=None,
+        error_message="train-grpo failed",
+    )
 
 
 def test_local_removes_only_the_staging_folder(tmp_path):
@@ -21,8 +26,9 @@ def test_local_removes_only_the_staging_folder(tmp_path):
     (run / "final-model").mkdir()
     (run / "final-model" / "config.json").write_text("{}")
 
-    summary = cleanup.python_func(pipeline_status=_status(), launch_backend="local", run_name="demo-1",
-                                  work_dir=str(tmp_path))
+    summary = cleanup.python_func(
+        pipeline_status=_status(), launch_backend="local", run_name="demo-1", work_dir=str(tmp_path)
+    )
 
     assert not (run / "staging").exists()
     assert (run / "final-model" / "config.json").is_file()
@@ -30,8 +36,9 @@ def test_local_removes_only_the_staging_folder(tmp_path):
 
 
 def test_nothing_to_remove_is_not_an_error(tmp_path):
-    summary = cleanup.python_func(pipeline_status=_status("SUCCEEDED"), launch_backend="local",
-                                  pipeline_job_name="job-7", work_dir=str(tmp_path))
+    summary = cleanup.python_func(
+        pipeline_status=_status("SUCCEEDED"), launch_backend="local", pipeline_job_name="job-7", work_dir=str(tmp_path)
+    )
     assert summary == "run job-7 (SUCCEEDED): nothing to remove"
 
 
@@ -54,8 +61,13 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
     monkeypatch.setitem(sys.modules, "async_grpo.launch.kubernetes", module)
 
     job_id = "9b1d0c2e-0000-4000-8000-000000000000"
-    summary = cleanup.python_func(pipeline_status=_status(), launch_backend="kubernetes", run_name="Nightly Run_3!",
-                                  pipeline_job_id=job_id, backend_options={"namespace": "ml"})
+    summary = cleanup.python_func(
+        pipeline_status=_status(),
+        launch_backend="kubernetes",
+        run_name="Nightly Run_3!",
+        pipeline_job_id=job_id,
+        backend_options={"namespace": "ml"},
+    )
 
     # train_grpo names the run identically (its resolved run_name output); compare with a real call
     class Stop(Exception):
@@ -66,15 +78,24 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
 
     module.KubernetesBackend.launch = stop
     with pytest.raises(Stop) as trained_as:
-        train_grpo.python_func(dataset=dsl.Dataset(uri=str(tmp_path / "d"), name="d", metadata={"source": "builtin:add"}),
-                               model=dsl.Model(uri=str(tmp_path / "m"), name="m"), launch_backend="kubernetes",
-                               run_name="Nightly Run_3!", pipeline_job_id=job_id,
-                               mlflow_tracking_uri="sqlite:///unused.db")
-    assert calls == [("init", {"namespace": "ml"}), ("cleanup", "nightly-run-3-9b1d0c2e"), ("init", {}),
-                     ("check", "nightly-run-3-9b1d0c2e")]
+        train_grpo.python_func(
+            dataset=dsl.Dataset(uri=str(tmp_path / "d"), name="d", metadata={"source": "builtin:add"}),
+            model=dsl.Model(uri=str(tmp_path / "m"), name="m"),
+            launch_backend="kubernetes",
+            run_name="Nightly Run_3!",
+            pipeline_job_id=job_id,
+            mlflow_tracking_uri="sqlite:///unused.db",
+        )
+    assert calls == [
+        ("init", {"namespace": "ml"}),
+        ("cleanup", "nightly-run-3-9b1d0c2e"),
+        ("init", {}),
+        ("check", "nightly-run-3-9b1d0c2e"),
+    ]
     assert str(trained_as.value) == "nightly-run-3-9b1d0c2e"
-    assert summary == ("run nightly-run-3-9b1d0c2e (FAILED): deployment/nightly-run-3-9b1d0c2e-vllm, "
-                       "pytorchjob/nightly-run-3-9b1d0c2e")
+    assert summary == (
+        "run nightly-run-3-9b1d0c2e (FAILED): deployment/nightly-run-3-9b1d0c2e-vllm, pytorchjob/nightly-run-3-9b1d0c2e"
+    )
 
 
 def test_two_runs_with_the_same_name_clean_up_only_their_own_staging(tmp_path):
@@ -82,8 +103,13 @@ def test_two_runs_with_the_same_name_clean_up_only_their_own_staging(tmp_path):
     first, second = "11111111-aaaa", "22222222-bbbb"
     for job in (first, second):
         (tmp_path / f"weekly-{job[:8]}" / "staging" / "dataset").mkdir(parents=True)
-    summary = cleanup.python_func(pipeline_status=_status(), launch_backend="local", run_name="weekly",
-                                  pipeline_job_id=second, work_dir=str(tmp_path))
+    summary = cleanup.python_func(
+        pipeline_status=_status(),
+        launch_backend="local",
+        run_name="weekly",
+        pipeline_job_id=second,
+        work_dir=str(tmp_path),
+    )
     assert not (tmp_path / "weekly-22222222" / "staging").exists()
     assert (tmp_path / "weekly-11111111" / "staging" / "dataset").is_dir()
     assert summary == f"run weekly-22222222 (FAILED): {tmp_path / 'weekly-22222222' / 'staging'}"

@@ -30,22 +30,38 @@ def test_scores_with_vllm_logs_to_the_run_and_refuses_to_beat_a_better_champion(
         pass
     client = MlflowClient(uri)
     client.create_registered_model(NAME)
-    champion = client.create_model_version(NAME, source=str(tmp_path), run_id=run.info.run_id,
-                                           tags={"eval_reward": "0.99"})
+    champion = client.create_model_version(
+        NAME, source=str(tmp_path), run_id=run.info.run_id, tags={"eval_reward": "0.99"}
+    )
     client.set_registered_model_alias(NAME, "champion", champion.version)
 
     model = dsl.Model(uri=str(tmp_path / "model-artifact"), name="model")
     shutil.copytree(build_tiny_model(tmp_path / "tiny", seed=0), model.path)
     data = dsl.Dataset(uri=str(tmp_path / "dataset-artifact"), name="dataset", metadata={})
     prepare_dataset.python_func(dataset_uri="builtin:reverse", dataset=data)
-    config = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=3, eval_num_prompts=8, num_generations_eval=2,
-                        max_completion_length=8, reward_num_workers=1, mlflow_tracking_uri=uri)
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        eval_num_prompts=8,
+        num_generations_eval=2,
+        max_completion_length=8,
+        reward_num_workers=1,
+        mlflow_tracking_uri=uri,
+    )
     metrics = dsl.Metrics(uri=str(tmp_path / "metrics"), name="metrics", metadata={})
     before = child_pids()
 
-    passed = evaluate.python_func(model=model, dataset=data, mlflow_run_id=run.info.run_id, tracking_uri=uri,
-                                  resolved_config=dump_config(config), metrics=metrics,
-                                  registered_model_name=NAME, min_eval_reward=0.0, require_improvement=True)
+    passed = evaluate.python_func(
+        model=model,
+        dataset=data,
+        mlflow_run_id=run.info.run_id,
+        tracking_uri=uri,
+        resolved_config=dump_config(config),
+        metrics=metrics,
+        registered_model_name=NAME,
+        min_eval_reward=0.0,
+        require_improvement=True,
+    )
 
     assert passed is False
     assert child_pids() - before == set(), "vLLM or reward workers left running"
@@ -69,25 +85,44 @@ def _artifacts(tmp_path):
     return model, data
 
 
-@pytest.mark.parametrize("launch_backend, options, env, message", [
-    ("kubernetes", {"reward_image": "docker.io/evil/reward:latest"}, {}, "reward_image='docker.io/evil/reward:latest'"),
-    ("kubernetes", {}, {}, "vllm_extra_args: flag '--trust-remote-code' is not allowed"),
-    ("local", {}, {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, "launch_backend='local' inside a cluster pod"),
-])
-def test_the_policy_refuses_before_vllm_or_reward_code_starts(tmp_path, monkeypatch, child_pids, launch_backend,
-                                                              options, env, message):
+@pytest.mark.parametrize(
+    "launch_backend, options, env, message",
+    [
+        (
+            "kubernetes",
+            {"reward_image": "docker.io/evil/reward:latest"},
+            {},
+            "reward_image='docker.io/evil/reward:latest'",
+        ),
+        ("kubernetes", {}, {}, "vllm_extra_args: flag '--trust-remote-code' is not allowed"),
+        ("local", {}, {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, "launch_backend='local' inside a cluster pod"),
+    ],
+)
+def test_the_policy_refuses_before_vllm_or_reward_code_starts(
+    tmp_path, monkeypatch, child_pids, launch_backend, options, env, message
+):
     """On a cluster the reward functions run in a pod without credentials, after the policy said yes."""
     monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(tmp_path / "policy.yaml"))
     (tmp_path / "policy.yaml").write_text("{}\n")  # the built-in defaults
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     model, data = _artifacts(tmp_path)
-    config = GRPOConfig(output_dir=str(tmp_path / "run"), vllm_extra_args=["--trust-remote-code"] if not options
-                        else [], mlflow_tracking_uri="http://mlflow:5000")
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        vllm_extra_args=["--trust-remote-code"] if not options else [],
+        mlflow_tracking_uri="http://mlflow:5000",
+    )
     before = child_pids()
     with pytest.raises(ValueError, match=message):
-        evaluate.python_func(model=model, dataset=data, mlflow_run_id="r", tracking_uri="http://mlflow:5000",
-                             resolved_config=dump_config(config), metrics=dsl.Metrics(uri=str(tmp_path / "m"),
-                                                                                      name="metrics", metadata={}),
-                             launch_backend=launch_backend, backend_options=options, run_name="run-1")
+        evaluate.python_func(
+            model=model,
+            dataset=data,
+            mlflow_run_id="r",
+            tracking_uri="http://mlflow:5000",
+            resolved_config=dump_config(config),
+            metrics=dsl.Metrics(uri=str(tmp_path / "m"), name="metrics", metadata={}),
+            launch_backend=launch_backend,
+            backend_options=options,
+            run_name="run-1",
+        )
     assert child_pids() - before == set()

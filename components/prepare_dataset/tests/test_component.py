@@ -58,11 +58,18 @@ def test_explicit_eval_file_is_used_whole(tmp_path):
 
 
 def test_conversational_prompts_pass_with_a_chat_template(tmp_path):
-    rows = [{"prompt": [{"role": "user", "content": f"reverse {w}"}], "answer": w[::-1]} for w in ("abc", "hello", "xyz")]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"reverse {w}"}], "answer": w[::-1]} for w in ("abc", "hello", "xyz")
+    ]
     path = _write_jsonl(tmp_path / "chat.jsonl", rows)
 
-    result = prepare_dataset.python_func(dataset_uri=str(path), dataset=_artifact(tmp_path), eval_fraction=0.34,
-                                         model_name_or_path="builtin:tiny", max_prompt_length=64)
+    result = prepare_dataset.python_func(
+        dataset_uri=str(path),
+        dataset=_artifact(tmp_path),
+        eval_fraction=0.34,
+        model_name_or_path="builtin:tiny",
+        max_prompt_length=64,
+    )
 
     assert result.prompt_format == "conversational"
 
@@ -76,8 +83,12 @@ def test_conversational_prompts_fail_without_a_chat_template(tmp_path):
     path = _write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "hi"}]}] * 4)
 
     with pytest.raises(ValueError, match="no chat_template"):
-        prepare_dataset.python_func(dataset_uri=str(path), dataset=_artifact(tmp_path), eval_fraction=0.25,
-                                    model_name_or_path=str(tmp_path / "no-template"))
+        prepare_dataset.python_func(
+            dataset_uri=str(path),
+            dataset=_artifact(tmp_path),
+            eval_fraction=0.25,
+            model_name_or_path=str(tmp_path / "no-template"),
+        )
 
 
 def test_missing_prompt_column_names_the_fix(tmp_path):
@@ -91,8 +102,13 @@ def test_every_prompt_too_long_fails_before_training(tmp_path):
     path = _write_jsonl(tmp_path / "long.jsonl", [{"prompt": "x" * 50}] * 10)
 
     with pytest.raises(ValueError, match="max_prompt_length=8"):
-        prepare_dataset.python_func(dataset_uri=str(path), dataset=_artifact(tmp_path), eval_fraction=0.2,
-                                    model_name_or_path="builtin:tiny", max_prompt_length=8)
+        prepare_dataset.python_func(
+            dataset_uri=str(path),
+            dataset=_artifact(tmp_path),
+            eval_fraction=0.2,
+            model_name_or_path="builtin:tiny",
+            max_prompt_length=8,
+        )
 
 
 def test_bad_eval_fraction_without_eval_set(tmp_path):

@@ -39,18 +39,29 @@ def _metrics(tmp_path, reward: float | None) -> dsl.Metrics:
 
 
 def _model(tmp_path) -> dsl.Model:
-    return dsl.Model(uri=str(tmp_path / "model"), name="model",
-                     metadata={"run_name": "run-a", "base_model": "builtin:tiny"})
+    return dsl.Model(
+        uri=str(tmp_path / "model"), name="model", metadata={"run_name": "run-a", "base_model": "builtin:tiny"}
+    )
 
 
 def test_registers_versions_and_moves_the_champion_alias(tmp_path, store):
     uri, _ = store
     first_run, second_run = _training_run(tmp_path, store), _training_run(tmp_path, store)
 
-    first = register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.25),
-                                       mlflow_run_id=first_run, tracking_uri=uri, registered_model_name=NAME)
-    second = register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.5),
-                                        mlflow_run_id=second_run, tracking_uri=uri, registered_model_name=NAME)
+    first = register_model.python_func(
+        model=_model(tmp_path),
+        metrics=_metrics(tmp_path, 0.25),
+        mlflow_run_id=first_run,
+        tracking_uri=uri,
+        registered_model_name=NAME,
+    )
+    second = register_model.python_func(
+        model=_model(tmp_path),
+        metrics=_metrics(tmp_path, 0.5),
+        mlflow_run_id=second_run,
+        tracking_uri=uri,
+        registered_model_name=NAME,
+    )
 
     assert (first.model_version, second.model_version) == ("1", "2")
     assert second.model_uri == f"models:/{NAME}/2"
@@ -72,8 +83,13 @@ def test_the_registered_transformers_model_loads_and_generates(tmp_path, store):
     with mlflow.start_run(experiment_id=exp_id) as run:
         info = log_transformers_model(build_tiny_model(tmp_path / "final-model", seed=0))
         mlflow.set_tag(MODEL_URI_TAG, info.model_uri)
-    out = register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.5),
-                                     mlflow_run_id=run.info.run_id, tracking_uri=uri, registered_model_name=NAME)
+    out = register_model.python_func(
+        model=_model(tmp_path),
+        metrics=_metrics(tmp_path, 0.5),
+        mlflow_run_id=run.info.run_id,
+        tracking_uri=uri,
+        registered_model_name=NAME,
+    )
     version = MlflowClient(uri).get_model_version(NAME, out.model_version)
     assert version.source == info.model_uri and info.signature is not None  # MLflow's llm/v1/completions schema
     pipe = mlflow.transformers.load_model(out.model_uri)
@@ -87,14 +103,23 @@ def test_a_run_without_model_artifact_is_refused(tmp_path, store):
     uri, _ = store
     run_id = _training_run(tmp_path, store, with_model=False)
     with pytest.raises(FileNotFoundError, match="logged no model"):
-        register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, 0.5), mlflow_run_id=run_id,
-                                   tracking_uri=uri, registered_model_name=NAME)
+        register_model.python_func(
+            model=_model(tmp_path),
+            metrics=_metrics(tmp_path, 0.5),
+            mlflow_run_id=run_id,
+            tracking_uri=uri,
+            registered_model_name=NAME,
+        )
     assert MlflowClient(uri).search_model_versions(f"name = '{NAME}'") == []
 
 
 def test_metrics_without_eval_reward_are_refused(tmp_path, store):
     uri, _ = store
     with pytest.raises(ValueError, match="no eval_reward"):
-        register_model.python_func(model=_model(tmp_path), metrics=_metrics(tmp_path, None),
-                                   mlflow_run_id=_training_run(tmp_path, store), tracking_uri=uri,
-                                   registered_model_name=NAME)
+        register_model.python_func(
+            model=_model(tmp_path),
+            metrics=_metrics(tmp_path, None),
+            mlflow_run_id=_training_run(tmp_path, store),
+            tracking_uri=uri,
+            registered_model_name=NAME,
+        )

@@ -20,7 +20,9 @@ from async_grpo.config import ConfigError, GRPOConfig
 from async_grpo.launch.base import LaunchResult
 from components.train_grpo.component import train_grpo
 
-BASE_YAML = "max_steps: 5\nlearning_rate: 0.1\ntorch_num_threads: 1\nnum_generations: 4\nper_device_train_batch_size: 8\n"
+BASE_YAML = (
+    "max_steps: 5\nlearning_rate: 0.1\ntorch_num_threads: 1\nnum_generations: 4\nper_device_train_batch_size: 8\n"
+)
 
 
 class RecordingBackend:
@@ -43,7 +45,9 @@ class RecordingBackend:
         assert self.checked is config, "the policy must be checked before the launch"
         self.launches.append((config, timeout_s))
         mlflow.set_tracking_uri(config.tracking_uri)
-        mlflow.set_experiment(config.tracking.mlflow_experiment_name)  # not whatever experiment an earlier test left active
+        mlflow.set_experiment(
+            config.tracking.mlflow_experiment_name
+        )  # not whatever experiment an earlier test left active
         with mlflow.start_run(run_name=config.tracking.run_name) as run:
             mlflow.log_param("max_steps", config.optim.max_steps)
         model_dir = Path(config.output_dir) / "final-model"
@@ -51,8 +55,12 @@ class RecordingBackend:
             model_dir.mkdir(parents=True)
             (model_dir / "config.json").write_text("{}")
             (model_dir / "model.safetensors").write_bytes(b"weights")
-        return LaunchResult(run.info.run_id, config.tracking_uri, str(model_dir) if self.save_checkpoint else None,
-                            {"after/eval/reward": 0.5})
+        return LaunchResult(
+            run.info.run_id,
+            config.tracking_uri,
+            str(model_dir) if self.save_checkpoint else None,
+            {"after/eval/reward": 0.5},
+        )
 
 
 @pytest.fixture
@@ -68,8 +76,9 @@ def backend_module(monkeypatch):
 def _dataset(tmp_path, source: str) -> dsl.Dataset:
     art = dsl.Dataset(uri=str(tmp_path / "artifacts" / "dataset"), name="dataset", metadata={"source": source})
     rows = {"prompt": ["reverse: abc\n", "reverse: hello\n"], "answer": ["cba", "olleh"]}
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
-                          "eval": datasets.Dataset.from_dict(rows)}).save_to_disk(art.path)
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict(rows), "eval": datasets.Dataset.from_dict(rows)}
+    ).save_to_disk(art.path)
     return art
 
 
@@ -88,7 +97,7 @@ def test_precedence_staging_and_outputs(tmp_path, backend_module):
     )  # fmt: skip
 
     (backend,) = backend_module
-    (config, timeout_s), = backend.launches
+    ((config, timeout_s),) = backend.launches
     assert backend.options == {"namespace": "ml"} and timeout_s == 123.0
     assert config.optim.max_steps == 7  # the typed knob beats config_yaml
     assert config.optim.learning_rate == 0.01  # extra_overrides beat both
@@ -110,12 +119,17 @@ def test_precedence_staging_and_outputs(tmp_path, backend_module):
 
 def test_a_file_dataset_is_trained_from_the_staged_copy(tmp_path, backend_module):
     work = tmp_path / "work"
-    train_grpo.python_func(dataset=_dataset(tmp_path, "/data/prompts.jsonl"), model=_model(tmp_path),
-                           config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(work),
-                           pipeline_job_name="grpo-pipeline-20260101",
-                           mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    train_grpo.python_func(
+        dataset=_dataset(tmp_path, "/data/prompts.jsonl"),
+        model=_model(tmp_path),
+        config_yaml=BASE_YAML,
+        launch_backend="kubernetes",
+        work_dir=str(work),
+        pipeline_job_name="grpo-pipeline-20260101",
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
 
-    (config, _), = backend_module[0].launches
+    ((config, _),) = backend_module[0].launches
     staged = str(work / "grpo-pipeline-20260101" / "staging" / "dataset")
     assert config.data.dataset == staged and config.data.eval_dataset == staged
 
@@ -123,14 +137,26 @@ def test_a_file_dataset_is_trained_from_the_staged_copy(tmp_path, backend_module
 def test_cluster_secret_uri_applies_only_when_nothing_else_is_set(tmp_path, backend_module, monkeypatch):
     secret_uri = f"sqlite:///{tmp_path / 'from-secret.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", secret_uri)
-    out = train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path),
-                                 config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w"))
-    assert backend_module[0].launches[0][0].tracking.mlflow_tracking_uri == secret_uri and out.tracking_uri == secret_uri
+    out = train_grpo.python_func(
+        dataset=_dataset(tmp_path, "builtin:reverse"),
+        model=_model(tmp_path),
+        config_yaml=BASE_YAML,
+        launch_backend="kubernetes",
+        work_dir=str(tmp_path / "w"),
+    )
+    assert (
+        backend_module[0].launches[0][0].tracking.mlflow_tracking_uri == secret_uri and out.tracking_uri == secret_uri
+    )
 
     explicit = f"sqlite:///{tmp_path / 'explicit.db'}"
-    train_grpo.python_func(dataset=_dataset(tmp_path / "2", "builtin:reverse"), model=_model(tmp_path / "2"),
-                           config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w2"),
-                           mlflow_tracking_uri=explicit)
+    train_grpo.python_func(
+        dataset=_dataset(tmp_path / "2", "builtin:reverse"),
+        model=_model(tmp_path / "2"),
+        config_yaml=BASE_YAML,
+        launch_backend="kubernetes",
+        work_dir=str(tmp_path / "w2"),
+        mlflow_tracking_uri=explicit,
+    )
     assert backend_module[1].launches[0][0].tracking.mlflow_tracking_uri == explicit
 
 
@@ -157,13 +183,23 @@ def test_the_local_backend_is_refused_inside_a_cluster_pod(tmp_path, backend_mod
     monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(tmp_path / "policy.yaml"))
     (tmp_path / "policy.yaml").write_text("user_code_with_credentials: false\n")
     with pytest.raises(ValueError, match="launch_backend='local' inside a cluster pod"):
-        train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path),
-                               config_yaml=BASE_YAML, launch_backend="local", work_dir=str(tmp_path / "w"))
+        train_grpo.python_func(
+            dataset=_dataset(tmp_path, "builtin:reverse"),
+            model=_model(tmp_path),
+            config_yaml=BASE_YAML,
+            launch_backend="local",
+            work_dir=str(tmp_path / "w"),
+        )
 
 
 def test_a_run_without_checkpoint_is_an_error(tmp_path, backend_module, monkeypatch):
     monkeypatch.setattr(RecordingBackend, "save_checkpoint", False)
     with pytest.raises(RuntimeError, match="no HF checkpoint"):
-        train_grpo.python_func(dataset=_dataset(tmp_path, "builtin:reverse"), model=_model(tmp_path),
-                               config_yaml=BASE_YAML, launch_backend="kubernetes", work_dir=str(tmp_path / "w"),
-                               mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        train_grpo.python_func(
+            dataset=_dataset(tmp_path, "builtin:reverse"),
+            model=_model(tmp_path),
+            config_yaml=BASE_YAML,
+            launch_backend="kubernetes",
+            work_dir=str(tmp_path / "w"),
+            mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        )

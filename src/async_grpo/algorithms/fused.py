@@ -68,8 +68,9 @@ def _liger_world_size() -> int:
 
 
 @torch.no_grad()
-def detached_completion_logps(hidden: Tensor, lm_head: torch.nn.Module, completion_ids: Tensor,
-                              temperature: float = 1.0) -> Tensor:
+def detached_completion_logps(
+    hidden: Tensor, lm_head: torch.nn.Module, completion_ids: Tensor, temperature: float = 1.0
+) -> Tensor:
     """Per-token logprobs of `completion_ids` under `lm_head(hidden) / temperature`, without gradient.
 
     Computed a block of positions at a time so that at most 2**24 logits are alive, the same
@@ -88,8 +89,9 @@ def detached_completion_logps(hidden: Tensor, lm_head: torch.nn.Module, completi
         ValueError: hidden and completion_ids disagree on (N, T), or temperature <= 0.
     """
     if hidden.dim() != 3 or hidden.shape[:2] != completion_ids.shape:
-        raise ValueError(f"hidden {tuple(hidden.shape)} must be (N, T, H) with (N, T) = completion_ids "
-                         f"{tuple(completion_ids.shape)}")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} must be (N, T, H) with (N, T) = completion_ids {tuple(completion_ids.shape)}"
+        )
     if not temperature > 0:
         raise ValueError(f"temperature={temperature} must be > 0")
     n, t, _ = hidden.shape
@@ -166,12 +168,16 @@ def fused_grpo_loss(
             "use_liger_kernel=False."
         )
     if hidden.dim() != 3 or hidden.shape[:2] != completion_ids.shape:
-        raise ValueError(f"hidden {tuple(hidden.shape)} must be (N, T, H) with (N, T) = completion_ids "
-                         f"{tuple(completion_ids.shape)}. Fix: pass last_hidden_state[:, -(T + 1):-1].")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} must be (N, T, H) with (N, T) = completion_ids "
+            f"{tuple(completion_ids.shape)}. Fix: pass last_hidden_state[:, -(T + 1):-1]."
+        )
     weight = lm_head.weight
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
-        raise ValueError(f"lm_head.weight {tuple(weight.shape)} must be (V, H) with H = {hidden.shape[2]}. "
-                         "Fix: pass model.get_output_embeddings().")
+        raise ValueError(
+            f"lm_head.weight {tuple(weight.shape)} must be (V, H) with H = {hidden.shape[2]}. "
+            "Fix: pass model.get_output_embeddings()."
+        )
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1 (completions per liger chunk).")
 

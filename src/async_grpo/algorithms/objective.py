@@ -144,9 +144,13 @@ class LossSettings:
         Raises:
             ValueError: the message starts with ``field=value`` and ends with ``Fix: ...``.
         """
-        for name, choices in (("loss_type", LOSS_TYPES), ("importance_sampling_level", IS_LEVELS),
-                              ("vllm_importance_sampling_mode", IS_MODES), ("off_policy_clip", OFF_POLICY_CLIPS),
-                              ("kl_bias_correction_ratio", KL_RATIOS)):
+        for name, choices in (
+            ("loss_type", LOSS_TYPES),
+            ("importance_sampling_level", IS_LEVELS),
+            ("vllm_importance_sampling_mode", IS_MODES),
+            ("off_policy_clip", OFF_POLICY_CLIPS),
+            ("kl_bias_correction_ratio", KL_RATIOS),
+        ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}. Fix: pick one of them.")
         cap, clip_min = self.vllm_importance_sampling_cap, self.vllm_importance_sampling_clip_min
@@ -154,33 +158,64 @@ class LossSettings:
             ("epsilon", self.epsilon >= 0, "must be >= 0. Fix: use e.g. 0.2"),
             ("epsilon_high", self.epsilon_high >= 0, "must be >= 0. Fix: use e.g. 0.28 (DAPO)"),
             ("beta", self.beta >= 0, "must be >= 0. Fix: use 0 (no KL) or e.g. 0.04"),
-            ("delta", self.delta is None or self.delta > 1,
-             "must be > 1. Fix: use a value above 1 + epsilon (TRL's advice; INTELLECT-2 uses 4), or None"),
-            ("off_policy_mask_threshold", self.off_policy_mask_threshold is None or self.off_policy_mask_threshold > 0,
-             "must be > 0 (nats per token). Fix: use e.g. 0.5, or None to disable OPSM"),
+            (
+                "delta",
+                self.delta is None or self.delta > 1,
+                "must be > 1. Fix: use a value above 1 + epsilon (TRL's advice; INTELLECT-2 uses 4), or None",
+            ),
+            (
+                "off_policy_mask_threshold",
+                self.off_policy_mask_threshold is None or self.off_policy_mask_threshold > 0,
+                "must be > 0 (nats per token). Fix: use e.g. 0.5, or None to disable OPSM",
+            ),
             ("sapo_temperature_pos", self.sapo_temperature_pos > 0, "must be > 0. Fix: use TRL's 1.0"),
             ("sapo_temperature_neg", self.sapo_temperature_neg > 0, "must be > 0. Fix: use TRL's 1.05"),
             ("max_completion_length", self.max_completion_length >= 1, "must be >= 1. Fix: set the generation limit"),
             ("vllm_importance_sampling_cap", cap > 0, "must be > 0. Fix: use TRL's 3.0"),
-            ("vllm_importance_sampling_clip_min", clip_min is None or 0 <= clip_min < cap,
-             f"must be in [0, vllm_importance_sampling_cap={cap}). Fix: lower it, raise the cap, or use None"),
-            ("top_entropy_quantile", 0 <= self.top_entropy_quantile <= 1,
-             "must be in [0, 1]. Fix: use 1.0 (every token) or the paper's 0.2"),
+            (
+                "vllm_importance_sampling_clip_min",
+                clip_min is None or 0 <= clip_min < cap,
+                f"must be in [0, vllm_importance_sampling_cap={cap}). Fix: lower it, raise the cap, or use None",
+            ),
+            (
+                "top_entropy_quantile",
+                0 <= self.top_entropy_quantile <= 1,
+                "must be in [0, 1]. Fix: use 1.0 (every token) or the paper's 0.2",
+            ),
             ("temperature", self.temperature > 0, "must be > 0. Fix: use the sampling temperature, e.g. 1.0"),
-            ("seq_logprob_error_threshold", self.seq_logprob_error_threshold is None or
-             self.seq_logprob_error_threshold > 1, "must be > 1 (a ratio of probabilities). Fix: e.g. 2.0, or None"),
-            ("epsilon_high", self.loss_type != "cispo" or self.epsilon_high >= 1,
-             "must be >= 1 with loss_type='cispo': it caps the ratio itself (eps_max, ScaleRL arXiv 2510.13786), so "
-             "every on-policy ratio of 1 would be clamped. Fix: use e.g. 5.0 (ScaleRL's and TRL's recommendation)"),
-            ("importance_sampling_level", not (self.use_liger_kernel and self.importance_sampling_level == "sequence"
-                                               and self.loss_type in ("cispo", "sapo")),
-             f"is not available with use_liger_kernel and loss_type={self.loss_type!r} (liger-kernel "
-             f"{LIGER_VERSION}). Fix: use importance_sampling_level='token' or use_liger_kernel=False"),
-            ("kl_bias_correction_ratio", not (self.use_liger_kernel and self.beta > 0 and self.off_policy_clip ==
-                                              "current" and self.kl_bias_correction_ratio == "sampler"),
-             "is not available with use_liger_kernel (liger corrects the KL by pi_theta / pi_old only). Fix: use "
-             "off_policy_clip='behaviour' (then pi_old is the sampler), kl_bias_correction_ratio='old', or "
-             "use_liger_kernel=False"),
+            (
+                "seq_logprob_error_threshold",
+                self.seq_logprob_error_threshold is None or self.seq_logprob_error_threshold > 1,
+                "must be > 1 (a ratio of probabilities). Fix: e.g. 2.0, or None",
+            ),
+            (
+                "epsilon_high",
+                self.loss_type != "cispo" or self.epsilon_high >= 1,
+                "must be >= 1 with loss_type='cispo': it caps the ratio itself (eps_max, ScaleRL arXiv 2510.13786), so "
+                "every on-policy ratio of 1 would be clamped. Fix: use e.g. 5.0 (ScaleRL's and TRL's recommendation)",
+            ),
+            (
+                "importance_sampling_level",
+                not (
+                    self.use_liger_kernel
+                    and self.importance_sampling_level == "sequence"
+                    and self.loss_type in ("cispo", "sapo")
+                ),
+                f"is not available with use_liger_kernel and loss_type={self.loss_type!r} (liger-kernel "
+                f"{LIGER_VERSION}). Fix: use importance_sampling_level='token' or use_liger_kernel=False",
+            ),
+            (
+                "kl_bias_correction_ratio",
+                not (
+                    self.use_liger_kernel
+                    and self.beta > 0
+                    and self.off_policy_clip == "current"
+                    and self.kl_bias_correction_ratio == "sampler"
+                ),
+                "is not available with use_liger_kernel (liger corrects the KL by pi_theta / pi_old only). Fix: use "
+                "off_policy_clip='behaviour' (then pi_old is the sampler), kl_bias_correction_ratio='old', or "
+                "use_liger_kernel=False",
+            ),
         )
         for name, holds, requirement in checks:
             if not holds:
@@ -248,12 +283,18 @@ class GRPOObjective:
 
     def __init__(self, settings: LossSettings):
         self.settings = settings
-        if settings.importance_sampling_level == "sequence" and settings.loss_type in ("bnpo", "dr_grpo", "dapo",
-                                                                                       "cispo"):
+        if settings.importance_sampling_level == "sequence" and settings.loss_type in (
+            "bnpo",
+            "dr_grpo",
+            "dapo",
+            "cispo",
+        ):
             logger.warning(  # TRL 1.16 GRPOTrainer warns the same
                 "importance_sampling_level='sequence' with loss_type=%r sums per-token contributions, which weights "
                 "each sequence by its completion length instead of optimizing the per-sequence objective. To reproduce "
-                "the GSPO paper's setup, set loss_type='grpo'.", settings.loss_type)
+                "the GSPO paper's setup, set loss_type='grpo'.",
+                settings.loss_type,
+            )
 
     @property
     def needs_reference(self) -> bool:
@@ -301,8 +342,14 @@ class GRPOObjective:
             out["policy_loss"] /= max(num_items_in_batch, 1.0)
         return out
 
-    def micro_batch_loss(self, inputs: MicroBatchInputs, *, num_items_in_batch: Tensor | float | int | None,
-                         gradient_accumulation_steps: float = 1, num_processes: int = 1) -> MicroBatchLoss:
+    def micro_batch_loss(
+        self,
+        inputs: MicroBatchInputs,
+        *,
+        num_items_in_batch: Tensor | float | int | None,
+        gradient_accumulation_steps: float = 1,
+        num_processes: int = 1,
+    ) -> MicroBatchLoss:
         """The loss and metrics of one micro-batch.
 
         Args:
@@ -337,7 +384,11 @@ class GRPOObjective:
         is_weights = None
         if s.vllm_importance_sampling_correction:
             is_weights, is_metrics = importance_sampling_weights(
-                old, sampling_logps, mask, s.vllm_importance_sampling_mode, s.vllm_importance_sampling_cap,
+                old,
+                sampling_logps,
+                mask,
+                s.vllm_importance_sampling_mode,
+                s.vllm_importance_sampling_cap,
                 s.vllm_importance_sampling_clip_min,
             )  # (B, T)
             metrics.update(is_metrics)  # logged in both modes: how far the sampler drifted from pi_old
@@ -352,16 +403,26 @@ class GRPOObjective:
         )  # fmt: skip
         if s.use_liger_kernel:
             if inputs.hidden is None or inputs.lm_head is None or inputs.completion_ids is None:
-                raise ValueError("use_liger_kernel=True needs MicroBatchInputs.hidden, lm_head and completion_ids "
-                                 "(the fused loss applies the LM head itself). Fix: pass them when "
-                                 "objective.wants_hidden_states.")
+                raise ValueError(
+                    "use_liger_kernel=True needs MicroBatchInputs.hidden, lm_head and completion_ids "
+                    "(the fused loss applies the LM head itself). Fix: pass them when "
+                    "objective.wants_hidden_states."
+                )
             fused_old = ratio_old if s.off_policy_clip == "behaviour" else inputs.old_logps
-            output = fused_grpo_loss(inputs.hidden, inputs.lm_head, inputs.completion_ids, mask, inputs.advantages,
-                                     fused_old, s, current_logps=inputs.logps, **per_call)
+            output = fused_grpo_loss(
+                inputs.hidden,
+                inputs.lm_head,
+                inputs.completion_ids,
+                mask,
+                inputs.advantages,
+                fused_old,
+                s,
+                current_logps=inputs.logps,
+                **per_call,
+            )
         else:
             kl_ratio = behaviour if s.kl_bias_correction_ratio == "sampler" else None
-            output = grpo_loss(inputs.logps, ratio_old, inputs.advantages, mask, s, kl_ratio_logps=kl_ratio,
-                               **per_call)
+            output = grpo_loss(inputs.logps, ratio_old, inputs.advantages, mask, s, kl_ratio_logps=kl_ratio, **per_call)
         metrics.update(output.metrics)
         if s.seq_logprob_error_threshold is not None:
             metrics.update(mismatch)

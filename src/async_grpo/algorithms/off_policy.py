@@ -175,8 +175,9 @@ def off_policy_mask(
 # --------------------------------------------------------------------------------------------------
 
 
-def seq_logprob_error_mask(old_logps: Tensor, sampling_logps: Tensor, mask: Tensor,
-                           threshold: float | None) -> tuple[Tensor | None, dict[str, float]]:
+def seq_logprob_error_mask(
+    old_logps: Tensor, sampling_logps: Tensor, mask: Tensor, threshold: float | None
+) -> tuple[Tensor | None, dict[str, float]]:
     """NeMo RL's sequence multiplicative probability error and its mask.
 
     ``e_i = sum_t m_it exp(|old_it - sampling_it|) / sum_t m_it`` (NeMo RL ``seq_mult_prob_error``: the mean over
@@ -200,8 +201,10 @@ def seq_logprob_error_mask(old_logps: Tensor, sampling_logps: Tensor, mask: Tens
     gap = torch.where(valid, (old_logps.detach() - sampling_logps).abs(), torch.zeros_like(old_logps))
     tokens = valid.sum(-1)
     error = torch.where(tokens > 0, (gap.exp() * valid).sum(-1) / tokens.clamp(min=1), torch.ones_like(gap[:, 0]))
-    metrics = {"sampling/seq_mult_prob_error/mean": float(error.mean()) if error.numel() else 1.0,
-               "sampling/seq_mult_prob_error/max": float(error.max()) if error.numel() else 1.0}
+    metrics = {
+        "sampling/seq_mult_prob_error/mean": float(error.mean()) if error.numel() else 1.0,
+        "sampling/seq_mult_prob_error/max": float(error.max()) if error.numel() else 1.0,
+    }
     if threshold is None:
         return None, metrics
     keep = error <= threshold

@@ -17,28 +17,41 @@ class CheckpointConfig(Section):
 
     save_model: bool = Field(True, description="Save the final HF checkpoint and log it to MLflow.")
     save_steps: int | float = Field(
-        0, ge=0, description="Write a resumable checkpoint `<output_dir>/checkpoint-<step>/` every this many "
+        0,
+        ge=0,
+        description="Write a resumable checkpoint `<output_dir>/checkpoint-<step>/` every this many "
         "optimizer steps (HF TrainingArguments `save_steps`); below 1 it is a fraction of max_steps (HF); 0 (or "
         "None) writes none. A checkpoint holds the policy (HF folder `model/`), optimizer and scheduler, RNGs, the "
-        "prompt sampler's position, replay / re-roll state, counters and the MLflow run id.")
+        "prompt sampler's position, replay / re-roll state, counters and the MLflow run id.",
+    )
     save_total_limit: int | None = Field(
-        None, ge=1, description="Keep only the newest this-many `checkpoint-<step>` folders (HF TrainingArguments "
-        "`save_total_limit`); older ones are deleted only after the new one is complete. None keeps all.")
+        None,
+        ge=1,
+        description="Keep only the newest this-many `checkpoint-<step>` folders (HF TrainingArguments "
+        "`save_total_limit`); older ones are deleted only after the new one is complete. None keeps all.",
+    )
     resume_from_checkpoint: bool | str | None = Field(
-        None, description="Resume a run (HF TrainingArguments `resume_from_checkpoint`): a checkpoint folder, or "
+        None,
+        description="Resume a run (HF TrainingArguments `resume_from_checkpoint`): a checkpoint folder, or "
         "true for the newest complete `checkpoint-<step>` in output_dir. Unlike HF, true with no checkpoint there "
         "starts fresh (logged), so a restarted pod's first start works; a folder that does not exist is an error. "
-        "The run continues the checkpoint's MLflow run, step, policy version and prompt order. None/false: fresh.")
+        "The run continues the checkpoint's MLflow run, step, policy version and prompt order. None/false: fresh.",
+    )
     checkpoint_on_signal: bool = Field(
-        True, description="On SIGTERM or SIGINT (pod eviction, Ctrl-C, KFP cancel) let the current optimizer step "
+        True,
+        description="On SIGTERM or SIGINT (pod eviction, Ctrl-C, KFP cancel) let the current optimizer step "
         "end, write a checkpoint, then stop with the MLflow run KILLED (HF TrainingArguments "
         "`enable_jit_checkpoint` does this for the HF Trainer). The same checkpoint is written when the run fails "
         "because a dependency stayed down (reward_failure_timeout_s, max_inference_restarts). False: stop at once, "
-        "no checkpoint.")
+        "no checkpoint.",
+    )
     checkpoint_signal_grace_s: float = Field(
-        60.0, gt=0.0, description="Seconds a stop signal leaves for the checkpoint: the Kubernetes pod's "
+        60.0,
+        gt=0.0,
+        description="Seconds a stop signal leaves for the checkpoint: the Kubernetes pod's "
         "terminationGracePeriodSeconds is this plus a margin. A step still running after half of it is abandoned "
-        "(no checkpoint then: the newest periodic one stays the resume point).")
+        "(no checkpoint then: the newest periodic one stays the resume point).",
+    )
 
     @field_validator("save_steps", mode="before")
     @classmethod

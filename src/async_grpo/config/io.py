@@ -37,8 +37,10 @@ def _field(key: str) -> FieldRef:
     """
     ref = lookup_field(key)
     if ref is None:
-        raise ConfigError(f"override {key!r}: unknown config field. Fix: check the spelling (see "
-                          f"`async-grpo train --help`){did_you_mean(key)}")
+        raise ConfigError(
+            f"override {key!r}: unknown config field. Fix: check the spelling (see "
+            f"`async-grpo train --help`){did_you_mean(key)}"
+        )
     return ref
 
 
@@ -101,16 +103,20 @@ def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {str(path)!r} cannot be read ({err}). Fix: check its permissions and "
-                          "that it is a UTF-8 text file.") from None
+        raise ConfigError(
+            f"config file {str(path)!r} cannot be read ({err}). Fix: check its permissions and "
+            "that it is a UTF-8 text file."
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {problem}. Fix: correct the "
-                          "syntax there (indentation, a missing ':' or an unclosed quote or bracket).") from None
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid YAML{where}: {problem}. Fix: correct the "
+            "syntax there (indentation, a missing ':' or an unclosed quote or bracket)."
+        ) from None
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> GRPOConfig:
@@ -127,14 +133,20 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist. Fix: pass a YAML file such as examples/tiny_cpu.yaml.")
+            raise ConfigError(
+                f"config file {str(p)!r} does not exist. Fix: pass a YAML file such as examples/tiny_cpu.yaml."
+            )
         loaded = _read_yaml(p)
         if loaded is None:
-            raise ConfigError(f"config file {str(p)!r} is empty. Fix: give at least the fields you change, e.g. "
-                              "`dataset: builtin:reverse` (examples/tiny_cpu.yaml is a complete one).")
+            raise ConfigError(
+                f"config file {str(p)!r} is empty. Fix: give at least the fields you change, e.g. "
+                "`dataset: builtin:reverse` (examples/tiny_cpu.yaml is a complete one)."
+            )
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a YAML mapping of field: value (it holds a "
-                              f"{type(loaded).__name__}). Fix: write one `field: value` per line.")
+            raise ConfigError(
+                f"config file {str(p)!r} must hold a YAML mapping of field: value (it holds a "
+                f"{type(loaded).__name__}). Fix: write one `field: value` per line."
+            )
         data.update(loaded)
     for item in overrides or []:
         for ref, value in _parse_override(item):

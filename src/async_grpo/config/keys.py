@@ -141,8 +141,15 @@ def suggest(key: str) -> str | None:
         return ref.path
     from async_grpo.config.trl_names import IGNORED, PENDING, REFUSED
 
-    candidates = [*FIELDS, *ALIASES, *SECTIONS, *(ref.path for ref in FIELDS.values() if ref.section),
-                  *REFUSED, *IGNORED, *PENDING]
+    candidates = [
+        *FIELDS,
+        *ALIASES,
+        *SECTIONS,
+        *(ref.path for ref in FIELDS.values() if ref.section),
+        *REFUSED,
+        *IGNORED,
+        *PENDING,
+    ]
     matches = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     return matches[0] if matches else None
 

@@ -70,8 +70,9 @@ class GRPOConfig(RunFields):
         TRL-only names go through `trl_names.adapt_trl_keys` first (converted, refused with the reason, or
         accepted as no-ops). Input that is already in shape (only top-level fields and sections, as `validate_assignment`
         passes it) goes through untouched, so section instances are kept as they are."""
-        if isinstance(data, Mapping) and not all(key in cls.model_fields and _in_shape(key, value)
-                                                 for key, value in data.items()):  # also TRL's `optim: adamw_torch`
+        if isinstance(data, Mapping) and not all(
+            key in cls.model_fields and _in_shape(key, value) for key, value in data.items()
+        ):  # also TRL's `optim: adamw_torch`
             return nest_mapping(flatten_mapping(adapt_trl_keys(data, FIELDS)))
         return data
 
@@ -99,13 +100,18 @@ class GRPOConfig(RunFields):
                 "vllm_importance_sampling_clip_min must be below vllm_importance_sampling_cap. "
                 "Fix: lower clip_min or raise the cap."
             )
-        if loss.use_liger_kernel and loss.importance_sampling_level == "sequence" and loss.loss_type in ("cispo", "sapo"):
+        if (
+            loss.use_liger_kernel
+            and loss.importance_sampling_level == "sequence"
+            and loss.loss_type in ("cispo", "sapo")
+        ):
             raise ValueError(
                 f"use_liger_kernel: liger-kernel 0.8.5 has no sequence-level importance sampling for "
                 f"loss_type={loss.loss_type}. Fix: set use_liger_kernel=false or importance_sampling_level=token."
             )
-        if optim.fsdp and (optim.logprob_chunk_size is not None or loss.use_liger_kernel
-                           or optim.skip_zero_advantage_batches):
+        if optim.fsdp and (
+            optim.logprob_chunk_size is not None or loss.use_liger_kernel or optim.skip_zero_advantage_batches
+        ):
             raise ValueError(
                 "fsdp shards the LM head and runs the same passes on every rank, so it cannot combine with "
                 "logprob_chunk_size, use_liger_kernel or skip_zero_advantage_batches. Fix: unset those, or set "
@@ -135,8 +141,10 @@ class GRPOConfig(RunFields):
             if self.groups_per_step % k:
                 problems.append(f"groups_per_step={self.groups_per_step} is not a multiple of it")
             if (k * g) % optim.per_device_train_batch_size:
-                problems.append(f"a chunk of {k * g} completions is not a multiple of per_device_train_batch_size="
-                                f"{optim.per_device_train_batch_size} (micro-batches would straddle chunks)")
+                problems.append(
+                    f"a chunk of {k * g} completions is not a multiple of per_device_train_batch_size="
+                    f"{optim.per_device_train_batch_size} (micro-batches would straddle chunks)"
+                )
             if rewards.scale_rewards == "batch":
                 problems.append("scale_rewards=batch needs the whole step's rewards before any advantage")
             if rewards.multi_objective_aggregation == "normalize_then_sum":
@@ -150,12 +158,17 @@ class GRPOConfig(RunFields):
                     "streaming_min_groups."
                 )
         if producer.streaming_min_groups is not None and self.inference.resource_sharing == "time_slice":
-            raise ValueError("streaming_min_groups overlaps training with generation, and resource_sharing=time_slice "
-                             "pauses generation while the trainer computes. Fix: set resource_sharing: overlap (or "
-                             "auto), or unset streaming_min_groups.")
-        if producer.data_producer is not None and (shaping.dynamic_sampling or shaping.replay_buffer_size or
-                                                   shaping.reroll_start_fraction < 1.0 or
-                                                   producer.streaming_min_groups):
+            raise ValueError(
+                "streaming_min_groups overlaps training with generation, and resource_sharing=time_slice "
+                "pauses generation while the trainer computes. Fix: set resource_sharing: overlap (or "
+                "auto), or unset streaming_min_groups."
+            )
+        if producer.data_producer is not None and (
+            shaping.dynamic_sampling
+            or shaping.replay_buffer_size
+            or shaping.reroll_start_fraction < 1.0
+            or producer.streaming_min_groups
+        ):
             raise ValueError(
                 "data_producer replaces the builtin orchestrator, which is where dynamic_sampling, "
                 "replay_buffer_size, reroll_start_fraction and streaming_min_groups live. Fix: turn those off or "
@@ -175,22 +188,31 @@ class GRPOConfig(RunFields):
         """Cross-field checks of the TRL knobs (`trl_fields.py`); each error names the fields and the fix."""
         optim, rewards = self.optim, self.rewards
         if optim.warmup_ratio and optim.warmup_steps:
-            raise ValueError(f"warmup_ratio={optim.warmup_ratio} and warmup_steps={optim.warmup_steps} are both "
-                             "set. Fix: keep one (warmup_steps below 1 is a fraction of max_steps).")
+            raise ValueError(
+                f"warmup_ratio={optim.warmup_ratio} and warmup_steps={optim.warmup_steps} are both "
+                "set. Fix: keep one (warmup_steps below 1 is a fraction of max_steps)."
+            )
         overlong = "builtin:soft_overlong_penalty" in rewards.reward_funcs
         if overlong != (rewards.overlong_buffer_len is not None):
-            raise ValueError("builtin:soft_overlong_penalty and overlong_buffer_len go together (DAPO's soft overlong "
-                             "punishment). Fix: set both, or neither.")
+            raise ValueError(
+                "builtin:soft_overlong_penalty and overlong_buffer_len go together (DAPO's soft overlong "
+                "punishment). Fix: set both, or neither."
+            )
         if overlong and rewards.overlong_buffer_len >= self.sampling.max_completion_length:
-            raise ValueError(f"overlong_buffer_len={rewards.overlong_buffer_len} must be below max_completion_length="
-                             f"{self.sampling.max_completion_length}. Fix: e.g. a quarter of max_completion_length.")
+            raise ValueError(
+                f"overlong_buffer_len={rewards.overlong_buffer_len} must be below max_completion_length="
+                f"{self.sampling.max_completion_length}. Fix: e.g. a quarter of max_completion_length."
+            )
 
     # ------------------------------------------------------------------ derived values (across sections)
     @property
     def groups_per_step(self) -> int:
         """Prompt groups consumed per optimizer step (single trainer rank)."""
-        return (self.optim.per_device_train_batch_size * self.optim.gradient_accumulation_steps
-                // self.sampling.num_generations)
+        return (
+            self.optim.per_device_train_batch_size
+            * self.optim.gradient_accumulation_steps
+            // self.sampling.num_generations
+        )
 
     @property
     def rollout_reuse(self) -> int:
@@ -253,8 +275,7 @@ class GRPOConfig(RunFields):
         try:
             return super().__getattr__(name)  # pydantic's: private attributes
         except AttributeError:
-            raise _moved(name, "read") or AttributeError(
-                f"'GRPOConfig' object has no attribute {name!r}") from None
+            raise _moved(name, "read") or AttributeError(f"'GRPOConfig' object has no attribute {name!r}") from None
 
     def __setattr__(self, name: str, value: Any) -> None:
         error = _moved(name, "set")
@@ -273,8 +294,10 @@ def _moved(name: str, verb: str) -> AttributeError | None:
     ref = FIELDS.get(ALIASES.get(name, name))
     if ref is None or ref.section is None:
         return None
-    return AttributeError(f"'GRPOConfig' object has no attribute {name!r}: the field is in section "
-                          f"{ref.section!r}. Fix: {verb} config.{ref.path}.")
+    return AttributeError(
+        f"'GRPOConfig' object has no attribute {name!r}: the field is in section "
+        f"{ref.section!r}. Fix: {verb} config.{ref.path}."
+    )
 
 
 def _flat_items(config: GRPOConfig, mode: str = "python", exclude_defaults: bool = False):

@@ -24,29 +24,47 @@ class PeftConfig(Section):
     """LoRA (Hu et al. 2021, arXiv 2106.09685) on the policy, and what a weight push sends to vLLM."""
 
     use_peft: bool = Field(
-        False, description="Train low-rank adapters instead of the whole policy (TRL ModelConfig `use_peft`): the "
+        False,
+        description="Train low-rank adapters instead of the whole policy (TRL ModelConfig `use_peft`): the "
         "policy is wrapped with peft's LoraConfig built from the lora_* fields and AdamW sees only the adapter "
         "parameters. The KL reference (beta > 0) is the initial policy, as without LoRA. Without vllm_lora_sync each "
         "push sends merged weights W + (lora_alpha / lora_r) B A under the base model's parameter names; the final "
         "model (`final-model/`) is the merged Hugging Face model and its adapter is saved in `final-model/adapter/`. "
-        "Not with fsdp.")
-    lora_r: int = Field(16, ge=1, description="LoRA rank r: A is (r, in_features), B is (out_features, r) (TRL "
-                        "ModelConfig `lora_r`; peft `r`). With vllm_lora_sync at most 512 (vLLM's largest "
-                        "--max-lora-rank).")
-    lora_alpha: int = Field(32, ge=1, description="LoRA scaling numerator: the update is (lora_alpha / lora_r) B A "
-                            "(Hu et al. 2021 eq. 3; TRL ModelConfig `lora_alpha`; peft `lora_alpha`).")
-    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout probability on the LoRA branch's input "
-                                "during training steps (TRL ModelConfig `lora_dropout`; peft `lora_dropout`). "
-                                "disable_dropout=true also zeroes it, as TRL does. vLLM samples without dropout, so "
-                                "above 0 the IS ratio also sees the dropout noise.")
+        "Not with fsdp.",
+    )
+    lora_r: int = Field(
+        16,
+        ge=1,
+        description="LoRA rank r: A is (r, in_features), B is (out_features, r) (TRL "
+        "ModelConfig `lora_r`; peft `r`). With vllm_lora_sync at most 512 (vLLM's largest "
+        "--max-lora-rank).",
+    )
+    lora_alpha: int = Field(
+        32,
+        ge=1,
+        description="LoRA scaling numerator: the update is (lora_alpha / lora_r) B A "
+        "(Hu et al. 2021 eq. 3; TRL ModelConfig `lora_alpha`; peft `lora_alpha`).",
+    )
+    lora_dropout: float = Field(
+        0.05,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout probability on the LoRA branch's input "
+        "during training steps (TRL ModelConfig `lora_dropout`; peft `lora_dropout`). "
+        "disable_dropout=true also zeroes it, as TRL does. vLLM samples without dropout, so "
+        "above 0 the IS ratio also sees the dropout noise.",
+    )
     lora_target_modules: list[str] | str | None = Field(
-        None, description="Module names that get adapters (TRL ModelConfig `lora_target_modules`; peft "
+        None,
+        description="Module names that get adapters (TRL ModelConfig `lora_target_modules`; peft "
         "`target_modules`): a list of names matched as suffixes (e.g. [q_proj, v_proj]), `all-linear` (every linear "
         "layer but the LM head), another string is a regex matched against full module names (peft); None: peft's "
         "default for the architecture (q_proj and v_proj for Qwen2 / Llama). Names that match no module fail the "
-        "run's setup with the module names the model has.")
+        "run's setup with the module names the model has.",
+    )
     vllm_lora_sync: bool = Field(
-        False, description="Push only the adapter to vLLM (axolotl `vllm_lora_sync`): each push saves the adapter "
+        False,
+        description="Push only the adapter to vLLM (axolotl `vllm_lora_sync`): each push saves the adapter "
         "(peft safetensors, a few MB instead of the full model) under `<output_dir>/lora_sync/` and loads it into the "
         "server as adapter `policy-v<version>` through vLLM's runtime LoRA loading (/v1/load_lora_adapter); "
         "generation requests name the adapter of the version they are stamped with, and the previous adapter is "
@@ -54,15 +72,18 @@ class PeftConfig(Section):
         "(full transfer), so vLLM's base is the trainer's (warm start, resume). The launched server gets "
         "--enable-lora --max-lora-rank --max-loras 2 and "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; an attached server (vllm_url) needs those too and must read "
-        "output_dir at the same path (on Kubernetes both pods mount the workspace PVC). Needs use_peft.")
+        "output_dir at the same path (on Kubernetes both pods mount the workspace PVC). Needs use_peft.",
+    )
 
     @field_validator("lora_target_modules")
     @classmethod
     def _check_targets(cls, value: list[str] | str | None) -> list[str] | str | None:
         """A list must be non-empty, without blank names."""
         if isinstance(value, list) and (not value or any(not name.strip() for name in value)):
-            raise ValueError("lora_target_modules must name at least one module and no blank ones. Fix: e.g. "
-                             "[q_proj, v_proj], all-linear, or remove it for peft's default.")
+            raise ValueError(
+                "lora_target_modules must name at least one module and no blank ones. Fix: e.g. "
+                "[q_proj, v_proj], all-linear, or remove it for peft's default."
+            )
         if isinstance(value, str) and not value.strip():
             raise ValueError("lora_target_modules is blank. Fix: a list of module names, all-linear, or remove it.")
         return value
@@ -77,8 +98,10 @@ def vllm_max_lora_rank(lora_r: int) -> int:
     for rank in VLLM_MAX_LORA_RANKS:
         if rank >= lora_r:
             return rank
-    raise ValueError(f"lora_r={lora_r} is above 512, vLLM's largest --max-lora-rank. Fix: lora_r <= 512, or "
-                     "vllm_lora_sync=false (merged weights are pushed then).")
+    raise ValueError(
+        f"lora_r={lora_r} is above 512, vLLM's largest --max-lora-rank. Fix: lora_r <= 512, or "
+        "vllm_lora_sync=false (merged weights are pushed then)."
+    )
 
 
 def lora_server_args(config: Any) -> list[str]:
@@ -88,8 +111,15 @@ def lora_server_args(config: Any) -> list[str]:
     peft = config.peft
     if not peft.vllm_lora_sync:
         return []
-    return ["--enable-lora", "--max-lora-rank", str(vllm_max_lora_rank(peft.lora_r)), "--max-loras",
-            str(VLLM_MAX_LORAS), "--max-cpu-loras", str(VLLM_MAX_LORAS)]
+    return [
+        "--enable-lora",
+        "--max-lora-rank",
+        str(vllm_max_lora_rank(peft.lora_r)),
+        "--max-loras",
+        str(VLLM_MAX_LORAS),
+        "--max-cpu-loras",
+        str(VLLM_MAX_LORAS),
+    ]
 
 
 def check_peft(config: Any) -> None:
@@ -102,10 +132,14 @@ def check_peft(config: Any) -> None:
     """
     peft = config.peft
     if peft.vllm_lora_sync and not peft.use_peft:
-        raise ValueError("peft.vllm_lora_sync pushes a LoRA adapter, but use_peft is false, so there is none. Fix: "
-                         "set use_peft: true, or remove vllm_lora_sync.")
+        raise ValueError(
+            "peft.vllm_lora_sync pushes a LoRA adapter, but use_peft is false, so there is none. Fix: "
+            "set use_peft: true, or remove vllm_lora_sync."
+        )
     if peft.use_peft and config.optim.fsdp:
-        raise ValueError("peft.use_peft with fsdp is not supported (the adapter is small: every rank holds a full "
-                         "replica). Fix: set fsdp: false, or use_peft: false.")
+        raise ValueError(
+            "peft.use_peft with fsdp is not supported (the adapter is small: every rank holds a full "
+            "replica). Fix: set fsdp: false, or use_peft: false."
+        )
     if peft.vllm_lora_sync:
         vllm_max_lora_rank(peft.lora_r)

@@ -16,12 +16,16 @@ class InferencePlacementFields(BaseModel):
     """Replicas and resource sharing (mixed into `InferenceConfig`)."""
 
     vllm_replicas: int = Field(
-        1, ge=1, description="vLLM servers generating for the run (the vLLM Deployment's replicas on Kubernetes; this "
+        1,
+        ge=1,
+        description="vLLM servers generating for the run (the vLLM Deployment's replicas on Kubernetes; this "
         "many local servers otherwise). Each request goes to the live replica with the fewest requests in flight; "
         "every weight push reaches every replica; a replica that dies is excluded, recovered and rejoins with the "
-        "current weights while the others serve.")
+        "current weights while the others serve.",
+    )
     resource_sharing: ResourceSharing = Field(
-        "auto", description="How generation and training share the machine. `overlap`: vLLM generates the next "
+        "auto",
+        description="How generation and training share the machine. `overlap`: vLLM generates the next "
         "groups while the trainer computes (what pays when each has its own GPUs or cores). `time_slice`: vLLM is "
         "paused (mode keep: requests freeze, nothing is lost) while the trainer runs an optimizer step, so each "
         "gets every core in turn instead of both fighting over them; groups are still generated ahead, between "
@@ -32,4 +36,5 @@ class InferencePlacementFields(BaseModel):
         "forward and backward (metric trainer/reduced_threads_s). `auto`: adaptive when this run launched its vLLM "
         "servers on its own CPU machine and the trainer uses every core (torch_num_threads unset or >= the cores), "
         "else overlap (a trainer held to fewer threads leaves vLLM the other cores; attached servers, Kubernetes "
-        "pods and GPUs have their own resources). streaming_min_groups cannot be combined with time_slice.")
+        "pods and GPUs have their own resources). streaming_min_groups cannot be combined with time_slice.",
+    )

@@ -13,14 +13,17 @@ from async_grpo.config.keys import ALIASES, FIELDS
 from async_grpo.config.trl_names import CONVERTED, IGNORED, PENDING, REFUSED, disposition
 
 _KINDS = {
-    "same": "same name and meaning", "alias": "TRL's name for our field", "refused": "refused at other values",
-    "ignored": "accepted, no effect", "pending": "accepted, pending other work",
+    "same": "same name and meaning",
+    "alias": "TRL's name for our field",
+    "refused": "refused at other values",
+    "ignored": "accepted, no effect",
+    "pending": "accepted, pending other work",
 }
 # TRL ModelConfig's LoRA fields, ours under the same names (section `peft`)
 _MODEL_CONFIG = ("use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 _NOTES = {  # where TRL's value is converted (trl_names.CONVERTED) or the unit differs
     "steps_per_generation": "ours counts optimizer steps per rollout; a resolved TRL dump (micro-batches) is divided "
-                            "by gradient_accumulation_steps",
+    "by gradient_accumulation_steps",
     "scale_rewards": "TRL's true/false become group/none",
     "fsdp": "TRL's `full_shard auto_wrap` (string or list) becomes true (FSDP2); other options are refused",
     "num_generations_eval": "TRL's None means num_generations",
@@ -65,7 +68,8 @@ def render_table() -> str:
         "(conversions, refusals, no-ops) and the config sections; do not edit by hand. A TRL user's flat YAML, or",
         "`trl.GRPOConfig(...).to_dict()`, loads into `GRPOConfig` (`tests/test_config_trl.py` checks every shared",
         f"field). TRL {trl.__version__}: {len(names)} fields; "
-        + ", ".join(f"{counts[k]} {_KINDS[k]}" for k in _KINDS) + ".",
+        + ", ".join(f"{counts[k]} {_KINDS[k]}" for k in _KINDS)
+        + ".",
         "",
         "- **same**: the field is ours, under the same name and meaning (its section in the detail column).",
         "- **alias**: TRL's spelling of our field (`vllm_server_base_url` sets `inference.vllm_url`).",

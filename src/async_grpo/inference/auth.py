@@ -45,8 +45,10 @@ class BearerTokenMiddleware:
     def __init__(self, app: ASGIApp, token: str | None = None):
         token = token if token is not None else os.environ.get(API_KEY_ENV, "")
         if not token:
-            raise RuntimeError(f"{API_KEY_ENV} is empty, so the bearer-token middleware cannot guard vLLM. Fix: set "
-                               f"it (on Kubernetes it comes from the run's tokens Secret), or drop --middleware.")
+            raise RuntimeError(
+                f"{API_KEY_ENV} is empty, so the bearer-token middleware cannot guard vLLM. Fix: set "
+                f"it (on Kubernetes it comes from the run's tokens Secret), or drop --middleware."
+            )
         self.app = app
         self._digest = hashlib.sha256(token.encode()).digest()
 
@@ -64,6 +66,11 @@ class BearerTokenMiddleware:
             await send({"type": "websocket.close", "code": 1008})
             return
         body = b'{"error": "Unauthorized"}'
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -56,9 +56,18 @@ class GenerationClient(Protocol):
     `AsyncVLLMClient` is the implementation; tests use scripted fakes.
     """
 
-    async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float,
-                       top_p: float = 1.0, top_k: int = -1, seed: int | None = None,
-                       extra_body: dict | None = None) -> list[Completion]:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        seed: int | None = None,
+        extra_body: dict | None = None,
+    ) -> list[Completion]:
         """Sample `n` completions of `prompt_ids` (P,), at most `max_tokens` tokens each; `extra_body`: further
         vLLM sampling parameters (only passed when there are some)."""
 
@@ -77,8 +86,14 @@ class AsyncVLLMClient:
         api_key: bearer token; None reads env VLLM_API_KEY (unset: none).
     """
 
-    def __init__(self, base_url: str, model: str | Callable[[], str], timeout_s: float = 120.0,
-                 max_connections: int = 64, api_key: str | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | Callable[[], str],
+        timeout_s: float = 120.0,
+        max_connections: int = 64,
+        api_key: str | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._http = httpx.AsyncClient(
@@ -143,10 +158,14 @@ def parse_completions(payload: dict) -> list[Completion]:
         ids = choice.get("token_ids")
         lp = (choice.get("logprobs") or {}).get("token_logprobs")
         if ids is None or lp is None:
-            raise GenerationError("vLLM response lacks token_ids or logprobs; is this vLLM >= 0.10 with return_token_ids?")
+            raise GenerationError(
+                "vLLM response lacks token_ids or logprobs; is this vLLM >= 0.10 with return_token_ids?"
+            )
         if len(ids) != len(lp):
             raise GenerationError(f"vLLM returned {len(ids)} token ids but {len(lp)} logprobs")
-        out.append(Completion(list(ids), [float(x) for x in lp], choice.get("text", ""), choice.get("finish_reason") or "stop"))
+        out.append(
+            Completion(list(ids), [float(x) for x in lp], choice.get("text", ""), choice.get("finish_reason") or "stop")
+        )
     return out
 
 
@@ -257,8 +276,10 @@ class InferenceEndpoint:
                 except requests.RequestException:
                     pass
             time.sleep(1.0)
-        raise TimeoutError(f"the vLLM server at {self.url} did not answer /health within {timeout_s:.0f} s. Fix: "
-                           "check its pod or process and log, or raise vllm_recovery_timeout_s")
+        raise TimeoutError(
+            f"the vLLM server at {self.url} did not answer /health within {timeout_s:.0f} s. Fix: "
+            "check its pod or process and log, or raise vllm_recovery_timeout_s"
+        )
 
     def model_name(self, timeout_s: float = 60.0) -> str:
         """`served_model`, or the server's first served model id (one HTTP call, `timeout_s` seconds)."""

@@ -164,15 +164,23 @@ class ReplicaSet:
             busy = self.generating_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
             busy0, tokens0 = self._rate_mark
             self._rate_mark = (busy, self.generated_tokens)
-            out = {"inference/live_replicas": float(sum(r.state in ("available", "syncing") for r in self.replicas)),
-                   "inference/rerouted_requests": float(self.rerouted), "inference/generating_s": busy,
-                   "generation/vllm_tokens_per_s": (self.generated_tokens - tokens0) / max(busy - busy0, 1e-9)}
+            out = {
+                "inference/live_replicas": float(sum(r.state in ("available", "syncing") for r in self.replicas)),
+                "inference/rerouted_requests": float(self.rerouted),
+                "inference/generating_s": busy,
+                "generation/vllm_tokens_per_s": (self.generated_tokens - tokens0) / max(busy - busy0, 1e-9),
+            }
             if len(self.replicas) > 1:
                 for r in self.replicas:
                     prefix = f"inference/replica_{r.index}/"
-                    out.update({prefix + "available": float(r.state in ("available", "syncing")),
-                                prefix + "in_flight": float(r.in_flight), prefix + "requests": float(r.requests),
-                                prefix + "restarts": float(r.restarts)})
+                    out.update(
+                        {
+                            prefix + "available": float(r.state in ("available", "syncing")),
+                            prefix + "in_flight": float(r.in_flight),
+                            prefix + "requests": float(r.requests),
+                            prefix + "restarts": float(r.restarts),
+                        }
+                    )
         return out
 
 
@@ -252,8 +260,10 @@ def replica_urls(url: str, replicas: int, timeout_s: float, resolve=socket.getad
     urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
     if len(urls) > 1 or replicas == 1:
         if len(urls) != replicas:
-            raise ValueError(f"vllm_url lists {len(urls)} servers but vllm_replicas={replicas}. Fix: list exactly "
-                             "vllm_replicas URLs, or give one host name that resolves to every replica")
+            raise ValueError(
+                f"vllm_url lists {len(urls)} servers but vllm_replicas={replicas}. Fix: list exactly "
+                "vllm_replicas URLs, or give one host name that resolves to every replica"
+            )
         return urls
     parts = urlsplit(urls[0])
     deadline = time.monotonic() + timeout_s
@@ -262,9 +272,11 @@ def replica_urls(url: str, replicas: int, timeout_s: float, resolve=socket.getad
         if len(addresses) >= replicas:
             return [f"{parts.scheme}://{_host(a)}:{parts.port or 80}" for a in sorted(addresses)[:replicas]]
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"{parts.hostname} resolves to {len(addresses)} address(es) {sorted(addresses)}, not "
-                               f"vllm_replicas={replicas}, after {timeout_s:.0f} s. Fix: check the vLLM pods (kubectl "
-                               "get pods) or lower vllm_replicas")
+            raise TimeoutError(
+                f"{parts.hostname} resolves to {len(addresses)} address(es) {sorted(addresses)}, not "
+                f"vllm_replicas={replicas}, after {timeout_s:.0f} s. Fix: check the vLLM pods (kubectl "
+                "get pods) or lower vllm_replicas"
+            )
         time.sleep(2.0)
 
 
@@ -279,7 +291,9 @@ def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def attached_endpoints(url: str, replicas: int, timeout_s: float, resolve=socket.getaddrinfo) -> list[InferenceEndpoint]:
+def attached_endpoints(
+    url: str, replicas: int, timeout_s: float, resolve=socket.getaddrinfo
+) -> list[InferenceEndpoint]:
     """Endpoints for servers this run attaches to (`vllm_url`; see `replica_urls`). Replicas found through DNS can
     rediscover a replaced pod (`InferenceEndpoint.rediscover`).
 
@@ -294,8 +308,9 @@ def attached_endpoints(url: str, replicas: int, timeout_s: float, resolve=socket
     return endpoints
 
 
-def rediscover(url: str, endpoint: InferenceEndpoint, endpoints: list[InferenceEndpoint],
-               resolve=socket.getaddrinfo) -> str | None:
+def rediscover(
+    url: str, endpoint: InferenceEndpoint, endpoints: list[InferenceEndpoint], resolve=socket.getaddrinfo
+) -> str | None:
     """A replaced pod's new URL: an address that `url`'s host name resolves to now and that no endpoint other than
     `endpoint` uses (None while there is none)."""
     parts = urlsplit(url.split(",")[0].strip())

@@ -95,8 +95,11 @@ def build_server_command(
         # generator (`gen.set_offset` in `gpu_model_runner._bookkeeping_sync`), which a CPU torch.Generator cannot
         # do ("CPU Generator does not use offset"): the engine died on any seeded request whose prompt did not fit
         # the step's token budget. Whole prefills need a budget of at least max_model_len tokens.
-        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens",
-                str(max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len))]
+        cmd += [
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            str(max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len)),
+        ]
         if not set(extra_args or []) & MULTI_WORKER_FLAGS:
             # The model runs inside the engine-core process (`CPU_SERVER_ENV` keeps vLLM from switching back to
             # the multiprocess executor). With a separate worker process the engine core busy-polls the worker's
@@ -108,8 +111,15 @@ def build_server_command(
 
 
 # flags that give the engine several workers (tensor / pipeline / data parallel) or pick the executor yourself
-MULTI_WORKER_FLAGS = {"--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size",
-                      "-dp", "--distributed-executor-backend"}
+MULTI_WORKER_FLAGS = {
+    "--tensor-parallel-size",
+    "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+    "--distributed-executor-backend",
+}
 # vLLM's CPU platform replaces the in-process (`uni`) executor by `mp` unless this is 0; it changes nothing else
 # for the OpenAI server (its engine core is always a separate process)
 CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -252,7 +262,9 @@ class VLLMServer:
             try:
                 self.process.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                logger.warning("vLLM did not exit within %.0f s of SIGTERM; killing pid %d", STOP_GRACE_S, self.process.pid)
+                logger.warning(
+                    "vLLM did not exit within %.0f s of SIGTERM; killing pid %d", STOP_GRACE_S, self.process.pid
+                )
                 self.process.kill()
                 self.process.wait(timeout=STOP_GRACE_S)
         survivors = [p for p in self._descendants.values() if _alive(p)]

@@ -56,11 +56,15 @@ def parse_image_ref(ref: object) -> ImageRef:
     try:
         parsed = Reference.parse_normalized_named(ref)
     except (InvalidReference, InvalidDigest) as err:
-        raise BadImageReference(f"image {ref!r} is not a valid reference ({err or type(err).__name__}). Fix: give "
-                                "registry/path[:tag]@sha256:<digest>.") from None
+        raise BadImageReference(
+            f"image {ref!r} is not a valid reference ({err or type(err).__name__}). Fix: give "
+            "registry/path[:tag]@sha256:<digest>."
+        ) from None
     if parsed.string() != ref:
-        raise BadImageReference(f"image {ref!r} is not written in full (it reads as {parsed.string()!r}). Fix: give "
-                                "the fully qualified reference, with nothing before or after it.")
+        raise BadImageReference(
+            f"image {ref!r} is not written in full (it reads as {parsed.string()!r}). Fix: give "
+            "the fully qualified reference, with nothing before or after it."
+        )
     return ImageRef(parsed.domain().lower(), parsed.path(), parsed["tag"], parsed["digest"])
 
 

@@ -30,8 +30,11 @@ LAUNCHER_RBAC_RULES: dict[tuple[str, str], frozenset[str]] = {
 
 # kind -> (API attribute of the backend, method suffix) for the built-in kinds.
 KIND_API = {
-    "ConfigMap": ("core", "config_map"), "Service": ("core", "service"), "Secret": ("core", "secret"),
-    "Deployment": ("apps", "deployment"), "NetworkPolicy": ("networking", "network_policy"),
+    "ConfigMap": ("core", "config_map"),
+    "Service": ("core", "service"),
+    "Secret": ("core", "secret"),
+    "Deployment": ("apps", "deployment"),
+    "NetworkPolicy": ("networking", "network_policy"),
 }
 
 
@@ -79,6 +82,9 @@ def default_apis(core: Any, apps: Any, networking: Any, custom: Any) -> dict[str
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return {"core": core or client.CoreV1Api(), "apps": apps or client.AppsV1Api(),
-            "networking": networking or client.NetworkingV1Api(), "custom": custom or client.CustomObjectsApi()}
-
+    return {
+        "core": core or client.CoreV1Api(),
+        "apps": apps or client.AppsV1Api(),
+        "networking": networking or client.NetworkingV1Api(),
+        "custom": custom or client.CustomObjectsApi(),
+    }

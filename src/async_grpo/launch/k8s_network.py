@@ -20,9 +20,15 @@ EVALUATOR_LABELS = {"async-grpo/role": "evaluate"}  # the pipeline's evaluate st
 
 def dns_peer(policy: PlatformPolicy) -> dict[str, Any]:
     """Egress rule to the cluster DNS pods on port 53 (UDP and TCP)."""
-    return {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": policy.dns_namespace}},
-                    "podSelector": {"matchLabels": dict(policy.dns_pod_labels)}}],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    return {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": policy.dns_namespace}},
+                "podSelector": {"matchLabels": dict(policy.dns_pod_labels)},
+            }
+        ],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    }
 
 
 def _extra(rules: list[EgressRule]) -> list[dict[str, Any]]:
@@ -35,16 +41,36 @@ def _extra(rules: list[EgressRule]) -> list[dict[str, Any]]:
     return out
 
 
-def _policy(settings: ClusterSettings, run_name: str, component: str, ingress: list[dict], egress: list[dict],
-            owner: dict[str, Any] | None) -> Manifest:
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
-            "spec": {"podSelector": {"matchLabels": selector(run_name, component)},
-                     "policyTypes": ["Ingress", "Egress"], "ingress": ingress, "egress": egress}}
+def _policy(
+    settings: ClusterSettings,
+    run_name: str,
+    component: str,
+    ingress: list[dict],
+    egress: list[dict],
+    owner: dict[str, Any] | None,
+) -> Manifest:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
+        "spec": {
+            "podSelector": {"matchLabels": selector(run_name, component)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": ingress,
+            "egress": egress,
+        },
+    }
 
 
-def reward_policy(settings: ClusterSettings, run_name: str, policy: PlatformPolicy, *, component: str = "reward",
-                  clients: dict[str, Any] | None = None, owner: dict[str, Any] | None = None) -> Manifest:
+def reward_policy(
+    settings: ClusterSettings,
+    run_name: str,
+    policy: PlatformPolicy,
+    *,
+    component: str = "reward",
+    clients: dict[str, Any] | None = None,
+    owner: dict[str, Any] | None = None,
+) -> Manifest:
     """The reward pods' policy: ingress from `clients` (a peer; default this run's trainer) on the reward
     port only; egress to the platform's `reward_egress` ranges only (none by default, not even DNS)."""
     clients = clients or {"podSelector": {"matchLabels": selector(run_name, "trainer")}}
@@ -52,8 +78,9 @@ def reward_policy(settings: ClusterSettings, run_name: str, policy: PlatformPoli
     return _policy(settings, run_name, component, ingress, _extra(policy.reward_egress), owner)
 
 
-def build_network_policies(settings: ClusterSettings, run_name: str, policy: PlatformPolicy | None = None,
-                           owner: dict[str, Any] | None = None) -> list[Manifest]:
+def build_network_policies(
+    settings: ClusterSettings, run_name: str, policy: PlatformPolicy | None = None, owner: dict[str, Any] | None = None
+) -> list[Manifest]:
     """The run's policies: vllm, trainer and (with reward_replicas > 0) reward.
 
     vLLM's dev-mode endpoints load weights, so only this run's trainer pods reach vLLM (HTTP port +
@@ -68,20 +95,42 @@ def build_network_policies(settings: ClusterSettings, run_name: str, policy: Pla
     wt_ports = {"protocol": "TCP", "port": lo, "endPort": hi}
     trainer_peer = {"podSelector": {"matchLabels": selector(run_name, "trainer")}}
     vllm_peer = {"podSelector": {"matchLabels": selector(run_name, "vllm")}}
-    mlflow = {"to": [{"podSelector": {"matchLabels": dict(policy.mlflow_pod_labels)}}],
-              "ports": [{"protocol": "TCP", "port": policy.mlflow_port}]}
-    trainer_egress = [dns_peer(policy), {"to": [trainer_peer]},
-                      {"to": [vllm_peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}, wt_ports]},
-                      mlflow, *_extra(policy.trainer_egress)]
+    mlflow = {
+        "to": [{"podSelector": {"matchLabels": dict(policy.mlflow_pod_labels)}}],
+        "ports": [{"protocol": "TCP", "port": policy.mlflow_port}],
+    }
+    trainer_egress = [
+        dns_peer(policy),
+        {"to": [trainer_peer]},
+        {"to": [vllm_peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}, wt_ports]},
+        mlflow,
+        *_extra(policy.trainer_egress),
+    ]
     if settings.reward_replicas:
-        trainer_egress.insert(3, {"to": [{"podSelector": {"matchLabels": selector(run_name, "reward")}}],
-                                  "ports": [{"protocol": "TCP", "port": settings.reward_port}]})
+        trainer_egress.insert(
+            3,
+            {
+                "to": [{"podSelector": {"matchLabels": selector(run_name, "reward")}}],
+                "ports": [{"protocol": "TCP", "port": settings.reward_port}],
+            },
+        )
     policies = [
-        _policy(settings, run_name, "vllm",
-                [{"from": [trainer_peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}, wt_ports]}],
-                [dns_peer(policy), {"to": [trainer_peer], "ports": [wt_ports]}], owner),
-        _policy(settings, run_name, "trainer", [{"from": [trainer_peer]}, {"from": [vllm_peer], "ports": [wt_ports]}],
-                trainer_egress, owner),
+        _policy(
+            settings,
+            run_name,
+            "vllm",
+            [{"from": [trainer_peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}, wt_ports]}],
+            [dns_peer(policy), {"to": [trainer_peer], "ports": [wt_ports]}],
+            owner,
+        ),
+        _policy(
+            settings,
+            run_name,
+            "trainer",
+            [{"from": [trainer_peer]}, {"from": [vllm_peer], "ports": [wt_ports]}],
+            trainer_egress,
+            owner,
+        ),
     ]
     if settings.reward_replicas:
         policies.append(reward_policy(settings, run_name, policy, owner=owner))

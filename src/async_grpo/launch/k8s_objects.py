@@ -119,47 +119,70 @@ def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str)
     if settings.reward_replicas:  # the run's own reward service scores the groups
         own = reward_url(run_name, settings)
         if config.rewards.reward_url and config.rewards.reward_url != own:
-            raise ValueError(f"reward_url={config.rewards.reward_url!r} and reward_replicas={settings.reward_replicas}: the run "
-                             "would start a reward service and score elsewhere. Fix: set reward_replicas=0 to use your "
-                             "own service, or drop reward_url.")
+            raise ValueError(
+                f"reward_url={config.rewards.reward_url!r} and reward_replicas={settings.reward_replicas}: the run "
+                "would start a reward service and score elsewhere. Fix: set reward_replicas=0 to use your "
+                "own service, or drop reward_url."
+            )
         data["reward_url"] = own
     elif config.rewards.reward_url:  # the run's own service (allowed by the policy), as the client will parse it
         data["reward_url"] = canonical_http_uri(config.rewards.reward_url)
-    data.update(vllm_url=vllm_url(run_name, settings), mlflow_tracking_uri=tracking_uri(config, settings),
-                output_dir=run_output_dir(config, settings, run_name), run_name=config.tracking.run_name or run_name,
-                weight_sync_backend="nccl" if settings.device == "gpu" else "gloo")
+    data.update(
+        vllm_url=vllm_url(run_name, settings),
+        mlflow_tracking_uri=tracking_uri(config, settings),
+        output_dir=run_output_dir(config, settings, run_name),
+        run_name=config.tracking.run_name or run_name,
+        weight_sync_backend="nccl" if settings.device == "gpu" else "gloo",
+    )
     if data.get("resume_from_checkpoint") is None:  # a restarted trainer pod resumes from its newest checkpoint
         data["resume_from_checkpoint"] = True
     return GRPOConfig.model_validate(data)
 
 
-def _config_map(name: str, run_name: str, component: str, settings: ClusterSettings, fields: dict[str, Any],
-                owner: dict[str, Any] | None) -> Manifest:
+def _config_map(
+    name: str,
+    run_name: str,
+    component: str,
+    settings: ClusterSettings,
+    fields: dict[str, Any],
+    owner: dict[str, Any] | None,
+) -> Manifest:
     text = "# Fields that differ from GRPOConfig's defaults (`async-grpo train --help` lists all).\n"
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(name, run_name, component, settings, owner),
-            "data": {CONFIG_FILE: text + yaml.safe_dump(fields, sort_keys=False)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(name, run_name, component, settings, owner),
+        "data": {CONFIG_FILE: text + yaml.safe_dump(fields, sort_keys=False)},
+    }
 
 
-def build_config_map(config: GRPOConfig, settings: ClusterSettings, run_name: str,
-                     owner: dict[str, Any] | None = None) -> Manifest:
+def build_config_map(
+    config: GRPOConfig, settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None
+) -> Manifest:
     """ConfigMap `<run>-config` with the trainer's config YAML (mounted at CONFIG_DIR). It holds only the
     fields that differ from their defaults; the trainer logs the fully resolved config to MLflow."""
     fields = flat_dump(trainer_config(config, settings, run_name), mode="json", exclude_defaults=True)
     return _config_map(f"{run_name}-config", run_name, "config", settings, fields, owner)
 
 
-def _trainer_pod(config: GRPOConfig, settings: ClusterSettings, run_name: str,
-                 mlflow_run_id: str | None) -> dict[str, Any]:
+def _trainer_pod(
+    config: GRPOConfig, settings: ClusterSettings, run_name: str, mlflow_run_id: str | None
+) -> dict[str, Any]:
     vols, mounts = scratch_volumes(settings, shm=True)
     data_vol, data_mount = data_volume(settings, read_only=False)
     vols += [data_vol, {"name": "config", "configMap": {"name": f"{run_name}-config"}}]
     mounts += [data_mount, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     secret = tokens_secret_name(run_name)
-    env = base_env() + nccl_env(settings) + mlflow_secret_env(settings) + token_env(
-        secret, (VLLM_API_KEY_ENV, VLLM_TOKEN_KEY)) + [
-        {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "MLFLOW_TRACKING_URI", "value": tracking_uri(config, settings)},
-    ]
+    env = (
+        base_env()
+        + nccl_env(settings)
+        + mlflow_secret_env(settings)
+        + token_env(secret, (VLLM_API_KEY_ENV, VLLM_TOKEN_KEY))
+        + [
+            {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "MLFLOW_TRACKING_URI", "value": tracking_uri(config, settings)},
+        ]
+    )
     if settings.reward_replicas:
         env.append({"name": REWARD_URL_ENV, "value": reward_url(run_name, settings)})
         env += token_env(secret, (REWARD_TOKEN_ENV, REWARD_TOKEN_KEY))
@@ -167,26 +190,39 @@ def _trainer_pod(config: GRPOConfig, settings: ClusterSettings, run_name: str,
         env.append({"name": "MLFLOW_RUN_ID", "value": mlflow_run_id})  # the Tracker resumes this run
     gpus = settings.nproc_per_node if settings.device == "gpu" else 0
     container = {
-        "name": PYTORCH_CONTAINER, "image": settings.image("trainer"),
+        "name": PYTORCH_CONTAINER,
+        "image": settings.image("trainer"),
         # torchrun reads --nnodes/--nproc-per-node/--node-rank/--master-* from the operator's PET_* env
         "command": ["torchrun", "--module", "async_grpo.cli", "train", f"{CONFIG_DIR}/{CONFIG_FILE}"],
-        "env": env, "resources": _resources(settings.trainer_cpu, settings.trainer_memory_gib, gpus, settings),
-        "volumeMounts": mounts, "securityContext": container_security(),
+        "env": env,
+        "resources": _resources(settings.trainer_cpu, settings.trainer_memory_gib, gpus, settings),
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
     }
-    wait = {"name": "wait-for-vllm", "image": settings.image("trainer"),
-            "command": ["python", "-c", WAIT_FOR_VLLM_PY, vllm_url(run_name, settings),
-                        f"{config.inference.vllm_startup_timeout_s:g}"],
-            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-            "securityContext": container_security()}
+    wait = {
+        "name": "wait-for-vllm",
+        "image": settings.image("trainer"),
+        "command": [
+            "python",
+            "-c",
+            WAIT_FOR_VLLM_PY,
+            vllm_url(run_name, settings),
+            f"{config.inference.vllm_startup_timeout_s:g}",
+        ],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": container_security(),
+    }
     spec = pod_spec(settings, [container], vols, init_containers=[wait])
     # SIGTERM -> the step ends, a checkpoint is written (checkpoint_signal_grace_s), then the pod is killed
-    spec["terminationGracePeriodSeconds"] = math.ceil(config.checkpoint.checkpoint_signal_grace_s) + \
-        TERMINATION_MARGIN_S
+    spec["terminationGracePeriodSeconds"] = (
+        math.ceil(config.checkpoint.checkpoint_signal_grace_s) + TERMINATION_MARGIN_S
+    )
     return template(run_name, "trainer", spec)
 
 
-def build_pytorchjob(config: GRPOConfig, settings: ClusterSettings, run_name: str,
-                     mlflow_run_id: str | None = None) -> Manifest:
+def build_pytorchjob(
+    config: GRPOConfig, settings: ClusterSettings, run_name: str, mlflow_run_id: str | None = None
+) -> Manifest:
     """The trainer as a Training Operator v1 PyTorchJob: one Master plus `trainer_nodes - 1` Workers.
 
     Args:
@@ -195,14 +231,25 @@ def build_pytorchjob(config: GRPOConfig, settings: ClusterSettings, run_name: st
     pod = _trainer_pod(config, settings, run_name, mlflow_run_id)
     replicas = {"Master": {"replicas": 1, "restartPolicy": settings.restart_policy, "template": pod}}
     if settings.trainer_nodes > 1:
-        replicas["Worker"] = {"replicas": settings.trainer_nodes - 1, "restartPolicy": settings.restart_policy,
-                              "template": copy.deepcopy(pod)}
-    return {"apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}", "kind": "PyTorchJob",
-            "metadata": meta(run_name, run_name, "trainer", settings, None),
-            "spec": {"nprocPerNode": str(settings.nproc_per_node),
-                     "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": settings.backoff_limit,
-                                   "ttlSecondsAfterFinished": settings.ttl_after_finished_s},
-                     "pytorchReplicaSpecs": replicas}}
+        replicas["Worker"] = {
+            "replicas": settings.trainer_nodes - 1,
+            "restartPolicy": settings.restart_policy,
+            "template": copy.deepcopy(pod),
+        }
+    return {
+        "apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": meta(run_name, run_name, "trainer", settings, None),
+        "spec": {
+            "nprocPerNode": str(settings.nproc_per_node),
+            "runPolicy": {
+                "cleanPodPolicy": "Running",
+                "backoffLimit": settings.backoff_limit,
+                "ttlSecondsAfterFinished": settings.ttl_after_finished_s,
+            },
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
 
 
 # ------------------------------------------------------------------------------------------------ vLLM
@@ -211,17 +258,25 @@ def vllm_command(config: GRPOConfig, settings: ClusterSettings, model_path: str)
     interpreter and CPU-build detection replaced by the target's (python3; the CPU flags on cpu), and
     the bearer-token middleware that guards the dev-mode routes (vLLM's own --api-key guards only /v1)."""
     backend = "nccl" if settings.device == "gpu" else "gloo"
-    cmd = build_server_command(model_path, port=settings.vllm_port, host="0.0.0.0", dtype=config.inference.vllm_dtype,
-                               max_model_len=config.inference.vllm_max_model_len, weight_transfer_backend=backend,
-                               seed=config.seed, cpu=settings.device == "cpu")
+    cmd = build_server_command(
+        model_path,
+        port=settings.vllm_port,
+        host="0.0.0.0",
+        dtype=config.inference.vllm_dtype,
+        max_model_len=config.inference.vllm_max_model_len,
+        weight_transfer_backend=backend,
+        seed=config.seed,
+        cpu=settings.device == "cpu",
+    )
     cmd = ["python3"] + cmd[1:]
     if settings.device == "gpu" and settings.vllm_gpus > 1 and config.inference.vllm_tensor_parallel_size == 1:
         cmd += ["--tensor-parallel-size", str(settings.vllm_gpus)]  # unless the config sets it (vllm_serve_args)
     return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + lora_server_args(config) + config.vllm_serve_args
 
 
-def build_vllm_deployment(config: GRPOConfig, settings: ClusterSettings, run_name: str,
-                          owner: dict[str, Any] | None = None) -> Manifest:
+def build_vllm_deployment(
+    config: GRPOConfig, settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None
+) -> Manifest:
     """vLLM server Deployment: dev-mode control plane behind the run's token, processed logprobs, probes on
     /health (the only route answered without the token). No MLflow or hub credentials."""
     vols, mounts = scratch_volumes(settings, shm=True)
@@ -230,21 +285,33 @@ def build_vllm_deployment(config: GRPOConfig, settings: ClusterSettings, run_nam
         model_path = TINY_MODEL_DIR
         vols.append({"name": "model", "emptyDir": {}})
         mounts.append({"name": "model", "mountPath": TINY_MODEL_DIR.rsplit("/", 1)[0]})
-        init.append({"name": "make-tiny-model", "image": settings.image("trainer"),
-                     "command": ["async-grpo", "make-tiny-model", TINY_MODEL_DIR, "--seed", str(config.seed)],
-                     "env": base_env(), "volumeMounts": list(mounts),
-                     "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
-                     "securityContext": container_security()})
+        init.append(
+            {
+                "name": "make-tiny-model",
+                "image": settings.image("trainer"),
+                "command": ["async-grpo", "make-tiny-model", TINY_MODEL_DIR, "--seed", str(config.seed)],
+                "env": base_env(),
+                "volumeMounts": list(mounts),
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+                "securityContext": container_security(),
+            }
+        )
     else:
         model_path = trainer_config(config, settings, run_name).model_name_or_path
     if config.model_name_or_path != "builtin:tiny" or config.peft.vllm_lora_sync:  # vllm_lora_sync: adapters from the
         data_vol, data_mount = data_volume(settings, read_only=True)  # trainer's <output_dir>/lora_sync on the PVC
         vols.append(data_vol)
         mounts.append(data_mount)
-    env = base_env() + nccl_env(settings) + [
-        {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}, {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-        {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
-    ] + token_env(tokens_secret_name(run_name), (VLLM_API_KEY_ENV, VLLM_TOKEN_KEY))
+    env = (
+        base_env()
+        + nccl_env(settings)
+        + [
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
+        ]
+        + token_env(tokens_secret_name(run_name), (VLLM_API_KEY_ENV, VLLM_TOKEN_KEY))
+    )
     if config.peft.vllm_lora_sync:
         env.append({"name": RUNTIME_LORA_ENV, "value": "True"})
     if settings.device == "cpu":
@@ -253,35 +320,58 @@ def build_vllm_deployment(config: GRPOConfig, settings: ClusterSettings, run_nam
     startup_failures = max(1, math.ceil(config.inference.vllm_startup_timeout_s / PROBE_PERIOD_S))
     health = {"httpGet": {"path": "/health", "port": "http"}}
     container = {
-        "name": "vllm", "image": settings.image("vllm"), "command": vllm_command(config, settings, model_path),
-        "env": env, "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
+        "name": "vllm",
+        "image": settings.image("vllm"),
+        "command": vllm_command(config, settings, model_path),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
         "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
         "startupProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": startup_failures},
         "livenessProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 6},
         "resources": _resources(settings.vllm_cpu, settings.vllm_memory_gib, settings.vllm_gpus, settings),
-        "volumeMounts": mounts, "securityContext": container_security(),
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
     }
     spec = pod_spec(settings, [container], vols, init_containers=init)
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": meta(f"{run_name}-vllm", run_name, "vllm", settings, owner),
-            "spec": {"replicas": config.inference.vllm_replicas, "strategy": {"type": "Recreate"},
-                     "selector": {"matchLabels": selector(run_name, "vllm")},
-                     "template": template(run_name, "vllm", spec)}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(f"{run_name}-vllm", run_name, "vllm", settings, owner),
+        "spec": {
+            "replicas": config.inference.vllm_replicas,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector(run_name, "vllm")},
+            "template": template(run_name, "vllm", spec),
+        },
+    }
 
 
 def build_vllm_service(settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None) -> Manifest:
     """Headless Service `<run>-vllm`: its DNS name resolves straight to the vLLM pod IPs, one A record per ready
     replica (`vllm_replicas`); the trainer resolves it to reach, balance and push to each replica."""
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(f"{run_name}-vllm", run_name, "vllm",
-                                                                    settings, owner),
-            "spec": {"clusterIP": "None", "selector": selector(run_name, "vllm"),
-                     "ports": [{"name": "http", "port": settings.vllm_port, "targetPort": "http", "protocol": "TCP"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(f"{run_name}-vllm", run_name, "vllm", settings, owner),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(run_name, "vllm"),
+            "ports": [{"name": "http", "port": settings.vllm_port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
 
 
 # ------------------------------------------------------------------------------------------------ rewards
-def build_reward_deployment(config: GRPOConfig, settings: ClusterSettings, run_name: str,
-                            owner: dict[str, Any] | None = None, *, component: str = "reward",
-                            config_map: str | None = None, secret: str | None = None) -> Manifest:
+def build_reward_deployment(
+    config: GRPOConfig,
+    settings: ClusterSettings,
+    run_name: str,
+    owner: dict[str, Any] | None = None,
+    *,
+    component: str = "reward",
+    config_map: str | None = None,
+    secret: str | None = None,
+) -> Manifest:
     """Reward-worker Deployment serving the run's reward functions over HTTP (`REWARD_SERVER_MODULE`).
 
     Reward code is submitter code, so these pods hold no credentials: no MLflow secret, no HF token, no
@@ -301,55 +391,101 @@ def build_reward_deployment(config: GRPOConfig, settings: ClusterSettings, run_n
         vols.append(data_vol)
         mounts.append(data_mount)
     container = {
-        "name": "reward", "image": settings.image("reward"),
-        "command": ["python", "-m", REWARD_SERVER_MODULE, "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
-                    "--host", "0.0.0.0", "--port", str(settings.reward_port),
-                    "--num-workers", str(config.rewards.reward_num_workers)],
+        "name": "reward",
+        "image": settings.image("reward"),
+        "command": [
+            "python",
+            "-m",
+            REWARD_SERVER_MODULE,
+            "--config",
+            f"{CONFIG_DIR}/{CONFIG_FILE}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(settings.reward_port),
+            "--num-workers",
+            str(config.rewards.reward_num_workers),
+        ],
         "env": base_env() + token_env(secret or tokens_secret_name(run_name), (REWARD_TOKEN_ENV, REWARD_TOKEN_KEY)),
         "ports": [{"name": "http", "containerPort": settings.reward_port, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
         "resources": _resources(settings.reward_cpu, settings.reward_memory_gib, 0, settings),
-        "volumeMounts": mounts, "securityContext": container_security(),
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
     }
     spec = pod_spec(settings, [container], vols, compute=False)
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
-            "spec": {"replicas": max(settings.reward_replicas, 1), "selector": {"matchLabels": selector(run_name,
-                                                                                                       component)},
-                     "template": template(run_name, component, spec)}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
+        "spec": {
+            "replicas": max(settings.reward_replicas, 1),
+            "selector": {"matchLabels": selector(run_name, component)},
+            "template": template(run_name, component, spec),
+        },
+    }
 
 
-def build_reward_service(settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None, *,
-                         component: str = "reward") -> Manifest:
+def build_reward_service(
+    settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None, *, component: str = "reward"
+) -> Manifest:
     """ClusterIP Service `<run>-<component>` in front of the reward workers."""
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(f"{run_name}-{component}", run_name, component,
-                                                                    settings, owner),
-            "spec": {"selector": selector(run_name, component),
-                     "ports": [{"name": "http", "port": settings.reward_port, "targetPort": "http",
-                                "protocol": "TCP"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
+        "spec": {
+            "selector": selector(run_name, component),
+            "ports": [{"name": "http", "port": settings.reward_port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
 
 
-def build_eval_reward_objects(config: GRPOConfig, settings: ClusterSettings, run_name: str, tokens: RunTokens,
-                              policy: PlatformPolicy | None = None) -> list[Manifest]:
+def build_eval_reward_objects(
+    config: GRPOConfig,
+    settings: ClusterSettings,
+    run_name: str,
+    tokens: RunTokens,
+    policy: PlatformPolicy | None = None,
+) -> list[Manifest]:
     """The evaluate step's own reward service, so held-out scoring runs reward code in a pod without
     credentials too: ConfigMap and Secret `<run>-eval-*`, Deployment, Service and NetworkPolicy
     `<run>-eval-reward` (ingress only from pods labelled EVALUATOR_LABELS), in creation order."""
     component = "eval-reward"
-    fields = {"reward_funcs": list(config.rewards.reward_funcs), "reward_weights": config.rewards.reward_weights,
-              "reward_num_workers": config.rewards.reward_num_workers, "reward_timeout_s": config.rewards.reward_timeout_s}
+    fields = {
+        "reward_funcs": list(config.rewards.reward_funcs),
+        "reward_weights": config.rewards.reward_weights,
+        "reward_num_workers": config.rewards.reward_num_workers,
+        "reward_timeout_s": config.rewards.reward_timeout_s,
+    }
     clients = {"podSelector": {"matchLabels": dict(EVALUATOR_LABELS)}}
-    return [reward_policy(settings, run_name, policy or PlatformPolicy(), component=component, clients=clients),
-            _config_map(f"{run_name}-eval-config", run_name, component, settings, fields, None),
-            build_tokens_secret(settings, run_name, tokens, component="eval-tokens"),
-            build_reward_deployment(config, settings, run_name, component=component,
-                                    config_map=f"{run_name}-eval-config", secret=f"{run_name}-eval-tokens"),
-            build_reward_service(settings, run_name, component=component)]
+    return [
+        reward_policy(settings, run_name, policy or PlatformPolicy(), component=component, clients=clients),
+        _config_map(f"{run_name}-eval-config", run_name, component, settings, fields, None),
+        build_tokens_secret(settings, run_name, tokens, component="eval-tokens"),
+        build_reward_deployment(
+            config,
+            settings,
+            run_name,
+            component=component,
+            config_map=f"{run_name}-eval-config",
+            secret=f"{run_name}-eval-tokens",
+        ),
+        build_reward_service(settings, run_name, component=component),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ all of it
-def build_run_objects(config: GRPOConfig, settings: ClusterSettings, run_name: str, *,
-                      mlflow_run_id: str | None = None, owner: dict[str, Any] | None = None,
-                      tokens: RunTokens | None = None, policy: PlatformPolicy | None = None) -> list[Manifest]:
+def build_run_objects(
+    config: GRPOConfig,
+    settings: ClusterSettings,
+    run_name: str,
+    *,
+    mlflow_run_id: str | None = None,
+    owner: dict[str, Any] | None = None,
+    tokens: RunTokens | None = None,
+    policy: PlatformPolicy | None = None,
+) -> list[Manifest]:
     """Every object of one run, in creation order: ConfigMap, PyTorchJob, tokens Secret, NetworkPolicies,
     reward Deployment + Service, vLLM Service + Deployment (policies exist before the pods they guard).
 
@@ -367,14 +503,20 @@ def build_run_objects(config: GRPOConfig, settings: ClusterSettings, run_name: s
         ValueError: bad run name, or a model or dataset the cluster cannot see (see `trainer_config`).
     """
     if not re.match(DNS_LABEL, run_name):
-        raise ValueError(f"run name {run_name!r} is not a DNS-1123 label of at most 40 characters "
-                         "(lowercase letters, digits, '-', starting with a letter). Fix: rename it.")
-    objs = [build_config_map(config, settings, run_name, owner),
-            build_pytorchjob(config, settings, run_name, mlflow_run_id),
-            build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner)]
+        raise ValueError(
+            f"run name {run_name!r} is not a DNS-1123 label of at most 40 characters "
+            "(lowercase letters, digits, '-', starting with a letter). Fix: rename it."
+        )
+    objs = [
+        build_config_map(config, settings, run_name, owner),
+        build_pytorchjob(config, settings, run_name, mlflow_run_id),
+        build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner),
+    ]
     objs += build_network_policies(settings, run_name, policy, owner)
     if settings.reward_replicas:
-        objs += [build_reward_deployment(config, settings, run_name, owner),
-                 build_reward_service(settings, run_name, owner)]
+        objs += [
+            build_reward_deployment(config, settings, run_name, owner),
+            build_reward_service(settings, run_name, owner),
+        ]
     objs += [build_vllm_service(settings, run_name, owner), build_vllm_deployment(config, settings, run_name, owner)]
     return objs

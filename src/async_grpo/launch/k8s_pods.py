@@ -40,8 +40,12 @@ MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "M
 # ------------------------------------------------------------------------------------------------ naming
 def labels(run_name: str, component: str) -> dict[str, str]:
     """Labels of every object of the run (`async-grpo/run` ties them together; cleanup selects on it)."""
-    return {"app.kubernetes.io/part-of": PART_OF, MANAGED_BY_LABEL: PART_OF, COMPONENT_LABEL: component,
-            RUN_LABEL: run_name}
+    return {
+        "app.kubernetes.io/part-of": PART_OF,
+        MANAGED_BY_LABEL: PART_OF,
+        COMPONENT_LABEL: component,
+        RUN_LABEL: run_name,
+    }
 
 
 def run_selector(run_name: str) -> str:
@@ -71,12 +75,17 @@ def owner_reference(job: Manifest) -> dict[str, Any]:
         KeyError: `job` has no `metadata.uid` (it was not returned by the API server).
     """
     api = job.get("apiVersion", f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}")
-    return {"apiVersion": api, "kind": job.get("kind", "PyTorchJob"), "name": job["metadata"]["name"],
-            "uid": job["metadata"]["uid"]}
+    return {
+        "apiVersion": api,
+        "kind": job.get("kind", "PyTorchJob"),
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+    }
 
 
-def meta(name: str, run_name: str, component: str, settings: ClusterSettings,
-         owner: dict[str, Any] | None) -> dict[str, Any]:
+def meta(
+    name: str, run_name: str, component: str, settings: ClusterSettings, owner: dict[str, Any] | None
+) -> dict[str, Any]:
     """`metadata` of a run object: name, namespace, the run's labels, and the ownerReference if any."""
     out: dict[str, Any] = {"name": name, "namespace": settings.namespace, "labels": labels(run_name, component)}
     if owner is not None:
@@ -108,12 +117,22 @@ def tokens_secret_name(run_name: str) -> str:
     return f"{run_name}{TOKENS_SECRET_SUFFIX}"
 
 
-def build_tokens_secret(settings: ClusterSettings, run_name: str, tokens: RunTokens, *,
-                        component: str = "tokens", owner: dict[str, Any] | None = None) -> Manifest:
+def build_tokens_secret(
+    settings: ClusterSettings,
+    run_name: str,
+    tokens: RunTokens,
+    *,
+    component: str = "tokens",
+    owner: dict[str, Any] | None = None,
+) -> Manifest:
     """Secret `<run>-<component>` (`<run>-tokens` for the run itself) holding the bearer tokens."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
-            "stringData": {VLLM_TOKEN_KEY: tokens.vllm_api_key, REWARD_TOKEN_KEY: tokens.reward_token}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
+        "stringData": {VLLM_TOKEN_KEY: tokens.vllm_api_key, REWARD_TOKEN_KEY: tokens.reward_token},
+    }
 
 
 def token_env(secret_name: str, *keys: tuple[str, str]) -> list[dict[str, Any]]:
@@ -126,15 +145,24 @@ def pod_security(settings: ClusterSettings) -> dict[str, Any]:
     """Pod securityContext: non-root UID/GID, RuntimeDefault seccomp, the weight-transfer ephemeral range."""
     lo, hi = settings.weight_transfer_ports
     uid = settings.run_as_user
-    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
-            "seccompProfile": {"type": "RuntimeDefault"},
-            "sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": f"{lo} {hi}"}]}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": f"{lo} {hi}"}],
+    }
 
 
 def container_security() -> dict[str, Any]:
     """Container securityContext: no escalation, read-only root filesystem, every capability dropped."""
-    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]}}
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def scratch_volumes(settings: ClusterSettings, shm: bool) -> tuple[list[dict], list[dict]]:
@@ -153,17 +181,31 @@ def base_env() -> list[dict[str, Any]]:
     otherwise try to write next to their sources or under ~); no hub access (models live on the PVC); no user
     site directory (PYTHONNOUSERSITE: `.pth` files under HOME never run at start-up, also in an image that forgot
     to set it)."""
-    env = {"PYTHONNOUSERSITE": "1", "HOME": CACHE_DIR, "XDG_CACHE_HOME": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/huggingface",
-           "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/inductor",
-           "NUMBA_CACHE_DIR": f"{CACHE_DIR}/numba", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+    env = {
+        "PYTHONNOUSERSITE": "1",
+        "HOME": CACHE_DIR,
+        "XDG_CACHE_HOME": CACHE_DIR,
+        "HF_HOME": f"{CACHE_DIR}/huggingface",
+        "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/inductor",
+        "NUMBA_CACHE_DIR": f"{CACHE_DIR}/numba",
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "DO_NOT_TRACK": "1",
+    }
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
 def nccl_env(settings: ClusterSettings) -> list[dict[str, Any]]:
     """The NCCL/gloo socket interface and the settings' extra NCCL_* variables."""
-    env = {"NCCL_SOCKET_IFNAME": settings.nccl_socket_ifname, "GLOO_SOCKET_IFNAME": settings.nccl_socket_ifname,
-           "NCCL_DEBUG": "WARN", **settings.nccl_env}
+    env = {
+        "NCCL_SOCKET_IFNAME": settings.nccl_socket_ifname,
+        "GLOO_SOCKET_IFNAME": settings.nccl_socket_ifname,
+        "NCCL_DEBUG": "WARN",
+        **settings.nccl_env,
+    }
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
@@ -177,14 +219,25 @@ def resources(cpu: float, memory_gib: int, gpus: int, settings: ClusterSettings)
     return {"requests": requests, "limits": limits}
 
 
-def pod_spec(settings: ClusterSettings, containers: list[dict], volumes: list[dict], *,
-             init_containers: list[dict] | None = None, compute: bool = True,
-             restart_policy: str | None = None) -> dict[str, Any]:
+def pod_spec(
+    settings: ClusterSettings,
+    containers: list[dict],
+    volumes: list[dict],
+    *,
+    init_containers: list[dict] | None = None,
+    compute: bool = True,
+    restart_policy: str | None = None,
+) -> dict[str, Any]:
     """A run pod's spec: the workload ServiceAccount with no token mounted, no service links, the pod
     securityContext, and (for `compute` pods) the node selector and tolerations."""
-    spec: dict[str, Any] = {"serviceAccountName": settings.service_account, "automountServiceAccountToken": False,
-                            "enableServiceLinks": False, "securityContext": pod_security(settings),
-                            "containers": containers, "volumes": volumes}
+    spec: dict[str, Any] = {
+        "serviceAccountName": settings.service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security(settings),
+        "containers": containers,
+        "volumes": volumes,
+    }
     if init_containers:
         spec["initContainers"] = init_containers
     if restart_policy:
@@ -199,14 +252,18 @@ def pod_spec(settings: ClusterSettings, containers: list[dict], volumes: list[di
 def template(run_name: str, component: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A pod template with the run's labels; Istio sidecars are kept out (they keep PyTorchJob pods from
     ever completing and sit in the NCCL path)."""
-    return {"metadata": {"labels": labels(run_name, component), "annotations": {"sidecar.istio.io/inject": "false"}},
-            "spec": spec}
+    return {
+        "metadata": {"labels": labels(run_name, component), "annotations": {"sidecar.istio.io/inject": "false"}},
+        "spec": spec,
+    }
 
 
 def data_volume(settings: ClusterSettings, read_only: bool) -> tuple[dict, dict]:
     """The shared workspace PVC and its mount at `data_mount_path` (read-only where code is loaded)."""
-    return ({"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_name, "readOnly": read_only}},
-            {"name": "data", "mountPath": settings.data_mount_path, "readOnly": read_only})
+    return (
+        {"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_name, "readOnly": read_only}},
+        {"name": "data", "mountPath": settings.data_mount_path, "readOnly": read_only},
+    )
 
 
 def mlflow_secret_env(settings: ClusterSettings) -> list[dict[str, Any]]:
@@ -214,5 +271,7 @@ def mlflow_secret_env(settings: ClusterSettings) -> list[dict[str, Any]]:
     (never the whole secret as envFrom)."""
     if not settings.mlflow_secret:
         return []
-    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.mlflow_secret, "key": key,
-                                                          "optional": True}}} for key in MLFLOW_SECRET_KEYS]
+    return [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": settings.mlflow_secret, "key": key, "optional": True}}}
+        for key in MLFLOW_SECRET_KEYS
+    ]

@@ -38,20 +38,48 @@ FIX = f"Fix: change it, or ask your platform engineer to allow it in ConfigMap {
 # (--trust-remote-code, --worker-extension-cls, --middleware, plugins), change auth or the listening
 # address, or fetch files are absent on purpose; the platform may widen the list.
 DEFAULT_VLLM_FLAGS = (
-    "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--kv-cache-dtype",
-    "--block-size", "--swap-space", "--cpu-offload-gb", "--quantization", "--enforce-eager",
-    "--pipeline-parallel-size", "--tensor-parallel-size", "--data-parallel-size", "--enable-expert-parallel",
-    "--disable-custom-all-reduce", "--max-logprobs", "--scheduling-policy", "--long-prefill-token-threshold",
-    "--max-num-partial-prefills", "--async-scheduling", "--served-model-name", "--tokenizer-mode",
+    "--gpu-memory-utilization",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
+    "--kv-cache-dtype",
+    "--block-size",
+    "--swap-space",
+    "--cpu-offload-gb",
+    "--quantization",
+    "--enforce-eager",
+    "--pipeline-parallel-size",
+    "--tensor-parallel-size",
+    "--data-parallel-size",
+    "--enable-expert-parallel",
+    "--disable-custom-all-reduce",
+    "--max-logprobs",
+    "--scheduling-policy",
+    "--long-prefill-token-threshold",
+    "--max-num-partial-prefills",
+    "--async-scheduling",
+    "--served-model-name",
+    "--tokenizer-mode",
 )
 
 
 # model_init_kwargs a cluster run may pass to from_pretrained: none of them loads code. Left out on purpose: keys that
 # point at files or caches the submitter controls (cache_dir, gguf_file, ...) and hub kernels (an attn_implementation
 # naming a repository, which transformers loads through the `kernels` package as a compiled library).
-SAFE_INIT_KWARGS = ("attn_implementation", "revision", "dtype", "torch_dtype", "use_cache", "low_cpu_mem_usage",
-                    "use_safetensors", "variant", "subfolder")
+SAFE_INIT_KWARGS = (
+    "attn_implementation",
+    "revision",
+    "dtype",
+    "torch_dtype",
+    "use_cache",
+    "low_cpu_mem_usage",
+    "use_safetensors",
+    "variant",
+    "subfolder",
+)
 BUILTIN_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention")
 
 
@@ -99,41 +127,66 @@ class PlatformPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    image_prefixes: list[str] = Field(default_factory=lambda: ["ghcr.io/async-grpo/"],
-                                      description="Allowed image reference prefixes (registry/repository).")
+    image_prefixes: list[str] = Field(
+        default_factory=lambda: ["ghcr.io/async-grpo/"],
+        description="Allowed image reference prefixes (registry/repository).",
+    )
     images: list[str] = Field(default_factory=list, description="Allowed exact image references.")
     require_digest: bool = Field(False, description="Every run image must be pinned by digest.")
-    default_images: dict[str, str] = Field(default_factory=dict, description="Image per role (trainer, vllm, "
-                                           "reward, cpu) for runs that name none.")
-    service_accounts: list[str] = Field(default_factory=lambda: ["async-grpo-workload"],
-                                        description="ServiceAccounts run pods may use.")
-    secrets: list[str] = Field(default_factory=lambda: ["mlflow-tracking", "hf-token"],
-                               description="Secrets a run or a pipeline step may read.")
-    pvcs: list[str] = Field(default_factory=lambda: ["async-grpo-workspace"],
-                            description="PersistentVolumeClaims a run may mount as its workspace.")
-    data_mount_paths: list[str] = Field(default_factory=lambda: ["/workspace"], description="Paths at which a run "
-                                        "may mount the workspace PVC (data_mount_path); the pipeline mounts it at "
-                                        "/workspace.")
-    nccl_env_keys: list[str] = Field(default_factory=lambda: list(NCCL_TUNING_ENV), description="NCCL/gloo "
-                                     "variables a run may set in nccl_env (never one naming a file or library).")
-    mlflow_tracking_uris: list[str] = Field(default_factory=lambda: ["http://mlflow:5000"],
-                                            description="MLflow servers a run may log to (and send credentials).")
+    default_images: dict[str, str] = Field(
+        default_factory=dict, description="Image per role (trainer, vllm, reward, cpu) for runs that name none."
+    )
+    service_accounts: list[str] = Field(
+        default_factory=lambda: ["async-grpo-workload"], description="ServiceAccounts run pods may use."
+    )
+    secrets: list[str] = Field(
+        default_factory=lambda: ["mlflow-tracking", "hf-token"],
+        description="Secrets a run or a pipeline step may read.",
+    )
+    pvcs: list[str] = Field(
+        default_factory=lambda: ["async-grpo-workspace"],
+        description="PersistentVolumeClaims a run may mount as its workspace.",
+    )
+    data_mount_paths: list[str] = Field(
+        default_factory=lambda: ["/workspace"],
+        description="Paths at which a run "
+        "may mount the workspace PVC (data_mount_path); the pipeline mounts it at "
+        "/workspace.",
+    )
+    nccl_env_keys: list[str] = Field(
+        default_factory=lambda: list(NCCL_TUNING_ENV),
+        description="NCCL/gloo variables a run may set in nccl_env (never one naming a file or library).",
+    )
+    mlflow_tracking_uris: list[str] = Field(
+        default_factory=lambda: ["http://mlflow:5000"],
+        description="MLflow servers a run may log to (and send credentials).",
+    )
     reward_urls: list[str] = Field(default_factory=list, description="External reward services (reward_url).")
-    vllm_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_FLAGS),
-                                  description="Flags allowed in vllm_extra_args.")
-    user_code_with_credentials: bool = Field(False, description="Allow submitter code to run where credentials "
-                                             "are: reward functions or a data producer loaded from files in the "
-                                             "trainer pod, or the local backend inside a pipeline pod.")
+    vllm_flags: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_VLLM_FLAGS), description="Flags allowed in vllm_extra_args."
+    )
+    user_code_with_credentials: bool = Field(
+        False,
+        description="Allow submitter code to run where credentials "
+        "are: reward functions or a data producer loaded from files in the "
+        "trainer pod, or the local backend inside a pipeline pod.",
+    )
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
-    dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"},
-                                           description="Labels of the cluster DNS pods.")
-    mlflow_pod_labels: dict[str, str] = Field(default_factory=lambda: {"app.kubernetes.io/name": "mlflow"},
-                                              description="Labels of the in-namespace MLflow server pods.")
+    dns_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods."
+    )
+    mlflow_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "mlflow"},
+        description="Labels of the in-namespace MLflow server pods.",
+    )
     mlflow_port: int = Field(5000, ge=1, le=65535, description="Port of the MLflow server pods.")
-    trainer_egress: list[EgressRule] = Field(default_factory=list, description="Extra trainer egress "
-                                             "(an MLflow server or object store outside the namespace).")
-    reward_egress: list[EgressRule] = Field(default_factory=list, description="Egress of reward pods (none: "
-                                            "reward code reaches nothing, not even DNS).")
+    trainer_egress: list[EgressRule] = Field(
+        default_factory=list,
+        description="Extra trainer egress (an MLflow server or object store outside the namespace).",
+    )
+    reward_egress: list[EgressRule] = Field(
+        default_factory=list, description="Egress of reward pods (none: reward code reaches nothing, not even DNS)."
+    )
 
     @field_validator("images")
     @classmethod
@@ -208,8 +261,10 @@ def load_policy(path: str | Path | None = None) -> tuple[PlatformPolicy, str]:
     if named:
         p = Path(named)
         if not p.is_file():
-            raise ConfigError(f"platform policy file {str(p)!r} does not exist. Fix: give the path of a YAML "
-                              f"copy of ConfigMap {POLICY_CONFIG_MAP} (key {POLICY_KEY}).")
+            raise ConfigError(
+                f"platform policy file {str(p)!r} does not exist. Fix: give the path of a YAML "
+                f"copy of ConfigMap {POLICY_CONFIG_MAP} (key {POLICY_KEY})."
+            )
     elif mounted.is_file():
         p = mounted
     else:
@@ -221,8 +276,11 @@ def load_policy(path: str | Path | None = None) -> tuple[PlatformPolicy, str]:
 def image_roles(settings: ClusterSettings) -> dict[str, str]:
     """Settings field -> the image name that role runs (cpu clusters run the cpu image for trainer and vLLM)."""
     cpu = settings.device == "cpu"
-    return {"trainer_image": "cpu" if cpu else "trainer", "vllm_image": "cpu" if cpu else "vllm",
-            "reward_image": "reward"}
+    return {
+        "trainer_image": "cpu" if cpu else "trainer",
+        "vllm_image": "cpu" if cpu else "vllm",
+        "reward_image": "reward",
+    }
 
 
 def resolve_images(settings: ClusterSettings, policy: PlatformPolicy) -> ClusterSettings:
@@ -230,8 +288,11 @@ def resolve_images(settings: ClusterSettings, policy: PlatformPolicy) -> Cluster
     the policy's default image for that role, where the policy has one."""
     if settings.image_registry is not None or settings.image_tag is not None:
         return settings
-    update = {f: policy.default_images[name] for f, name in image_roles(settings).items()
-              if getattr(settings, f) is None and name in policy.default_images}
+    update = {
+        f: policy.default_images[name]
+        for f, name in image_roles(settings).items()
+        if getattr(settings, f) is None and name in policy.default_images
+    }
     return settings.model_copy(update=update) if update else settings
 
 
@@ -245,14 +306,20 @@ def _image_problems(field: str, ref: str, policy: PlatformPolicy, allow_placehol
     problems = []
     exact = any(_parsed_or_none(entry) == parsed for entry in policy.images)
     if not exact and not any(prefix_covers(p, parsed) for p in policy.image_prefixes):
-        problems.append(f"{field}={ref!r} is not an allowed image (allowed prefixes {policy.image_prefixes}, "
-                        f"references {policy.images}). {FIX} (image_prefixes or images).")
+        problems.append(
+            f"{field}={ref!r} is not an allowed image (allowed prefixes {policy.image_prefixes}, "
+            f"references {policy.images}). {FIX} (image_prefixes or images)."
+        )
     if policy.require_digest and not parsed.pinned:
-        problems.append(f"{field}={ref!r} is not pinned by digest and the platform requires it. Fix: use "
-                        f"{ref.split('@')[0]}@sha256:<digest of the pushed image>.")
+        problems.append(
+            f"{field}={ref!r} is not pinned by digest and the platform requires it. Fix: use "
+            f"{ref.split('@')[0]}@sha256:<digest of the pushed image>."
+        )
     if parsed.digest == PLACEHOLDER_DIGEST and not allow_placeholders:
-        problems.append(f"{field}={ref!r} carries the placeholder digest. Fix: put the digest of the image you "
-                        f"pushed into default_images of ConfigMap {POLICY_CONFIG_MAP} (or the image override).")
+        problems.append(
+            f"{field}={ref!r} carries the placeholder digest. Fix: put the digest of the image you "
+            f"pushed into default_images of ConfigMap {POLICY_CONFIG_MAP} (or the image override)."
+        )
     return problems
 
 
@@ -273,17 +340,26 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     """
     mount = settings.data_mount_path
     fix = f"Fix: copy it onto PVC {settings.pvc_name!r} and name it as {mount}/<path>, without '..' or '//'"
-    checked = [("model_name_or_path", config.model_name_or_path, "the model folder"),
-               ("dataset", config.data.dataset, "the dataset"), ("eval_dataset", config.data.eval_dataset, "the dataset")]
+    checked = [
+        ("model_name_or_path", config.model_name_or_path, "the model folder"),
+        ("dataset", config.data.dataset, "the dataset"),
+        ("eval_dataset", config.data.eval_dataset, "the dataset"),
+    ]
     resume = config.checkpoint.resume_from_checkpoint
     if isinstance(resume, str):
         checked.append(("resume_from_checkpoint", resume, "the checkpoint"))
-    for field, specs in (("reward_funcs", config.rewards.reward_funcs), ("tools", config.tools.tools),
-                         ("data_producer", [config.producer.data_producer])):
+    for field, specs in (
+        ("reward_funcs", config.rewards.reward_funcs),
+        ("tools", config.tools.tools),
+        ("data_producer", [config.producer.data_producer]),
+    ):
         checked += [(field, spec.rsplit(":", 1)[0], f"the file of {spec!r}") for spec in specs if is_file_spec(spec)]
-    return [f"{field}={value!r}: on Kubernetes {what} must be a builtin or a normalized path on the shared volume (run "
-            f"pods reach no hub). {fix}." for field, value, what in checked
-            if value is not None and not value.startswith("builtin:") and not on_volume(value, settings)]
+    return [
+        f"{field}={value!r}: on Kubernetes {what} must be a builtin or a normalized path on the shared volume (run "
+        f"pods reach no hub). {fix}."
+        for field, value, what in checked
+        if value is not None and not value.startswith("builtin:") and not on_volume(value, settings)
+    ]
 
 
 def _parsed_or_none(ref: str):
@@ -312,13 +388,16 @@ def _flag_problems(args: list[str], policy: PlatformPolicy) -> list[str]:
             continue  # a flag's value
         flag = arg.split("=", 1)[0]
         if flag not in policy.vllm_flags:
-            problems.append(f"vllm_extra_args: flag {flag!r} is not allowed (it may load code, change the "
-                            f"server's address or auth, or fetch files). {FIX} (vllm_flags).")
+            problems.append(
+                f"vllm_extra_args: flag {flag!r} is not allowed (it may load code, change the "
+                f"server's address or auth, or fetch files). {FIX} (vllm_flags)."
+            )
     return problems
 
 
-def check_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *,
-              allow_placeholders: bool = False) -> None:
+def check_run(
+    config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *, allow_placeholders: bool = False
+) -> None:
     """Refuse a run that asks for anything the policy does not allow: images, the ServiceAccount, secrets,
     the workspace PVC, the MLflow server, an external reward service, vLLM flags, user code in the trainer.
 
@@ -333,57 +412,92 @@ def check_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPol
     for field in image_roles(settings):
         problems += _image_problems(field, settings.image(_role(field)), policy, allow_placeholders)
     if settings.service_account not in policy.service_accounts:
-        problems.append(f"service_account={settings.service_account!r} is not allowed (allowed: "
-                        f"{policy.service_accounts}). {FIX} (service_accounts).")
+        problems.append(
+            f"service_account={settings.service_account!r} is not allowed (allowed: "
+            f"{policy.service_accounts}). {FIX} (service_accounts)."
+        )
     if settings.mlflow_secret is not None and settings.mlflow_secret not in policy.secrets:
-        problems.append(f"mlflow_secret={settings.mlflow_secret!r} is not an allowed secret (allowed: "
-                        f"{policy.secrets}). {FIX} (secrets).")
+        problems.append(
+            f"mlflow_secret={settings.mlflow_secret!r} is not an allowed secret (allowed: "
+            f"{policy.secrets}). {FIX} (secrets)."
+        )
     if settings.data_mount_path not in policy.data_mount_paths:
-        problems.append(f"data_mount_path={settings.data_mount_path!r} is not an allowed mount path (allowed: "
-                        f"{policy.data_mount_paths}). {FIX} (data_mount_paths).")
+        problems.append(
+            f"data_mount_path={settings.data_mount_path!r} is not an allowed mount path (allowed: "
+            f"{policy.data_mount_paths}). {FIX} (data_mount_paths)."
+        )
     unknown_nccl = sorted(set(settings.nccl_env) - set(policy.nccl_env_keys))
     if unknown_nccl:
-        problems.append(f"nccl_env sets {unknown_nccl}, which are not allowed NCCL/gloo variables (allowed: "
-                        f"{policy.nccl_env_keys}). {FIX} (nccl_env_keys).")
+        problems.append(
+            f"nccl_env sets {unknown_nccl}, which are not allowed NCCL/gloo variables (allowed: "
+            f"{policy.nccl_env_keys}). {FIX} (nccl_env_keys)."
+        )
     if settings.pvc_name not in policy.pvcs:
-        problems.append(f"pvc_name={settings.pvc_name!r} is not an allowed workspace volume (allowed: "
-                        f"{policy.pvcs}). {FIX} (pvcs).")
+        problems.append(
+            f"pvc_name={settings.pvc_name!r} is not an allowed workspace volume (allowed: {policy.pvcs}). {FIX} (pvcs)."
+        )
     uri = config.tracking.mlflow_tracking_uri or settings.mlflow_tracking_uri
-    problems += _uri_problems("mlflow_tracking_uri", uri, policy.mlflow_tracking_uris, "MLflow server",
-                              "the run's MLflow credentials would go there")
+    problems += _uri_problems(
+        "mlflow_tracking_uri",
+        uri,
+        policy.mlflow_tracking_uris,
+        "MLflow server",
+        "the run's MLflow credentials would go there",
+    )
     if config.rewards.reward_url and not settings.reward_replicas:
-        problems += _uri_problems("reward_url", config.rewards.reward_url, policy.reward_urls, "reward service",
-                                  "every rollout would be sent there")
+        problems += _uri_problems(
+            "reward_url",
+            config.rewards.reward_url,
+            policy.reward_urls,
+            "reward service",
+            "every rollout would be sent there",
+        )
     problems += _flag_problems(config.vllm_serve_args, policy)
     problems += path_problems(config, settings)
     if not policy.user_code_with_credentials:
-        in_trainer = [s for s in config.rewards.reward_funcs if is_file_spec(s)] if not (settings.reward_replicas
-                                                                                  or config.rewards.reward_url) else []
+        in_trainer = (
+            [s for s in config.rewards.reward_funcs if is_file_spec(s)]
+            if not (settings.reward_replicas or config.rewards.reward_url)
+            else []
+        )
         if in_trainer:
-            problems.append(f"reward_funcs {in_trainer} are files and reward_replicas=0 would run them in the "
-                            "trainer pod, which holds the MLflow credentials. Fix: set reward_replicas >= 1 (they "
-                            "then run in reward pods without credentials).")
-        tools = [s for s in config.tools.tools if is_file_spec(s)] if not (settings.reward_replicas
-                                                                            or config.rewards.reward_url) else []
+            problems.append(
+                f"reward_funcs {in_trainer} are files and reward_replicas=0 would run them in the "
+                "trainer pod, which holds the MLflow credentials. Fix: set reward_replicas >= 1 (they "
+                "then run in reward pods without credentials)."
+            )
+        tools = (
+            [s for s in config.tools.tools if is_file_spec(s)]
+            if not (settings.reward_replicas or config.rewards.reward_url)
+            else []
+        )
         if tools:  # tool calls run where rewards are scored: the reward pods, or else the trainer pod
-            problems.append(f"tools {tools} are files and reward_replicas=0 would run them in the trainer pod, which "
-                            "holds the MLflow credentials. Fix: set reward_replicas >= 1 (tool calls then run in the "
-                            "reward pods, without credentials).")
+            problems.append(
+                f"tools {tools} are files and reward_replicas=0 would run them in the trainer pod, which "
+                "holds the MLflow credentials. Fix: set reward_replicas >= 1 (tool calls then run in the "
+                "reward pods, without credentials)."
+            )
         init = config.model_init_kwargs or {}
         odd = sorted(set(init) - set(SAFE_INIT_KWARGS))
         attention = init.get("attn_implementation")
         if odd or (attention is not None and attention not in BUILTIN_ATTENTION):
-            problems.append(f"model_init_kwargs {odd or {'attn_implementation': attention}} may load files or "
-                            f"compiled kernels in the trainer pod, which holds the MLflow credentials. Fix: use only "
-                            f"{list(SAFE_INIT_KWARGS)}, with attn_implementation one of {list(BUILTIN_ATTENTION)}.")
+            problems.append(
+                f"model_init_kwargs {odd or {'attn_implementation': attention}} may load files or "
+                f"compiled kernels in the trainer pod, which holds the MLflow credentials. Fix: use only "
+                f"{list(SAFE_INIT_KWARGS)}, with attn_implementation one of {list(BUILTIN_ATTENTION)}."
+            )
         if config.trust_remote_code:
-            problems.append("trust_remote_code=true would run the model folder's Python code in the trainer pod, "
-                            "which holds the MLflow credentials. Fix: use a model that transformers supports "
-                            "natively, or ask your platform engineer to set user_code_with_credentials.")
+            problems.append(
+                "trust_remote_code=true would run the model folder's Python code in the trainer pod, "
+                "which holds the MLflow credentials. Fix: use a model that transformers supports "
+                "natively, or ask your platform engineer to set user_code_with_credentials."
+            )
         if config.producer.data_producer and is_file_spec(config.producer.data_producer):
-            problems.append(f"data_producer={config.producer.data_producer!r} is a file: it would run in the trainer pod, "
-                            "which holds the MLflow credentials. Fix: install it in the trainer image and name it "
-                            f"as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials.")
+            problems.append(
+                f"data_producer={config.producer.data_producer!r} is a file: it would run in the trainer pod, "
+                "which holds the MLflow credentials. Fix: install it in the trainer image and name it "
+                f"as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials."
+            )
     if problems:
         raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))
 
@@ -401,9 +515,11 @@ def check_backend_choice(launch_backend: str, policy: PlatformPolicy | None = No
         return
     policy = policy or load_policy()[0]
     if not policy.user_code_with_credentials:
-        raise PolicyViolation("launch_backend='local' inside a cluster pod would run the run's reward code next to "
-                              "the pipeline's credentials and ServiceAccount token. Fix: use launch_backend="
-                              "kubernetes (reward code then runs in pods without credentials).")
+        raise PolicyViolation(
+            "launch_backend='local' inside a cluster pod would run the run's reward code next to "
+            "the pipeline's credentials and ServiceAccount token. Fix: use launch_backend="
+            "kubernetes (reward code then runs in pods without credentials)."
+        )
 
 
 def in_cluster_pod() -> bool:
@@ -415,12 +531,15 @@ def work_dir_problems(work_dir: str) -> list[str]:
     """The pipeline's `work_dir` must be the workspace mount (DEFAULT_DATA_MOUNT_PATH) or a normalized folder under
     it: the train step stages data there and the cleanup step deletes `<work_dir>/<run>/staging`."""
     trimmed = work_dir.rstrip("/")
-    ok = trimmed == DEFAULT_DATA_MOUNT_PATH or (posixpath.normpath(trimmed) == trimmed
-                                                and trimmed.startswith(DEFAULT_DATA_MOUNT_PATH + "/"))
+    ok = trimmed == DEFAULT_DATA_MOUNT_PATH or (
+        posixpath.normpath(trimmed) == trimmed and trimmed.startswith(DEFAULT_DATA_MOUNT_PATH + "/")
+    )
     if ok and "\x00" not in work_dir:
         return []
-    return [f"work_dir={work_dir!r} is not the workspace volume ({DEFAULT_DATA_MOUNT_PATH}) or a normalized folder "
-            f"under it. Fix: leave work_dir at {DEFAULT_DATA_MOUNT_PATH}."]
+    return [
+        f"work_dir={work_dir!r} is not the workspace volume ({DEFAULT_DATA_MOUNT_PATH}) or a normalized folder "
+        f"under it. Fix: leave work_dir at {DEFAULT_DATA_MOUNT_PATH}."
+    ]
 
 
 def check_work_dir(work_dir: str) -> None:
@@ -443,16 +562,19 @@ def check_namespace(settings: ClusterSettings, own_namespace: str | None) -> Non
         PolicyViolation: `own_namespace` is known and differs from `settings.namespace`.
     """
     if own_namespace and settings.namespace != own_namespace:
-        raise PolicyViolation(f"the platform policy refuses this run:\n  namespace={settings.namespace!r} is not this "
-                              f"launcher's namespace {own_namespace!r}. Fix: drop namespace from kubernetes_options.")
+        raise PolicyViolation(
+            f"the platform policy refuses this run:\n  namespace={settings.namespace!r} is not this "
+            f"launcher's namespace {own_namespace!r}. Fix: drop namespace from kubernetes_options."
+        )
 
 
 def _role(field: str) -> str:
     return field.removesuffix("_image")
 
 
-def prepare_run(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *,
-                allow_placeholders: bool = False) -> ClusterSettings:
+def prepare_run(
+    config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *, allow_placeholders: bool = False
+) -> ClusterSettings:
     """`resolve_images` then `check_run`: the settings a run is built with. Raises PolicyViolation."""
     resolved = resolve_images(settings, policy)
     check_run(config, resolved, policy, allow_placeholders=allow_placeholders)

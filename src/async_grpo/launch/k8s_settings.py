@@ -23,19 +23,69 @@ NCCL_ENV_KEY = re.compile(r"(NCCL|GLOO)_[A-Z0-9_]+")
 NCCL_NEVER = re.compile(r"NCCL_CONF_FILE|.*_PLUGIN|.*_FILE|.*_PATH|.*_DIR")
 # The tuning and diagnostic variables a run may set by default (the platform policy's `nccl_env_keys`).
 NCCL_TUNING_ENV = (
-    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TC",
-    "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_SPLIT_DATA_ON_QPS",
-    "NCCL_IB_PCI_RELAXED_ORDERING", "NCCL_IB_ADAPTIVE_ROUTING", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
-    "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
-    "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "NCCL_SOCKET_FAMILY", "NCCL_MIN_NCHANNELS",
-    "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_CROSS_NIC",
-    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_IGNORE_CPU_AFFINITY", "NCCL_LAUNCH_MODE",
-    "NCCL_NET_SHARED_BUFFERS", "GLOO_DEVICE_TRANSPORT",
+    "NCCL_DEBUG",
+    "NCCL_DEBUG_SUBSYS",
+    "NCCL_IB_DISABLE",
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_TC",
+    "NCCL_IB_SL",
+    "NCCL_IB_TIMEOUT",
+    "NCCL_IB_RETRY_CNT",
+    "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_IB_SPLIT_DATA_ON_QPS",
+    "NCCL_IB_PCI_RELAXED_ORDERING",
+    "NCCL_IB_ADAPTIVE_ROUTING",
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_NET_GDR_READ",
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_SHM_DISABLE",
+    "NCCL_BUFFSIZE",
+    "NCCL_NTHREADS",
+    "NCCL_NSOCKS_PERTHREAD",
+    "NCCL_SOCKET_NTHREADS",
+    "NCCL_SOCKET_FAMILY",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_MIN_CTAS",
+    "NCCL_MAX_CTAS",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_CROSS_NIC",
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_IGNORE_CPU_AFFINITY",
+    "NCCL_LAUNCH_MODE",
+    "NCCL_NET_SHARED_BUFFERS",
+    "GLOO_DEVICE_TRANSPORT",
 )
 # Where the workspace may never be mounted: over the image's code, libraries, configuration, HOME (/cache: a user
 # site directory or a .pth there would run at start-up) or the pod's scratch and system folders.
-PROTECTED_DIRS = ("/bin", "/boot", "/cache", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32",
-                  "/models", "/opt", "/proc", "/root", "/run", "/sbin", "/src", "/srv", "/sys", "/tmp", "/usr", "/var")
+PROTECTED_DIRS = (
+    "/bin",
+    "/boot",
+    "/cache",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/models",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/src",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/var",
+)
 
 
 def check_mount_path(value: str) -> str:
@@ -46,12 +96,16 @@ def check_mount_path(value: str) -> str:
         ValueError: it is not; the message names data_mount_path and the fix.
     """
     if not value.startswith("/") or posixpath.normpath(value) != value or value == "/" or "\x00" in value:
-        raise ValueError(f"data_mount_path={value!r} must be an absolute, normalized path such as /workspace. "
-                         "Fix: write it without '..', '.', '//' or a trailing slash.")
+        raise ValueError(
+            f"data_mount_path={value!r} must be an absolute, normalized path such as /workspace. "
+            "Fix: write it without '..', '.', '//' or a trailing slash."
+        )
     clash = [d for d in PROTECTED_DIRS if value == d or value.startswith(d + "/") or d.startswith(value + "/")]
     if clash:
-        raise ValueError(f"data_mount_path={value!r} would cover or sit inside {clash}, where the images keep "
-                         "code, configuration or HOME. Fix: use /workspace.")
+        raise ValueError(
+            f"data_mount_path={value!r} would cover or sit inside {clash}, where the images keep "
+            "code, configuration or HOME. Fix: use /workspace."
+        )
     return value
 
 
@@ -63,13 +117,20 @@ class ClusterSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    namespace: str = Field("async-grpo", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-                           description="Namespace of the run.")
+    namespace: str = Field(
+        "async-grpo", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Namespace of the run."
+    )
     device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: CUDA images + NCCL; cpu: the CPU image + gloo.")
-    image_registry: str | None = Field(None, description="Registry prefix of our images; None: the platform "
-                                       f"policy's default images, else {DEFAULT_REGISTRY}.")
-    image_tag: str | None = Field(None, description="Tag of our images; None: the platform policy's default "
-                                  "images, else the package version they hold.")
+    image_registry: str | None = Field(
+        None,
+        description="Registry prefix of our images; None: the platform "
+        f"policy's default images, else {DEFAULT_REGISTRY}.",
+    )
+    image_tag: str | None = Field(
+        None,
+        description="Tag of our images; None: the platform policy's default "
+        "images, else the package version they hold.",
+    )
     trainer_image: str | None = Field(None, description="Override the trainer image reference.")
     vllm_image: str | None = Field(None, description="Override the vLLM image reference.")
     reward_image: str | None = Field(None, description="Override the reward-worker image reference.")
@@ -80,43 +141,66 @@ class ClusterSettings(BaseModel):
     vllm_gpus: int = Field(1, ge=1, description="GPUs of the vLLM pod (its tensor-parallel size).")
     vllm_cpu: float = Field(8.0, gt=0, description="CPU cores requested by the vLLM pod.")
     vllm_memory_gib: int = Field(64, ge=1, description="Memory of the vLLM pod (GiB).")
-    reward_replicas: int = Field(1, ge=0, description="Reward-service pods (`python -m async_grpo.rewards.server`, "
-                                 "reward_num_workers processes each) behind the reward Service; the trainer gets "
-                                 "its URL in ASYNC_GRPO_REWARD_URL. 0 scores in a process pool in the trainer pod.")
+    reward_replicas: int = Field(
+        1,
+        ge=0,
+        description="Reward-service pods (`python -m async_grpo.rewards.server`, "
+        "reward_num_workers processes each) behind the reward Service; the trainer gets "
+        "its URL in ASYNC_GRPO_REWARD_URL. 0 scores in a process pool in the trainer pod.",
+    )
     reward_cpu: float = Field(2.0, gt=0, description="CPU cores requested per reward pod.")
     reward_memory_gib: int = Field(4, ge=1, description="Memory per reward pod (GiB).")
     shm_size_gib: int = Field(16, ge=1, description="Size limit of the /dev/shm emptyDir (GiB).")
-    gpu_resource: str = Field("nvidia.com/gpu", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
-                              description="Extended resource name of a GPU (domain-prefixed, e.g. nvidia.com/gpu, "
-                              "amd.com/gpu).")
+    gpu_resource: str = Field(
+        "nvidia.com/gpu",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+        description="Extended resource name of a GPU (domain-prefixed, e.g. nvidia.com/gpu, amd.com/gpu).",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of the GPU/compute pods.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of the compute pods.")
-    pvc_name: str = Field("async-grpo-workspace", description="PVC holding models, datasets and run folders "
-                          "(the pipeline's workspace volume).")
-    data_mount_path: str = Field(DEFAULT_DATA_MOUNT_PATH, description="Where that PVC is mounted in every pod: the same path as "
-                                 "in the pipeline's steps, so paths mean the same everywhere. An absolute, normalized "
-                                 "path outside the image's folders (PROTECTED_DIRS); the platform policy's "
-                                 "data_mount_paths lists the allowed ones.")
-    mlflow_tracking_uri: str = Field("http://mlflow:5000", description="MLflow tracking server as pods see it, "
-                                     "used when the run config sets none.")
-    mlflow_secret: str | None = Field("mlflow-tracking", description="Secret whose optional keys "
-                                      "MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN reach the trainer pods (only them).")
+    pvc_name: str = Field(
+        "async-grpo-workspace",
+        description="PVC holding models, datasets and run folders (the pipeline's workspace volume).",
+    )
+    data_mount_path: str = Field(
+        DEFAULT_DATA_MOUNT_PATH,
+        description="Where that PVC is mounted in every pod: the same path as "
+        "in the pipeline's steps, so paths mean the same everywhere. An absolute, normalized "
+        "path outside the image's folders (PROTECTED_DIRS); the platform policy's "
+        "data_mount_paths lists the allowed ones.",
+    )
+    mlflow_tracking_uri: str = Field(
+        "http://mlflow:5000", description="MLflow tracking server as pods see it, used when the run config sets none."
+    )
+    mlflow_secret: str | None = Field(
+        "mlflow-tracking",
+        description="Secret whose optional keys "
+        "MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN reach the trainer pods (only them).",
+    )
     service_account: str = Field("async-grpo-workload", description="ServiceAccount of run pods (no API rights).")
     nccl_socket_ifname: str = Field("eth0", description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the pod NIC.")
-    nccl_env: dict[str, str] = Field(default_factory=dict, description="Extra NCCL/gloo tuning variables for "
-                                     "trainer and vLLM; the platform policy's nccl_env_keys lists the allowed names "
-                                     "(default NCCL_TUNING_ENV). Never a variable that names a file or a library.")
+    nccl_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra NCCL/gloo tuning variables for "
+        "trainer and vLLM; the platform policy's nccl_env_keys lists the allowed names "
+        "(default NCCL_TUNING_ENV). Never a variable that names a file or a library.",
+    )
     vllm_port: int = Field(8000, ge=1, le=65535, description="vLLM HTTP port.")
     reward_port: int = Field(8080, ge=1, le=65535, description="Reward service HTTP port.")
     weight_transfer_ports: tuple[int, int] = Field(
-        (40000, 41999), description="Inclusive TCP port range of the weight-transfer rendezvous and NCCL sockets. "
-        "Pods get it as their ephemeral range (sysctl net.ipv4.ip_local_port_range); NetworkPolicies open it.")
+        (40000, 41999),
+        description="Inclusive TCP port range of the weight-transfer rendezvous and NCCL sockets. "
+        "Pods get it as their ephemeral range (sysctl net.ipv4.ip_local_port_range); NetworkPolicies open it.",
+    )
     restart_policy: Literal["Never", "OnFailure", "ExitCode", "Always"] = Field(
-        "OnFailure", description="PyTorchJob restart policy of the trainer pods. A restarted trainer resumes from "
+        "OnFailure",
+        description="PyTorchJob restart policy of the trainer pods. A restarted trainer resumes from "
         "the newest checkpoint on the PVC (the pod's config sets resume_from_checkpoint: true); Never fails the run "
-        "at the first pod failure.")
-    backoff_limit: int = Field(3, ge=0, description="PyTorchJob runPolicy.backoffLimit: trainer pod restarts "
-                               "before the job is failed.")
+        "at the first pod failure.",
+    )
+    backoff_limit: int = Field(
+        3, ge=0, description="PyTorchJob runPolicy.backoffLimit: trainer pod restarts before the job is failed."
+    )
     ttl_after_finished_s: int = Field(7 * 24 * 3600, ge=0, description="Finished PyTorchJob kept this long (s).")
     run_as_user: int = Field(1000, ge=1, description="UID (and GID, fsGroup) of every container; never root.")
 
@@ -126,9 +210,11 @@ class ClusterSettings(BaseModel):
         """Only NCCL_*/GLOO_* variables, never one naming a file or library (NCCL_NEVER), values printable ASCII."""
         bad = sorted(k for k in value if not NCCL_ENV_KEY.fullmatch(k) or NCCL_NEVER.fullmatch(k))
         if bad:
-            raise ValueError(f"nccl_env may only set NCCL/gloo tuning variables, not {bad}. Fix: drop them "
-                             "(LD_PRELOAD, PYTHONPATH, NCCL_CONF_FILE or a plugin would load code into the pods).")
-        odd = sorted(k for k, v in value.items() if not isinstance(v, str) or not all(0x20 <= ord(c) < 0x7f for c in v))
+            raise ValueError(
+                f"nccl_env may only set NCCL/gloo tuning variables, not {bad}. Fix: drop them "
+                "(LD_PRELOAD, PYTHONPATH, NCCL_CONF_FILE or a plugin would load code into the pods)."
+            )
+        odd = sorted(k for k, v in value.items() if not isinstance(v, str) or not all(0x20 <= ord(c) < 0x7F for c in v))
         if odd:
             raise ValueError(f"nccl_env values of {odd} hold control or non-ASCII characters. Fix: give plain values.")
         return value
@@ -143,8 +229,10 @@ class ClusterSettings(BaseModel):
         """The weight-transfer range must be ordered, wide enough, and clear of the HTTP ports."""
         lo, hi = self.weight_transfer_ports
         if not 1024 < lo < hi <= 65535 or hi - lo < 255:
-            raise ValueError(f"weight_transfer_ports={self.weight_transfer_ports} must be an ordered range of "
-                             "at least 256 ports within 1025-65535. Fix: e.g. (40000, 41999).")
+            raise ValueError(
+                f"weight_transfer_ports={self.weight_transfer_ports} must be an ordered range of "
+                "at least 256 ports within 1025-65535. Fix: e.g. (40000, 41999)."
+            )
         if lo <= self.vllm_port <= hi or lo <= self.reward_port <= hi:
             raise ValueError("vllm_port/reward_port fall inside weight_transfer_ports. Fix: move one of them.")
         return self

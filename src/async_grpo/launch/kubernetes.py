@@ -127,12 +127,22 @@ class KubernetesBackend:
 
     name = "kubernetes"
 
-    def __init__(self, settings: ClusterSettings | Mapping[str, Any] | None = None, *,
-                 policy: PlatformPolicy | None = None, core_api: Any = None, apps_api: Any = None,
-                 networking_api: Any = None, custom_api: Any = None, tracking: RunTracking | None = None,
-                 run_name: str | None = None, poll_interval_s: float = POLL_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 **setting_fields: Any):
+    def __init__(
+        self,
+        settings: ClusterSettings | Mapping[str, Any] | None = None,
+        *,
+        policy: PlatformPolicy | None = None,
+        core_api: Any = None,
+        apps_api: Any = None,
+        networking_api: Any = None,
+        custom_api: Any = None,
+        tracking: RunTracking | None = None,
+        run_name: str | None = None,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        **setting_fields: Any,
+    ):
         base = settings.model_dump() if isinstance(settings, ClusterSettings) else dict(settings or {})
         fields = {**base, **setting_fields}
         own_namespace = SA_NAMESPACE_FILE.read_text().strip() if SA_NAMESPACE_FILE.is_file() else None
@@ -187,9 +197,12 @@ class KubernetesBackend:
         trainer_cfg = trainer_config(config, s, run_name)
         build_run_objects(config, s, run_name, policy=self.policy)
         uri = trainer_cfg.tracking.mlflow_tracking_uri
-        mlflow_run_id = self.tracking.create_run(uri, config.tracking.mlflow_experiment_name, trainer_cfg.tracking.run_name)
-        objects = build_run_objects(config, s, run_name, mlflow_run_id=mlflow_run_id, policy=self.policy,
-                                    tokens=RunTokens.generate())
+        mlflow_run_id = self.tracking.create_run(
+            uri, config.tracking.mlflow_experiment_name, trainer_cfg.tracking.run_name
+        )
+        objects = build_run_objects(
+            config, s, run_name, mlflow_run_id=mlflow_run_id, policy=self.policy, tokens=RunTokens.generate()
+        )
         created: list[Manifest] = []
         succeeded = False
         status = "FAILED"
@@ -292,8 +305,15 @@ class KubernetesBackend:
         kind, ns = obj["kind"], self.settings.namespace
         logger.info("creating %s %s", kind, obj["metadata"]["name"])
         if kind == "PyTorchJob":
-            return self._call("custom", "create_namespaced_custom_object", PYTORCHJOB_GROUP, PYTORCHJOB_VERSION,
-                              ns, PYTORCHJOB_PLURAL, obj)
+            return self._call(
+                "custom",
+                "create_namespaced_custom_object",
+                PYTORCHJOB_GROUP,
+                PYTORCHJOB_VERSION,
+                ns,
+                PYTORCHJOB_PLURAL,
+                obj,
+            )
         api, suffix = KIND_API[kind]
         return self._call(api, f"create_namespaced_{suffix}", ns, obj)
 
@@ -307,7 +327,8 @@ class KubernetesBackend:
             raise RuntimeError(
                 f"{obj['kind']} {obj['metadata']['name']} already exists in namespace {self.settings.namespace}: "
                 f"a run named {run!r} is there. Fix: choose another run_name, or remove the old run with "
-                f"`kubectl -n {self.settings.namespace} delete pytorchjob {run}`.") from err
+                f"`kubectl -n {self.settings.namespace} delete pytorchjob {run}`."
+            ) from err
 
     def _delete(self, obj: Manifest, uid: str | None = None) -> None:
         kind, name, ns = obj["kind"], obj["metadata"]["name"], self.settings.namespace
@@ -315,8 +336,16 @@ class KubernetesBackend:
         if uid:  # delete exactly the object that was listed, not a namesake created since
             kwargs["body"] = {"preconditions": {"uid": uid}}
         if kind == "PyTorchJob":
-            self._call("custom", "delete_namespaced_custom_object", PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, ns,
-                       PYTORCHJOB_PLURAL, name, **kwargs)
+            self._call(
+                "custom",
+                "delete_namespaced_custom_object",
+                PYTORCHJOB_GROUP,
+                PYTORCHJOB_VERSION,
+                ns,
+                PYTORCHJOB_PLURAL,
+                name,
+                **kwargs,
+            )
             return
         api, suffix = KIND_API[kind]
         self._call(api, f"delete_namespaced_{suffix}", name, ns, **kwargs)
@@ -325,8 +354,15 @@ class KubernetesBackend:
         """Objects of `kind` matching `label_selector`, as dicts with `metadata` (name, uid, labels)."""
         ns = self.settings.namespace
         if kind == "PyTorchJob":
-            out = self._call("custom", "list_namespaced_custom_object", PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, ns,
-                             PYTORCHJOB_PLURAL, label_selector=label_selector)
+            out = self._call(
+                "custom",
+                "list_namespaced_custom_object",
+                PYTORCHJOB_GROUP,
+                PYTORCHJOB_VERSION,
+                ns,
+                PYTORCHJOB_PLURAL,
+                label_selector=label_selector,
+            )
         else:
             api, suffix = KIND_API[kind]
             out = self._call(api, f"list_namespaced_{suffix}", ns, label_selector=label_selector)
@@ -344,9 +380,14 @@ class KubernetesBackend:
                 logger.info("deleted %s %s", obj["kind"], obj["metadata"]["name"])
             except Exception as err:
                 if api_error_status(err) != 404:
-                    logger.warning("could not delete %s %s: %s (delete it with `kubectl delete -n %s -l "
-                                   "async-grpo/run=%s`)", obj["kind"], obj["metadata"]["name"], err,
-                                   self.settings.namespace, obj["metadata"]["labels"].get("async-grpo/run"))
+                    logger.warning(
+                        "could not delete %s %s: %s (delete it with `kubectl delete -n %s -l async-grpo/run=%s`)",
+                        obj["kind"],
+                        obj["metadata"]["name"],
+                        err,
+                        self.settings.namespace,
+                        obj["metadata"]["labels"].get("async-grpo/run"),
+                    )
 
     # ------------------------------------------------------------------------------------------ waiting
     def _wait(self, run_name: str, deadline: float, timeout_s: float) -> None:
@@ -355,30 +396,49 @@ class KubernetesBackend:
         ns, last_seen = self.settings.namespace, None
         while True:
             try:
-                job = self._call("custom", "get_namespaced_custom_object", PYTORCHJOB_GROUP, PYTORCHJOB_VERSION,
-                                 ns, PYTORCHJOB_PLURAL, run_name)
+                job = self._call(
+                    "custom",
+                    "get_namespaced_custom_object",
+                    PYTORCHJOB_GROUP,
+                    PYTORCHJOB_VERSION,
+                    ns,
+                    PYTORCHJOB_PLURAL,
+                    run_name,
+                )
             except Exception as err:
                 if api_error_status(err) == 404:
                     raise RuntimeError(f"PyTorchJob {run_name} was deleted while the run was in progress") from err
                 raise
             status = job.get("status") or {}
             current = latest_condition(status)
-            replicas = {k: {c: v for c, v in sorted(r.items()) if isinstance(v, int)}
-                        for k, r in sorted((status.get("replicaStatuses") or {}).items())}
+            replicas = {
+                k: {c: v for c, v in sorted(r.items()) if isinstance(v, int)}
+                for k, r in sorted((status.get("replicaStatuses") or {}).items())
+            }
             seen = (current.get("type"), current.get("reason"), repr(replicas))
             if seen != last_seen:
-                logger.info("PyTorchJob %s: %s (%s) %s replicas=%s", run_name, current.get("type", "Pending"),
-                            current.get("reason", "-"), current.get("message", ""), replicas)
+                logger.info(
+                    "PyTorchJob %s: %s (%s) %s replicas=%s",
+                    run_name,
+                    current.get("type", "Pending"),
+                    current.get("reason", "-"),
+                    current.get("message", ""),
+                    replicas,
+                )
                 last_seen = seen
             if current.get("type") == "Succeeded":
                 return
             if current.get("type") == "Failed":
-                raise RuntimeError(f"PyTorchJob {run_name} failed: {current.get('reason', 'unknown reason')}: "
-                                   f"{current.get('message', '')}\n{self._log_tails(run_name)}")
+                raise RuntimeError(
+                    f"PyTorchJob {run_name} failed: {current.get('reason', 'unknown reason')}: "
+                    f"{current.get('message', '')}\n{self._log_tails(run_name)}"
+                )
             if self.clock() >= deadline:
-                raise TimeoutError(f"PyTorchJob {run_name} did not finish within {timeout_s:.0f} s (last "
-                                   f"condition: {current.get('type', 'none')}). Raise the timeout, or look at "
-                                   f"`kubectl -n {ns} describe pytorchjob {run_name}`.\n{self._log_tails(run_name)}")
+                raise TimeoutError(
+                    f"PyTorchJob {run_name} did not finish within {timeout_s:.0f} s (last "
+                    f"condition: {current.get('type', 'none')}). Raise the timeout, or look at "
+                    f"`kubectl -n {ns} describe pytorchjob {run_name}`.\n{self._log_tails(run_name)}"
+                )
             self.sleep(min(self.poll_interval_s, max(deadline - self.clock(), 0.0)))
 
     def _log_tails(self, run_name: str) -> str:
@@ -395,8 +455,14 @@ class KubernetesBackend:
                     parts.append(f"--- {what}: no pod found")
                     continue
                 name = pod_name(found[0])
-                log = self._call("core", "read_namespaced_pod_log", name, self.settings.namespace,
-                                 container=container, tail_lines=LOG_TAIL_LINES)
+                log = self._call(
+                    "core",
+                    "read_namespaced_pod_log",
+                    name,
+                    self.settings.namespace,
+                    container=container,
+                    tail_lines=LOG_TAIL_LINES,
+                )
                 parts.append(f"--- {what} pod {name}, last {LOG_TAIL_LINES} lines:\n{log}")
             except Exception as err:
                 parts.append(f"--- {what}: could not read logs: {err}")

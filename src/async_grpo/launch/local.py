@@ -78,8 +78,10 @@ def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterabl
     check_config(config, target="local", skip=skip_checks)
     world_size = check_env()
     if world_size > 1 and config.producer.streaming_min_groups is not None:
-        raise ValueError(f"streaming_min_groups needs a single trainer rank (WORLD_SIZE={world_size}). "
-                         "Fix: unset streaming_min_groups.")
+        raise ValueError(
+            f"streaming_min_groups needs a single trainer rank (WORLD_SIZE={world_size}). "
+            "Fix: unset streaming_min_groups."
+        )
     for noisy in ("httpx", "urllib3"):  # one INFO line per generation request would drown the run's own logs
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
     if config.optim.torch_num_threads:
@@ -121,16 +123,29 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         for i in range(inf.vllm_replicas):  # all launched first: their start-ups overlap each other and the model load
             port = inf.vllm_port + i if inf.vllm_port else free_port()
             url = f"http://127.0.0.1:{port}"
-            cmd = build_server_command(model_path, port=port, dtype=inf.vllm_dtype, max_model_len=inf.vllm_max_model_len,
-                                       weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
-                                       seed=config.seed, extra_args=lora_server_args(config) + config.vllm_serve_args)
+            cmd = build_server_command(
+                model_path,
+                port=port,
+                dtype=inf.vllm_dtype,
+                max_model_len=inf.vllm_max_model_len,
+                weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+                seed=config.seed,
+                extra_args=lora_server_args(config) + config.vllm_serve_args,
+            )
             log = Path(config.output_dir) / ("vllm.log" if i == 0 else f"vllm-{i}.log")
             env = {**server_env(inf.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync), **thread_env}
             server = VLLMServer(cmd, env, log, url, inf.vllm_startup_timeout_s)
             servers.append(server)
             server.launch()
-            endpoints.append(InferenceEndpoint(url, served_model=str(model_path), launched=True,
-                                               wait_ready=server.wait_until_healthy, restart=server.restart_if_down))
+            endpoints.append(
+                InferenceEndpoint(
+                    url,
+                    served_model=str(model_path),
+                    launched=True,
+                    wait_ready=server.wait_until_healthy,
+                    restart=server.restart_if_down,
+                )
+            )
         return endpoints
 
     status = "FAILED"

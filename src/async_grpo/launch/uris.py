@@ -52,8 +52,9 @@ class HttpURI:
 
     def covers(self, other: HttpURI) -> bool:
         """True when `other` has this URI's scheme, host and port and lies at or under its path (by segment)."""
-        return ((self.scheme, self.host, self.port) == (other.scheme, other.host, other.port)
-                and (other.path + "/").startswith(self.path + "/"))
+        return (self.scheme, self.host, self.port) == (other.scheme, other.host, other.port) and (
+            other.path + "/"
+        ).startswith(self.path + "/")
 
 
 def _refuse(uri: str, why: str) -> UnsafeURI:
@@ -70,7 +71,7 @@ def parse_http_uri(uri: object) -> HttpURI:
     """
     if not isinstance(uri, str) or not uri:
         raise _refuse(str(uri), "is not a URI")
-    if any(c.isspace() or not 0x20 < ord(c) < 0x7f for c in uri):
+    if any(c.isspace() or not 0x20 < ord(c) < 0x7F for c in uri):
         raise _refuse(uri, "holds whitespace, control or non-ASCII characters")
     if "\\" in uri:
         raise _refuse(uri, "holds a backslash, which HTTP clients read differently")

@@ -40,8 +40,12 @@ def weighted_rewards(rewards_per_func: Sequence[Sequence[float]], weights: Seque
     Returns:
         (G,) floats, NaN on unscorable rows.
     """
-    return [sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r))
-            if not all(math.isnan(r) for r in row) else math.nan for row in rewards_per_func]
+    return [
+        sum(w * r for w, r in zip(weights, row, strict=True) if not math.isnan(r))
+        if not all(math.isnan(r) for r in row)
+        else math.nan
+        for row in rewards_per_func
+    ]
 
 
 def sample_std(values: Sequence[float]) -> float:
@@ -69,8 +73,9 @@ def is_zero_std(std: float) -> bool:
     return std <= ZERO_STD_ATOL
 
 
-def all_rewards_near_zero(rewards_per_func: list[list[float]], weights: list[float],
-                          atol: float = ZERO_REWARD_ATOL) -> bool:
+def all_rewards_near_zero(
+    rewards_per_func: list[list[float]], weights: list[float], atol: float = ZERO_REWARD_ATOL
+) -> bool:
     """True when the group was scored and every scorable row's weighted reward is within `atol` of 0 (the group
     "scored ~0"); a group no function could score is not.
 
@@ -126,8 +131,10 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, rng: random.Random):
         if capacity < 1:
-            raise ValueError(f"replay buffer capacity must be >= 1, got {capacity}. Fix: set replay_buffer_size=0 "
-                             "to disable replay instead.")
+            raise ValueError(
+                f"replay buffer capacity must be >= 1, got {capacity}. Fix: set replay_buffer_size=0 "
+                "to disable replay instead."
+            )
         self.capacity = capacity
         self.rng = rng
         self.replayed_total = 0  # groups handed out by `fill` so far (cumulative metric `replayed_groups`)
@@ -141,8 +148,12 @@ class ReplayBuffer:
         """Everything a resumed run needs: the held groups with their scores and order, the RNG state and
         `replayed_total` (picklable; the groups are copied by reference)."""
         seq = max((entry[1] for entry in self._heap), default=-1) + 1
-        return {"heap": list(self._heap), "next_seq": seq, "rng": self.rng.getstate(),
-                "replayed_total": self.replayed_total}
+        return {
+            "heap": list(self._heap),
+            "next_seq": seq,
+            "rng": self.rng.getstate(),
+            "replayed_total": self.replayed_total,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a `state_dict()`."""
@@ -237,8 +248,10 @@ class RerollQueue(Generic[T]):
 
     def __init__(self, *, start_step: int, max_per_batch: int, capacity: int = REROLL_FIFO_CAPACITY):
         if start_step < 0 or max_per_batch < 1 or capacity < 1:
-            raise ValueError(f"RerollQueue needs start_step >= 0, max_per_batch >= 1 and capacity >= 1; got "
-                             f"{start_step}, {max_per_batch}, {capacity}")
+            raise ValueError(
+                f"RerollQueue needs start_step >= 0, max_per_batch >= 1 and capacity >= 1; got "
+                f"{start_step}, {max_per_batch}, {capacity}"
+            )
         self.start_step = start_step
         self.max_per_batch = max_per_batch
         self.capacity = capacity
@@ -257,8 +270,9 @@ class RerollQueue(Generic[T]):
         if len(self._fifo) >= self.capacity:
             self.overflowed += 1
             if self.overflowed == 1 or self.overflowed % 100 == 0:
-                logger.warning("re-roll FIFO full (%d prompts): %d candidate(s) not kept", self.capacity,
-                               self.overflowed)
+                logger.warning(
+                    "re-roll FIFO full (%d prompts): %d candidate(s) not kept", self.capacity, self.overflowed
+                )
             return False
         self._fifo.append(item)
         return True
@@ -282,8 +296,12 @@ class RerollQueue(Generic[T]):
 
     def state_dict(self) -> dict:
         """The waiting prompts, the per-batch launch counts and the counters (picklable)."""
-        return {"fifo": list(self._fifo), "taken": dict(self._taken), "rerolled_total": self.rerolled_total,
-                "overflowed": self.overflowed}
+        return {
+            "fifo": list(self._fifo),
+            "taken": dict(self._taken),
+            "rerolled_total": self.rerolled_total,
+            "overflowed": self.overflowed,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a `state_dict()`."""

@@ -20,16 +20,23 @@ logger = logging.getLogger(__name__)
 
 
 def rollout_metrics(
-    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
+    groups: list[RolloutGroup],
+    reward_names: list[str],
+    reward_weights: list[float],
+    scale_rewards: str,
     multi_objective_aggregation: str = "sum_then_normalize",
 ) -> dict[str, float]:
     """The rollout metrics `make_train_batch` would attach to `groups`, without touching the groups."""
-    return _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
-                                   assign=False)
+    return _advantages_and_metrics(
+        groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation, assign=False
+    )
 
 
 def make_train_batch(
-    groups: list[RolloutGroup], reward_names: list[str], reward_weights: list[float], scale_rewards: str,
+    groups: list[RolloutGroup],
+    reward_names: list[str],
+    reward_weights: list[float],
+    scale_rewards: str,
     multi_objective_aggregation: str = "sum_then_normalize",
 ) -> TrainBatch:
     """Compute advantages over `groups` (in place) and wrap them with rollout metrics.
@@ -38,19 +45,26 @@ def make_train_batch(
     `rewards/<func>/mean|std`, `completions/mean_length|max_length` (tokens the model generated: the loss mask's
     ones, tool output excluded, as TRL), `completions/clipped_ratio`, and `tool_metrics` for multi-turn groups.
     """
-    metrics = _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards,
-                                      multi_objective_aggregation, assign=True)
+    metrics = _advantages_and_metrics(
+        groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation, assign=True
+    )
     return TrainBatch(groups=groups, metrics=metrics)
 
 
-def _advantages_and_metrics(groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation,
-                            assign: bool) -> dict[str, float]:
+def _advantages_and_metrics(
+    groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation, assign: bool
+) -> dict[str, float]:
     g = groups[0].size
     rewards_per_func = torch.tensor(
         [row for grp in groups for row in grp.rewards_per_func], dtype=torch.float32
     )  # (B, F)
-    out = compute_advantages(rewards_per_func, torch.tensor(reward_weights, dtype=torch.float32), g, scale_rewards,
-                             multi_objective_aggregation)
+    out = compute_advantages(
+        rewards_per_func,
+        torch.tensor(reward_weights, dtype=torch.float32),
+        g,
+        scale_rewards,
+        multi_objective_aggregation,
+    )
     if assign:
         adv = out.advantages.tolist()
         rewards = out.rewards.tolist()
@@ -103,8 +117,12 @@ def tool_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         "tools/template_drift": sum(values("tools/template_drift")) / n,
         "tools/loop_exhausted_frac": sum(values("tools/loop_exhausted")) / n,
     }  # fmt: skip
-    ran = total - sum(values("tools/failures/malformed")) - sum(values("tools/failures/unknown_tool")) - sum(
-        values("tools/failures/bad_arguments"))
+    ran = (
+        total
+        - sum(values("tools/failures/malformed"))
+        - sum(values("tools/failures/unknown_tool"))
+        - sum(values("tools/failures/bad_arguments"))
+    )
     out["tools/seconds"] = sum(values("tools/seconds")) / ran if ran else 0.0
     for key in sorted({k for st in stats for k in st if k.startswith("tools/failures/")}):
         out[key] = sum(values(key)) / total if total else 0.0

@@ -43,4 +43,5 @@ class RewardFailureWatch:
         return RewardServiceError(
             f"every group failed to score for {failing_s:.0f} s ({self.in_row} in a row; "
             f"reward_failure_timeout_s={self.timeout_s:g}); last error: {err}. Fix: check that the reward service "
-            "(reward_url) or the reward workers are up and that the reward functions run, then resume the run")
+            "(reward_url) or the reward workers are up and that the reward functions run, then resume the run"
+        )

@@ -84,10 +84,14 @@ class _Sample:
         self.versions.extend([version] * len(ids))
 
     def stats(self) -> dict[str, float]:
-        out = {"tools/calls": float(self.calls), "tools/failures": float(sum(self.failures.values())),
-               "tools/turns": float(self.turns), "tools/seconds": self.seconds,
-               "tools/template_drift": float(self.drift),
-               "tools/loop_exhausted": float(self.exhausted)}
+        out = {
+            "tools/calls": float(self.calls),
+            "tools/failures": float(sum(self.failures.values())),
+            "tools/turns": float(self.turns),
+            "tools/seconds": self.seconds,
+            "tools/template_drift": float(self.drift),
+            "tools/loop_exhausted": float(self.exhausted),
+        }
         out.update({f"tools/failures/{kind}": float(self.failures[kind]) for kind in FAILURE_KINDS})
         return out
 
@@ -126,8 +130,15 @@ class MultiTurnRollout:
         ChatTemplateError: the chat template cannot carry tool calls or is not prefix-preserving.
     """
 
-    def __init__(self, scorer: Scorer, tokenizer: Any, backend: ToolBackend, *,
-                 settings: ToolCallingSettings = ToolCallingSettings(), offer_tools: bool = True):
+    def __init__(
+        self,
+        scorer: Scorer,
+        tokenizer: Any,
+        backend: ToolBackend,
+        *,
+        settings: ToolCallingSettings = ToolCallingSettings(),
+        offer_tools: bool = True,
+    ):
         self.scorer, self.tokenizer, self.backend, self.settings = scorer, tokenizer, backend, settings
         self.offer_tools = offer_tools
         self.template = response_template(tokenizer)
@@ -153,8 +164,10 @@ class MultiTurnRollout:
             return list(self.schemas)
         unknown = [n for n in names if n not in self.schemas]
         if unknown:
-            raise ValueError(f"dataset column 'tools' names {unknown}, which are not declared in `tools` "
-                             f"({sorted(self.schemas)}). Fix: declare them, or fix the column.")
+            raise ValueError(
+                f"dataset column 'tools' names {unknown}, which are not declared in `tools` "
+                f"({sorted(self.schemas)}). Fix: declare them, or fix the column."
+            )
         return list(names)
 
     def prompt_ids(self, item: PromptItem, names: Sequence[str]) -> list[int]:
@@ -164,12 +177,21 @@ class MultiTurnRollout:
             ValueError: the prompt is a string (tools need conversational prompts).
         """
         if not isinstance(item.prompt, list):
-            raise ValueError("tools need conversational prompts (a list of {'role', 'content'} messages), as TRL. "
-                             "Fix: turn each prompt into [{'role': 'user', 'content': prompt}].")
+            raise ValueError(
+                "tools need conversational prompts (a list of {'role', 'content'} messages), as TRL. "
+                "Fix: turn each prompt into [{'role': 'user', 'content': prompt}]."
+            )
         return render_ids(self.tokenizer, item.prompt, [self.schemas[n] for n in names], add_generation_prompt=True)
 
-    async def __call__(self, client: GenerationClient, item: PromptItem, sampling: SamplingSettings, *,
-                       version: Callable[[], int], seed: int | None = None) -> RolloutGroup:
+    async def __call__(
+        self,
+        client: GenerationClient,
+        item: PromptItem,
+        sampling: SamplingSettings,
+        *,
+        version: Callable[[], int],
+        seed: int | None = None,
+    ) -> RolloutGroup:
         """See `Rollout.__call__`. Raises `RolloutDropped("aborted")` when vLLM aborted a turn of any sample."""
         names = self.offered(item)
         prompt_ids = self.prompt_ids(item, names)
@@ -193,9 +215,18 @@ class MultiTurnRollout:
         await score_group(self.scorer, group)
         return group
 
-    async def _run_sample(self, client: GenerationClient, item: PromptItem, prompt_ids: list[int],
-                          names: list[str], turn: Completion, turn_version: int, sampling: SamplingSettings,
-                          version: Callable[[], int], seed: int | None) -> _Sample:
+    async def _run_sample(
+        self,
+        client: GenerationClient,
+        item: PromptItem,
+        prompt_ids: list[int],
+        names: list[str],
+        turn: Completion,
+        turn_version: int,
+        sampling: SamplingSettings,
+        version: Callable[[], int],
+        seed: int | None,
+    ) -> _Sample:
         """Continue one sample from its first turn until it stops (see the module docstring)."""
         sample = _Sample()
         schemas = [self.schemas[n] for n in names]
@@ -219,8 +250,9 @@ class MultiTurnRollout:
                 sample.exhausted = 1
                 return sample
             tool_messages = await self._run_calls(parsed, names, sample)
-            suffix = tool_suffix(self.tokenizer, list(item.prompt) + sample.messages, tool_messages, schemas,
-                                 prompt_ids + sample.ids)
+            suffix = tool_suffix(
+                self.tokenizer, list(item.prompt) + sample.messages, tool_messages, schemas, prompt_ids + sample.ids
+            )
             sample.drift += int(suffix.drift)
             if len(sample.ids) + len(suffix.ids) >= budget:  # no room for the results and one more token
                 sample.truncated = True
@@ -242,6 +274,7 @@ class MultiTurnRollout:
     async def _run_calls(self, parsed: ParsedTurn, names: list[str], sample: _Sample) -> list[dict]:
         """Run one turn's calls concurrently; returns their tool messages (well-formed calls first, in order, then
         one error message per malformed call) and counts calls, failures and seconds on `sample`."""
+
         async def one(name: str, arguments: Any) -> ToolOutcome:
             if not self.offer_tools:
                 return failed("unknown_tool", "no tools are available")

@@ -139,7 +139,9 @@ class Orchestrator:
         self.reroll = reroll
         self.chunk_groups = streaming_min_groups or groups_per_step
         if groups_per_step % self.chunk_groups:
-            raise ValueError(f"streaming_min_groups={streaming_min_groups} must divide groups_per_step={groups_per_step}")
+            raise ValueError(
+                f"streaming_min_groups={streaming_min_groups} must divide groups_per_step={groups_per_step}"
+            )
         self.streaming = streaming_min_groups is not None
         self.steps_per_generation = steps_per_generation
         self.rollout_reuse = rollout_reuse
@@ -194,8 +196,12 @@ class Orchestrator:
         slots = asyncio.Semaphore(self.max_inflight_groups)
         try:
             while not self.stop_event.is_set():
-                if (self.version.value < self.required_version(self._paced_launches()) or self.queue.full()
-                        or (self.health is not None and self.health.lost) or not await _acquire(slots)):
+                if (
+                    self.version.value < self.required_version(self._paced_launches())
+                    or self.queue.full()
+                    or (self.health is not None and self.health.lost)
+                    or not await _acquire(slots)
+                ):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
                 item, rerolled = self._next_prompt()
@@ -243,8 +249,9 @@ class Orchestrator:
                 return item, True
         return next(self.prompts), False
 
-    async def _one_group(self, client: GenerationClient, item: PromptItem, slots: asyncio.Semaphore,
-                         rerolled: bool = False) -> None:
+    async def _one_group(
+        self, client: GenerationClient, item: PromptItem, slots: asyncio.Semaphore, rerolled: bool = False
+    ) -> None:
         """Run one rollout and batch its group. Every failure is counted under a reason and logged; none
         escapes the task (a `DynamicSamplingError` stops the orchestrator through `error`)."""
         batched = False
@@ -342,8 +349,9 @@ class Orchestrator:
         if len(self._pending) < self.chunk_groups:
             return None
         groups, self._pending = self._pending[: self.chunk_groups], self._pending[self.chunk_groups :]
-        chunk = make_train_batch(groups, self.reward_names, self.reward_weights, self.scale_rewards,
-                                 self.multi_objective_aggregation)
+        chunk = make_train_batch(
+            groups, self.reward_names, self.reward_weights, self.scale_rewards, self.multi_objective_aggregation
+        )
         if self.reroll is not None:
             self.reroll.count_batched(groups)
         if self.replay is not None:
@@ -354,8 +362,13 @@ class Orchestrator:
             chunk.metrics = {}
             return chunk
         if self.streaming:  # the whole step's rollout metrics (advantages are per group: nothing is reassigned)
-            chunk.metrics = rollout_metrics(self._step_groups, self.reward_names, self.reward_weights,
-                                            self.scale_rewards, self.multi_objective_aggregation)
+            chunk.metrics = rollout_metrics(
+                self._step_groups,
+                self.reward_names,
+                self.reward_weights,
+                self.scale_rewards,
+                self.multi_objective_aggregation,
+            )
         chunk.metrics["generation/tokens_per_s"] = self.meter.rate()
         if self.reroll is not None:
             chunk.metrics["rerolled_groups"] = float(self.reroll.rerolled_total)
@@ -365,7 +378,9 @@ class Orchestrator:
             chunk.metrics["replayed_groups"] = float(self.replay.replayed_total)
             chunk.metrics["replay_buffer/size"] = float(len(self.replay))
         if self.dynamic_sampling:
-            chunk.metrics["dynamic_sampling/gen_batches"] = float(math.ceil(self._generated_for_batch / self.groups_per_step))
+            chunk.metrics["dynamic_sampling/gen_batches"] = float(
+                math.ceil(self._generated_for_batch / self.groups_per_step)
+            )
         self._generated_for_batch = len(self._pending)
         self._step_groups = []
         return chunk

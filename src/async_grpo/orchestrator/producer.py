@@ -74,9 +74,14 @@ class ProducerConfig:
     def from_config(cls, config: Any) -> ProducerConfig:
         """The producer settings of a `GRPOConfig` (its `producer` section)."""
         p = config.producer
-        return cls(mini_epochs=p.mini_epochs, max_rollouts=p.max_rollouts, steps_per_generation=p.steps_per_generation,
-                   num_iterations=p.num_iterations, prefetch_depth=p.prefetch_depth,
-                   sync_warmup_rollouts=p.sync_warmup_rollouts)
+        return cls(
+            mini_epochs=p.mini_epochs,
+            max_rollouts=p.max_rollouts,
+            steps_per_generation=p.steps_per_generation,
+            num_iterations=p.num_iterations,
+            prefetch_depth=p.prefetch_depth,
+            sync_warmup_rollouts=p.sync_warmup_rollouts,
+        )
 
 
 class StepStream:
@@ -184,8 +189,9 @@ class VLLMProducer(BaseDataProducer):
         streaming: True when the orchestrator emits chunks (`streaming_min_groups`).
     """
 
-    def __init__(self, orchestrator, queue: RolloutQueue, version, config: ProducerConfig, streaming: bool = False,
-                 health=None):
+    def __init__(
+        self, orchestrator, queue: RolloutQueue, version, config: ProducerConfig, streaming: bool = False, health=None
+    ):
         super().__init__(config)
         self.orchestrator = orchestrator
         self.queue = queue
@@ -234,8 +240,9 @@ def _get(queue: RolloutQueue, version: int, timeout_s: float, check, keep_empty_
     while True:
         check()
         try:
-            return queue.get(version, timeout_s=min(1.0, max(deadline - time.monotonic(), 0.01)),
-                             keep_empty_final=keep_empty_final)
+            return queue.get(
+                version, timeout_s=min(1.0, max(deadline - time.monotonic(), 0.01)), keep_empty_final=keep_empty_final
+            )
         except TimeoutError:
             if time.monotonic() >= deadline:
                 raise TimeoutError(

@@ -79,8 +79,15 @@ class Rollout(Protocol):
 
     tool_schemas: list[dict]
 
-    async def __call__(self, client: GenerationClient, item: PromptItem, sampling: SamplingSettings, *,
-                       version: Callable[[], int], seed: int | None = None) -> RolloutGroup:
+    async def __call__(
+        self,
+        client: GenerationClient,
+        item: PromptItem,
+        sampling: SamplingSettings,
+        *,
+        version: Callable[[], int],
+        seed: int | None = None,
+    ) -> RolloutGroup:
         """Generate and score one group.
 
         Args:
@@ -112,8 +119,15 @@ class SingleTurnRollout:
         self.decode = decode
         self.tool_schemas: list[dict] = []
 
-    async def __call__(self, client: GenerationClient, item: PromptItem, sampling: SamplingSettings, *,
-                       version: Callable[[], int], seed: int | None = None) -> RolloutGroup:
+    async def __call__(
+        self,
+        client: GenerationClient,
+        item: PromptItem,
+        sampling: SamplingSettings,
+        *,
+        version: Callable[[], int],
+        seed: int | None = None,
+    ) -> RolloutGroup:
         """See `Rollout.__call__`. Raises `RolloutDropped("aborted")` when vLLM aborted a sample."""
         sent_at = version()
         extra = sampling.extra_body()

@@ -45,9 +45,24 @@ from async_grpo.config import GRPOConfig
 from async_grpo.preflight.report import PreflightError, PreflightReport, Problem
 
 Target = Literal["local", "cluster"]
-CHECKS = ("warm_start", "vllm_extra_args", "lengths", "reward_funcs", "data_producer", "tools", "dataset",
-          "prompt_lengths", "reward_probe", "model", "lora_targets", "output_dir", "weight_sync_device",
-          "vllm_replicas", "mlflow", "reward_url")
+CHECKS = (
+    "warm_start",
+    "vllm_extra_args",
+    "lengths",
+    "reward_funcs",
+    "data_producer",
+    "tools",
+    "dataset",
+    "prompt_lengths",
+    "reward_probe",
+    "model",
+    "lora_targets",
+    "output_dir",
+    "weight_sync_device",
+    "vllm_replicas",
+    "mlflow",
+    "reward_url",
+)
 LOCAL_ONLY = ("model", "output_dir", "weight_sync_device", "mlflow", "reward_url")
 
 
@@ -90,11 +105,16 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     def add(problems: list[Problem]) -> None:
         report.problems.extend(problems)
 
-    for name, check in (("warm_start", static.check_warm_start), ("vllm_extra_args", static.check_vllm_extra_args),
-                        ("lengths", static.check_lengths), ("output_dir", static.check_output_dir),
-                        ("weight_sync_device", static.check_weight_sync_device),
-                        ("vllm_replicas", static.check_vllm_replicas), ("mlflow", services.check_mlflow),
-                        ("reward_url", services.check_reward_url)):
+    for name, check in (
+        ("warm_start", static.check_warm_start),
+        ("vllm_extra_args", static.check_vllm_extra_args),
+        ("lengths", static.check_lengths),
+        ("output_dir", static.check_output_dir),
+        ("weight_sync_device", static.check_weight_sync_device),
+        ("vllm_replicas", static.check_vllm_replicas),
+        ("mlflow", services.check_mlflow),
+        ("reward_url", services.check_reward_url),
+    ):
         if wanted(name):
             add(check(config))
     if wanted("model"):
@@ -115,10 +135,15 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         problems, notes = inputs.check_tools(config, local)
         add(problems)
         report.skipped += notes
-    if local and "reward_url" in report.checked and config.rewards.reward_url is None and \
-            services.reward_service_url(config) is not None:
-        report.skipped.append("reward_url: ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher) is waited for "
-                              "at launch")
+    if (
+        local
+        and "reward_url" in report.checked
+        and config.rewards.reward_url is None
+        and services.reward_service_url(config) is not None
+    ):
+        report.skipped.append(
+            "reward_url: ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher) is waited for at launch"
+        )
     funcs: dict = {}
     remote_rewards = local and services.reward_service_url(config) is not None
     if remote_rewards:
@@ -130,8 +155,11 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     dataset = None
     if wanted("dataset"):
         dataset = _check_datasets(config, local, report)
-    if dataset is not None and wanted("prompt_lengths") and not any(p.field.startswith("model") for p in
-                                                                    report.problems):
+    if (
+        dataset is not None
+        and wanted("prompt_lengths")
+        and not any(p.field.startswith("model") for p in report.problems)
+    ):
         tokenizer = inputs.load_tokenizer(config, local)
         if tokenizer is None:
             report.skipped.append("prompt_lengths: the tokenizer is not available here")
@@ -151,13 +179,17 @@ def _check_datasets(config: GRPOConfig, local: bool, report: PreflightReport):
 
     data = config.data
     dataset = None
-    for spec, field, split in ((data.dataset, "data.dataset", "train"), (data.eval_dataset, "data.eval_dataset",
-                                                                         "eval")):
+    for spec, field, split in (
+        (data.dataset, "data.dataset", "train"),
+        (data.eval_dataset, "data.eval_dataset", "eval"),
+    ):
         if spec is None:
             continue
         if not inputs.is_checkable_dataset(spec, local):
-            report.skipped.append(f"{field}: {spec!r} is read at launch ("
-                                  + ("a hub id)" if not spec.startswith("/") and "/" in spec else "not here)"))
+            report.skipped.append(
+                f"{field}: {spec!r} is read at launch ("
+                + ("a hub id)" if not spec.startswith("/") and "/" in spec else "not here)")
+            )
             continue
         loaded, problems = inputs.load_first_row(config, spec, field, split)
         report.problems.extend(problems)
@@ -177,5 +209,13 @@ def check_config(config: GRPOConfig, *, target: Target = "local", skip: Iterable
     return report
 
 
-__all__ = ["CHECKS", "LOCAL_ONLY", "PreflightError", "PreflightReport", "Problem", "Target", "check_config",
-           "preflight"]
+__all__ = [
+    "CHECKS",
+    "LOCAL_ONLY",
+    "PreflightError",
+    "PreflightReport",
+    "Problem",
+    "Target",
+    "check_config",
+    "preflight",
+]

@@ -23,8 +23,10 @@ from async_grpo.preflight.report import Problem
 PROBE_TIMEOUT_S = 10.0  # longest a probe call may take (reward_timeout_s when lower)
 PROBE_COMPLETIONS = ("preflight dummy completion", "")  # G = 2: a text and the empty completion TRL can produce
 MAX_TOKENIZED_PROMPTS = 1000
-_SIGNATURE_FIX = ("define it as def f(prompts, completions, completion_ids, **kwargs) -> list[float | None] "
-                  "(TRL's reward signature; dataset columns arrive as keyword arguments)")
+_SIGNATURE_FIX = (
+    "define it as def f(prompts, completions, completion_ids, **kwargs) -> list[float | None] "
+    "(TRL's reward signature; dataset columns arrive as keyword arguments)"
+)
 
 
 def load_first_row(config: GRPOConfig, spec: str, field: str, split: str) -> tuple[Any, list[Problem]]:
@@ -33,8 +35,11 @@ def load_first_row(config: GRPOConfig, spec: str, field: str, split: str) -> tup
     from async_grpo.data import load_prompt_dataset
 
     data = config.data
-    options = {"config_name": data.dataset_config, "system_prompt": data.system_prompt,
-               "split_name": data.dataset_train_split if split == "train" else None}
+    options = {
+        "config_name": data.dataset_config,
+        "system_prompt": data.system_prompt,
+        "split_name": data.dataset_train_split if split == "train" else None,
+    }
     import datasets
 
     bars, quiet = datasets.is_progress_bar_enabled(), logging.getLogger("datasets")
@@ -87,13 +92,23 @@ def check_prompt_lengths(config: GRPOConfig, dataset: Any, tokenizer: Any) -> li
     except ValueError as err:
         return [Problem("data.dataset", str(err).removeprefix("encode_prompt: "))]
     except Exception as err:  # a chat template that fails on these messages (jinja raises its own errors)
-        return [Problem("data.dataset", f"the tokenizer's chat template fails on prompt {prompts[0]!r:.80}: "
-                        f"{type(err).__name__}: {err}", "check the messages' roles and order against the chat model")]
+        return [
+            Problem(
+                "data.dataset",
+                f"the tokenizer's chat template fails on prompt {prompts[0]!r:.80}: {type(err).__name__}: {err}",
+                "check the messages' roles and order against the chat model",
+            )
+        ]
     limit = config.data.max_prompt_length
     if lengths and min(lengths) > limit:
-        return [Problem("data.max_prompt_length", f"every prompt checked is longer than max_prompt_length={limit} "
-                        f"tokens (shortest: {min(lengths)}), so the run would drop them all",
-                        f"raise max_prompt_length to at least {min(lengths)}, or shorten the prompts")]
+        return [
+            Problem(
+                "data.max_prompt_length",
+                f"every prompt checked is longer than max_prompt_length={limit} "
+                f"tokens (shortest: {min(lengths)}), so the run would drop them all",
+                f"raise max_prompt_length to at least {min(lengths)}, or shorten the prompts",
+            )
+        ]
     return []
 
 
@@ -122,13 +137,25 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
             else:
                 skipped.append(f"reward_funcs: {spec!r} is resolved in the trainer's image")
         except RewardSpecError as err:
-            problems.append(Problem("rewards.reward_funcs", str(err), None if "Fix:" in str(err) else
-                                    "give builtin:<name>, pkg.module:function or path/to/file.py:function"))
+            problems.append(
+                Problem(
+                    "rewards.reward_funcs",
+                    str(err),
+                    None
+                    if "Fix:" in str(err)
+                    else "give builtin:<name>, pkg.module:function or path/to/file.py:function",
+                )
+            )
     names = [reward_func_name(s) for s in config.rewards.reward_funcs if isinstance(s, str) and ":" in s]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        problems.append(Problem("rewards.reward_funcs", f"several functions are named {duplicates}; their metrics "
-                                "would collide", "give each reward function a distinct name"))
+        problems.append(
+            Problem(
+                "rewards.reward_funcs",
+                f"several functions are named {duplicates}; their metrics would collide",
+                "give each reward function a distinct name",
+            )
+        )
     return funcs, problems, skipped
 
 
@@ -153,10 +180,20 @@ def check_data_producer(config: GRPOConfig, local: bool) -> tuple[list[Problem],
             return ([Problem("producer.data_producer", problem)] if problem else []), []
         resolve_reward_func(spec)
     except RewardSpecError as err:
-        message = str(err).replace("reward function spec", "spec").replace("f(prompts, completions, completion_ids, "
-                                                                           "**kwargs)", "factory(config, tokenizer)")
-        return [Problem("producer.data_producer", message, None if "Fix:" in message else
-                        "give pkg.module:factory or path/to/file.py:factory returning a DataProducer")], []
+        message = (
+            str(err)
+            .replace("reward function spec", "spec")
+            .replace("f(prompts, completions, completion_ids, **kwargs)", "factory(config, tokenizer)")
+        )
+        return [
+            Problem(
+                "producer.data_producer",
+                message,
+                None
+                if "Fix:" in message
+                else "give pkg.module:factory or path/to/file.py:factory returning a DataProducer",
+            )
+        ], []
     return [], []
 
 
@@ -185,8 +222,13 @@ def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[st
             elif parsed.kind == "module":
                 notes.append(f"tools: {spec!r} is resolved in the image that runs the tool calls")
     except ToolSpecError as err:
-        problems.append(Problem("tools.tools", str(err), None if "Fix:" in str(err) else
-                                "give builtin:<name>, pkg.module:function or path/to/file.py:function"))
+        problems.append(
+            Problem(
+                "tools.tools",
+                str(err),
+                None if "Fix:" in str(err) else "give builtin:<name>, pkg.module:function or path/to/file.py:function",
+            )
+        )
     return problems, notes
 
 
@@ -214,23 +256,41 @@ def check_signatures(funcs: dict[str, Callable], columns: list[str], bound: dict
             signature = inspect.signature(func)
         except (TypeError, ValueError):
             continue  # a builtin or C callable without a signature: the probe call decides
-        kwargs = dict.fromkeys(["prompts", "completions", "completion_ids", *columns, "trainer_state",
-                                "log_extra", "log_metric", *bound.get(spec, {})])
+        kwargs = dict.fromkeys(
+            [
+                "prompts",
+                "completions",
+                "completion_ids",
+                *columns,
+                "trainer_state",
+                "log_extra",
+                "log_metric",
+                *bound.get(spec, {}),
+            ]
+        )
         try:
             signature.bind(**kwargs)
         except TypeError as err:
             shown = f"{getattr(func, '__name__', 'f')}{signature}"
             missing = "missing a required argument" in str(err) and any(
-                p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+                p.kind == p.VAR_KEYWORD for p in signature.parameters.values()
+            )
             have = f"; the dataset's columns besides prompt: {columns}" if missing else ""
-            fix = ("add that column to the dataset, or give the parameter a default" if missing else _SIGNATURE_FIX)
-            problems.append(Problem("rewards.reward_funcs", f"reward function {_name(spec, func)} has signature "
-                                    f"{shown}, which cannot take TRL's call ({err}{have})", fix))
+            fix = "add that column to the dataset, or give the parameter a default" if missing else _SIGNATURE_FIX
+            problems.append(
+                Problem(
+                    "rewards.reward_funcs",
+                    f"reward function {_name(spec, func)} has signature "
+                    f"{shown}, which cannot take TRL's call ({err}{have})",
+                    fix,
+                )
+            )
     return problems
 
 
-def probe_rewards(config: GRPOConfig, funcs: dict[str, Callable], row: dict[str, Any],
-                  timeout_s: float | None = None) -> list[Problem]:
+def probe_rewards(
+    config: GRPOConfig, funcs: dict[str, Callable], row: dict[str, Any], timeout_s: float | None = None
+) -> list[Problem]:
     """Call every function once on `probe_group(row)` (TRL's call, `rewards.contract.call_reward`) in a daemon
     thread, at most `timeout_s` seconds each (default: reward_timeout_s, at most PROBE_TIMEOUT_S); an exception,
     a hang or a result that is not G numbers or None is a problem naming the function."""
@@ -248,9 +308,16 @@ def probe_rewards(config: GRPOConfig, funcs: dict[str, Callable], row: dict[str,
 
         def run(func=func, spec=spec, outcome=outcome) -> None:
             try:
-                outcome["out"] = call_reward(func, prompts, completions, ids, columns,
-                                             trainer_state=RewardTrainerState(0, config.optim.max_steps),
-                                             log=RewardLog(), bound=bound.get(spec))
+                outcome["out"] = call_reward(
+                    func,
+                    prompts,
+                    completions,
+                    ids,
+                    columns,
+                    trainer_state=RewardTrainerState(0, config.optim.max_steps),
+                    log=RewardLog(),
+                    bound=bound.get(spec),
+                )
             except BaseException as raised:  # reported with the function's name
                 outcome["err"] = raised
 
@@ -259,14 +326,24 @@ def probe_rewards(config: GRPOConfig, funcs: dict[str, Callable], row: dict[str,
         thread.join(timeout_s)
         name = _name(spec, func)
         if thread.is_alive():
-            problems.append(Problem("rewards.reward_funcs", f"reward function {name} did not return within "
-                                    f"{timeout_s:g} s on one group of {len(completions)} dummy completions",
-                                    "make it faster, or raise reward_timeout_s"))
+            problems.append(
+                Problem(
+                    "rewards.reward_funcs",
+                    f"reward function {name} did not return within "
+                    f"{timeout_s:g} s on one group of {len(completions)} dummy completions",
+                    "make it faster, or raise reward_timeout_s",
+                )
+            )
         elif "err" in outcome:
             err = outcome["err"]
-            problems.append(Problem("rewards.reward_funcs", f"reward function {name} raised {type(err).__name__}: "
-                                    f"{err} on one group built from the dataset's first row with dummy completions",
-                                    "make it handle every completion (return None to abstain)"))
+            problems.append(
+                Problem(
+                    "rewards.reward_funcs",
+                    f"reward function {name} raised {type(err).__name__}: "
+                    f"{err} on one group built from the dataset's first row with dummy completions",
+                    "make it handle every completion (return None to abstain)",
+                )
+            )
         else:
             try:
                 _check_output(getattr(func, "__name__", spec), outcome["out"], len(completions))

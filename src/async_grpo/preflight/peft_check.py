@@ -38,8 +38,13 @@ def check_lora_targets(config: GRPOConfig, local: bool = True) -> tuple[list[Pro
     if matched:
         return [], None
     linear = sorted({name.rsplit(".", 1)[-1] for name, kind in names.items() if kind == "Linear"})
-    return [Problem(FIELD, f"{targets!r} matches no module of the model", f"pick some of its linear layers "
-                    f"{linear}, use all-linear, or remove it for peft's default")], None
+    return [
+        Problem(
+            FIELD,
+            f"{targets!r} matches no module of the model",
+            f"pick some of its linear layers {linear}, use all-linear, or remove it for peft's default",
+        )
+    ], None
 
 
 def _module_names(config: GRPOConfig) -> dict[str, str] | None:
@@ -49,8 +54,15 @@ def _module_names(config: GRPOConfig) -> dict[str, str] | None:
 
     name = config.model_name_or_path
     if name == "builtin:tiny":  # the tiny model is a stock Qwen2: its module names do not depend on its sizes
-        model_config = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                                            num_attention_heads=2, num_key_value_heads=1, vocab_size=320)
+        model_config = AutoConfig.for_model(
+            "qwen2",
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=320,
+        )
     elif looks_like_repo_id(name) or not (Path(name).expanduser() / "config.json").is_file():
         return None
     else:

@@ -35,14 +35,20 @@ def check_mlflow(config: GRPOConfig, timeout_s: float = SERVICE_TIMEOUT_S) -> li
     if config.tracking.report_to != "mlflow":
         return []
     uri = config.tracking_uri
-    field = ("tracking.mlflow_tracking_uri" if config.tracking.mlflow_tracking_uri
-             else "MLFLOW_TRACKING_URI (environment)")
+    field = (
+        "tracking.mlflow_tracking_uri" if config.tracking.mlflow_tracking_uri else "MLFLOW_TRACKING_URI (environment)"
+    )
     scheme = urlparse(uri).scheme
     if scheme in ("http", "https"):
         why = _unreachable(uri.rstrip("/") + HEALTH_PATH, timeout_s)
         if why:
-            return [Problem(field, f"the MLflow server {uri} did not answer within {timeout_s:g} s ({why})",
-                            "start the MLflow server or correct the URI; unset it to log to sqlite under output_dir")]
+            return [
+                Problem(
+                    field,
+                    f"the MLflow server {uri} did not answer within {timeout_s:g} s ({why})",
+                    "start the MLflow server or correct the URI; unset it to log to sqlite under output_dir",
+                )
+            ]
         return []
     if scheme == "sqlite" and uri.startswith("sqlite:///"):
         folder = Path(uri.removeprefix("sqlite:///")).parent if uri != "sqlite:///:memory:" else None
@@ -73,7 +79,12 @@ def check_reward_url(config: GRPOConfig, timeout_s: float = SERVICE_TIMEOUT_S) -
         return [Problem(field, f"{url!r} is not an http(s) URL", "give e.g. http://my-run-reward:8080")]
     why = _unreachable(url.rstrip("/") + HEALTH_PATH, timeout_s)
     if why:
-        return [Problem(field, f"the reward service at {url} did not answer within {timeout_s:g} s ({why})",
-                        "start it (python -m async_grpo.rewards.server CONFIG) or correct the URL; unset it to "
-                        "score in a local process pool")]
+        return [
+            Problem(
+                field,
+                f"the reward service at {url} did not answer within {timeout_s:g} s ({why})",
+                "start it (python -m async_grpo.rewards.server CONFIG) or correct the URL; unset it to "
+                "score in a local process pool",
+            )
+        ]
     return []

@@ -27,8 +27,11 @@ OWNED_FLAGS: dict[str, tuple[str | None, str]] = {
     "--logprobs-mode": (None, "the importance-sampling ratio needs processed_logprobs"),
     "--weight-transfer-config": ("weight_sync.weight_sync_backend", "weight pushes use this backend"),
     "--worker-extension-cls": ("weight_sync.weight_sync_backend", "the gloo weight push installs its own extension"),
-    "--enable-chunked-prefill": (None, "on the CPU build a split prefill of a seeded request crashes the engine, so "
-                                 "the launcher turns it off there; elsewhere it is vLLM's default"),
+    "--enable-chunked-prefill": (
+        None,
+        "on the CPU build a split prefill of a seeded request crashes the engine, so "
+        "the launcher turns it off there; elsewhere it is vLLM's default",
+    ),
 }
 # Flags that a config field also sets: refused when that field is set too (two values for one knob).
 FIELD_FLAGS: dict[str, str] = {
@@ -52,25 +55,45 @@ def check_vllm_extra_args(config: GRPOConfig) -> list[Problem]:
     `--dtype`, `--port`, `--seed`, `--served-model-name`, the weight-transfer flags...), naming the field to use
     instead, and flags given both there and through their own field."""
     problems = []
-    set_fields = {"inference.vllm_gpu_memory_utilization": config.inference.vllm_gpu_memory_utilization is not None,
-                  "inference.vllm_tensor_parallel_size": config.inference.vllm_tensor_parallel_size > 1,
-                  "trust_remote_code": config.trust_remote_code}
+    set_fields = {
+        "inference.vllm_gpu_memory_utilization": config.inference.vllm_gpu_memory_utilization is not None,
+        "inference.vllm_tensor_parallel_size": config.inference.vllm_tensor_parallel_size > 1,
+        "trust_remote_code": config.trust_remote_code,
+    }
     for arg in config.inference.vllm_extra_args:
         flag = _flag_name(arg)
         if flag in OWNED_FLAGS:
             target, why = OWNED_FLAGS[flag]
             reason = f" ({why})" if why else ""
-            fix = (f"remove {flag} from vllm_extra_args and set {target} instead" if target else
-                   f"remove {flag} from vllm_extra_args; the launcher sets it")
-            problems.append(Problem("inference.vllm_extra_args", f"{arg!r} overrides a flag the launcher sets from "
-                                    f"the validated config{reason}", fix))
+            fix = (
+                f"remove {flag} from vllm_extra_args and set {target} instead"
+                if target
+                else f"remove {flag} from vllm_extra_args; the launcher sets it"
+            )
+            problems.append(
+                Problem(
+                    "inference.vllm_extra_args",
+                    f"{arg!r} overrides a flag the launcher sets from the validated config{reason}",
+                    fix,
+                )
+            )
         elif flag in FIELD_FLAGS and set_fields[FIELD_FLAGS[flag]]:
-            problems.append(Problem("inference.vllm_extra_args", f"{arg!r} is also set by {FIELD_FLAGS[flag]}",
-                                    f"keep only {FIELD_FLAGS[flag]}"))
+            problems.append(
+                Problem(
+                    "inference.vllm_extra_args",
+                    f"{arg!r} is also set by {FIELD_FLAGS[flag]}",
+                    f"keep only {FIELD_FLAGS[flag]}",
+                )
+            )
         elif flag == "--trust-remote-code":
-            problems.append(Problem("inference.vllm_extra_args", "'--trust-remote-code' lets vLLM run the model's "
-                                    "code while the trainer does not (trust_remote_code is false)",
-                                    "remove it and set trust_remote_code: true"))
+            problems.append(
+                Problem(
+                    "inference.vllm_extra_args",
+                    "'--trust-remote-code' lets vLLM run the model's "
+                    "code while the trainer does not (trust_remote_code is false)",
+                    "remove it and set trust_remote_code: true",
+                )
+            )
     return problems
 
 
@@ -78,9 +101,15 @@ def check_warm_start(config: GRPOConfig) -> list[Problem]:
     """warmup_sft_steps > 0 needs a builtin task: the warm start trains on the task's reference answers."""
     data = config.data
     if data.warmup_sft_steps and not data.dataset.startswith("builtin:"):
-        return [Problem("data.warmup_sft_steps", f"warmup_sft_steps={data.warmup_sft_steps} needs a builtin dataset "
-                        f"(the warm start trains on a builtin task's reference answers), but dataset is "
-                        f"{data.dataset!r}", "set warmup_sft_steps: 0, or use dataset: builtin:<task>")]
+        return [
+            Problem(
+                "data.warmup_sft_steps",
+                f"warmup_sft_steps={data.warmup_sft_steps} needs a builtin dataset "
+                f"(the warm start trains on a builtin task's reference answers), but dataset is "
+                f"{data.dataset!r}",
+                "set warmup_sft_steps: 0, or use dataset: builtin:<task>",
+            )
+        ]
     return []
 
 
@@ -90,10 +119,15 @@ def check_lengths(config: GRPOConfig) -> list[Problem]:
     prompt, completion = config.data.max_prompt_length, config.sampling.max_completion_length
     limit = config.inference.vllm_max_model_len
     if prompt + completion > limit:
-        return [Problem("inference.vllm_max_model_len", f"max_prompt_length={prompt} + max_completion_length="
-                        f"{completion} = {prompt + completion} tokens do not fit in vllm_max_model_len={limit}",
-                        f"raise vllm_max_model_len to at least {prompt + completion}, or lower max_prompt_length "
-                        f"to {max(1, limit - completion)}")]
+        return [
+            Problem(
+                "inference.vllm_max_model_len",
+                f"max_prompt_length={prompt} + max_completion_length="
+                f"{completion} = {prompt + completion} tokens do not fit in vllm_max_model_len={limit}",
+                f"raise vllm_max_model_len to at least {prompt + completion}, or lower max_prompt_length "
+                f"to {max(1, limit - completion)}",
+            )
+        ]
     return []
 
 
@@ -106,8 +140,13 @@ def check_weight_sync_device(config: GRPOConfig) -> list[Problem]:
 
     if torch.cuda.is_available():
         return []
-    return [Problem("weight_sync.weight_sync_backend", "nccl needs a CUDA GPU, and this machine has none",
-                    "set weight_sync_backend: auto (gloo on CPU) or gloo, or run on a GPU machine")]
+    return [
+        Problem(
+            "weight_sync.weight_sync_backend",
+            "nccl needs a CUDA GPU, and this machine has none",
+            "set weight_sync_backend: auto (gloo on CPU) or gloo, or run on a GPU machine",
+        )
+    ]
 
 
 def check_vllm_replicas(config: GRPOConfig) -> list[Problem]:
@@ -116,8 +155,13 @@ def check_vllm_replicas(config: GRPOConfig) -> list[Problem]:
     inf = config.inference
     urls = [u for u in (inf.vllm_url or "").split(",") if u.strip()]
     if len(urls) > 1 and len(urls) != inf.vllm_replicas:
-        return [Problem("inference.vllm_url", f"lists {len(urls)} vLLM servers but vllm_replicas={inf.vllm_replicas}",
-                        f"set vllm_replicas: {len(urls)}, or list exactly {inf.vllm_replicas} URLs")]
+        return [
+            Problem(
+                "inference.vllm_url",
+                f"lists {len(urls)} vLLM servers but vllm_replicas={inf.vllm_replicas}",
+                f"set vllm_replicas: {len(urls)}, or list exactly {inf.vllm_replicas} URLs",
+            )
+        ]
     return []
 
 
@@ -135,8 +179,11 @@ def writable_folder_problem(path: str | Path, field: str) -> Problem | None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        return Problem(field, f"{str(p)!r} is not writable ({err.strerror or err})",
-                       "point it at a folder you can write to, or fix its permissions")
+        return Problem(
+            field,
+            f"{str(p)!r} is not writable ({err.strerror or err})",
+            "point it at a folder you can write to, or fix its permissions",
+        )
     return None
 
 
@@ -154,15 +201,30 @@ def check_model(config: GRPOConfig) -> tuple[list[Problem], str | None]:
     if name == "builtin:tiny":
         return [], None
     if name.startswith("builtin:"):
-        return [Problem("model_name_or_path", f"{name!r} is no builtin model", "use builtin:tiny, a local "
-                        "model folder or a hub id (org/name)")], None
+        return [
+            Problem(
+                "model_name_or_path",
+                f"{name!r} is no builtin model",
+                "use builtin:tiny, a local model folder or a hub id (org/name)",
+            )
+        ], None
     if hub.looks_like_repo_id(name):
         return [], f"model: {name!r} is a hub id, resolved through the HF cache at launch"
     path = Path(name).expanduser()
     if not path.exists():
-        return [Problem("model_name_or_path", f"{name!r} does not exist and is not a hub id (org/name)",
-                        "point it at a saved Hugging Face model folder, give a hub id, or use builtin:tiny")], None
+        return [
+            Problem(
+                "model_name_or_path",
+                f"{name!r} does not exist and is not a hub id (org/name)",
+                "point it at a saved Hugging Face model folder, give a hub id, or use builtin:tiny",
+            )
+        ], None
     if not (path / "config.json").is_file():
-        return [Problem("model_name_or_path", f"{name!r} is not a Hugging Face model folder (no config.json)",
-                        "point it at a folder saved with save_pretrained, or use builtin:tiny")], None
+        return [
+            Problem(
+                "model_name_or_path",
+                f"{name!r} is not a Hugging Face model folder (no config.json)",
+                "point it at a folder saved with save_pretrained, or use builtin:tiny",
+            )
+        ], None
     return [], None

@@ -55,8 +55,9 @@ class ScoredGroup(list):
         metrics: name -> the values passed to `log_metric` for this group (TRL averages them over the step).
     """
 
-    def __init__(self, rows: Any = (), extra: Mapping[str, list] | None = None,
-                 metrics: Mapping[str, list[float]] | None = None):
+    def __init__(
+        self, rows: Any = (), extra: Mapping[str, list] | None = None, metrics: Mapping[str, list[float]] | None = None
+    ):
         super().__init__(rows)
         self.extra = dict(extra or {})
         self.metrics = dict(metrics or {})
@@ -86,14 +87,30 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def call_reward(func: Callable[..., Any], prompts: list, completions: list, completion_ids: list,
-                columns: Mapping[str, list], *, trainer_state: RewardTrainerState, log: RewardLog,
-                bound: Mapping[str, Any] | None = None) -> Any:
+def call_reward(
+    func: Callable[..., Any],
+    prompts: list,
+    completions: list,
+    completion_ids: list,
+    columns: Mapping[str, list],
+    *,
+    trainer_state: RewardTrainerState,
+    log: RewardLog,
+    bound: Mapping[str, Any] | None = None,
+) -> Any:
     """Call one reward function with TRL's keyword arguments (module docstring) plus `bound` (the run's
     parameters of a configurable builtin); an `async def` function runs to completion here. Returns what it
     returned (the caller validates it)."""
-    out = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns,
-               trainer_state=trainer_state, log_extra=log.log_extra, log_metric=log.log_metric, **dict(bound or {}))
+    out = func(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=completion_ids,
+        **columns,
+        trainer_state=trainer_state,
+        log_extra=log.log_extra,
+        log_metric=log.log_metric,
+        **dict(bound or {}),
+    )
     if inspect.isawaitable(out):
         out = asyncio.run(_await(out))
     return out
@@ -105,6 +122,10 @@ def bound_kwargs(config: Any) -> dict[str, dict[str, Any]]:
     rewards = config.rewards
     if OVERLONG_SPEC not in rewards.reward_funcs:
         return {}
-    return {OVERLONG_SPEC: {"max_completion_length": config.sampling.max_completion_length,
-                            "overlong_buffer_len": rewards.overlong_buffer_len,
-                            "overlong_penalty_factor": rewards.overlong_penalty_factor}}
+    return {
+        OVERLONG_SPEC: {
+            "max_completion_length": config.sampling.max_completion_length,
+            "overlong_buffer_len": rewards.overlong_buffer_len,
+            "overlong_penalty_factor": rewards.overlong_penalty_factor,
+        }
+    }

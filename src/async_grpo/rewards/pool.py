@@ -59,8 +59,13 @@ class RewardTimeout(RewardError):
     reason = "reward_timeout"
 
 
-def check_group(caller: str, prompts: Sequence[Any], completions: Sequence[Any],
-                completion_ids: Sequence[Sequence[int]], columns: Mapping[str, Sequence[Any]] | None) -> dict[str, list]:
+def check_group(
+    caller: str,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    completion_ids: Sequence[Sequence[int]],
+    columns: Mapping[str, Sequence[Any]] | None,
+) -> dict[str, list]:
     """Check that one group's arguments all hold G >= 1 entries; returns `columns` as lists.
 
     Raises:
@@ -68,8 +73,11 @@ def check_group(caller: str, prompts: Sequence[Any], completions: Sequence[Any],
     """
     n = len(completions)
     cols = {k: list(v) for k, v in (columns or {}).items()}
-    lengths = {"prompts": len(prompts), "completion_ids": len(completion_ids),
-               **{f"columns[{k!r}]": len(v) for k, v in cols.items()}}
+    lengths = {
+        "prompts": len(prompts),
+        "completion_ids": len(completion_ids),
+        **{f"columns[{k!r}]": len(v) for k, v in cols.items()},
+    }
     bad = {k: v for k, v in lengths.items() if v != n}
     if n == 0 or bad:
         raise ValueError(f"{caller}: {n} completions but lengths {bad}. Fix: pass G >= 1 of everything.")
@@ -105,16 +113,25 @@ def _check_output(name: str, out: Any, n: int) -> list[float]:
     return values
 
 
-def _call(spec: str, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
-          state: RewardTrainerState, log: RewardLog, bound: dict[str, Any]) -> list[float]:
+def _call(
+    spec: str,
+    prompts: list,
+    completions: list,
+    completion_ids: list,
+    columns: dict[str, list],
+    state: RewardTrainerState,
+    log: RewardLog,
+    bound: dict[str, Any],
+) -> list[float]:
     name = reward_func_name(spec)
     try:
         func = _worker_func(spec)
     except RewardSpecError as err:
         raise RewardError(f"reward worker could not resolve {spec!r}: {err}", name) from None
     try:  # TRL's call: columns, trainer_state, log_extra, log_metric; `async def` runs to completion
-        out = call_reward(func, prompts, completions, completion_ids, columns, trainer_state=state, log=log,
-                          bound=bound)
+        out = call_reward(
+            func, prompts, completions, completion_ids, columns, trainer_state=state, log=log, bound=bound
+        )
     except Exception as err:
         tb = "".join(traceback.format_exc().splitlines(keepends=True)[-_TRACEBACK_LINES:])
         raise RewardError(
@@ -126,14 +143,21 @@ def _call(spec: str, prompts: list, completions: list, completion_ids: list, col
 
 
 def _score_group(
-    specs: tuple[str, ...], prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
-    trainer_state: dict[str, int] | None = None, bound: dict[str, dict[str, Any]] | None = None,
+    specs: tuple[str, ...],
+    prompts: list,
+    completions: list,
+    completion_ids: list,
+    columns: dict[str, list],
+    trainer_state: dict[str, int] | None = None,
+    bound: dict[str, dict[str, Any]] | None = None,
 ) -> ScoredGroup:
     """Worker entry point: run every reward function on one group; returns (G, F) floats, NaN for None, with
     what the functions logged (`ScoredGroup`)."""
     state, log = RewardTrainerState(**(trainer_state or {})), RewardLog()
-    per_func = [_call(spec, prompts, completions, completion_ids, columns, state, log, (bound or {}).get(spec, {}))
-                for spec in specs]
+    per_func = [
+        _call(spec, prompts, completions, completion_ids, columns, state, log, (bound or {}).get(spec, {}))
+        for spec in specs
+    ]
     return ScoredGroup([list(row) for row in zip(*per_func, strict=True)], log.extra, log.metrics)
 
 
@@ -175,7 +199,9 @@ class RewardPool:
                 finite, num_workers < 1 or timeout_s <= 0.
         """
         if isinstance(specs, str) or not specs:
-            raise ValueError(f"reward_funcs={specs!r} must be a non-empty list of specs. Fix: e.g. ['builtin:reverse_exact_match'].")
+            raise ValueError(
+                f"reward_funcs={specs!r} must be a non-empty list of specs. Fix: e.g. ['builtin:reverse_exact_match']."
+            )
         self.specs = list(specs)
         for spec in self.specs:
             resolve_reward_func(spec)  # fail here, not in a worker, on typos
@@ -212,8 +238,13 @@ class RewardPool:
         """The pool of a run's `GRPOConfig`: its reward functions, weights, workers (or `num_workers`), timeout and
         bound builtin parameters."""
         r = config.rewards
-        return cls(r.reward_funcs, r.reward_weights, r.reward_num_workers if num_workers is None else num_workers,
-                   r.reward_timeout_s, bound_kwargs=bound_kwargs(config))
+        return cls(
+            r.reward_funcs,
+            r.reward_weights,
+            r.reward_num_workers if num_workers is None else num_workers,
+            r.reward_timeout_s,
+            bound_kwargs=bound_kwargs(config),
+        )
 
     def set_trainer_state(self, **fields: int) -> None:
         """Update the `trainer_state` later groups' reward functions receive (e.g. global_step after each step)."""
@@ -259,9 +290,15 @@ class RewardPool:
                 raise RuntimeError("RewardPool.submit: the pool is closed. Fix: create a new RewardPool.")
             task = self._pool.schedule(
                 _score_group,
-                args=(self._worker_specs, list(prompts), list(completions), [list(c) for c in completion_ids], columns,
-                      dict(trainer_state) if trainer_state is not None else self._trainer_state.to_dict(),
-                      self._bound),
+                args=(
+                    self._worker_specs,
+                    list(prompts),
+                    list(completions),
+                    [list(c) for c in completion_ids],
+                    columns,
+                    dict(trainer_state) if trainer_state is not None else self._trainer_state.to_dict(),
+                    self._bound,
+                ),
                 timeout=self.timeout_s,
             )
             self._pending.add(out)

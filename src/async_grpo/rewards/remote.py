@@ -45,8 +45,10 @@ PROBE_TIMEOUT_S = 5.0  # one /health or /v1/reward_functions request
 TCP_CONNECT_TIMEOUT_S = 10.0  # opening a connection for a score request
 DEFAULT_MAX_CONCURRENCY = 2  # = RewardPool's default num_workers
 
-_URL_FIX = (f"Fix: check that the reward service is running and ready (on Kubernetes: kubectl get pods -l "
-            f"app.kubernetes.io/component=reward) and that reward_url or ${REWARD_URL_ENV} points at it.")
+_URL_FIX = (
+    f"Fix: check that the reward service is running and ready (on Kubernetes: kubectl get pods -l "
+    f"app.kubernetes.io/component=reward) and that reward_url or ${REWARD_URL_ENV} points at it."
+)
 
 
 class RemoteRewardPool:
@@ -116,23 +118,36 @@ class RemoteRewardPool:
             raise ValueError(
                 f"the reward service at {self.url} serves reward functions {self.names}, but this run's "
                 f"reward_funcs name {list(expected_names)}. Fix: start the service with this run's config "
-                f"(on Kubernetes it reads the run's ConfigMap), or point reward_url at the right service.")
+                f"(on Kubernetes it reads the run's ConfigMap), or point reward_url at the right service."
+            )
         if expected_weights is not None and [float(w) for w in expected_weights] != self.weights:
             raise ValueError(
                 f"the reward service at {self.url} weights its functions {self.names} with {self.weights}, but "
                 f"this run's reward_weights are {list(expected_weights)}. Fix: start the service with this run's "
-                f"config, or point reward_url at the right service.")
+                f"config, or point reward_url at the right service."
+            )
         if self.timeout_s != timeout_s:
-            logger.warning("the reward service at %s limits a group to %g s, this run's reward_timeout_s is %g s; "
-                           "the service's limit applies", self.url, self.timeout_s, timeout_s)
+            logger.warning(
+                "the reward service at %s limits a group to %g s, this run's reward_timeout_s is %g s; "
+                "the service's limit applies",
+                self.url,
+                self.timeout_s,
+                timeout_s,
+            )
         if info.get("version") != __version__:
-            logger.warning("the reward service at %s runs async-grpo %s, this process %s",
-                           self.url, info.get("version"), __version__)
+            logger.warning(
+                "the reward service at %s runs async-grpo %s, this process %s",
+                self.url,
+                info.get("version"),
+                __version__,
+            )
         self.request_timeout_s = max(float(timeout_s), self.timeout_s) + 2 * request_margin_s
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=self._headers,
+            base_url=self.url,
+            headers=self._headers,
             timeout=httpx.Timeout(self.request_timeout_s, connect=TCP_CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency))
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+        )
         self._slots = asyncio.Semaphore(max_concurrency)
         self._lock = threading.Lock()
         self._pending: set[Future] = set()
@@ -158,24 +173,36 @@ class RemoteRewardPool:
                     last = f"{type(err).__name__}: {err}"
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RewardError(f"the reward service at {self.url} was not ready within {timeout_s:g} s "
-                                      f"(last: {last}). {_URL_FIX}")
+                    raise RewardError(
+                        f"the reward service at {self.url} was not ready within {timeout_s:g} s "
+                        f"(last: {last}). {_URL_FIX}"
+                    )
                 time.sleep(min(HEALTH_POLL_S, left))
             try:
                 resp = http.get(FUNCTIONS_PATH)
                 info = resp.json()
             except (httpx.HTTPError, ValueError) as err:
-                raise RewardError(f"reading {self.url}{FUNCTIONS_PATH} failed: {type(err).__name__}: {err}. "
-                                  f"{_URL_FIX}") from None
-        ok = (resp.status_code == 200 and isinstance(info, dict) and isinstance(info.get("names"), list)
-              and all(isinstance(n, str) for n in info["names"]) and isinstance(info.get("weights"), list)
-              and len(info["weights"]) == len(info["names"]) and len(info["names"]) > 0
-              and all(isinstance(w, (int, float)) and math.isfinite(w) for w in info["weights"])
-              and isinstance(info.get("timeout_s"), (int, float)) and info["timeout_s"] > 0)
+                raise RewardError(
+                    f"reading {self.url}{FUNCTIONS_PATH} failed: {type(err).__name__}: {err}. {_URL_FIX}"
+                ) from None
+        ok = (
+            resp.status_code == 200
+            and isinstance(info, dict)
+            and isinstance(info.get("names"), list)
+            and all(isinstance(n, str) for n in info["names"])
+            and isinstance(info.get("weights"), list)
+            and len(info["weights"]) == len(info["names"])
+            and len(info["names"]) > 0
+            and all(isinstance(w, (int, float)) and math.isfinite(w) for w in info["weights"])
+            and isinstance(info.get("timeout_s"), (int, float))
+            and info["timeout_s"] > 0
+        )
         if not ok:
-            raise RewardError(f"{self.url}{FUNCTIONS_PATH} answered HTTP {resp.status_code} {info!r:.300}, not a "
-                              "reward service's function list. Fix: point reward_url at `python -m "
-                              "async_grpo.rewards.server` of the same async-grpo version.")
+            raise RewardError(
+                f"{self.url}{FUNCTIONS_PATH} answered HTTP {resp.status_code} {info!r:.300}, not a "
+                "reward service's function list. Fix: point reward_url at `python -m "
+                "async_grpo.rewards.server` of the same async-grpo version."
+            )
         info["weights"] = [float(w) for w in info["weights"]]
         info["timeout_s"] = float(info["timeout_s"])
         return info
@@ -216,9 +243,13 @@ class RemoteRewardPool:
         """
         cols = check_group("RemoteRewardPool.submit", prompts, completions, completion_ids, columns)
         n = len(completions)
-        payload = {"prompts": list(prompts), "completions": list(completions),
-                   "completion_ids": [list(c) for c in completion_ids], "columns": cols,
-                   "trainer_state": dict(trainer_state) if trainer_state is not None else self._trainer_state}
+        payload = {
+            "prompts": list(prompts),
+            "completions": list(completions),
+            "completion_ids": [list(c) for c in completion_ids],
+            "columns": cols,
+            "trainer_state": dict(trainer_state) if trainer_state is not None else self._trainer_state,
+        }
         out: Future = Future()
         out.set_running_or_notify_cancel()
         with self._lock:
@@ -238,19 +269,21 @@ class RemoteRewardPool:
                 raise RewardError(
                     f"the group cannot be sent to the reward service as JSON ({err}). Fix: keep dataset columns "
                     "to JSON types (str, numbers, bool, None, lists, dicts with str keys), or score in-process "
-                    f"(unset reward_url and ${REWARD_URL_ENV}).") from None
+                    f"(unset reward_url and ${REWARD_URL_ENV})."
+                ) from None
             try:
                 async with asyncio.timeout(self.request_timeout_s):
-                    resp = await self._http.post(SCORE_PATH, content=body,
-                                                 headers={"content-type": "application/json"})
+                    resp = await self._http.post(SCORE_PATH, content=body, headers={"content-type": "application/json"})
             except (TimeoutError, httpx.TimeoutException):
                 raise RewardTimeout(
                     f"the reward service at {self.url} did not answer within {self.request_timeout_s:g} s "
                     f"(reward_timeout_s={self.timeout_s:g} s + margins). Fix: check the service's log and load; "
-                    "raise reward_timeout_s, or add reward workers.") from None
+                    "raise reward_timeout_s, or add reward workers."
+                ) from None
             except httpx.HTTPError as err:
-                raise RewardError(f"could not reach the reward service at {self.url}: {type(err).__name__}: "
-                                  f"{err}. {_URL_FIX}") from None
+                raise RewardError(
+                    f"could not reach the reward service at {self.url}: {type(err).__name__}: {err}. {_URL_FIX}"
+                ) from None
         return self._parse(resp, g)
 
     def _parse(self, resp: httpx.Response, g: int) -> list[list[float]]:
@@ -265,8 +298,11 @@ class RemoteRewardPool:
         if err is not None and resp.status_code != 422:
             raise err
         detail = data.get("message") if isinstance(data, dict) and data.get("message") else resp.text[:300]
-        fix = ("Fix: run the same async-grpo version in the trainer and the reward image."
-               if resp.status_code in (200, 404, 405, 422) else _URL_FIX)
+        fix = (
+            "Fix: run the same async-grpo version in the trainer and the reward image."
+            if resp.status_code in (200, 404, 405, 422)
+            else _URL_FIX
+        )
         raise RewardError(f"the reward service at {self.url} answered HTTP {resp.status_code}: {detail}. {fix}")
 
     def _settle(self, out: Future, task: Future) -> None:
@@ -338,8 +374,9 @@ def reward_service_url(config: GRPOConfig, url: str | None = None) -> str | None
     return url or config.rewards.reward_url or os.environ.get(REWARD_URL_ENV) or None
 
 
-def make_reward_pool(config: GRPOConfig, url: str | None = None, *,
-                     connect_timeout_s: float = CONNECT_TIMEOUT_S) -> RewardPool | RemoteRewardPool:
+def make_reward_pool(
+    config: GRPOConfig, url: str | None = None, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> RewardPool | RemoteRewardPool:
     """The run's reward scorer: a `RemoteRewardPool` when a reward service URL is known (see
     `reward_service_url`), else a local `RewardPool` of `reward_num_workers` spawned processes.
 
@@ -357,6 +394,11 @@ def make_reward_pool(config: GRPOConfig, url: str | None = None, *,
     names = [reward_func_name(s) for s in config.rewards.reward_funcs]
     weights = config.rewards.reward_weights if config.rewards.reward_weights is not None else [1.0] * len(names)
     logger.info("scoring rewards on the reward service at %s", remote)
-    return RemoteRewardPool(remote, config.rewards.reward_timeout_s, config.rewards.reward_num_workers,
-                            expected_names=names,
-                            expected_weights=weights, connect_timeout_s=connect_timeout_s)
+    return RemoteRewardPool(
+        remote,
+        config.rewards.reward_timeout_s,
+        config.rewards.reward_num_workers,
+        expected_names=names,
+        expected_weights=weights,
+        connect_timeout_s=connect_timeout_s,
+    )

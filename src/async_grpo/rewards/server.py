@@ -60,12 +60,18 @@ def _validation_message(err: RequestValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "(body)"
         parts.append(f"{loc}: {str(e.get('msg', '')).removeprefix('Value error, ')}")
-    return (f"invalid score request: {'; '.join(parts)}. Fix: POST {{\"prompts\": [G], \"completions\": [G], "
-            f"\"completion_ids\": [G lists of ints], \"columns\": {{name: [G]}}}}.")
+    return (
+        f'invalid score request: {"; ".join(parts)}. Fix: POST {{"prompts": [G], "completions": [G], '
+        f'"completion_ids": [G lists of ints], "columns": {{name: [G]}}}}.'
+    )
 
 
-def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S, token: str | None = None,
-              tools: ToolExecutor | None = None) -> FastAPI:
+def build_app(
+    pool: RewardPool,
+    request_margin_s: float = REQUEST_MARGIN_S,
+    token: str | None = None,
+    tools: ToolExecutor | None = None,
+) -> FastAPI:
     """The reward service's FastAPI app, scoring with `pool` (and running `tools` when the run declares tools, see
     `tool_routes`); the app owns both and closes them on shutdown.
 
@@ -105,14 +111,22 @@ def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S, toke
             ok = scheme.lower() == "bearer" and hmac.compare_digest(hashlib.sha256(given.encode()).digest(), digest)
             if ok or request.url.path == HEALTH_PATH:
                 return await call_next(request)
-            return JSONResponse({"reason": "unauthorized", "function": None, "message": "missing or wrong bearer "
-                                 f"token. Fix: send the service's token (env {AUTH_TOKEN_ENV}) as "
-                                 "`Authorization: Bearer <token>`."}, status_code=401)
+            return JSONResponse(
+                {
+                    "reason": "unauthorized",
+                    "function": None,
+                    "message": "missing or wrong bearer "
+                    f"token. Fix: send the service's token (env {AUTH_TOKEN_ENV}) as "
+                    "`Authorization: Bearer <token>`.",
+                },
+                status_code=401,
+            )
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"reason": "bad_request", "function": None, "message": _validation_message(err)},
-                            status_code=422)
+        return JSONResponse(
+            {"reason": "bad_request", "function": None, "message": _validation_message(err)}, status_code=422
+        )
 
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:
@@ -127,19 +141,21 @@ def build_app(pool: RewardPool, request_margin_s: float = REQUEST_MARGIN_S, toke
     @app.post(SCORE_PATH)
     async def score(req: ScoreRequest) -> JSONResponse:
         try:
-            future = pool.submit(req.prompts, req.completions, req.completion_ids, req.columns,
-                                 trainer_state=req.trainer_state)
+            future = pool.submit(
+                req.prompts, req.completions, req.completion_ids, req.columns, trainer_state=req.trainer_state
+            )
         except ValueError as err:  # lengths; ScoreRequest checks them first
             return JSONResponse({"reason": "bad_request", "function": None, "message": str(err)}, status_code=422)
         except RuntimeError as err:  # the pool is closed: the server is shutting down
-            return JSONResponse(error_body(RewardError(f"the reward service is shutting down: {err}")),
-                                status_code=503)
+            return JSONResponse(error_body(RewardError(f"the reward service is shutting down: {err}")), status_code=503)
         try:
             rows = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max_wait_s)
         except TimeoutError:  # queued behind other groups for too long; the pool bounds the run itself
-            err = RewardTimeout(f"reward functions {pool.names} were not scored within {max_wait_s:g} s "
-                                f"(reward_timeout_s={pool.timeout_s:g} s + {request_margin_s:g} s waiting for a "
-                                "worker). Fix: send fewer groups at once, or add workers (--num-workers).")
+            err = RewardTimeout(
+                f"reward functions {pool.names} were not scored within {max_wait_s:g} s "
+                f"(reward_timeout_s={pool.timeout_s:g} s + {request_margin_s:g} s waiting for a "
+                "worker). Fix: send fewer groups at once, or add workers (--num-workers)."
+            )
             return JSONResponse(error_body(err), status_code=_status(err))
         except RewardError as err:
             logger.warning("group of %d failed (%s): %s", len(req.completions), err.reason, str(err).splitlines()[0])
@@ -167,14 +183,24 @@ def _raise_exit(signum: int, frame: FrameType | None) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line of `python -m async_grpo.rewards.server`."""
-    p = argparse.ArgumentParser(prog="python -m async_grpo.rewards.server",
-                                description="Serve a run's reward functions over HTTP (the reward Deployment).")
-    p.add_argument("--config", required=True, help="run config YAML; its reward_funcs, reward_weights and "
-                   "reward_timeout_s are served, and its tools (with their limits) when it declares any")
+    p = argparse.ArgumentParser(
+        prog="python -m async_grpo.rewards.server",
+        description="Serve a run's reward functions over HTTP (the reward Deployment).",
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        help="run config YAML; its reward_funcs, reward_weights and "
+        "reward_timeout_s are served, and its tools (with their limits) when it declares any",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a pod)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
-    p.add_argument("--num-workers", type=int, default=None,
-                   help="reward worker processes (default: the config's reward_num_workers)")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=None,
+        help="reward worker processes (default: the config's reward_num_workers)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p.parse_args(argv)
 
@@ -197,8 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             if token is None and not is_loopback(args.host):
-                raise ValueError(f"--host {args.host} without a token would serve every client that reaches the port. "
-                                 f"Fix: set {AUTH_TOKEN_ENV} (the Kubernetes objects set it), or listen on 127.0.0.1.")
+                raise ValueError(
+                    f"--host {args.host} without a token would serve every client that reaches the port. "
+                    f"Fix: set {AUTH_TOKEN_ENV} (the Kubernetes objects set it), or listen on 127.0.0.1."
+                )
             config = load_config(args.config)
             num_workers = config.rewards.reward_num_workers if args.num_workers is None else args.num_workers
             if not 1 <= args.port <= 65535:
@@ -212,10 +240,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         # uvicorn handles SIGTERM (graceful shutdown, lifespan closes the pool), then re-raises it with this
         # handler in place, so the process exits 0 through the `finally` below rather than dying of the signal.
         signal.signal(signal.SIGTERM, _raise_exit)
-        logger.info("serving reward functions %s (weights %s, timeout %g s, %d workers) on http://%s:%d",
-                    pool.names, pool.weights, pool.timeout_s, num_workers, args.host, args.port)
-        uvicorn.run(build_app(pool, token=token, tools=tools), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        logger.info(
+            "serving reward functions %s (weights %s, timeout %g s, %d workers) on http://%s:%d",
+            pool.names,
+            pool.weights,
+            pool.timeout_s,
+            num_workers,
+            args.host,
+            args.port,
+        )
+        uvicorn.run(
+            build_app(pool, token=token, tools=tools),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
     except KeyboardInterrupt:
         return 130
     finally:

@@ -35,20 +35,31 @@ def add_tool_routes(app: FastAPI, executor: ToolExecutor, request_margin_s: floa
 
     @app.get(TOOLS_PATH)
     async def tools() -> dict[str, Any]:
-        return {"names": [t.name for t in executor.tools], "specs": [t.spec for t in executor.tools],
-                "schemas": [t.schema for t in executor.tools], "timeout_s": executor.timeout_s}
+        return {
+            "names": [t.name for t in executor.tools],
+            "specs": [t.spec for t in executor.tools],
+            "schemas": [t.schema for t in executor.tools],
+            "timeout_s": executor.timeout_s,
+        }
 
     @app.post(TOOL_CALL_PATH)
     async def call(req: ToolCallRequest) -> JSONResponse:
         try:
             outcome = await asyncio.wait_for(executor.call(req.name, req.arguments, allowed=req.allowed), max_wait_s)
         except TimeoutError:
-            return JSONResponse({"reason": "tool_timeout", "function": req.name, "message": f"no tool worker "
-                                 f"answered within {max_wait_s:g} s. Fix: add workers (tool_num_workers)."},
-                                status_code=503)
+            return JSONResponse(
+                {
+                    "reason": "tool_timeout",
+                    "function": req.name,
+                    "message": f"no tool worker answered within {max_wait_s:g} s. Fix: add workers (tool_num_workers).",
+                },
+                status_code=503,
+            )
         if outcome.failure == "crashed" and executor.closed:
-            return JSONResponse({"reason": "shutting_down", "function": req.name,
-                                 "message": "the reward service is shutting down"}, status_code=503)
+            return JSONResponse(
+                {"reason": "shutting_down", "function": req.name, "message": "the reward service is shutting down"},
+                status_code=503,
+            )
         return JSONResponse(outcome.to_json())
 
 
@@ -62,5 +73,10 @@ def tool_executor(config: GRPOConfig) -> ToolExecutor | None:
     if not t.tools:
         return None
     # the full schemas are built here, where submitter code may run; the trainer takes them from GET /v1/tools
-    return ToolExecutor(load_tools(t.tools), num_workers=t.tool_num_workers, timeout_s=t.tool_timeout_s,
-                        cpu_seconds=t.tool_cpu_seconds, memory_mb=t.tool_memory_mb)
+    return ToolExecutor(
+        load_tools(t.tools),
+        num_workers=t.tool_num_workers,
+        timeout_s=t.tool_timeout_s,
+        cpu_seconds=t.tool_cpu_seconds,
+        memory_mb=t.tool_memory_mb,
+    )

@@ -57,12 +57,17 @@ class ScoreRequest(BaseModel):
         g = len(self.completions)
         if g == 0:
             raise ValueError("completions is empty. Fix: send a group of G >= 1 completions.")
-        lengths = {"prompts": len(self.prompts), "completion_ids": len(self.completion_ids),
-                   **{f"columns.{k}": len(v) for k, v in self.columns.items()}}
+        lengths = {
+            "prompts": len(self.prompts),
+            "completion_ids": len(self.completion_ids),
+            **{f"columns.{k}": len(v) for k, v in self.columns.items()},
+        }
         bad = {k: n for k, n in lengths.items() if n != g}
         if bad:
-            raise ValueError(f"{', '.join(f'{k} has {n} entries' for k, n in bad.items())} but completions has {g}. "
-                             f"Fix: send one entry per completion in every list.")
+            raise ValueError(
+                f"{', '.join(f'{k} has {n} entries' for k, n in bad.items())} but completions has {g}. "
+                f"Fix: send one entry per completion in every list."
+            )
         return self
 
 
@@ -85,8 +90,11 @@ def decode_scored(body: dict[str, Any], g: int, f: int) -> ScoredGroup:
         RewardError: the rewards are not `g` rows of `f` numbers or nulls (see `decode_rewards`).
     """
     extra, metrics = body.get("extra"), body.get("metrics")
-    return ScoredGroup(decode_rewards(body["rewards"], g, f), extra if isinstance(extra, dict) else {},
-                       metrics if isinstance(metrics, dict) else {})
+    return ScoredGroup(
+        decode_rewards(body["rewards"], g, f),
+        extra if isinstance(extra, dict) else {},
+        metrics if isinstance(metrics, dict) else {},
+    )
 
 
 def decode_rewards(data: Any, g: int, f: int) -> list[list[float]]:
@@ -95,13 +103,21 @@ def decode_rewards(data: Any, g: int, f: int) -> list[list[float]]:
     Raises:
         RewardError: not a list of `g` rows of `f` numbers or nulls (a client/server version mismatch).
     """
-    ok = isinstance(data, list) and len(data) == g and all(
-        isinstance(row, list) and len(row) == f
-        and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row)
-        for row in data)
+    ok = (
+        isinstance(data, list)
+        and len(data) == g
+        and all(
+            isinstance(row, list)
+            and len(row) == f
+            and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row)
+            for row in data
+        )
+    )
     if not ok:
-        raise RewardError(f"the reward service answered rewards that are not {g} rows of {f} numbers: {data!r:.200}. "
-                          "Fix: run the same async-grpo version in the trainer and the reward image.")
+        raise RewardError(
+            f"the reward service answered rewards that are not {g} rows of {f} numbers: {data!r:.200}. "
+            "Fix: run the same async-grpo version in the trainer and the reward image."
+        )
     return [[math.nan if v is None else float(v) for v in row] for row in data]
 
 

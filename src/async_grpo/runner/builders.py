@@ -73,9 +73,12 @@ def check_tied_embeddings(path: Path, config: GRPOConfig) -> None:
 
     tied = json.loads((path / "config.json").read_text()).get("tie_word_embeddings", False)
     if tied and resolve_backend(config.weight_sync.weight_sync_backend) != "gloo":
-        logger.warning("%s ties its embeddings; the NCCL weight push of tied models is not verified yet: compare "
-                       "vLLM's logprobs with the trainer's after the first push "
-                       "(sampling/sampling_logp_difference).", path)
+        logger.warning(
+            "%s ties its embeddings; the NCCL weight push of tied models is not verified yet: compare "
+            "vLLM's logprobs with the trainer's after the first push "
+            "(sampling/sampling_logp_difference).",
+            path,
+        )
 
 
 def follower_model_path(config: GRPOConfig) -> Path:
@@ -101,11 +104,15 @@ def load_policy(config: GRPOConfig, path: Path, *, weights: bool = True) -> Any:
     if weights:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=remote, **kwargs)
     else:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, trust_remote_code=remote),
-                                                 dtype=torch.float32, trust_remote_code=remote)
-    return prepare_policy(model, gradient_checkpointing=config.optim.gradient_checkpointing,
-                          gradient_checkpointing_kwargs=config.optim.gradient_checkpointing_kwargs,
-                          disable_dropout=config.optim.disable_dropout)
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(path, trust_remote_code=remote), dtype=torch.float32, trust_remote_code=remote
+        )
+    return prepare_policy(
+        model,
+        gradient_checkpointing=config.optim.gradient_checkpointing,
+        gradient_checkpointing_kwargs=config.optim.gradient_checkpointing_kwargs,
+        disable_dropout=config.optim.disable_dropout,
+    )
 
 
 def with_epochs_resolved(config: GRPOConfig, num_prompts: int, world_size: int) -> GRPOConfig:
@@ -137,10 +144,15 @@ def dataset_options(config: GRPOConfig, split: str) -> dict[str, Any]:
     names (TRL ScriptArguments), the system prompt and the chat template's arguments. A separate eval_dataset is
     read with its own default split."""
     data = config.data
-    split_name = data.dataset_train_split if split == "train" else (
-        data.dataset_test_split if not data.eval_dataset else None)
-    return {"config_name": data.dataset_config, "split_name": split_name, "system_prompt": data.system_prompt,
-            "chat_template_kwargs": data.chat_template_kwargs}
+    split_name = (
+        data.dataset_train_split if split == "train" else (data.dataset_test_split if not data.eval_dataset else None)
+    )
+    return {
+        "config_name": data.dataset_config,
+        "split_name": split_name,
+        "system_prompt": data.system_prompt,
+        "chat_template_kwargs": data.chat_template_kwargs,
+    }
 
 
 def eval_every(config: GRPOConfig) -> int | None:
@@ -163,8 +175,10 @@ def check_warm_start(config: GRPOConfig) -> None:
         ValueError: warmup_sft_steps > 0 on a dataset that is not a builtin task.
     """
     if config.data.warmup_sft_steps and not config.data.dataset.startswith("builtin:"):
-        raise ValueError("warmup_sft_steps > 0 needs a builtin dataset (it trains on the task's answers). "
-                         "Fix: set warmup_sft_steps=0.")
+        raise ValueError(
+            "warmup_sft_steps > 0 needs a builtin dataset (it trains on the task's answers). "
+            "Fix: set warmup_sft_steps=0."
+        )
 
 
 def warm_start(config: GRPOConfig, model: Any, tokenizer: Any, tool_schemas: list[dict]) -> float | None:
@@ -181,15 +195,28 @@ def warm_start(config: GRPOConfig, model: Any, tokenizer: Any, tool_schemas: lis
     if task.transcript is not None:  # multi-turn reference conversations (tool calls): one pair per assistant turn
         pairs = tool_setup.warm_start_pairs(config, task, tokenizer, 2048, tool_schemas)
     else:
-        pairs = [(encode_prompt(tokenizer, p), tokenizer.encode(c, add_special_tokens=False) + [tokenizer.eos_token_id])
-                 for p, c in task.sft_examples(config.seed, 4096)]
-    return supervised_warm_start(model, pairs, steps=config.data.warmup_sft_steps,
-                                 learning_rate=config.data.warmup_sft_learning_rate,
-                                 pad_token_id=tokenizer.pad_token_id, seed=config.seed)
+        pairs = [
+            (encode_prompt(tokenizer, p), tokenizer.encode(c, add_special_tokens=False) + [tokenizer.eos_token_id])
+            for p, c in task.sft_examples(config.seed, 4096)
+        ]
+    return supervised_warm_start(
+        model,
+        pairs,
+        steps=config.data.warmup_sft_steps,
+        learning_rate=config.data.warmup_sft_learning_rate,
+        pad_token_id=tokenizer.pad_token_id,
+        seed=config.seed,
+    )
 
 
-def build_rollout(config: GRPOConfig, scorer: Any, tokenizer: Any, decode: Callable[[list[int]], str],
-                  items: list[PromptItem], tool_service: tuple[str, str | None] | None = None) -> Rollout:
+def build_rollout(
+    config: GRPOConfig,
+    scorer: Any,
+    tokenizer: Any,
+    decode: Callable[[list[int]], str],
+    items: list[PromptItem],
+    tool_service: tuple[str, str | None] | None = None,
+) -> Rollout:
     """The run's rollout: `SingleTurnRollout`, or the multi-turn `MultiTurnRollout` when `tools` are declared
     (`tool_setup.build_rollout`: tools, prompts and chat template checked here, before anything starts; tool calls
     run on `tool_service` = (URL, token) when given)."""
@@ -243,8 +270,12 @@ def lr_schedule(config: GRPOConfig) -> LRSchedule:
     o = config.optim
     if o.max_steps < 1:
         raise ValueError("max_steps=-1 must be resolved from num_train_epochs before the learner is built.")
-    return LRSchedule(o.lr_scheduler_type, o.max_steps, warmup_steps(o.warmup_steps, o.warmup_ratio, o.max_steps),
-                      dict(o.lr_scheduler_kwargs or {}))
+    return LRSchedule(
+        o.lr_scheduler_type,
+        o.max_steps,
+        warmup_steps(o.warmup_steps, o.warmup_ratio, o.max_steps),
+        dict(o.lr_scheduler_kwargs or {}),
+    )
 
 
 def build_learner(config: GRPOConfig, model: Any, pad_token_id: int, info: DistInfo) -> Learner:
@@ -257,11 +288,17 @@ def setup_batch_shaping(config: GRPOConfig) -> dict:
     """The orchestrator's optional batch-shaping state from `config`: keyword arguments `replay`
     (a seeded `ReplayBuffer` when replay_buffer_size > 0) and `reroll` (a `RerollQueue` when
     reroll_start_fraction < 1), each None when off."""
-    replay = (ReplayBuffer(config.batch_shaping.replay_buffer_size, random.Random(config.seed))
-              if config.batch_shaping.replay_buffer_size > 0 else None)
+    replay = (
+        ReplayBuffer(config.batch_shaping.replay_buffer_size, random.Random(config.seed))
+        if config.batch_shaping.replay_buffer_size > 0
+        else None
+    )
     start = config.reroll_start_step
-    reroll = (RerollQueue(start_step=start, max_per_batch=config.batch_shaping.reroll_max_groups)
-              if start is not None else None)
+    reroll = (
+        RerollQueue(start_step=start, max_per_batch=config.batch_shaping.reroll_max_groups)
+        if start is not None
+        else None
+    )
     return {"replay": replay, "reroll": reroll}
 
 
@@ -272,15 +309,26 @@ def sampling_settings(config: GRPOConfig, *, evaluation: bool = False) -> Sampli
     extras = {"min_p": s.min_p, "repetition_penalty": s.repetition_penalty, "generation_kwargs": s.generation_kwargs}
     if evaluation:
         temperature = s.temperature if config.data.eval_temperature is None else config.data.eval_temperature
-        return SamplingSettings(config.data.num_generations_eval, s.max_completion_length, temperature, s.top_p,
-                                s.top_k, **extras)
+        return SamplingSettings(
+            config.data.num_generations_eval, s.max_completion_length, temperature, s.top_p, s.top_k, **extras
+        )
     return SamplingSettings(s.num_generations, s.max_completion_length, s.temperature, s.top_p, s.top_k, **extras)
 
 
-def build_producer(config: GRPOConfig, *, tokenizer: Any, train_items: list[PromptItem], rollout: Rollout,
-                   client_factory: Callable[[], Any], reward_names: list[str], reward_weights: list[float],
-                   version: PolicyVersion, drops: DropCounter, world_size: int, health: Any = None,
-                   ) -> tuple[DataProducer, Orchestrator | None, RolloutQueue | None]:
+def build_producer(
+    config: GRPOConfig,
+    *,
+    tokenizer: Any,
+    train_items: list[PromptItem],
+    rollout: Rollout,
+    client_factory: Callable[[], Any],
+    reward_names: list[str],
+    reward_weights: list[float],
+    version: PolicyVersion,
+    drops: DropCounter,
+    world_size: int,
+    health: Any = None,
+) -> tuple[DataProducer, Orchestrator | None, RolloutQueue | None]:
     """The run's rollout producer: a user `data_producer`, or the builtin `VLLMProducer` over a (not yet
     started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate.
 
@@ -295,8 +343,9 @@ def build_producer(config: GRPOConfig, *, tokenizer: Any, train_items: list[Prom
         return load_data_producer(prod.data_producer, config, tokenizer), None, None
     groups_per_step = config.groups_per_step * world_size  # TRL: per-device batch x accumulation x ranks
     chunks_per_step = groups_per_step // (prod.streaming_min_groups or groups_per_step)
-    queue = RolloutQueue(prod.prefetch_depth * prod.steps_per_generation * chunks_per_step,
-                         config.off_policy.max_staleness, drops)
+    queue = RolloutQueue(
+        prod.prefetch_depth * prod.steps_per_generation * chunks_per_step, config.off_policy.max_staleness, drops
+    )
     orchestrator = Orchestrator(
         client_factory=client_factory, rollout=rollout,
         prompts=PromptSampler(train_items, config.seed, shuffle=config.data.shuffle_dataset),
@@ -312,8 +361,14 @@ def build_producer(config: GRPOConfig, *, tokenizer: Any, train_items: list[Prom
         recovery_timeout_s=config.inference.vllm_recovery_timeout_s,
         reward_failure_timeout_s=config.rewards.reward_failure_timeout_s, **setup_batch_shaping(config),
     )  # fmt: skip
-    producer = VLLMProducer(orchestrator, queue, version, ProducerConfig.from_config(config),
-                            streaming=prod.streaming_min_groups is not None, health=health)
+    producer = VLLMProducer(
+        orchestrator,
+        queue,
+        version,
+        ProducerConfig.from_config(config),
+        streaming=prod.streaming_min_groups is not None,
+        health=health,
+    )
     return producer, orchestrator, queue
 
 
@@ -328,9 +383,13 @@ def replica_pusher(config: GRPOConfig, learner: Any, url: str) -> Any:
     if config.peft.vllm_lora_sync:
         return peft_setup.adapter_pusher(config, learner, url)
     sync = config.weight_sync
-    return WeightPusher(for_server(learner.named_parameters_for_push(), config.inference.vllm_dtype), url,
-                        backend=sync.weight_sync_backend, timeout_s=sync.weight_sync_timeout_s,
-                        master_address=rendezvous_address(url))
+    return WeightPusher(
+        for_server(learner.named_parameters_for_push(), config.inference.vllm_dtype),
+        url,
+        backend=sync.weight_sync_backend,
+        timeout_s=sync.weight_sync_timeout_s,
+        master_address=rendezvous_address(url),
+    )
 
 
 def rendezvous_address(vllm_url: str) -> str:

@@ -89,9 +89,11 @@ def resolve_resume(resume: bool | str | None, output_dir: str | Path) -> Path | 
         return found[-1][1]
     path = Path(resume)
     if not (path / STATE_FILE).is_file():
-        raise FileNotFoundError(f"resume_from_checkpoint={resume!r} is not a complete checkpoint (no {STATE_FILE}). "
-                                f"Fix: point at a `{PREFIX}<step>` folder of an earlier run, or set "
-                                "resume_from_checkpoint: true for the newest one in output_dir.")
+        raise FileNotFoundError(
+            f"resume_from_checkpoint={resume!r} is not a complete checkpoint (no {STATE_FILE}). "
+            f"Fix: point at a `{PREFIX}<step>` folder of an earlier run, or set "
+            "resume_from_checkpoint: true for the newest one in output_dir."
+        )
     return path
 
 
@@ -124,8 +126,13 @@ def checkpoint_on_stop(recipe: Any) -> Path | None:
     steps, past setup, and that step has none yet (`checkpoint_on_signal`); returns its folder, or None. Never
     raises (a failure is logged: the newest periodic checkpoint stays the resume point)."""
     recipe.guard.disarm()
-    if not (recipe.config.checkpoint.checkpoint_on_signal and recipe.guard.consistent and recipe.pusher
-            and recipe.learner is not None and recipe.step > 0):
+    if not (
+        recipe.config.checkpoint.checkpoint_on_signal
+        and recipe.guard.consistent
+        and recipe.pusher
+        and recipe.learner is not None
+        and recipe.step > 0
+    ):
         return None
     path = checkpoint_dir(recipe.out_dir, recipe.step)
     try:
@@ -161,8 +168,13 @@ def prepare(recipe: Any) -> None:
             # start, the restored drop counters from the run's: the groups they dropped were launched before
             orch.launched_total = -prompts_lost(0, 0, recipe.drops.snapshot())  # = the launched groups dropped
         recipe.sync_times.append(recipe.pusher.push(recipe.version.value))
-        logger.info("resumed from %s at step %d (policy version %d) in %.1f s", recipe.resume_from, recipe.step,
-                    recipe.version.value, time.perf_counter() - t0)
+        logger.info(
+            "resumed from %s at step %d (policy version %d) in %.1f s",
+            recipe.resume_from,
+            recipe.step,
+            recipe.version.value,
+            time.perf_counter() - t0,
+        )
 
 
 def after_step(recipe: Any, groups: list, metrics: dict[str, float]) -> None:

@@ -29,8 +29,14 @@ def lora_policy(config: GRPOConfig, model: torch.nn.Module) -> tuple[type, Any]:
     p = config.peft
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        wrapped = wrap_with_lora(model, r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
-                                 target_modules=p.lora_target_modules, disable_dropout=config.optim.disable_dropout)
+        wrapped = wrap_with_lora(
+            model,
+            r=p.lora_r,
+            alpha=p.lora_alpha,
+            dropout=p.lora_dropout,
+            target_modules=p.lora_target_modules,
+            disable_dropout=config.optim.disable_dropout,
+        )
     return PeftLearner, wrapped
 
 
@@ -49,10 +55,20 @@ def adapter_pusher(config: GRPOConfig, learner: Any, url: str) -> LoRAAdapterPus
 
     local = getattr(learner, "learner", learner)  # DataParallelLearner drives a local learner; rank 0 holds it all
     sync = config.weight_sync
-    base = WeightPusher(local.base_weights_for_push(), url, backend=sync.weight_sync_backend,
-                        timeout_s=sync.weight_sync_timeout_s, master_address=rendezvous_address(url))
-    return LoRAAdapterPusher(local.save_adapter, url, lora_sync_folder(config) / _slug(url),
-                             timeout_s=sync.weight_sync_timeout_s, base_pusher=base)
+    base = WeightPusher(
+        local.base_weights_for_push(),
+        url,
+        backend=sync.weight_sync_backend,
+        timeout_s=sync.weight_sync_timeout_s,
+        master_address=rendezvous_address(url),
+    )
+    return LoRAAdapterPusher(
+        local.save_adapter,
+        url,
+        lora_sync_folder(config) / _slug(url),
+        timeout_s=sync.weight_sync_timeout_s,
+        base_pusher=base,
+    )
 
 
 def request_model(config: GRPOConfig, version: PolicyVersion, served_model: str) -> str | Callable[[], str]:

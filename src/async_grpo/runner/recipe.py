@@ -96,19 +96,22 @@ class GRPORecipe:
         model_path = builders.resolve_model_path(config)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
         self.train_items = self._items(config.data.dataset, "train")
-        self.config = config = builders.with_epochs_resolved(config, len(self.train_items) + self.drops.snapshot().get(
-            "prompt_too_long", 0), self.info.world_size)  # max_steps=-1: TRL's num_train_epochs
+        self.config = config = builders.with_epochs_resolved(
+            config, len(self.train_items) + self.drops.snapshot().get("prompt_too_long", 0), self.info.world_size
+        )  # max_steps=-1: TRL's num_train_epochs
         eval_spec = builders.eval_dataset_spec(config)
         self.eval_items = self._items(eval_spec, "eval", limit=config.data.eval_num_prompts) if eval_spec else []
         self.resume_from = checkpoints.resolve_resume(config.checkpoint.resume_from_checkpoint, self.out_dir)
         self.scorer = make_reward_pool(config)  # the reward service when reward_url / $ASYNC_GRPO_REWARD_URL is set
-        self.rollout = builders.build_rollout(config, self.scorer, self.tokenizer, self.decode,
-                                              self.train_items + self.eval_items)
+        self.rollout = builders.build_rollout(
+            config, self.scorer, self.tokenizer, self.decode, self.train_items + self.eval_items
+        )
         # ---- inference starts; the model loads and warm-starts meanwhile
         self.replicas = ReplicaSet.of(start_inference(model_path))
         model = builders.load_policy(config, model_path)
-        sft_loss = None if self.resume_from else builders.warm_start(config, model, self.tokenizer,
-                                                                     self.rollout.tool_schemas)
+        sft_loss = (
+            None if self.resume_from else builders.warm_start(config, model, self.tokenizer, self.rollout.tool_schemas)
+        )
         model.to(self.info.device)
         broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
         self.learner: Learner = builders.build_learner(config, model, self.tokenizer.pad_token_id, self.info)
@@ -123,7 +126,9 @@ class GRPORecipe:
         if sft_loss is not None:
             self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
         launched = all(r.endpoint.launched for r in self.replicas.replicas)
-        if sft_loss is not None or not launched or peft_setup.push_at_start(config):  # serve exactly the trainer's starting weights as version 0
+        if (
+            sft_loss is not None or not launched or peft_setup.push_at_start(config)
+        ):  # serve exactly the trainer's starting weights as version 0
             self.sync_times.append(self.pusher.push(self.version.value))  # (warm-started, or attached: unknown)
         self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched, self.learner.model)
         self.producer, self.orchestrator, self.queue = builders.build_producer(
@@ -134,9 +139,15 @@ class GRPORecipe:
         checkpoints.prepare(self)  # track the trained prompt position; resume_from_checkpoint: restore and push
 
     def _items(self, spec: str, split: str, limit: int | None = None) -> list:
-        items, too_long = load_prompt_items(self.tokenizer, spec, split, seed=self.config.seed,
-                                            max_prompt_length=self.config.data.max_prompt_length, limit=limit,
-                                            **builders.dataset_options(self.config, split))
+        items, too_long = load_prompt_items(
+            self.tokenizer,
+            spec,
+            split,
+            seed=self.config.seed,
+            max_prompt_length=self.config.data.max_prompt_length,
+            limit=limit,
+            **builders.dataset_options(self.config, split),
+        )
         if too_long:
             self.drops.add("prompt_too_long", too_long)
         return items
@@ -148,9 +159,13 @@ class GRPORecipe:
     def make_pusher(self) -> ReplicaPusher:
         """A weight pusher from the learner to every vLLM replica (not yet set up; `builders.replica_pusher`)."""
         inf = self.config.inference
-        return ReplicaPusher(self.replicas, lambda url: builders.replica_pusher(self.config, self.learner, url),
-                             recovery_timeout_s=inf.vllm_recovery_timeout_s, max_restarts=inf.max_inference_restarts,
-                             parallel=not self.config.optim.fsdp)
+        return ReplicaPusher(
+            self.replicas,
+            lambda url: builders.replica_pusher(self.config, self.learner, url),
+            recovery_timeout_s=inf.vllm_recovery_timeout_s,
+            max_restarts=inf.max_inference_restarts,
+            parallel=not self.config.optim.fsdp,
+        )
 
     def make_client(self) -> BalancedClient:
         """A generation client over the run's replicas (build it inside the event loop that uses it)."""
@@ -171,8 +186,9 @@ class GRPORecipe:
         metrics = {prefix + k.removeprefix("eval"): v for k, v in metrics.items()}
         self.tracker.log_metrics(metrics, step=self.step)
         if rollout is None:  # one table per step: the run's own rollout's
-            self.tracker.log_completions(rows[: self.config.tracking.num_completions_to_print], step=self.step,
-                                         folder="eval_completions")
+            self.tracker.log_completions(
+                rows[: self.config.tracking.num_completions_to_print], step=self.step, folder="eval_completions"
+            )
         return metrics
 
     # ------------------------------------------------------------------ the step loop
@@ -189,8 +205,14 @@ class GRPORecipe:
         if self.orchestrator is not None:
             self.orchestrator.start()
         t_train = time.perf_counter()
-        bar = tqdm(total=config.optim.max_steps, initial=self.step, desc="GRPO", unit="step", disable=not self.progress,
-                   mininterval=0.5 if sys.stderr.isatty() else PROGRESS_LOG_INTERVAL_S)  # sparse lines in logs
+        bar = tqdm(
+            total=config.optim.max_steps,
+            initial=self.step,
+            desc="GRPO",
+            unit="step",
+            disable=not self.progress,
+            mininterval=0.5 if sys.stderr.isatty() else PROGRESS_LOG_INTERVAL_S,
+        )  # sparse lines in logs
         pconf = self.producer.config
         try:
             while self.step < config.optim.max_steps:
@@ -200,8 +222,12 @@ class GRPORecipe:
                 t_wait = time.perf_counter()
                 depth = self.queue.depth if self.queue is not None else 0
                 self.producer.on_rollout_begin(self.step)
-                rollout = recovery.surviving_inference_loss(self, lambda: self.producer.produce(
-                    self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s))
+                rollout = recovery.surviving_inference_loss(
+                    self,
+                    lambda: self.producer.produce(
+                        self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s
+                    ),
+                )
                 self.producer.on_rollout_end(rollout, self.step)
                 self.rollouts += 1
                 waited = time.perf_counter() - t_wait
@@ -244,7 +270,9 @@ class GRPORecipe:
         metrics = dict(item.metrics)
         self.guard.begin()  # a stop signal waits for the step's end (checkpoint_on_signal)
         with self.time_slice:
-            metrics.update(recovery.surviving_inference_loss(self, lambda: self.learner.step(item, old_logps=old_logps)))
+            metrics.update(
+                recovery.surviving_inference_loss(self, lambda: self.learner.step(item, old_logps=old_logps))
+            )
         if isinstance(item, StepStream):  # streamed: chunk count and waits are known once the step consumed it
             metrics.update(item.metrics)
             waited += item.wait_s
@@ -320,11 +348,17 @@ class GRPORecipe:
             model_dir=str(model_dir) if model_dir else None, prompts_lost=None if self.orchestrator is None else
             report.prompts_lost(self.orchestrator.launched_total, self.trained_groups, self.drops.snapshot()),
         )  # fmt: skip
-        self.tracker.log_metrics({"summary/steps_per_s": s.steps_per_s,
-                                  "summary/trainer_idle_fraction": s.trainer_idle_fraction,
-                                  "summary/weight_sync_s_mean": s.weight_sync_s_mean, "summary/wall_s": s.wall_s,
-                                  "summary/prompts_lost": s.prompts_lost, "summary/inference_restarts":
-                                  self.health.restarts}, step=self.step)
+        self.tracker.log_metrics(
+            {
+                "summary/steps_per_s": s.steps_per_s,
+                "summary/trainer_idle_fraction": s.trainer_idle_fraction,
+                "summary/weight_sync_s_mean": s.weight_sync_s_mean,
+                "summary/wall_s": s.wall_s,
+                "summary/prompts_lost": s.prompts_lost,
+                "summary/inference_restarts": self.health.restarts,
+            },
+            step=self.step,
+        )
         return s
 
     # ------------------------------------------------------------------ state and checkpoints
@@ -379,13 +413,17 @@ class GRPORecipe:
         (FINISHED, FAILED or KILLED). Never raises for a role that failed to stop (it is logged). After an
         interrupt the other trainer ranks got the same signal, so they are not waited for."""
         release_ranks = status != "KILLED"
-        for name, stop in (("orchestrator", lambda: self.orchestrator and self.orchestrator.stop()),
-                           ("trainer ranks", lambda: self.learner and release_ranks and self.learner.close()),
-                           ("weight transfer", lambda: self.pusher and self.pusher.close()),
-                           ("reward workers", lambda: self.scorer and self.scorer.close()),
-                           ("tool workers", lambda: hasattr(self, "rollout") and hasattr(self.rollout, "close")
-                            and self.rollout.close()),
-                           ("tracking", lambda: self.tracker and self.tracker.end(status))):
+        for name, stop in (
+            ("orchestrator", lambda: self.orchestrator and self.orchestrator.stop()),
+            ("trainer ranks", lambda: self.learner and release_ranks and self.learner.close()),
+            ("weight transfer", lambda: self.pusher and self.pusher.close()),
+            ("reward workers", lambda: self.scorer and self.scorer.close()),
+            (
+                "tool workers",
+                lambda: hasattr(self, "rollout") and hasattr(self.rollout, "close") and self.rollout.close(),
+            ),
+            ("tracking", lambda: self.tracker and self.tracker.end(status)),
+        ):
             try:
                 stop()
             except Exception as err:

@@ -77,7 +77,8 @@ def recover(recipe: GRPORecipe, reason: str) -> float:
         raise InferenceFailedError(
             f"the vLLM server at {url} was lost again after {health.restarts} recoveries "
             f"(max_inference_restarts={limit}): {health.reason}. Fix: read {recipe.out_dir / 'vllm.log'} (or the "
-            "vLLM pod's log) for the cause, or raise max_inference_restarts")
+            "vLLM pod's log) for the cause, or raise max_inference_restarts"
+        )
     t0 = time.perf_counter()
     try:
         recipe.pusher.recover_all(config.inference.vllm_recovery_timeout_s)  # restart / wait, new transfer groups
@@ -86,11 +87,23 @@ def recover(recipe: GRPORecipe, reason: str) -> float:
         raise InferenceFailedError(
             f"the vLLM server at {url} could not be brought back after: {health.reason}. Fix: read "
             f"{recipe.out_dir / 'vllm.log'} (or the vLLM pod's log); raise vllm_recovery_timeout_s if it is only "
-            "slow to start") from err
+            "slow to start"
+        ) from err
     health.restored()
     took = time.perf_counter() - t0
-    logger.warning("vLLM recovered in %.1f s (recovery %d of at most %d); policy version %d pushed", took,
-                   health.restarts, limit, recipe.version.value)
-    recipe.tracker.log_metrics({"inference/restarts": float(health.restarts), "inference/recovery_seconds": took,
-                                "inference/regenerated_groups": float(health.parked_groups)}, step=recipe.step)
+    logger.warning(
+        "vLLM recovered in %.1f s (recovery %d of at most %d); policy version %d pushed",
+        took,
+        health.restarts,
+        limit,
+        recipe.version.value,
+    )
+    recipe.tracker.log_metrics(
+        {
+            "inference/restarts": float(health.restarts),
+            "inference/recovery_seconds": took,
+            "inference/regenerated_groups": float(health.parked_groups),
+        },
+        step=recipe.step,
+    )
     return seconds

@@ -60,8 +60,17 @@ def prompts_lost(launched: int, trained: int, drops: dict[str, int]) -> int:
     return launched - trained - sum(v for k, v in drops.items() if k not in NOT_LAUNCHED_DROPS)
 
 
-def pipeline_metrics(staleness: list[int], *, version: int, depth: int, waited_s: float, step_s: float,
-                     rollouts: int, world_size: int, drops: dict[str, int]) -> dict[str, float]:
+def pipeline_metrics(
+    staleness: list[int],
+    *,
+    version: int,
+    depth: int,
+    waited_s: float,
+    step_s: float,
+    rollouts: int,
+    world_size: int,
+    drops: dict[str, int],
+) -> dict[str, float]:
     """The async pipeline's per-step metrics.
 
     Args:
@@ -100,8 +109,16 @@ def completion_rows(groups: list[RolloutGroup], decode: Callable[[list[int]], st
     for grp in groups:
         for i, (text, reward, adv) in enumerate(zip(grp.completions, grp.rewards, grp.advantages, strict=True)):
             logged = {col: _nth(grp.reward_extra.get(col), i) for col in extra}
-            rows.append({"prompt": decode(grp.prompt_ids), "completion": completion_display(text), "reward": reward,
-                         "advantage": adv, "policy_version": grp.policy_version, **logged})
+            rows.append(
+                {
+                    "prompt": decode(grp.prompt_ids),
+                    "completion": completion_display(text),
+                    "reward": reward,
+                    "advantage": adv,
+                    "policy_version": grp.policy_version,
+                    **logged,
+                }
+            )
             if len(rows) >= n:
                 return rows
     return rows

@@ -36,8 +36,16 @@ logger = logging.getLogger(__name__)
 CONTROL_TIMEOUT_S = 30.0  # one pause / resume call
 
 
-def resolve_resource_sharing(mode: str, *, launched_here: bool, streaming: bool, trainer_threads: int | None = None,
-                             cores: int | None = None, cuda: bool = False, on_policy: bool = False) -> str:
+def resolve_resource_sharing(
+    mode: str,
+    *,
+    launched_here: bool,
+    streaming: bool,
+    trainer_threads: int | None = None,
+    cores: int | None = None,
+    cuda: bool = False,
+    on_policy: bool = False,
+) -> str:
     """The mode `auto` stands for; explicit modes are returned as they are.
 
     `auto` shares cores only when the trainer would compute on the cores vLLM generates on: this run launched its
@@ -61,10 +69,14 @@ def resolve_for_config(config, launched_here: bool) -> str:
     """`resolve_resource_sharing` with the arguments `config` (a `GRPOConfig`) gives: its resource_sharing, streaming
     (streaming_min_groups set), torch_num_threads, CUDA present, on-policy (max_staleness 0). The launcher (vLLM's
     threads) and the runner (time slice or thread governor) both resolve through it, so they always agree."""
-    return resolve_resource_sharing(config.inference.resource_sharing, launched_here=launched_here,
-                                    streaming=config.producer.streaming_min_groups is not None,
-                                    trainer_threads=config.optim.torch_num_threads, cuda=torch.cuda.is_available(),
-                                    on_policy=config.off_policy.max_staleness == 0)
+    return resolve_resource_sharing(
+        config.inference.resource_sharing,
+        launched_here=launched_here,
+        streaming=config.producer.streaming_min_groups is not None,
+        trainer_threads=config.optim.torch_num_threads,
+        cuda=torch.cuda.is_available(),
+        on_policy=config.off_policy.max_staleness == 0,
+    )
 
 
 def vllm_cpu_threads(mode: str, trainer_threads: int | None = None, cores: int | None = None) -> int | None:
@@ -101,8 +113,9 @@ class TimeSlice:
         self._t0 = 0.0
 
     @classmethod
-    def for_run(cls, config, replicas: ReplicaSet, launched_here: bool,
-                model: torch.nn.Module | None = None) -> TimeSlice | ThreadGovernor:
+    def for_run(
+        cls, config, replicas: ReplicaSet, launched_here: bool, model: torch.nn.Module | None = None
+    ) -> TimeSlice | ThreadGovernor:
         """The run's sharing of the machine (logged once): a `ThreadGovernor` over `model` when `resource_sharing`
         resolves to adaptive, else a time slice, enabled for time_slice."""
         mode = resolve_for_config(config, launched_here)
@@ -157,9 +170,14 @@ class ThreadGovernor:
         switches: thread-count changes so far.
     """
 
-    def __init__(self, replicas: ReplicaSet, full_threads: int, low_threads: int,
-                 set_threads: Callable[[int], None] = torch.set_num_threads,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        full_threads: int,
+        low_threads: int,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if not 1 <= low_threads <= full_threads:
             raise ValueError(f"low_threads={low_threads} must be in [1, full_threads={full_threads}]")
         self.replicas, self.full, self.low = replicas, full_threads, low_threads

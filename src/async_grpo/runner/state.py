@@ -127,8 +127,9 @@ def load_checkpoint(path: str | os.PathLike) -> TrainState:
     """
     file = Path(path) / STATE_FILE
     if not file.is_file():
-        raise FileNotFoundError(f"{path} is not a checkpoint (no {STATE_FILE}). Fix: point at a folder written by "
-                                "save_checkpoint.")
+        raise FileNotFoundError(
+            f"{path} is not a checkpoint (no {STATE_FILE}). Fix: point at a folder written by save_checkpoint."
+        )
     from async_grpo.data import PromptItem
     from async_grpo.transports.messages import RolloutGroup
 

@@ -40,10 +40,20 @@ def build_tool_backend(config: GRPOConfig, service: tuple[str, str | None] | Non
     url, token = service if service is not None else (reward_service_url(config), None)
     if url is not None:
         logger.info("running tool calls on the reward service at %s", url)
-        return RemoteToolExecutor(url, t.tools, timeout_s=t.tool_timeout_s, token=token,
-                                  max_concurrency=max(t.tool_num_workers, config.producer.max_inflight_groups))
-    return ToolExecutor(load_tools(t.tools), num_workers=t.tool_num_workers, timeout_s=t.tool_timeout_s,
-                        cpu_seconds=t.tool_cpu_seconds, memory_mb=t.tool_memory_mb)
+        return RemoteToolExecutor(
+            url,
+            t.tools,
+            timeout_s=t.tool_timeout_s,
+            token=token,
+            max_concurrency=max(t.tool_num_workers, config.producer.max_inflight_groups),
+        )
+    return ToolExecutor(
+        load_tools(t.tools),
+        num_workers=t.tool_num_workers,
+        timeout_s=t.tool_timeout_s,
+        cpu_seconds=t.tool_cpu_seconds,
+        memory_mb=t.tool_memory_mb,
+    )
 
 
 def check_conversational(items: Sequence[PromptItem], spec: str) -> None:
@@ -54,13 +64,21 @@ def check_conversational(items: Sequence[PromptItem], spec: str) -> None:
     """
     for i, item in enumerate(items):
         if not isinstance(item.prompt, list):
-            raise ValueError(f"dataset {spec!r}: row {i} has a string prompt, but tools need conversational prompts "
-                             "(a list of {'role', 'content'} messages, rendered with the tools by the chat template). "
-                             "Fix: make each prompt [{'role': 'user', 'content': prompt}], or unset tools.")
+            raise ValueError(
+                f"dataset {spec!r}: row {i} has a string prompt, but tools need conversational prompts "
+                "(a list of {'role', 'content'} messages, rendered with the tools by the chat template). "
+                "Fix: make each prompt [{'role': 'user', 'content': prompt}], or unset tools."
+            )
 
 
-def build_rollout(config: GRPOConfig, scorer: Scorer, tokenizer: Any, decode: Callable[[list[int]], str],
-                  items: Sequence[PromptItem], tool_service: tuple[str, str | None] | None = None) -> Rollout:
+def build_rollout(
+    config: GRPOConfig,
+    scorer: Scorer,
+    tokenizer: Any,
+    decode: Callable[[list[int]], str],
+    items: Sequence[PromptItem],
+    tool_service: tuple[str, str | None] | None = None,
+) -> Rollout:
     """The run's rollout: `SingleTurnRollout`, or `MultiTurnRollout` when `tools` are declared.
 
     Args:
@@ -75,8 +93,10 @@ def build_rollout(config: GRPOConfig, scorer: Scorer, tokenizer: Any, decode: Ca
         return SingleTurnRollout(scorer, decode)
     check_conversational(items, config.data.dataset)
     backend = build_tool_backend(config, tool_service)
-    settings = ToolCallingSettings(max_tool_calling_iterations=config.tools.max_tool_calling_iterations,
-                                   max_tool_response_length=config.tools.max_tool_response_length)
+    settings = ToolCallingSettings(
+        max_tool_calling_iterations=config.tools.max_tool_calling_iterations,
+        max_tool_response_length=config.tools.max_tool_response_length,
+    )
     try:
         return MultiTurnRollout(scorer, tokenizer, backend, settings=settings)
     except Exception:
@@ -84,8 +104,9 @@ def build_rollout(config: GRPOConfig, scorer: Scorer, tokenizer: Any, decode: Ca
         raise
 
 
-def warm_start_pairs(config: GRPOConfig, task: Any, tokenizer: Any, n: int,
-                     tool_schemas: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
+def warm_start_pairs(
+    config: GRPOConfig, task: Any, tokenizer: Any, n: int, tool_schemas: Sequence[dict]
+) -> list[tuple[list[int], list[int]]]:
     """(context ids, turn ids) pairs of a builtin task's reference conversations (`Task.sft_transcripts`), rendered
     with `tool_schemas` (the rollout's, `Rollout.tool_schemas`, when the run declares `tools`: on a reward service
     they come from there, and no tool file is imported here), else with the task's own builtin tools; one pair per

@@ -24,8 +24,9 @@ def sample_add(rng: random.Random) -> tuple[str, str, str]:
     return f"{a}+{b}", add_prompt(a, b), str(a + b)
 
 
-def add_exact_match(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
-                    **kwargs: Any) -> list[float]:
+def add_exact_match(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **kwargs: Any
+) -> list[float]:
     """1.0 where ``completion.strip() == answer`` else 0.0 (TRL reward signature; needs column `answer`).
 
     Raises:
@@ -35,8 +36,9 @@ def add_exact_match(prompts: list[Any], completions: list[Any], completion_ids: 
     return [float(completion_text(c).strip() == a) for c, a in zip(completions, answers, strict=True)]
 
 
-def add_format(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
-               **kwargs: Any) -> list[float]:
+def add_format(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **kwargs: Any
+) -> list[float]:
     """Shaped partial credit in [0, 1] (TRL signature): 0.2 x fraction of digits + 0.3 x length
     closeness + 0.5 x fraction of correct digit positions (see `tasks.base.shaped_match`).
 
@@ -44,7 +46,9 @@ def add_format(prompts: list[Any], completions: list[Any], completion_ids: list[
         ValueError: the `answer` column is missing or has the wrong length.
     """
     answers = answers_from_kwargs("add_format", kwargs, len(completions))
-    return [shaped_match(completion_text(c).strip(), a, string.digits) for c, a in zip(completions, answers, strict=True)]
+    return [
+        shaped_match(completion_text(c).strip(), a, string.digits) for c, a in zip(completions, answers, strict=True)
+    ]
 
 
 TASK = Task(

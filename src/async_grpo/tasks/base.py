@@ -159,7 +159,9 @@ def answers_from_kwargs(func_name: str, kwargs: Mapping[str, Any], n: int) -> li
         )
     answers = list(kwargs["answer"])
     if len(answers) != n:
-        raise ValueError(f"{func_name}: got {n} completions but {len(answers)} answers. Fix: pass one answer per completion.")
+        raise ValueError(
+            f"{func_name}: got {n} completions but {len(answers)} answers. Fix: pass one answer per completion."
+        )
     return [str(a) for a in answers]
 
 

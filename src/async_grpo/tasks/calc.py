@@ -29,12 +29,17 @@ def calc_transcript(prompt: str, answer: str) -> list[dict]:
     """The reference conversation for one item (TRL's conversational form): the user's expression, an assistant
     turn calling `calculator` on it, the tool's result, and the final answer."""
     call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": prompt}}}
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "name": "calculator", "content": answer}, {"role": "assistant", "content": answer}]
+    return [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "calculator", "content": answer},
+        {"role": "assistant", "content": answer},
+    ]
 
 
-def calc_exact_match(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
-                     **kwargs: Any) -> list[float]:
+def calc_exact_match(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **kwargs: Any
+) -> list[float]:
     """1.0 where the final assistant message, stripped, equals the product, else 0.0 (TRL reward signature; the
     completion is a message list or a string; needs column `answer`).
 
@@ -45,8 +50,9 @@ def calc_exact_match(prompts: list[Any], completions: list[Any], completion_ids:
     return [float(completion_text(c).strip() == a) for c, a in zip(completions, answers, strict=True)]
 
 
-def calc_format(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
-                **kwargs: Any) -> list[float]:
+def calc_format(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **kwargs: Any
+) -> list[float]:
     """Shaped partial credit in [0, 1] on the final assistant message (`tasks.base.shaped_match` over digits):
     a guess of the right length earns some, each correct digit position more.
 
@@ -54,11 +60,14 @@ def calc_format(prompts: list[Any], completions: list[Any], completion_ids: list
         ValueError: the `answer` column is missing or has the wrong length.
     """
     answers = answers_from_kwargs("calc_format", kwargs, len(completions))
-    return [shaped_match(completion_text(c).strip(), a, string.digits) for c, a in zip(completions, answers, strict=True)]
+    return [
+        shaped_match(completion_text(c).strip(), a, string.digits) for c, a in zip(completions, answers, strict=True)
+    ]
 
 
-def calc_call_match(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
-                    **kwargs: Any) -> list[float]:
+def calc_call_match(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **kwargs: Any
+) -> list[float]:
     """Credit in [0, 1] for the first calculator call: 1.0 when its `expression` is the very expression asked, else
     half the partial credit `tasks.base.shaped_match` gives it; 0 without a call (TRL signature; reads the
     conversational completion's tool calls, so it rewards copying the operands right even when the answer is wrong).
@@ -66,14 +75,19 @@ def calc_call_match(prompts: list[Any], completions: list[Any], completion_ids: 
     out = []
     for prompt, completion in zip(prompts, completions, strict=True):
         asked = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
-        calls = [c for m in completion if isinstance(m, dict) for c in m.get("tool_calls") or []] \
-            if isinstance(completion, list) else []
+        calls = (
+            [c for m in completion if isinstance(m, dict) for c in m.get("tool_calls") or []]
+            if isinstance(completion, list)
+            else []
+        )
         args = calls[0].get("function", {}).get("arguments") if calls else None
         expression = args.get("expression") if isinstance(args, dict) else None
         if not isinstance(expression, str):
             out.append(0.0)
         else:
-            out.append(1.0 if expression.strip() == asked else 0.5 * shaped_match(expression.strip(), asked, "0123456789*"))
+            out.append(
+                1.0 if expression.strip() == asked else 0.5 * shaped_match(expression.strip(), asked, "0123456789*")
+            )
     return out
 
 

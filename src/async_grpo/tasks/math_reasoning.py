@@ -31,8 +31,11 @@ def completion_text(completion: Any) -> str:
     `[{"role": "assistant", "content": ...}]`) joined over its assistant messages' contents."""
     if isinstance(completion, str):
         return completion
-    parts = [m.get("content") or "" for m in completion if isinstance(m, Mapping) and m.get("role", "assistant")
-             == "assistant"]
+    parts = [
+        m.get("content") or ""
+        for m in completion
+        if isinstance(m, Mapping) and m.get("role", "assistant") == "assistant"
+    ]
     return "".join(p if isinstance(p, str) else str(p) for p in parts)
 
 
@@ -48,7 +51,7 @@ def last_boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1:j].strip()
+            return text[i + 1 : j].strip()
     return None
 
 
@@ -58,7 +61,7 @@ def gsm8k_final_answer(answer: str) -> str:
 
 
 def row_format(columns: Sequence[str]) -> str | None:
-    """"gsm8k" for question/answer columns, "math" for problem/solution, None otherwise (or with a prompt)."""
+    """ "gsm8k" for question/answer columns, "math" for problem/solution, None otherwise (or with a prompt)."""
     cols = set(columns)
     if "prompt" in cols:
         return None
@@ -78,15 +81,19 @@ def to_prompt_rows(ds: datasets.Dataset) -> datasets.Dataset:
     """
     kind = row_format(ds.column_names)
     if kind == "gsm8k":
+
         def convert(row: dict) -> dict:
             final = gsm8k_final_answer(row["answer"])
             return {"prompt": row["question"], "answer": final, "solution": final}
     elif kind == "math":
+
         def convert(row: dict) -> dict:
             return {"prompt": row["problem"], "answer": last_boxed(row["solution"]) or "", "solution": row["solution"]}
     else:
-        raise ValueError(f"dataset columns {ds.column_names} are neither question/answer (GSM8K) nor "
-                         "problem/solution (MATH). Fix: give a `prompt` column.")
+        raise ValueError(
+            f"dataset columns {ds.column_names} are neither question/answer (GSM8K) nor "
+            "problem/solution (MATH). Fix: give a `prompt` column."
+        )
     return ds.map(convert)
 
 
@@ -97,8 +104,15 @@ def _timeouts() -> tuple[int | None, int | None]:
     return (10, 5) if main else (None, None)
 
 
-def math_accuracy(prompts: list, completions: list, completion_ids: list | None = None, *,
-                  answer: list | None = None, solution: list | None = None, **kwargs: Any) -> list[float | None]:
+def math_accuracy(
+    prompts: list,
+    completions: list,
+    completion_ids: list | None = None,
+    *,
+    answer: list | None = None,
+    solution: list | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
     """1.0 when the completion's final answer equals the gold answer under math-verify, else 0.0; None (abstain,
     TRL) when the gold does not parse.
 
@@ -114,14 +128,19 @@ def math_accuracy(prompts: list, completions: list, completion_ids: list | None 
 
     gold = answer if answer is not None else solution
     if gold is None:
-        raise ValueError("math_accuracy needs an `answer` (or `solution`) dataset column. Fix: prepare the rows with "
-                         "prepare_dataset / to_prompt_rows, or add the column.")
+        raise ValueError(
+            "math_accuracy needs an `answer` (or `solution`) dataset column. Fix: prepare the rows with "
+            "prepare_dataset / to_prompt_rows, or add the column."
+        )
     parse_s, verify_s = _timeouts()
     extract = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     rewards: list[float | None] = []
     for completion, ref in zip(completions, gold, strict=True):
-        gold_parsed = parse(str(ref) if "$" in str(ref) or "\\" in str(ref) else f"${ref}$", extraction_config=extract,
-                            parsing_timeout=parse_s)
+        gold_parsed = parse(
+            str(ref) if "$" in str(ref) or "\\" in str(ref) else f"${ref}$",
+            extraction_config=extract,
+            parsing_timeout=parse_s,
+        )
         if not gold_parsed:
             rewards.append(None)
             continue
@@ -132,16 +151,24 @@ def math_accuracy(prompts: list, completions: list, completion_ids: list | None 
     return rewards
 
 
-def think_answer_format(prompts: list, completions: list, completion_ids: list | None = None,
-                        **kwargs: Any) -> list[float]:
+def think_answer_format(
+    prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any
+) -> list[float]:
     """1.0 when the completion is `<think>...</think>` then `<answer>...</answer>` (one think block, whitespace
     around allowed; DeepSeek-R1's format reward), else 0.0."""
     return [1.0 if _THINK_ANSWER.match(completion_text(c)) else 0.0 for c in completions]
 
 
-def soft_overlong_penalty(prompts: list, completions: list, completion_ids: list, *, max_completion_length: int,
-                          overlong_buffer_len: int, overlong_penalty_factor: float = 1.0,
-                          **kwargs: Any) -> list[float]:
+def soft_overlong_penalty(
+    prompts: list,
+    completions: list,
+    completion_ids: list,
+    *,
+    max_completion_length: int,
+    overlong_buffer_len: int,
+    overlong_penalty_factor: float = 1.0,
+    **kwargs: Any,
+) -> list[float]:
     """DAPO's soft overlong punishment (arXiv 2503.14476 eq. 13; verl's `overlong_buffer` with its penalty factor).
 
     With L = max_completion_length, B = overlong_buffer_len and |y| the completion's tokens:
@@ -161,5 +188,8 @@ def soft_overlong_penalty(prompts: list, completions: list, completion_ids: list
     return out
 
 
-REWARD_FUNCS = {"math_accuracy": math_accuracy, "think_answer_format": think_answer_format,
-                "soft_overlong_penalty": soft_overlong_penalty}
+REWARD_FUNCS = {
+    "math_accuracy": math_accuracy,
+    "think_answer_format": think_answer_format,
+    "soft_overlong_penalty": soft_overlong_penalty,
+}

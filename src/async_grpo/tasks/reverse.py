@@ -31,8 +31,9 @@ def sample_reverse(rng: random.Random) -> tuple[str, str, str]:
             return word, reverse_prompt(word), word[::-1]
 
 
-def reverse_exact_match(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
-                        **kwargs: Any) -> list[float]:
+def reverse_exact_match(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **kwargs: Any
+) -> list[float]:
     """1.0 where ``completion.strip() == answer`` else 0.0 (TRL reward signature; needs column `answer`).
 
     Returns:
@@ -45,8 +46,9 @@ def reverse_exact_match(prompts: list[Any], completions: list[Any], completion_i
     return [float(completion_text(c).strip() == a) for c, a in zip(completions, answers, strict=True)]
 
 
-def reverse_format(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
-                   **kwargs: Any) -> list[float]:
+def reverse_format(
+    prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None, **kwargs: Any
+) -> list[float]:
     """Shaped partial credit in [0, 1] for the stripped completion against `answer` (TRL signature).
 
     0.2 x fraction of lowercase letters + 0.3 x length closeness + 0.5 x fraction of correct

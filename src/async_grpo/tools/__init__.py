@@ -15,5 +15,13 @@ in neither torch nor transformers (tool workers import it).
 from async_grpo.tools.executor import FAILURE_KINDS, ToolBackend, ToolExecutor, ToolOutcome
 from async_grpo.tools.loading import Tool, ToolSpecError, load_tools, resolve_tool
 
-__all__ = ["FAILURE_KINDS", "Tool", "ToolBackend", "ToolExecutor", "ToolOutcome", "ToolSpecError", "load_tools",
-           "resolve_tool"]
+__all__ = [
+    "FAILURE_KINDS",
+    "Tool",
+    "ToolBackend",
+    "ToolExecutor",
+    "ToolOutcome",
+    "ToolSpecError",
+    "load_tools",
+    "resolve_tool",
+]

@@ -35,8 +35,13 @@ CLOSE_TIMEOUT_S = 10.0
 MAX_ERROR_CHARS = 300
 FAILURE_KINDS = ("malformed", "unknown_tool", "bad_arguments", "exception", "timeout", "crashed")
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
-    "object": (dict,), "null": (type(None),),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
 }
 
 
@@ -70,9 +75,12 @@ class ToolOutcome:
     @classmethod
     def from_json(cls, data: Any) -> ToolOutcome:
         """Inverse of `to_json`; raises ValueError on anything else."""
-        ok = (isinstance(data, dict) and isinstance(data.get("content"), str)
-              and (data.get("failure") is None or data.get("failure") in FAILURE_KINDS)
-              and isinstance(data.get("seconds"), (int, float)))
+        ok = (
+            isinstance(data, dict)
+            and isinstance(data.get("content"), str)
+            and (data.get("failure") is None or data.get("failure") in FAILURE_KINDS)
+            and isinstance(data.get("seconds"), (int, float))
+        )
         if not ok:
             raise ValueError(f"not a tool outcome: {data!r:.200}")
         return cls(data["content"], data.get("failure"), float(data["seconds"]))
@@ -93,8 +101,10 @@ def check_arguments(tool: Tool, arguments: Any) -> str | None:
     missing = [k for k in params.get("required", []) if k not in arguments]
     unknown = [k for k in arguments if k not in props]
     if missing or unknown:
-        return (f"{tool.name} takes {sorted(props)} (required {params.get('required', [])}); "
-                f"missing {missing}, unknown {unknown}")
+        return (
+            f"{tool.name} takes {sorted(props)} (required {params.get('required', [])}); "
+            f"missing {missing}, unknown {unknown}"
+        )
     for key, value in arguments.items():
         declared = props[key].get("type")
         types = [declared] if isinstance(declared, str) else list(declared or [])
@@ -179,22 +189,36 @@ class ToolExecutor:
         ValueError: no tools, num_workers < 1, or a non-positive limit.
     """
 
-    def __init__(self, tools: Sequence[Tool], *, num_workers: int = 2, timeout_s: float = 10.0,
-                 cpu_seconds: float | None = 10.0, memory_mb: int | None = 1024):
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        *,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        cpu_seconds: float | None = 10.0,
+        memory_mb: int | None = 1024,
+    ):
         if not tools:
             raise ValueError("ToolExecutor needs at least one tool. Fix: set tools: [builtin:calculator, ...].")
         if num_workers < 1:
             raise ValueError(f"tool_num_workers={num_workers} must be >= 1.")
-        for name, value in (("tool_timeout_s", timeout_s), ("tool_cpu_seconds", cpu_seconds),
-                            ("tool_memory_mb", memory_mb)):
+        for name, value in (
+            ("tool_timeout_s", timeout_s),
+            ("tool_cpu_seconds", cpu_seconds),
+            ("tool_memory_mb", memory_mb),
+        ):
             if value is not None and not value > 0:
                 raise ValueError(f"{name}={value} must be > 0. Fix: give a positive number.")
         self.tools = list(tools)
         self._by_name = {t.name: t for t in self.tools}
         self.timeout_s, self.cpu_seconds = float(timeout_s), cpu_seconds
         memory = int(memory_mb * 2**20) if memory_mb else None
-        self._pool = ProcessPool(max_workers=num_workers, context=multiprocessing.get_context("spawn"),
-                                 initializer=_init_worker, initargs=(memory,))
+        self._pool = ProcessPool(
+            max_workers=num_workers,
+            context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(memory,),
+        )
         self._lock = threading.Lock()
         self._closed = False
 
@@ -223,8 +247,9 @@ class ToolExecutor:
                 out.set_result(failed("crashed", "the tool workers are shut down"))
                 return out
             t0 = time.monotonic()
-            task = self._pool.schedule(_run_tool, args=(tool.worker_spec, dict(arguments), self.cpu_seconds),
-                                       timeout=self.timeout_s)
+            task = self._pool.schedule(
+                _run_tool, args=(tool.worker_spec, dict(arguments), self.cpu_seconds), timeout=self.timeout_s
+            )
         task.add_done_callback(functools.partial(self._settle, out, name, t0))
         return out
 

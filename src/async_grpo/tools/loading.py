@@ -52,8 +52,10 @@ def resolve_tool(spec: str) -> Callable[..., Any]:
         from async_grpo.tools.builtin import BUILTIN_TOOLS
 
         if name not in BUILTIN_TOOLS:
-            raise ToolSpecError(f"tool spec {spec!r}: no builtin tool {name!r}. Fix: use one of "
-                                f"{[BUILTIN_PREFIX + n for n in sorted(BUILTIN_TOOLS)]}.")
+            raise ToolSpecError(
+                f"tool spec {spec!r}: no builtin tool {name!r}. Fix: use one of "
+                f"{[BUILTIN_PREFIX + n for n in sorted(BUILTIN_TOOLS)]}."
+            )
         return BUILTIN_TOOLS[name]
     module = import_target(parsed, what=WHAT, error=ToolSpecError, prefix="_async_grpo_tool")
     func = getattr(module, name, None)
@@ -61,8 +63,10 @@ def resolve_tool(spec: str) -> Callable[..., Any]:
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ToolSpecError(f"tool spec {spec!r}: {target} has no attribute {name!r}. Fix: use one of {public}.")
     if not callable(func):
-        raise ToolSpecError(f"tool spec {spec!r}: {name!r} is a {type(func).__name__}, not a function. "
-                            "Fix: point at a typed function with a Google-style docstring.")
+        raise ToolSpecError(
+            f"tool spec {spec!r}: {name!r} is a {type(func).__name__}, not a function. "
+            "Fix: point at a typed function with a Google-style docstring."
+        )
     return func
 
 
@@ -99,8 +103,10 @@ def tool_schema(spec: str, func: Callable[..., Any]) -> dict:
     from transformers.utils import get_json_schema
 
     if inspect.iscoroutinefunction(func):
-        raise ToolSpecError(f"tool spec {spec!r}: {func.__name__} is `async def`; tools run in worker processes "
-                            "under a timeout and must be plain functions. Fix: make it a plain `def`.")
+        raise ToolSpecError(
+            f"tool spec {spec!r}: {func.__name__} is `async def`; tools run in worker processes "
+            "under a timeout and must be plain functions. Fix: make it a plain `def`."
+        )
     try:
         return get_json_schema(func)
     except Exception as err:  # TypeHintParsingException / DocstringParsingException (both plain Exceptions)
@@ -115,12 +121,21 @@ def signature_schema(func: Callable[..., Any]) -> dict:
     """A minimal schema from the signature alone (argument names, which are required; no types or descriptions),
     for a process without transformers (the reward image) that only runs calls: the trainer side, which renders
     prompts and checks argument types, always has the full `tool_schema`."""
-    params = [p for p in inspect.signature(func).parameters.values()
-              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return {"type": "function", "function": {
-        "name": func.__name__, "description": (inspect.getdoc(func) or "").split("\n")[0],
-        "parameters": {"type": "object", "properties": {p.name: {} for p in params},
-                       "required": [p.name for p in params if p.default is p.empty]}}}
+    params = [
+        p for p in inspect.signature(func).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    return {
+        "type": "function",
+        "function": {
+            "name": func.__name__,
+            "description": (inspect.getdoc(func) or "").split("\n")[0],
+            "parameters": {
+                "type": "object",
+                "properties": {p.name: {} for p in params},
+                "required": [p.name for p in params if p.default is p.empty],
+            },
+        },
+    }
 
 
 def load_tools(specs: Sequence[str], *, describe: bool = True) -> list[Tool]:
@@ -147,6 +162,8 @@ def load_tools(specs: Sequence[str], *, describe: bool = True) -> list[Tool]:
     names = [t.name for t in tools]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ToolSpecError(f"tools: several tools are named {duplicates}; the model could not tell them apart. "
-                            "Fix: give each tool function a distinct name.")
+        raise ToolSpecError(
+            f"tools: several tools are named {duplicates}; the model could not tell them apart. "
+            "Fix: give each tool function a distinct name."
+        )
     return tools

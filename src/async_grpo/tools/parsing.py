@@ -21,8 +21,13 @@ HERMES_RESPONSE_TEMPLATE: dict[str, Any] = {
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
         "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
-        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
-                       "transform": {"type": "function", "function": "{content}"}},
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
         "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
@@ -51,7 +56,8 @@ def response_template(tokenizer: Any) -> dict:
         "tools: the tokenizer has no `response_template` (transformers chat response parsing) and its chat template "
         "is not Hermes/Qwen style (<tool_call>...</tool_call> in ChatML), so tool calls cannot be parsed. Fix: add a "
         "`response_template` for your model family to the model folder's tokenizer_config.json (see "
-        "https://huggingface.co/docs/transformers/main/en/chat_response_parsing), or use a Qwen/Hermes-style model.")
+        "https://huggingface.co/docs/transformers/main/en/chat_response_parsing), or use a Qwen/Hermes-style model."
+    )
 
 
 @dataclass
@@ -118,8 +124,10 @@ def parse_turn(tokenizer: Any, template: dict, text: str, prefix_text: str, tool
         parsed = tokenizer.parse_response(text, schema=template, prefix=prefix_text, tools=tools or None)
     except (ValueError, TypeError, KeyError) as err:  # unparseable JSON in a tool-call region, typically
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        return ParsedTurn({"role": "assistant", "content": _strip_specials(text, specials)},
-                          malformed=[f"could not parse the tool call: {reason}"])
+        return ParsedTurn(
+            {"role": "assistant", "content": _strip_specials(text, specials)},
+            malformed=[f"could not parse the tool call: {reason}"],
+        )
     message: dict = {"role": "assistant", "content": _strip_specials(str(parsed.get("content") or ""), specials)}
     if parsed.get("reasoning_content"):
         message["reasoning_content"] = parsed["reasoning_content"]

@@ -67,13 +67,17 @@ class RemoteToolExecutor:
             a function schema (the fix is named).
     """
 
-    def __init__(self, url: str, specs: Sequence[str], *, timeout_s: float, max_concurrency: int = 4,
-                 token: str | None = None):
+    def __init__(
+        self, url: str, specs: Sequence[str], *, timeout_s: float, max_concurrency: int = 4, token: str | None = None
+    ):
         self.url = url.rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV, "")
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers,
-                                  timeout=httpx.Timeout(timeout_s + REQUEST_MARGIN_S, connect=CONNECT_TIMEOUT_S))
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s + REQUEST_MARGIN_S, connect=CONNECT_TIMEOUT_S),
+        )
         try:
             self.tools = self._served_tools(list(specs))
         except ToolServiceError:
@@ -91,19 +95,29 @@ class RemoteToolExecutor:
             body = resp.json()
             names, served, schemas = body.get("names"), body.get("specs"), body.get("schemas")
         except (httpx.HTTPError, ValueError, AttributeError) as err:
-            raise ToolServiceError(f"could not list the tools of the reward service at {self.url}: {err}. Fix: run "
-                                   "the same async-grpo version there, started with this run's config (and send its "
-                                   "token, env ASYNC_GRPO_REWARD_TOKEN).") from None
-        if served != specs or not isinstance(names, list) or not isinstance(schemas, list) \
-                or not len(names) == len(schemas) == len(specs):
-            raise ToolServiceError(f"the reward service at {self.url} serves tools {served}, this run declares "
-                                   f"{specs}. Fix: start the service with this run's config.")
+            raise ToolServiceError(
+                f"could not list the tools of the reward service at {self.url}: {err}. Fix: run "
+                "the same async-grpo version there, started with this run's config (and send its "
+                "token, env ASYNC_GRPO_REWARD_TOKEN)."
+            ) from None
+        if (
+            served != specs
+            or not isinstance(names, list)
+            or not isinstance(schemas, list)
+            or not len(names) == len(schemas) == len(specs)
+        ):
+            raise ToolServiceError(
+                f"the reward service at {self.url} serves tools {served}, this run declares "
+                f"{specs}. Fix: start the service with this run's config."
+            )
         tools = []
         for name, spec, schema in zip(names, specs, schemas, strict=True):
             function = schema.get("function") if isinstance(schema, dict) else None
             if not isinstance(function, dict) or function.get("name") != name or not isinstance(name, str):
-                raise ToolServiceError(f"the reward service at {self.url} sent no function schema for tool {spec!r}. "
-                                       "Fix: run the same async-grpo version there.")
+                raise ToolServiceError(
+                    f"the reward service at {self.url} sent no function schema for tool {spec!r}. "
+                    "Fix: run the same async-grpo version there."
+                )
             tools.append(Tool(name, spec, spec, schema))
         return tools
 
@@ -112,8 +126,9 @@ class RemoteToolExecutor:
         try:
             resp = self._http.post(TOOL_CALL_PATH, json=body.model_dump())
             if resp.status_code != 200:
-                raise ToolServiceError(f"the reward service answered a tool call with HTTP {resp.status_code}: "
-                                       f"{resp.text[:200]}")
+                raise ToolServiceError(
+                    f"the reward service answered a tool call with HTTP {resp.status_code}: {resp.text[:200]}"
+                )
             return ToolOutcome.from_json(resp.json())
         except (httpx.HTTPError, ValueError) as err:
             raise ToolServiceError(f"tool call {name!r} on {self.url} failed: {type(err).__name__}: {err}") from err

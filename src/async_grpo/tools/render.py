@@ -21,11 +21,17 @@ class ChatTemplateError(ValueError):
     """The chat template cannot carry a tool-calling conversation (the message names the problem and the fix)."""
 
 
-def render_ids(tokenizer: Any, messages: Sequence[Mapping], tools: list[dict] | None, *,
-               add_generation_prompt: bool) -> list[int]:
+def render_ids(
+    tokenizer: Any, messages: Sequence[Mapping], tools: list[dict] | None, *, add_generation_prompt: bool
+) -> list[int]:
     """Token ids of `messages` through the tokenizer's chat template (`tools` rendered into it; None: none)."""
-    out = tokenizer.apply_chat_template([dict(m) for m in messages], tools=tools or None, tokenize=True,
-                                        add_generation_prompt=add_generation_prompt, return_dict=False)
+    out = tokenizer.apply_chat_template(
+        [dict(m) for m in messages],
+        tools=tools or None,
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_dict=False,
+    )
     if isinstance(out, Mapping):
         out = out["input_ids"]
     return [int(i) for i in out]
@@ -57,8 +63,9 @@ class Suffix:
     fallback: bool = False
 
 
-def _difference(tokenizer: Any, before: list[dict], after: list[dict], tools: list[dict] | None,
-                end_token: int | None) -> tuple[list[int], list[int]] | None:
+def _difference(
+    tokenizer: Any, before: list[dict], after: list[dict], tools: list[dict] | None, end_token: int | None
+) -> tuple[list[int], list[int]] | None:
     """(before rendered and cut after its last `end_token`, the tokens `after` adds), or None when `after`'s
     rendering does not start with that cut (the template is not prefix-preserving here)."""
     base = render_ids(tokenizer, before, tools, add_generation_prompt=False)
@@ -69,8 +76,9 @@ def _difference(tokenizer: Any, before: list[dict], after: list[dict], tools: li
     return base[:cut], full[cut:]
 
 
-def tool_suffix(tokenizer: Any, conversation: list[dict], tool_messages: list[dict], tools: list[dict] | None,
-                held: list[int]) -> Suffix:
+def tool_suffix(
+    tokenizer: Any, conversation: list[dict], tool_messages: list[dict], tools: list[dict] | None, held: list[int]
+) -> Suffix:
     """The tokens of `tool_messages` (and the next generation prompt) after the held tokens.
 
     Args:
@@ -92,14 +100,23 @@ def tool_suffix(tokenizer: Any, conversation: list[dict], tool_messages: list[di
     if diff is not None:
         base, ids = diff
         return Suffix(ids, drift=base != held)
-    dummy = [{"role": "user", "content": "x"}, {
-        "role": "assistant", "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": m.get("name", "tool"), "arguments": {}}}
-                       for m in tool_messages]}]
+    dummy = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": m.get("name", "tool"), "arguments": {}}}
+                for m in tool_messages
+            ],
+        },
+    ]
     diff = _difference(tokenizer, dummy, dummy + tool_messages, None, end)
     if diff is None:
-        raise ChatTemplateError("the chat template renders these tool messages differently depending on what comes "
-                                "before them. Fix: use a prefix-preserving chat template.")
+        raise ChatTemplateError(
+            "the chat template renders these tool messages differently depending on what comes "
+            "before them. Fix: use a prefix-preserving chat template."
+        )
     return Suffix(diff[1], drift=True, fallback=True)
 
 
@@ -116,8 +133,10 @@ def check_chat_template(tokenizer: Any, tools: list[dict]) -> None:
         ChatTemplateError: the first property that fails, with the fix.
     """
     if not getattr(tokenizer, "chat_template", None):
-        raise ChatTemplateError("tools need a chat template (tool schemas and results are rendered by it), but the "
-                                "tokenizer has none. Fix: use a chat model's tokenizer.")
+        raise ChatTemplateError(
+            "tools need a chat template (tool schemas and results are rendered by it), but the "
+            "tokenizer has none. Fix: use a chat model's tokenizer."
+        )
     name, key, value, result = _SENTINELS
     call = {"type": "function", "function": {"name": name, "arguments": {key: value}}}
     user = [{"role": "user", "content": "hi"}]
@@ -127,29 +146,39 @@ def check_chat_template(tokenizer: Any, tools: list[dict]) -> None:
         text = tokenizer.apply_chat_template(conv, tokenize=False)
         prompt_text = tokenizer.apply_chat_template(user, tools=tools, tokenize=False, add_generation_prompt=True)
     except Exception as err:  # jinja TemplateError and friends: the template rejects the tool roles
-        raise ChatTemplateError(f"the chat template cannot render a tool-calling conversation ({err}). Fix: use a "
-                                "model whose chat template supports tools (e.g. Qwen2.5/Qwen3 instruct).") from None
+        raise ChatTemplateError(
+            f"the chat template cannot render a tool-calling conversation ({err}). Fix: use a "
+            "model whose chat template supports tools (e.g. Qwen2.5/Qwen3 instruct)."
+        ) from None
     lost = [s for s in _SENTINELS if s not in text]
     if lost:
-        raise ChatTemplateError(f"the chat template drops parts of a tool-calling conversation (missing {lost}: it "
-                                "ignores tool_calls or tool messages). Fix: use a model whose chat template "
-                                "supports tools (e.g. Qwen2.5/Qwen3 instruct).")
+        raise ChatTemplateError(
+            f"the chat template drops parts of a tool-calling conversation (missing {lost}: it "
+            "ignores tool_calls or tool messages). Fix: use a model whose chat template "
+            "supports tools (e.g. Qwen2.5/Qwen3 instruct)."
+        )
     unseen = [t["function"]["name"] for t in tools if t["function"]["name"] not in prompt_text]
     if unseen:
-        raise ChatTemplateError(f"the chat template does not render the tools {unseen} into the prompt, so the "
-                                "model would not know them. Fix: use a chat template that renders `tools`.")
+        raise ChatTemplateError(
+            f"the chat template does not render the tools {unseen} into the prompt, so the "
+            "model would not know them. Fix: use a chat template that renders `tools`."
+        )
     prompt_ids = render_ids(tokenizer, user, None, add_generation_prompt=True)
     turn_ids = render_ids(tokenizer, turn, None, add_generation_prompt=False)
     if turn_ids[: len(prompt_ids)] != prompt_ids:
-        raise ChatTemplateError("the chat template is not prefix-preserving: the generation prompt is not a prefix "
-                                "of the rendered assistant turn. Fix: use a prefix-preserving chat template (TRL's "
-                                "training templates are).")
+        raise ChatTemplateError(
+            "the chat template is not prefix-preserving: the generation prompt is not a prefix "
+            "of the rendered assistant turn. Fix: use a prefix-preserving chat template (TRL's "
+            "training templates are)."
+        )
     eos = getattr(tokenizer, "eos_token_id", None)
-    end = next((i for i in reversed(turn_ids[len(prompt_ids):]) if i in _end_tokens(tokenizer, eos)), None)
+    end = next((i for i in reversed(turn_ids[len(prompt_ids) :]) if i in _end_tokens(tokenizer, eos)), None)
     if _difference(tokenizer, turn, conv, None, end) is None:
-        raise ChatTemplateError("the chat template is not prefix-preserving: appending a tool message changes how "
-                                "the assistant turn before it renders. Fix: use a prefix-preserving chat template "
-                                "(TRL's training templates are).")
+        raise ChatTemplateError(
+            "the chat template is not prefix-preserving: appending a tool message changes how "
+            "the assistant turn before it renders. Fix: use a prefix-preserving chat template "
+            "(TRL's training templates are)."
+        )
 
 
 def _end_tokens(tokenizer: Any, eos: int | None) -> set[int]:
@@ -178,9 +207,11 @@ def turn_pairs(tokenizer: Any, conversation: list[dict], tools: list[dict] | Non
         context = render_ids(tokenizer, conversation[:k], tools, add_generation_prompt=True)
         full = render_ids(tokenizer, conversation[: k + 1], tools, add_generation_prompt=False)
         if full[: len(context)] != context:
-            raise ChatTemplateError("the chat template is not prefix-preserving: a turn's context does not render as "
-                                    "a prefix of the turn. Fix: use a prefix-preserving chat template.")
-        turn = full[len(context):]
+            raise ChatTemplateError(
+                "the chat template is not prefix-preserving: a turn's context does not render as "
+                "a prefix of the turn. Fix: use a prefix-preserving chat template."
+            )
+        turn = full[len(context) :]
         end = next((i for i in range(len(turn) - 1, -1, -1) if turn[i] in end_tokens), len(turn) - 1)
         pairs.append((context, turn[: end + 1]))
     return pairs

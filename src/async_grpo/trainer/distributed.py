@@ -76,8 +76,7 @@ def init_distributed(timeout_s: float) -> DistInfo:
     if world == 1:
         return DistInfo(device=device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo",
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
 
 
@@ -90,8 +89,10 @@ def check_env() -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if world > 1 and missing:
-        raise ValueError(f"WORLD_SIZE={world} but {missing} are not set. Fix: start the trainer with torchrun "
-                         "(a PyTorchJob does this), or unset WORLD_SIZE.")
+        raise ValueError(
+            f"WORLD_SIZE={world} but {missing} are not set. Fix: start the trainer with torchrun "
+            "(a PyTorchJob does this), or unset WORLD_SIZE."
+        )
     return world
 
 
@@ -132,8 +133,10 @@ def shard_model(model: torch.nn.Module, mixed_precision: str | None = None) -> t
 
     layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
     if layers is None:
-        raise ValueError(f"fsdp: {type(model).__name__} has no get_decoder().layers to shard. Fix: use a "
-                         "transformers decoder-only causal LM, or set fsdp=false.")
+        raise ValueError(
+            f"fsdp: {type(model).__name__} has no get_decoder().layers to shard. Fix: use a "
+            "transformers decoder-only causal LM, or set fsdp=false."
+        )
     for layer in layers:
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
@@ -186,8 +189,17 @@ def shard(batch: TrainBatch, rank: int, world_size: int, micro_batch_size: int) 
 
 def _rows(group, lo: int, hi: int):
     """Completions [lo, hi) of a `RolloutGroup` (their advantages were computed over the whole group already)."""
-    per_completion = ("completion_ids", "sampling_logprobs", "truncated", "completions", "rewards_per_func",
-                      "rewards", "advantages", "loss_mask", "token_versions")
+    per_completion = (
+        "completion_ids",
+        "sampling_logprobs",
+        "truncated",
+        "completions",
+        "rewards_per_func",
+        "rewards",
+        "advantages",
+        "loss_mask",
+        "token_versions",
+    )
     return dataclasses.replace(group, **{f: getattr(group, f)[lo:hi] for f in per_completion})
 
 
@@ -251,9 +263,13 @@ class DataParallelLearner:
     def load_state_dict(self, state: dict) -> None:
         """Load `state` on every rank (replicas receive it in the command; FSDP broadcasts it from rank 0)."""
         # under FSDP the tensors are broadcast by the load itself; the schedule's position travels in the command
-        light = {"model": {}, "optimizer": {}, "lr_scheduler": state.get("lr_scheduler"),
-                 "skipped_zero_adv_microbatches": state["skipped_zero_adv_microbatches"],
-                 "skipped_nonfinite_steps": state.get("skipped_nonfinite_steps", 0)}
+        light = {
+            "model": {},
+            "optimizer": {},
+            "lr_scheduler": state.get("lr_scheduler"),
+            "skipped_zero_adv_microbatches": state["skipped_zero_adv_microbatches"],
+            "skipped_nonfinite_steps": state.get("skipped_nonfinite_steps", 0),
+        }
         ranks.broadcast_command(ranks.LoadStateDict(light if self.learner.sharded else state))
         self.learner.load_state_dict(state)
 

@@ -113,8 +113,10 @@ def flatten(mb: PackedBatch, row_tokens: int | None = None) -> FlattenedBatch:
     prompt_len = mb.attention_mask[:, :p].sum(1)  # (N,)
     comp_len = mb.attention_mask[:, p:].sum(1)  # (N,)
     if n and bool((prompt_len < 1).any()):
-        raise ValueError("batch_flattening needs at least one prompt token per sequence (the token before the first "
-                         "completion token predicts it). Fix: drop empty prompts from the dataset.")
+        raise ValueError(
+            "batch_flattening needs at least one prompt token per sequence (the token before the first "
+            "completion token predicts it). Fix: drop empty prompts from the dataset."
+        )
     device = mb.input_ids.device
     real = mb.attention_mask.bool()
     lengths = prompt_len + comp_len
@@ -123,8 +125,9 @@ def flatten(mb: PackedBatch, row_tokens: int | None = None) -> FlattenedBatch:
     if row_tokens is None:
         input_ids = mb.input_ids[real].unsqueeze(0)  # row-major: sequence 0's tokens, then sequence 1's, ...
         starts = torch.cumsum(lengths, 0) - lengths  # (N,) flat offset of each sequence
-        position_ids = (torch.arange(int(lengths.sum()), device=device)
-                        - torch.repeat_interleave(starts, lengths)).unsqueeze(0)
+        position_ids = (
+            torch.arange(int(lengths.sum()), device=device) - torch.repeat_interleave(starts, lengths)
+        ).unsqueeze(0)
         source = starts[rows] + prompt_len[rows] - 1 + cols
         return flatten_with(mb, FlatLayout(input_ids, position_ids, source, rows, cols))
     starts, fills = _pack_rows(lengths.tolist(), max(row_tokens, int(lengths.max()) if n else 1))
@@ -169,14 +172,18 @@ def _unflatten(values: Tensor, mb: FlattenedBatch) -> Tensor:
 def _flat_hidden(model: torch.nn.Module, mb: FlattenedBatch) -> Tensor:
     """(K, H) decoder hidden states at the positions predicting the completion tokens."""
     body = model.get_decoder()
-    out = body(input_ids=mb.layout.input_ids, attention_mask=None, position_ids=mb.layout.position_ids,
-               use_cache=False)
+    out = body(input_ids=mb.layout.input_ids, attention_mask=None, position_ids=mb.layout.position_ids, use_cache=False)
     hidden = out.last_hidden_state
     return hidden.reshape(-1, hidden.size(-1))[mb.layout.source]
 
 
-def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False,
-                     chunk_size: int | None = None, temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
+def completion_logps(
+    model: torch.nn.Module,
+    mb: PackedBatch,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor | None]:
     """`packing.completion_logps` for padded and flattened micro-batches alike.
 
     Returns:
@@ -186,14 +193,20 @@ def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool
         `chunked_token_logps` applies the head `chunk_size` tokens at a time.
     """
     if not isinstance(mb, FlattenedBatch):
-        return packing.completion_logps(model, mb, with_entropy=with_entropy, chunk_size=chunk_size,
-                                        temperature=temperature)
+        return packing.completion_logps(
+            model, mb, with_entropy=with_entropy, chunk_size=chunk_size, temperature=temperature
+        )
     lay = mb.layout
     targets = mb.completion_ids[lay.rows, lay.cols]  # (K,)
     if chunk_size is None:
         if lay.input_ids.size(0) == 1:  # the model's own head, on the K predicting positions only
-            logits = model(input_ids=lay.input_ids, attention_mask=None, position_ids=lay.position_ids,
-                           logits_to_keep=lay.source, use_cache=False).logits  # (1, K, V)
+            logits = model(
+                input_ids=lay.input_ids,
+                attention_mask=None,
+                position_ids=lay.position_ids,
+                logits_to_keep=lay.source,
+                use_cache=False,
+            ).logits  # (1, K, V)
         else:  # several rows: gather the K positions, then the head
             logits = model.get_output_embeddings()(_flat_hidden(model, mb)).unsqueeze(0)
         logits = logits.float() / temperature  # (1, K, V): one row, so the log-softmax loops once
@@ -204,8 +217,9 @@ def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool
                 entropy = _unflatten(entropy_from_logits(logits.detach())[0], mb)
         return _unflatten(logps, mb), entropy
     hidden = _flat_hidden(model, mb).unsqueeze(0)  # (1, K, H)
-    logps, entropy = chunked_token_logps(hidden, model.get_output_embeddings(), targets.unsqueeze(0), chunk_size,
-                                         with_entropy, temperature)
+    logps, entropy = chunked_token_logps(
+        hidden, model.get_output_embeddings(), targets.unsqueeze(0), chunk_size, with_entropy, temperature
+    )
     return _unflatten(logps[0], mb), (None if entropy is None else _unflatten(entropy[0], mb))
 
 

@@ -63,9 +63,17 @@ def chunked_token_logps(
     return torch.cat(logps, dim=1), (torch.cat(entropies, dim=1) if with_entropy else None)
 
 
-def completion_logps_from_model(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                                position_ids: Tensor, completion_ids: Tensor, *, chunk_size: int | None = None,
-                                with_entropy: bool = False, temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
+def completion_logps_from_model(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    completion_ids: Tensor,
+    *,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs (N, T) of `completion_ids`, the last T tokens of `input_ids` (N, P + T).
 
     With `chunk_size=None` the model's own head runs on the last T+1 positions (`logits_to_keep`);
@@ -74,8 +82,13 @@ def completion_logps_from_model(model: torch.nn.Module, input_ids: Tensor, atten
     """
     t = completion_ids.size(1)
     if chunk_size is None:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    logits_to_keep=t + 1, use_cache=False)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=t + 1,
+            use_cache=False,
+        )
         logits = out.logits[:, :-1, :].float() / temperature  # (N, T, V): position j predicts completion token j
         entropy = None
         if with_entropy:
@@ -83,14 +96,17 @@ def completion_logps_from_model(model: torch.nn.Module, input_ids: Tensor, atten
                 entropy = entropy_from_logits(logits.detach())
         return selective_log_softmax(logits, completion_ids), entropy
     body = model.get_decoder()
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                  use_cache=False).last_hidden_state[:, -(t + 1) : -1, :]  # (N, T, H)
-    return chunked_token_logps(hidden, model.get_output_embeddings(), completion_ids, chunk_size, with_entropy,
-                               temperature)
+    hidden = body(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state[:, -(t + 1) : -1, :]  # (N, T, H)
+    return chunked_token_logps(
+        hidden, model.get_output_embeddings(), completion_ids, chunk_size, with_entropy, temperature
+    )
 
 
-def completion_hidden_states(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                             position_ids: Tensor, num_completion_tokens: int) -> Tensor:
+def completion_hidden_states(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, num_completion_tokens: int
+) -> Tensor:
     """Decoder hidden states (N, T, H) at the positions that predict the last T tokens of `input_ids`.
 
     The body forward of `completion_logps_from_model`'s chunked path: `model.get_decoder()` on (N, P + T)
@@ -102,8 +118,10 @@ def completion_hidden_states(model: torch.nn.Module, input_ids: Tensor, attentio
     """
     t = num_completion_tokens
     if not 1 <= t < input_ids.size(1):
-        raise ValueError(f"num_completion_tokens={t} must be in [1, {input_ids.size(1) - 1}] for input_ids "
-                         f"{tuple(input_ids.shape)} (at least one prompt token precedes the completion).")
+        raise ValueError(
+            f"num_completion_tokens={t} must be in [1, {input_ids.size(1) - 1}] for input_ids "
+            f"{tuple(input_ids.shape)} (at least one prompt token precedes the completion)."
+        )
     body = model.get_decoder()
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[:, -(t + 1) : -1, :]

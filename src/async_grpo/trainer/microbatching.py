@@ -62,13 +62,21 @@ class MicroBatching:
         ValueError: micro_batch_size < 1 or max_tokens_per_microbatch < 1.
     """
 
-    def __init__(self, micro_batch_size: int, max_tokens_per_microbatch: int | None = None,
-                 batch_flattening: bool = False, flat_row_tokens: int | None = None, group_by_length: bool = False):
+    def __init__(
+        self,
+        micro_batch_size: int,
+        max_tokens_per_microbatch: int | None = None,
+        batch_flattening: bool = False,
+        flat_row_tokens: int | None = None,
+        group_by_length: bool = False,
+    ):
         if micro_batch_size < 1:
             raise ValueError(f"per_device_train_batch_size={micro_batch_size} must be >= 1. Fix: use e.g. 8.")
         if max_tokens_per_microbatch is not None and max_tokens_per_microbatch < 1:
-            raise ValueError(f"max_tokens_per_microbatch={max_tokens_per_microbatch} must be >= 1 or None. Fix: use "
-                             "e.g. 4096, or null for per_device_train_batch_size completions per micro-batch.")
+            raise ValueError(
+                f"max_tokens_per_microbatch={max_tokens_per_microbatch} must be >= 1 or None. Fix: use "
+                "e.g. 4096, or null for per_device_train_batch_size completions per micro-batch."
+            )
         self.micro_batch_size = micro_batch_size
         self.max_tokens = max_tokens_per_microbatch
         self.batch_flattening = batch_flattening
@@ -90,9 +98,14 @@ class MicroBatching:
         """
         if self.group_by_length:  # similar lengths together (the loss does not depend on the order: `accumulation`)
             packed = take(packed, by_length(packed))
-        spans = self._spans(packed) if self.by_tokens else [
-            (start, min(start + self.micro_batch_size, len(packed)))
-            for start in range(0, len(packed), self.micro_batch_size)]
+        spans = (
+            self._spans(packed)
+            if self.by_tokens
+            else [
+                (start, min(start + self.micro_batch_size, len(packed)))
+                for start in range(0, len(packed), self.micro_batch_size)
+            ]
+        )
         for start, end in spans:
             mb = packed.slice(start, end)
             if self.group_by_length and not self.batch_flattening:
@@ -116,15 +129,19 @@ class MicroBatching:
                 start, new_p, new_c, new_total = i, pl, cl, pl + cl
             if i == start and pl + cl > self.max_tokens:
                 self.oversized += 1
-                logger.warning("a sequence of %d tokens exceeds max_tokens_per_microbatch=%d: trained in a "
-                               "micro-batch of its own", pl + cl, self.max_tokens)
+                logger.warning(
+                    "a sequence of %d tokens exceeds max_tokens_per_microbatch=%d: trained in a micro-batch of its own",
+                    pl + cl,
+                    self.max_tokens,
+                )
             max_p, max_c, total = new_p, new_c, new_total
         if start < len(prompt_len):
             spans.append((start, len(prompt_len)))
         return spans
 
-    def completions_per_rank(self, micro: list, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
-                             world_size: int) -> float:
+    def completions_per_rank(
+        self, micro: list, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], world_size: int
+    ) -> float:
         """The step's completions summed over the ranks by `all_reduce_sum`, / world_size (0.0 without a token
         budget, where it is not needed and no collective runs). `micro`: this rank's micro-batches."""
         if not self.by_tokens:
@@ -169,9 +186,16 @@ def trim(mb: PackedBatch) -> PackedBatch:
     p = int(mb.attention_mask[:, :p_all].sum(1).max())
     t = max(int(mb.attention_mask[:, p_all:].sum(1).max()), 1)
     cols = slice(p_all - p, p_all + t)
-    return PackedBatch(mb.input_ids[:, cols], mb.attention_mask[:, cols], mb.position_ids[:, cols],
-                       mb.completion_ids[:, :t], mb.completion_mask[:, :t], mb.sampling_logps[:, :t], mb.advantages,
-                       mb.replayed)
+    return PackedBatch(
+        mb.input_ids[:, cols],
+        mb.attention_mask[:, cols],
+        mb.position_ids[:, cols],
+        mb.completion_ids[:, :t],
+        mb.completion_mask[:, :t],
+        mb.sampling_logps[:, :t],
+        mb.advantages,
+        mb.replayed,
+    )
 
 
 def accumulate_metrics(sums: dict[str, float], weights: dict[str, float], metrics: dict[str, float], w: float) -> None:

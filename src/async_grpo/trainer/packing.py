@@ -61,8 +61,9 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     rows = [
         (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed, lmask)
         for grp in batch.groups
-        for ids, lps, trunc, adv, lmask in zip(grp.completion_ids, grp.sampling_logprobs, grp.truncated,
-                                               grp.advantages, grp.loss_mask, strict=True)
+        for ids, lps, trunc, adv, lmask in zip(
+            grp.completion_ids, grp.sampling_logprobs, grp.truncated, grp.advantages, grp.loss_mask, strict=True
+        )
     ]
     n = len(rows)
     p = max(len(r[0]) for r in rows)
@@ -84,17 +85,31 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([r[4] for r in rows], dtype=torch.float32)
     replayed = torch.tensor([r[5] for r in rows], dtype=torch.bool)
-    return PackedBatch(input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps,
-                       advantages, replayed)
+    return PackedBatch(
+        input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps, advantages, replayed
+    )
 
 
-def completion_logps(model: torch.nn.Module, mb: PackedBatch, with_entropy: bool = False,
-                     chunk_size: int | None = None, temperature: float = 1.0):
+def completion_logps(
+    model: torch.nn.Module,
+    mb: PackedBatch,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+):
     """Per-token logprobs (N, T) of `mb.completion_ids` under `model`, and optionally entropies (N, T).
 
     `chunk_size=None` materializes only the last T+1 positions' logits (`logits_to_keep`); an int applies
     the LM head `chunk_size` positions at a time (see `trainer.logprobs`). Logits are divided by the sampling
     `temperature` (TRL), so the logprobs compare with vLLM's processed sampling logprobs.
     """
-    return completion_logps_from_model(model, mb.input_ids, mb.attention_mask, mb.position_ids, mb.completion_ids,
-                                       chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature)
+    return completion_logps_from_model(
+        model,
+        mb.input_ids,
+        mb.attention_mask,
+        mb.position_ids,
+        mb.completion_ids,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        temperature=temperature,
+    )

@@ -28,8 +28,15 @@ ADAPTER = "default"  # peft's adapter name; the only adapter the policy carries
 ADAPTER_FOLDER = "adapter"  # `save_pretrained(path)` writes the adapter to path/adapter/
 
 
-def wrap_with_lora(model: torch.nn.Module, *, r: int, alpha: int, dropout: float,
-                   target_modules: list[str] | str | None, disable_dropout: bool = False) -> Any:
+def wrap_with_lora(
+    model: torch.nn.Module,
+    *,
+    r: int,
+    alpha: int,
+    dropout: float,
+    target_modules: list[str] | str | None,
+    disable_dropout: bool = False,
+) -> Any:
     """`peft.get_peft_model(model, LoraConfig(...))` with TRL ModelConfig's meaning of the fields.
 
     Args:
@@ -46,14 +53,22 @@ def wrap_with_lora(model: torch.nn.Module, *, r: int, alpha: int, dropout: float
     """
     from peft import LoraConfig, TaskType, get_peft_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0 if disable_dropout else dropout,
-                        target_modules=target_modules, task_type=TaskType.CAUSAL_LM, bias="none")
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=0.0 if disable_dropout else dropout,
+        target_modules=target_modules,
+        task_type=TaskType.CAUSAL_LM,
+        bias="none",
+    )
     try:
         return get_peft_model(model, config)
     except ValueError as err:
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ValueError(f"peft.lora_target_modules={target_modules!r}: {err}. The model's linear layers are "
-                         f"{names}. Fix: pick some of those, or all-linear, or remove it for peft's default.") from err
+        raise ValueError(
+            f"peft.lora_target_modules={target_modules!r}: {err}. The model's linear layers are "
+            f"{names}. Fix: pick some of those, or all-linear, or remove it for peft's default."
+        ) from err
 
 
 class _AdaptersOff(torch.nn.Module):
@@ -177,4 +192,3 @@ class MergedLoRASource(WeightSource):
 def _base_name(peft_name: str) -> str:
     """`model.layers.0.self_attn.q_proj.base_layer.weight` -> `model.layers.0.self_attn.q_proj.weight`."""
     return peft_name.replace(".base_layer.", ".")
-

@@ -39,9 +39,13 @@ class LRSchedule:
         """
         from transformers import get_scheduler
 
-        return get_scheduler(self.name, optimizer, num_warmup_steps=self.num_warmup_steps,
-                             num_training_steps=self.num_training_steps,
-                             scheduler_specific_kwargs=dict(self.kwargs) or None)
+        return get_scheduler(
+            self.name,
+            optimizer,
+            num_warmup_steps=self.num_warmup_steps,
+            num_training_steps=self.num_training_steps,
+            scheduler_specific_kwargs=dict(self.kwargs) or None,
+        )
 
 
 def warmup_steps(warmup_steps: float, warmup_ratio: float | None, max_steps: int) -> int:
@@ -55,9 +59,13 @@ def warmup_steps(warmup_steps: float, warmup_ratio: float | None, max_steps: int
     return int(warmup_steps)
 
 
-def prepare_policy(model: torch.nn.Module, *, gradient_checkpointing: bool = False,
-                   gradient_checkpointing_kwargs: dict[str, Any] | None = None,
-                   disable_dropout: bool = False) -> torch.nn.Module:
+def prepare_policy(
+    model: torch.nn.Module,
+    *,
+    gradient_checkpointing: bool = False,
+    gradient_checkpointing_kwargs: dict[str, Any] | None = None,
+    disable_dropout: bool = False,
+) -> torch.nn.Module:
     """Apply TRL's model options to a loaded policy, in place; returns it.
 
     Args:
@@ -73,10 +81,13 @@ def prepare_policy(model: torch.nn.Module, *, gradient_checkpointing: bool = Fal
     """
     if gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
-            raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it. Fix: set "
-                             "gradient_checkpointing=false.")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs
-                                            or {"use_reentrant": False})
+            raise ValueError(
+                f"gradient_checkpointing: {type(model).__name__} does not support it. Fix: set "
+                "gradient_checkpointing=false."
+            )
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False}
+        )
         if getattr(model, "config", None) is not None:
             model.config.use_cache = False
     if disable_dropout:

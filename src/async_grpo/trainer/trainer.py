@@ -58,12 +58,27 @@ class GRPOLearner:
             mixed_precision.
     """
 
-    def __init__(self, model: torch.nn.Module, *, learning_rate: float, weight_decay: float, max_grad_norm: float,
-                 micro_batch_size: int, loss: LossSettings, pad_token_id: int, logprob_chunk_size: int | None = None,
-                 skip_zero_advantage_batches: bool = False, fsdp: bool = False, mixed_precision: str | None = None,
-                 lr_schedule: LRSchedule | None = None, adam_betas: tuple[float, float] = (0.9, 0.999),
-                 adam_epsilon: float = 1e-8, max_tokens_per_microbatch: int | None = None,
-                 batch_flattening: bool = False, group_by_length: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        learning_rate: float,
+        weight_decay: float,
+        max_grad_norm: float,
+        micro_batch_size: int,
+        loss: LossSettings,
+        pad_token_id: int,
+        logprob_chunk_size: int | None = None,
+        skip_zero_advantage_batches: bool = False,
+        fsdp: bool = False,
+        mixed_precision: str | None = None,
+        lr_schedule: LRSchedule | None = None,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        adam_epsilon: float = 1e-8,
+        max_tokens_per_microbatch: int | None = None,
+        batch_flattening: bool = False,
+        group_by_length: bool = False,
+    ):
         if mixed_precision not in (None, "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r} is not None or 'bf16'. Fix: use bf16=true or false.")
         self.mixed_precision = mixed_precision
@@ -80,24 +95,37 @@ class GRPOLearner:
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.device = next(model.parameters()).device
         if skip_zero_advantage_batches and self.objective.needs_reference:
-            raise ValueError("skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL "
-                             "term. Fix: set beta=0 or skip_zero_advantage_batches=false.")
+            raise ValueError(
+                "skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL "
+                "term. Fix: set beta=0 or skip_zero_advantage_batches=false."
+            )
         self.ref_model = self.reference_model(model) if self.objective.needs_reference else None
         self.sharded = fsdp and self.world_size > 1
-        self.batching = MicroBatching(micro_batch_size, max_tokens_per_microbatch, batch_flattening,
-                                      flat_row_tokens(model, self.sharded),  # one row or rows bounded by the longest
-                                      group_by_length and loss.loss_type != "bnpo")
+        self.batching = MicroBatching(
+            micro_batch_size,
+            max_tokens_per_microbatch,
+            batch_flattening,
+            flat_row_tokens(model, self.sharded),  # one row or rows bounded by the longest
+            group_by_length and loss.loss_type != "bnpo",
+        )
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
             if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
-                raise ValueError("fsdp needs logprob_chunk_size=None, use_liger_kernel=false and "
-                                 "skip_zero_advantage_batches=false. Fix: unset them.")
+                raise ValueError(
+                    "fsdp needs logprob_chunk_size=None, use_liger_kernel=false and "
+                    "skip_zero_advantage_batches=false. Fix: unset them."
+                )
             from async_grpo.trainer.distributed import shard_model
 
             shard_model(self.model, mixed_precision)  # bf16: FSDP2's MixedPrecisionPolicy, float32 master weights
             if self.ref_model is not None:
                 shard_model(self.ref_model, mixed_precision)
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate,
-                                           weight_decay=weight_decay, betas=adam_betas, eps=adam_epsilon)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=learning_rate,
+            weight_decay=weight_decay,
+            betas=adam_betas,
+            eps=adam_epsilon,
+        )
         self.scheduler = lr_schedule.build(self.optimizer) if lr_schedule is not None else None
 
     def reference_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -127,16 +155,21 @@ class GRPOLearner:
             micro = list(self._micro_batches([batch]))
             placeholders = self._max_over_ranks(len(micro)) - len(micro) if self.sharded else 0
             with self._autocast():
-                out = [completion_logps(self.model, mb, chunk_size=self.logprob_chunk_size,
-                                        temperature=self.objective.temperature)[0].detach() for mb in micro]
+                out = [
+                    completion_logps(
+                        self.model, mb, chunk_size=self.logprob_chunk_size, temperature=self.objective.temperature
+                    )[0].detach()
+                    for mb in micro
+                ]
                 for _ in range(placeholders):  # as many FSDP forwards as the busiest rank
                     completion_logps(self.model, self._dummy_packed(), temperature=self.objective.temperature)
             return out
         finally:
             self.model.train(was_training)
 
-    def step(self, batch: TrainBatch | Iterable[TrainBatch], *,
-             old_logps: list[torch.Tensor] | None = None) -> dict[str, float]:
+    def step(
+        self, batch: TrainBatch | Iterable[TrainBatch], *, old_logps: list[torch.Tensor] | None = None
+    ) -> dict[str, float]:
         """One optimizer step over every completion of `batch`; returns loss metrics (TRL names).
 
         Args:
@@ -163,8 +196,10 @@ class GRPOLearner:
             local_items = sum((mb.completion_mask.sum() for mb in micro), torch.tensor(0.0, device=self.device))
             num_items = self._all_reduce_sum(local_items)  # TRL: tokens of the accumulation window across ranks
             if old_logps is not None and len(old_logps) != len(micro):
-                raise ValueError(f"old_logps has {len(old_logps)} micro-batches, the batch {len(micro)}. "
-                                 "Fix: compute them with old_logps(batch) on the same batch.")
+                raise ValueError(
+                    f"old_logps has {len(old_logps)} micro-batches, the batch {len(micro)}. "
+                    "Fix: compute them with old_logps(batch) on the same batch."
+                )
             # TRL divides grpo/bnpo/dr_grpo/sapo by the micro-batches per step; over ranks with unequal shares
             # that is the real micro-batches of all ranks / world size, so that averaging the ranks' gradients
             # gives exactly one process's update over the same micro-batches (placeholders do not count)
@@ -200,10 +235,12 @@ class GRPOLearner:
                 old_logps=None if old_logps is None else old_logps[index], ref_logps=ref_logps, hidden=hidden,
                 lm_head=head, completion_ids=mb.completion_ids,
             )  # fmt: skip
-            result = self.objective.micro_batch_loss(inputs, num_items_in_batch=num_items,
-                                                     gradient_accumulation_steps=self.batching.accumulation(
-                                                         mb, accumulation, completions),
-                                                     num_processes=self.world_size)
+            result = self.objective.micro_batch_loss(
+                inputs,
+                num_items_in_batch=num_items,
+                gradient_accumulation_steps=self.batching.accumulation(mb, accumulation, completions),
+                num_processes=self.world_size,
+            )
             result.output.loss.backward()
             step_loss += result.output.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
             accumulate_metrics(sums, weights, result.metrics, result.weight)
@@ -230,7 +267,9 @@ class GRPOLearner:
             metrics = self.objective.normalize_streamed_metrics(metrics, seen_items)
         metrics["loss"] = step_loss
         metrics["skipped_zero_adv_microbatches"], metrics["skipped_nonfinite_steps"] = (
-            float(self.skipped_zero_adv_microbatches), float(self.skipped_nonfinite_steps))
+            float(self.skipped_zero_adv_microbatches),
+            float(self.skipped_nonfinite_steps),
+        )
         metrics["oversized_microbatch_sequences"] = float(self.batching.oversized)  # longer than the budget
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = learning_rate
@@ -246,17 +285,24 @@ class GRPOLearner:
             t, head = mb.completion_ids.size(1), self.model.get_output_embeddings()
             hidden = completion_hidden_states(self.model, mb)
             with torch.no_grad():
-                logps, entropy = chunked_token_logps(hidden.detach(), head, mb.completion_ids,
-                                                     self.logprob_chunk_size or t, with_entropy=True,
-                                                     temperature=temperature)
+                logps, entropy = chunked_token_logps(
+                    hidden.detach(),
+                    head,
+                    mb.completion_ids,
+                    self.logprob_chunk_size or t,
+                    with_entropy=True,
+                    temperature=temperature,
+                )
         else:
-            logps, entropy = completion_logps(self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size,
-                                              temperature=temperature)
+            logps, entropy = completion_logps(
+                self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size, temperature=temperature
+            )
         ref_logps = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logps, _ = completion_logps(self.ref_model, mb, chunk_size=self.logprob_chunk_size,
-                                                temperature=temperature)
+                ref_logps, _ = completion_logps(
+                    self.ref_model, mb, chunk_size=self.logprob_chunk_size, temperature=temperature
+                )
         return logps, entropy, hidden, head, ref_logps
 
     def _autocast(self):
@@ -276,9 +322,16 @@ class GRPOLearner:
     def _dummy_packed(self) -> PackedBatch:
         """A 2-token placeholder row whose completion token has loss weight 0."""
         ids = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
-        return PackedBatch(ids, torch.ones_like(ids), torch.arange(2, device=self.device).unsqueeze(0), ids[:, 1:],
-                           torch.zeros((1, 1), device=self.device), torch.zeros((1, 1), device=self.device),
-                           torch.zeros(1, device=self.device), torch.zeros(1, dtype=torch.bool, device=self.device))
+        return PackedBatch(
+            ids,
+            torch.ones_like(ids),
+            torch.arange(2, device=self.device).unsqueeze(0),
+            ids[:, 1:],
+            torch.zeros((1, 1), device=self.device),
+            torch.zeros((1, 1), device=self.device),
+            torch.zeros(1, device=self.device),
+            torch.zeros(1, dtype=torch.bool, device=self.device),
+        )
 
     def _dummy_pass(self) -> None:
         """For a rank with fewer micro-batches than the busiest one (FSDP): forward (policy and reference) and
@@ -307,14 +360,19 @@ class GRPOLearner:
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-            model, optim = get_state_dict(self.model, self.optimizer,
-                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            model, optim = get_state_dict(
+                self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
         else:
             model = _cpu_copy(self.model.state_dict())
             optim = _cpu_copy(self.optimizer.state_dict())
-        return {"model": model, "optimizer": optim, "lr_scheduler": self.scheduler and self.scheduler.state_dict(),
-                "skipped_zero_adv_microbatches": self.skipped_zero_adv_microbatches,
-                "skipped_nonfinite_steps": self.skipped_nonfinite_steps}
+        return {
+            "model": model,
+            "optimizer": optim,
+            "lr_scheduler": self.scheduler and self.scheduler.state_dict(),
+            "skipped_zero_adv_microbatches": self.skipped_zero_adv_microbatches,
+            "skipped_nonfinite_steps": self.skipped_nonfinite_steps,
+        }
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore a `state_dict()`. Under FSDP every rank calls it and rank 0's full state is broadcast (the
@@ -327,9 +385,13 @@ class GRPOLearner:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
             state = state or {"model": {}, "optimizer": {}, "skipped_zero_adv_microbatches": 0}
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"],
-                           options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -341,6 +403,7 @@ class GRPOLearner:
     def named_parameters_for_push(self):
         """The policy's parameters as vLLM's `ModuleSource` (full tensors; all-gathered under FSDP)."""
         from vllm.distributed.weight_transfer import ModuleSource
+
         return ModuleSource(self.model)
 
     def save_pretrained(self, path) -> None:
@@ -395,4 +458,3 @@ def _cpu_copy(obj):
     if isinstance(obj, list | tuple):
         return type(obj)(_cpu_copy(v) for v in obj)
     return obj
-

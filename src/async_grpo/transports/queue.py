@@ -146,8 +146,13 @@ class RolloutQueue:
         self.drops.add("shutdown", len(batch.groups))
         return False
 
-    def get(self, current_version: int, timeout_s: float, stop: threading.Event | None = None,
-            keep_empty_final: bool = False) -> TrainBatch:
+    def get(
+        self,
+        current_version: int,
+        timeout_s: float,
+        stop: threading.Event | None = None,
+        keep_empty_final: bool = False,
+    ) -> TrainBatch:
         """Next batch with stale groups (other than replayed ones) removed and counted; skips batches left empty,
         except, with `keep_empty_final`, a step's final chunk (its `final` flag ends the step for the reader). A
         skipped final batch is counted in `skipped_steps`.
@@ -170,8 +175,7 @@ class RolloutQueue:
                 batch = self._q.get(timeout=min(POLL_S, remaining))
             except queue.Empty:
                 continue
-            fresh = [g for g in batch.groups
-                     if g.replayed or current_version - g.policy_version <= self.max_staleness]
+            fresh = [g for g in batch.groups if g.replayed or current_version - g.policy_version <= self.max_staleness]
             if len(fresh) < len(batch.groups):
                 self.drops.add("stale", len(batch.groups) - len(fresh))
             if fresh or (keep_empty_final and batch.final):

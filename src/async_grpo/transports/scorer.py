@@ -24,8 +24,13 @@ class Scorer(Protocol):
     names: list[str]
     weights: list[float]
 
-    def submit(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Sequence[int]],
-               columns: Mapping[str, Sequence[Any]] | None = None) -> Future:
+    def submit(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+    ) -> Future:
         """Score one group; the future resolves to a (G, F) list of float rows, NaN where a function returned
         None, or fails with a `rewards.pool.RewardError` (its `reason` is the drop-counter key).
 

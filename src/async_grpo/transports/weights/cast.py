@@ -14,8 +14,13 @@ import torch
 from vllm.distributed.weight_transfer import WeightSource
 from vllm.distributed.weight_transfer.base import ParamMeta
 
-CASTABLE = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
-            "fp16": torch.float16}
+CASTABLE = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+}
 """`vllm_dtype` values that mean a 16-bit server (anything else, e.g. float32 or auto, is sent as the trainer holds
 it)."""
 

@@ -60,8 +60,16 @@ class LoRAAdapterPusher:
             server's base is trusted.
     """
 
-    def __init__(self, save_adapter: Callable[[Path], int], server_url: str, folder: str | Path, *,
-                 timeout_s: float = 300.0, keep: int = 2, base_pusher: Any = None):
+    def __init__(
+        self,
+        save_adapter: Callable[[Path], int],
+        server_url: str,
+        folder: str | Path,
+        *,
+        timeout_s: float = 300.0,
+        keep: int = 2,
+        base_pusher: Any = None,
+    ):
         self.save_adapter = save_adapter
         self.url = server_url.rstrip("/")
         self.folder = Path(folder).resolve()
@@ -108,13 +116,17 @@ class LoRAAdapterPusher:
         if resp.status_code == 400 and "already been loaded" in resp.text:  # loaded by an earlier trainer process
             resp = self._load(name, path, True)
         if resp.status_code == 404 and _no_route(resp):
-            raise LoRASyncError(f"vLLM at {self.url} has no /v1/load_lora_adapter route. Fix: start it with "
-                                "--enable-lora --max-lora-rank <r> and env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the "
-                                "launchers do when vllm_lora_sync is on).")
+            raise LoRASyncError(
+                f"vLLM at {self.url} has no /v1/load_lora_adapter route. Fix: start it with "
+                "--enable-lora --max-lora-rank <r> and env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the "
+                "launchers do when vllm_lora_sync is on)."
+            )
         if resp.status_code != 200:
-            raise LoRASyncError(f"vLLM refused adapter {name} from {path} ({resp.status_code}): {resp.text[:500]}. "
-                                "Fix: check that the server reads this folder at the same path and was started with "
-                                "--enable-lora and a --max-lora-rank >= lora_r.")
+            raise LoRASyncError(
+                f"vLLM refused adapter {name} from {path} ({resp.status_code}): {resp.text[:500]}. "
+                "Fix: check that the server reads this folder at the same path and was started with "
+                "--enable-lora and a --max-lora-rank >= lora_r."
+            )
         for _, replaced in [(n, p) for n, p in self.loaded if n == name]:
             self._retire(replaced)
         self.loaded = [(n, p) for n, p in self.loaded if n != name] + [(name, path)]

@@ -48,8 +48,15 @@ class ReplicaPusher:
         last_push_bytes: bytes sent to one replica by the last push (0 when the per-replica pusher does not say).
     """
 
-    def __init__(self, replicas: ReplicaSet, make: Callable[[str], Any], *, recovery_timeout_s: float = 600.0,
-                 max_restarts: int = 3, parallel: bool = True):
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        make: Callable[[str], Any],
+        *,
+        recovery_timeout_s: float = 600.0,
+        max_restarts: int = 3,
+        parallel: bool = True,
+    ):
         self.replicas = replicas
         self.parallel = parallel
         self.make = make
@@ -127,8 +134,9 @@ class ReplicaPusher:
             if replica.restarts >= self.max_restarts:
                 continue  # given up (logged once when it reached the limit)
             self.replicas.set_state(replica, "recovering")
-            replica.thread = threading.Thread(target=self._recover_one, args=(replica,), daemon=True,
-                                              name=f"vllm-replica-{replica.index}-recovery")
+            replica.thread = threading.Thread(
+                target=self._recover_one, args=(replica,), daemon=True, name=f"vllm-replica-{replica.index}-recovery"
+            )
             replica.thread.start()
 
     def _recover_one(self, replica: Replica) -> None:
@@ -141,15 +149,24 @@ class ReplicaPusher:
             if self.stop.is_set():  # the run ended meanwhile and stopped the server it was restarting
                 logger.info("vLLM replica %d: recovery stopped with the run (%r)", replica.index, err)
                 return
-            logger.warning("vLLM replica %d could not be brought back (%d of %d tries): %r", replica.index,
-                           replica.restarts, self.max_restarts, err)
+            logger.warning(
+                "vLLM replica %d could not be brought back (%d of %d tries): %r",
+                replica.index,
+                replica.restarts,
+                self.max_restarts,
+                err,
+            )
             return
         replica.restarts += 1
         if self.stop.is_set():
             return
         self.replicas.set_state(replica, "ready")
-        logger.warning("vLLM replica %d back at %s after %.1f s; it rejoins at the next weight push", replica.index,
-                       replica.url, time.perf_counter() - t0)
+        logger.warning(
+            "vLLM replica %d back at %s after %.1f s; it rejoins at the next weight push",
+            replica.index,
+            replica.url,
+            time.perf_counter() - t0,
+        )
 
     def recover_all(self, timeout_s: float) -> None:
         """Bring back every replica that is not live (blocking: nothing serves), with a fresh transfer group each;

@@ -41,8 +41,15 @@ class WeightPusher:
         timeout_s: timeout for the rendezvous, each control-plane call and each broadcast (seconds).
     """
 
-    def __init__(self, source: WeightSource | torch.nn.Module, server_url: str, *, backend: str = "auto",
-                 master_address: str = "127.0.0.1", timeout_s: float = 300.0):
+    def __init__(
+        self,
+        source: WeightSource | torch.nn.Module,
+        server_url: str,
+        *,
+        backend: str = "auto",
+        master_address: str = "127.0.0.1",
+        timeout_s: float = 300.0,
+    ):
         self.source = ModuleSource(source) if isinstance(source, torch.nn.Module) else source
         self.backend = resolve_backend(backend)
         self.control = VLLMControlClient(server_url, timeout_s=timeout_s)
@@ -64,20 +71,26 @@ class WeightPusher:
         if self.backend == "gloo":
             from async_grpo.transports.weights.gloo import GlooTrainerInitInfo
 
-            init_info = GlooTrainerInitInfo(master_address=self.master_address, master_port=port,
-                                            world_size=world_size, timeout_s=self.timeout_s, rank=0)
+            init_info = GlooTrainerInitInfo(
+                master_address=self.master_address,
+                master_port=port,
+                world_size=world_size,
+                timeout_s=self.timeout_s,
+                rank=0,
+            )
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-            init_info = NCCLTrainerInitInfo(master_address=self.master_address, master_port=port,
-                                            world_size=world_size, rank=0)
+            init_info = NCCLTrainerInitInfo(
+                master_address=self.master_address, master_port=port, world_size=world_size, rank=0
+            )
         else:
             raise ValueError(f"weight_sync_backend={self.backend!r} is not one of gloo, nccl, auto")
         t0 = time.perf_counter()
-        self.engine = WeightTransferTrainerFactory.trainer_init(init_info, client=self.client,
-                                                                source=self.source)
-        logger.info("weight transfer (%s) ready in %.2f s, world size %d", self.backend,
-                    time.perf_counter() - t0, world_size)
+        self.engine = WeightTransferTrainerFactory.trainer_init(init_info, client=self.client, source=self.source)
+        logger.info(
+            "weight transfer (%s) ready in %.2f s, world size %d", self.backend, time.perf_counter() - t0, world_size
+        )
 
     def push(self, version: int) -> float:
         """Pause the server, send all weights tagged `version`, resume. Returns the seconds it took.
