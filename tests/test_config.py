@@ -263,7 +263,7 @@ def test_clip_max_override_replaces_cap_from_file(tmp_path):
 
 
 def test_rendezvous_address_is_loopback_for_local_servers_and_pod_ip_otherwise(monkeypatch):
-    from async_grpo.runner.builders import rendezvous_address
+    from async_grpo.transports.weights.sync import rendezvous_address
 
     assert rendezvous_address("http://127.0.0.1:8000") == "127.0.0.1"
     assert rendezvous_address("http://localhost:8000") == "127.0.0.1"

@@ -13,7 +13,7 @@ import sys
 
 from async_grpo import __version__
 from async_grpo.config import ConfigError, load_config
-from async_grpo.errors import RunFailedError
+from async_grpo.errors import RunFailedError, print_user_error
 from async_grpo.preflight import CHECKS, PreflightError
 
 
@@ -32,18 +32,6 @@ def _field_help() -> str:
             if ref.section == section:
                 lines.append(f"  {ref.name} (default {ref.default!r}): {ref.info.description or ''}")
     return "\n".join(lines)
-
-
-def print_user_error(err: BaseException) -> int:
-    """Print a user error (bad config, dataset, path or service) as `error: ...` lines on stderr, one per problem,
-    without a traceback; returns the exit code 2."""
-    lines = str(err).splitlines() or [type(err).__name__]
-    if len(lines) > 1 and lines[0].rstrip().endswith(":"):  # "invalid config:" then one indented line per field
-        print(f"error: {lines[0]}", file=sys.stderr)
-        lines = [line.strip() for line in lines[1:]]
-    for line in lines:
-        print(f"error: {line}" if line.strip() else "", file=sys.stderr)
-    return 2
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

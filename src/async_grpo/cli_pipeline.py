@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from async_grpo.config import ConfigError, GRPOConfig, flatten_mapping, load_config, lookup_field
+from async_grpo.errors import print_user_error
 from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run, work_dir_problems
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.pipeline_local import (
@@ -333,8 +334,6 @@ def _guard(func):
         try:
             return func(args)
         except (ConfigError, ValueError, FileNotFoundError) as err:
-            from async_grpo.cli import print_user_error
-
             return print_user_error(err)
         except (RuntimeError, LookupError) as err:  # a pipeline task failed; its log is above
             print(f"error: {err}", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from async_grpo.config import ConfigError, GRPOConfig, load_config
+from async_grpo.errors import print_user_error
 from async_grpo.launch.k8s_objects import ClusterSettings, Manifest, RunTokens, build_run_objects
 from async_grpo.launch.k8s_policy import (
     PLACEHOLDER_DIGEST,
@@ -338,8 +339,6 @@ def _cmd_render(args: argparse.Namespace) -> int:
         resolved, _ = check_cluster_run(config, settings, policy, args.run_name)  # the policy before anything else
         paths = render(config, settings, args.out_dir, args.run_name, policy=policy)
     except (ConfigError, ValueError) as err:  # PolicyViolation and PreflightError are ValueErrors
-        from async_grpo.cli import print_user_error
-
         return print_user_error(err)
     print(
         f"wrote {len(paths) - 1} objects to {args.out_dir} (apply with `kubectl apply -k {args.out_dir}`; "

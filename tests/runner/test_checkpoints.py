@@ -13,12 +13,20 @@ from async_grpo.config import ConfigError, load_config
 from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.runner import checkpoints
 from async_grpo.runner.checkpoints import StopGuard, TrainedPosition
-from async_grpo.runner.recipe import GRPORecipe
 from async_grpo.runner.state import TrainState, save_checkpoint
 
 
 def write(root: Path, step: int) -> Path:
     return save_checkpoint(TrainState(step=step, mlflow_run_id=f"run{step}"), checkpoints.checkpoint_dir(root, step))
+
+
+def checkpointer(out_dir: Path, save, **settings) -> checkpoints.Checkpointer:
+    """A `Checkpointer` over `save` with the checkpoint section's defaults, overridden by `settings`."""
+    section = load_config(None, [f"{k}={v}" for k, v in settings.items()]).checkpoint
+    return checkpoints.Checkpointer(
+        out_dir=out_dir, save_steps=section.save_steps, save_total_limit=section.save_total_limit,
+        checkpoint_on_signal=section.checkpoint_on_signal, max_steps=10, save=save, guard=StopGuard(), prompts=None,
+    )  # fmt: skip
 
 
 def test_rotation_keeps_the_newest_n_and_clears_interrupted_writes(tmp_path):
@@ -42,11 +50,8 @@ def test_a_failed_write_deletes_nothing(tmp_path):
 
         return save_checkpoint(TrainState(step=3), path, write_model=write_model)
 
-    recipe = SimpleNamespace(
-        out_dir=tmp_path, step=3, save_checkpoint=broken_save, config=load_config(None, ["save_total_limit=1"])
-    )
     with pytest.raises(OSError, match="disk full"):
-        GRPORecipe.checkpoint_now(recipe)
+        checkpointer(tmp_path, broken_save, save_total_limit=1).write(3)
     assert [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [1, 2]  # both kept: the new one failed
     assert not list(tmp_path.glob(".checkpoint-3*"))
 
@@ -60,10 +65,7 @@ def test_checkpoint_now_rotates_after_the_new_one_is_complete(tmp_path):
         seen.append([s for s, _ in checkpoints.complete_checkpoints(tmp_path)])  # nothing deleted yet
         return write(tmp_path, 3)
 
-    recipe = SimpleNamespace(
-        out_dir=tmp_path, step=3, save_checkpoint=save, config=load_config(None, ["save_total_limit=1"])
-    )
-    assert GRPORecipe.checkpoint_now(recipe) >= 0.0
+    assert checkpointer(tmp_path, save, save_total_limit=1).write(3) >= 0.0
     assert seen == [[1, 2]] and [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [3]
 
 

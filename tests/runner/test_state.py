@@ -47,10 +47,13 @@ def recipe_with_roles(tiny_model, config: GRPOConfig, seed: int) -> GRPORecipe:
     recipe.tokenizer = build_tiny_tokenizer()
     recipe.learner = build_local_learner(config, tiny_model, PAD)
     items = [PromptItem(f"p{i}", [i], {}) for i in range(5)]
+    restored: list[dict] = []
     recipe.orchestrator = types.SimpleNamespace(
         prompts=PromptSampler(items, seed),
         replay=ReplayBuffer(3, random.Random(seed)),
         reroll=RerollQueue(start_step=2, max_per_batch=1),
+        restore_progress=lambda **progress: restored.append(progress),
+        restored=restored,
     )
     return recipe
 
@@ -93,6 +96,8 @@ def test_checkpoint_round_trip_is_bit_identical(tiny_model_path, tmp_path):
             assert torch.equal(value, opt_b["state"][key][field_name]), (key, field_name)
     assert (resumed.step, resumed.rollouts, resumed.version.value) == (1, 1, 1)
     assert resumed.drops.snapshot() == {"stale": 4}
+    # the orchestrator paces from the rollouts trained; the stale drops were launched before the resume
+    assert resumed.orchestrator.restored == [{"rollouts": 1, "launched_before": 4}]
     draws = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(draws[0], expected_draws[0]) and draws[1:] == expected_draws[1:]
     r_orch = resumed.orchestrator

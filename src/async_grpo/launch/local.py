@@ -26,7 +26,7 @@ from async_grpo.launch.base import LaunchResult
 from async_grpo.preflight import check_config
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
-from async_grpo.runner.checkpoints import StopGuard, checkpoint_on_stop
+from async_grpo.runner.checkpoints import StopGuard
 from async_grpo.runner.follower import run_follower
 from async_grpo.runner.scheduling import resolve_for_config, vllm_cpu_threads
 from async_grpo.trainer.distributed import check_env, close_distributed, init_distributed
@@ -158,15 +158,15 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         return summary
     except KeyboardInterrupt:
         status = "KILLED"
-        checkpoint_on_stop(recipe)  # only between steps, past setup
+        recipe.checkpoint_on_stop()  # only between steps, past setup
         raise
     except Exception as err:
         if _INTERRUPTED.is_set():  # a secondary failure caused by the interrupt (see _install_signal_handlers)
             status = "KILLED"
-            checkpoint_on_stop(recipe)
+            recipe.checkpoint_on_stop()
             raise KeyboardInterrupt("interrupted") from err
         if isinstance(err, RunFailedError):  # a dependency failed for good: keep the steps done so far
-            path = checkpoint_on_stop(recipe)
+            path = recipe.checkpoint_on_stop()
             if path is not None:
                 err.args = (f"{err} (checkpoint: {path}; resume with resume_from_checkpoint=true once fixed)",)
         raise

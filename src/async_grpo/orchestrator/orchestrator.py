@@ -162,6 +162,19 @@ class Orchestrator:
         self._emit_lock: asyncio.Lock | None = None  # created inside the event loop; keeps chunks in order
 
     # ------------------------------------------------------------------ lifecycle
+    def restore_progress(self, *, rollouts: int, launched_before: int) -> None:
+        """Continue a resumed run's pacing and prompt ledger (call before `start`).
+
+        Args:
+            rollouts: rollouts the run had trained when its checkpoint was written: launches are paced from there
+                (`rollouts` x steps_per_generation x groups_per_step groups count as launched).
+            launched_before: groups launched before this process started and counted in the restored drop
+                counters (they were dropped with a reason), so the ledger `launched_total - trained - dropped`
+                stays balanced across the resume.
+        """
+        self._launched = rollouts * self.steps_per_generation * self.groups_per_step
+        self.launched_total = launched_before
+
     def start(self) -> None:
         """Start the background thread."""
         self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)

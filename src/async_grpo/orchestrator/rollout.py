@@ -105,6 +105,13 @@ class Rollout(Protocol):
             RolloutDropped, RewardError, httpx.HTTPError, GenerationError: see the module docstring.
         """
 
+    def without_tools(self) -> Rollout | None:
+        """The same rollout offering no tools (the final model's held-out reward without them: what the tools are
+        worth), or None when this rollout offers none."""
+
+    def close(self) -> None:
+        """Release what the rollout holds (tool workers, connections); a no-op when it holds nothing."""
+
 
 class SingleTurnRollout:
     """The builtin rollout: one `/v1/completions` call of `num_generations` samples, then one scoring call.
@@ -118,6 +125,13 @@ class SingleTurnRollout:
         self.scorer = scorer
         self.decode = decode
         self.tool_schemas: list[dict] = []
+
+    def without_tools(self) -> None:
+        """None: a single-turn rollout offers no tools (`Rollout.without_tools`)."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release (the scorer belongs to the run)."""
 
     async def __call__(
         self,

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from async_grpo import hub
 from async_grpo.algorithms import LossSettings
@@ -26,6 +23,7 @@ from async_grpo.orchestrator.orchestrator import Orchestrator
 from async_grpo.orchestrator.producer import DataProducer, ProducerConfig, VLLMProducer, load_data_producer
 from async_grpo.orchestrator.rollout import Rollout, SamplingSettings
 from async_grpo.runner import peft_setup, tool_setup
+from async_grpo.runner.checkpoints import TrainedPosition, draw_window
 from async_grpo.trainer.distributed import DataParallelLearner, DistInfo
 from async_grpo.trainer.protocol import Learner
 from async_grpo.trainer.schedule import LRSchedule, warmup_steps
@@ -330,7 +328,9 @@ def build_producer(
     health: Any = None,
 ) -> tuple[DataProducer, Orchestrator | None, RolloutQueue | None]:
     """The run's rollout producer: a user `data_producer`, or the builtin `VLLMProducer` over a (not yet
-    started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate.
+    started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate. The
+    orchestrator draws its prompts from a `checkpoints.TrainedPosition` over the seeded `PromptSampler`, so a
+    checkpoint saves the position of the prompts trained rather than drawn.
 
     Returns:
         (producer, orchestrator or None, queue or None).
@@ -343,12 +343,20 @@ def build_producer(
         return load_data_producer(prod.data_producer, config, tokenizer), None, None
     groups_per_step = config.groups_per_step * world_size  # TRL: per-device batch x accumulation x ranks
     chunks_per_step = groups_per_step // (prod.streaming_min_groups or groups_per_step)
+    window = draw_window(
+        max_inflight_groups=prod.max_inflight_groups,
+        prefetch_depth=prod.prefetch_depth,
+        steps_per_generation=prod.steps_per_generation,
+        groups_per_step=groups_per_step,
+    )
+    # the position of the prompts trained (not drawn) is what a checkpoint saves
+    prompts = TrainedPosition(PromptSampler(train_items, config.seed, shuffle=config.data.shuffle_dataset), window)
     queue = RolloutQueue(
         prod.prefetch_depth * prod.steps_per_generation * chunks_per_step, config.off_policy.max_staleness, drops
     )
     orchestrator = Orchestrator(
         client_factory=client_factory, rollout=rollout,
-        prompts=PromptSampler(train_items, config.seed, shuffle=config.data.shuffle_dataset),
+        prompts=prompts,
         sampling=sampling_settings(config), reward_names=reward_names, reward_weights=reward_weights,
         scale_rewards=config.rewards.scale_rewards,
         multi_objective_aggregation=config.rewards.multi_objective_aggregation,
@@ -378,7 +386,7 @@ def replica_pusher(config: GRPOConfig, learner: Any, url: str) -> Any:
     transfer, cast once to a 16-bit `vllm_dtype` on the way (`transports.weights.cast`)."""
     from async_grpo.runner import peft_setup
     from async_grpo.transports.weights.cast import for_server
-    from async_grpo.transports.weights.sync import WeightPusher
+    from async_grpo.transports.weights.sync import WeightPusher, rendezvous_address
 
     if config.peft.vllm_lora_sync:
         return peft_setup.adapter_pusher(config, learner, url)
@@ -390,18 +398,6 @@ def replica_pusher(config: GRPOConfig, learner: Any, url: str) -> Any:
         timeout_s=sync.weight_sync_timeout_s,
         master_address=rendezvous_address(url),
     )
-
-
-def rendezvous_address(vllm_url: str) -> str:
-    """Address the vLLM workers use to reach this trainer's weight-transfer rendezvous.
-
-    For a server on this host (loopback URL) it is 127.0.0.1. Otherwise it is the pod IP (`POD_IP`,
-    set from the downward API in the PyTorchJob) or, failing that, this host's resolved hostname.
-    """
-    host = urlparse(vllm_url).hostname or ""
-    if host == "localhost" or host.startswith("127.") or host == "::1":
-        return "127.0.0.1"
-    return os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
 
 
 def collective_timeout_s(config: GRPOConfig) -> float:

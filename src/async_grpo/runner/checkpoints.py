@@ -22,11 +22,10 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from async_grpo.runner.report import prompts_lost
 from async_grpo.runner.state import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
@@ -112,37 +111,17 @@ def save_every(save_steps: int | float, max_steps: int) -> int:
     return int(save_steps)
 
 
-def draw_window(config: Any, world_size: int) -> int:
+def draw_window(
+    *, max_inflight_groups: int, prefetch_depth: int, steps_per_generation: int, groups_per_step: int
+) -> int:
     """Prompts the orchestrator can have drawn ahead of the trainer at most (in flight, pending, queued), with
-    room to spare: `TrainedPosition`'s window."""
-    prod = config.producer
-    groups_per_step = config.groups_per_step * world_size
-    queued = prod.prefetch_depth * prod.steps_per_generation * groups_per_step
-    return 2 * (prod.max_inflight_groups + queued + groups_per_step) + 16
+    room to spare: `TrainedPosition`'s window.
 
-
-def checkpoint_on_stop(recipe: Any) -> Path | None:
-    """After a stop signal: write a checkpoint of `recipe`'s (a `GRPORecipe`) current step if it is between
-    steps, past setup, and that step has none yet (`checkpoint_on_signal`); returns its folder, or None. Never
-    raises (a failure is logged: the newest periodic checkpoint stays the resume point)."""
-    recipe.guard.disarm()
-    if not (
-        recipe.config.checkpoint.checkpoint_on_signal
-        and recipe.guard.consistent
-        and recipe.pusher
-        and recipe.learner is not None
-        and recipe.step > 0
-    ):
-        return None
-    path = checkpoint_dir(recipe.out_dir, recipe.step)
-    try:
-        if not (path / STATE_FILE).is_file():
-            seconds = recipe.checkpoint_now()
-            recipe.tracker.log_metrics({"checkpoint/seconds": seconds}, step=recipe.step)
-        return path
-    except Exception as err:
-        logger.error("checkpoint on stop failed: %r", err)
-        return None
+    Args:
+        groups_per_step: groups per optimizer step over every trainer rank.
+    """
+    queued = prefetch_depth * steps_per_generation * groups_per_step
+    return 2 * (max_inflight_groups + queued + groups_per_step) + 16
 
 
 def resumed_run_id(path: Path | None) -> str | None:
@@ -150,59 +129,88 @@ def resumed_run_id(path: Path | None) -> str | None:
     return read_meta(path)["mlflow_run_id"] if path is not None else None
 
 
-def prepare(recipe: Any) -> None:
-    """End of `GRPORecipe.setup`, before the orchestrator starts: wrap its prompt sampler in `TrainedPosition`,
-    and with `recipe.resume_from` restore that checkpoint and push the restored weights to vLLM as the restored
-    policy version (vLLM started from the base model; nothing is generated before this push).
+class Checkpointer:
+    """One run's periodic checkpoints (`save_steps`, rotated by `save_total_limit`) and its checkpoint on a stop
+    signal (`checkpoint_on_signal`).
 
-    Raises:
-        FileNotFoundError / ValueError: the checkpoint does not fit this run (see `load_checkpoint`, `restore`).
+    Args:
+        out_dir: the run folder; checkpoints go to `<out_dir>/checkpoint-<step>`.
+        save_steps: steps between checkpoints (below 1: that fraction of `max_steps`; 0: none), HF's name.
+        save_total_limit: newest complete checkpoints kept (None: all).
+        checkpoint_on_signal: write one when a stop signal ends the run between steps.
+        max_steps: the run's optimizer steps.
+        save: writes the run's `TrainState` and policy into a folder and returns it (`GRPORecipe.save_checkpoint`).
+        guard: the run's `StopGuard` (a checkpoint is written only between steps).
+        prompts: the orchestrator's `TrainedPosition`, told which prompts each step trained; None without one (a
+            user `DataProducer`).
     """
-    orch = recipe.orchestrator
-    if orch is not None:
-        orch.prompts = TrainedPosition(orch.prompts, draw_window(recipe.config, recipe.info.world_size))
-    if recipe.resume_from is not None:
+
+    def __init__(
+        self,
+        *,
+        out_dir: Path,
+        save_steps: int | float,
+        save_total_limit: int | None,
+        checkpoint_on_signal: bool,
+        max_steps: int,
+        save: Callable[[Path], Path],
+        guard: StopGuard,
+        prompts: TrainedPosition | None,
+    ):
+        self.out_dir = out_dir
+        self.save_total_limit = save_total_limit
+        self.checkpoint_on_signal = checkpoint_on_signal
+        self.every = save_every(save_steps, max_steps)
+        self.save = save
+        self.guard = guard
+        self.prompts = prompts
+
+    def after_step(self, step: int, groups: list, metrics: dict[str, float]) -> None:
+        """Step `step` (and its weight push) is complete: forget the trained prompts' draws, end the guarded section,
+        and every `save_steps` steps write a checkpoint (its seconds go to `metrics["checkpoint/seconds"]`).
+
+        Raises:
+            OSError: the checkpoint could not be written (no older one has been deleted).
+        """
+        if self.prompts is not None:
+            self.prompts.mark_trained(groups)
+        self.guard.end()
+        if self.every and step % self.every == 0:
+            metrics["checkpoint/seconds"] = self.write(step)
+
+    def write(self, step: int) -> float:
+        """Write `<out_dir>/checkpoint-<step>` (between steps), then delete the oldest beyond `save_total_limit`
+        (only now that the new one is complete); returns the seconds it took (logged as `checkpoint/seconds`).
+
+        Raises:
+            OSError: the folder could not be written (no older checkpoint has been deleted).
+        """
         t0 = time.perf_counter()
-        recipe.load_checkpoint(recipe.resume_from)
-        if orch is not None and hasattr(orch, "launched_total"):  # the prompt ledger counts from this process's
-            # start, the restored drop counters from the run's: the groups they dropped were launched before
-            orch.launched_total = -prompts_lost(0, 0, recipe.drops.snapshot())  # = the launched groups dropped
-        recipe.sync_times.append(recipe.pusher.push(recipe.version.value))
-        logger.info(
-            "resumed from %s at step %d (policy version %d) in %.1f s",
-            recipe.resume_from,
-            recipe.step,
-            recipe.version.value,
-            time.perf_counter() - t0,
-        )
+        path = self.save(checkpoint_dir(self.out_dir, step))
+        rotate_checkpoints(self.out_dir, self.save_total_limit)
+        seconds = time.perf_counter() - t0
+        logger.info("checkpoint %s written in %.2f s", path, seconds)
+        return seconds
 
+    def on_stop(self, step: int, log_metrics: Callable[[dict[str, float], int], None]) -> Path | None:
+        """After a stop signal: write a checkpoint of step `step` if the run is between steps, past its first step,
+        and that step has none yet (`checkpoint_on_signal`); returns its folder, or None. Never raises (a failure is
+        logged: the newest periodic checkpoint stays the resume point).
 
-def after_step(recipe: Any, groups: list, metrics: dict[str, float]) -> None:
-    """A step (and its weight push) is complete: forget the trained prompts' draws, end the guarded section, and
-    every `save_steps` steps write a checkpoint (its seconds go to `metrics["checkpoint/seconds"]`)."""
-    orch = recipe.orchestrator
-    if isinstance(getattr(orch, "prompts", None), TrainedPosition):
-        orch.prompts.mark_trained(groups)
-    recipe.guard.end()
-    every = save_every(recipe.config.checkpoint.save_steps, recipe.config.optim.max_steps)
-    if every and recipe.step % every == 0:
-        metrics["checkpoint/seconds"] = recipe.checkpoint_now()
-
-
-def write_step_checkpoint(recipe: Any) -> float:
-    """Write `<output_dir>/checkpoint-<step>` for `recipe` (a `GRPORecipe`, between steps), then delete the
-    oldest beyond `save_total_limit` (only now that the new one is complete); returns the seconds it took
-    (logged as `checkpoint/seconds`).
-
-    Raises:
-        OSError: the folder could not be written (no older checkpoint has been deleted).
-    """
-    t0 = time.perf_counter()
-    path = recipe.save_checkpoint(checkpoint_dir(recipe.out_dir, recipe.step))
-    rotate_checkpoints(recipe.out_dir, recipe.config.checkpoint.save_total_limit)
-    seconds = time.perf_counter() - t0
-    logger.info("checkpoint %s written in %.2f s", path, seconds)
-    return seconds
+        Args:
+            log_metrics: `(metrics, step)` -> None, where `checkpoint/seconds` goes.
+        """
+        self.guard.disarm()
+        if not (self.checkpoint_on_signal and self.guard.consistent and step > 0):
+            return None
+        path = checkpoint_dir(self.out_dir, step)
+        try:
+            if not (path / STATE_FILE).is_file():
+                log_metrics({"checkpoint/seconds": self.write(step)}, step)
+            return path
+        except Exception as err:
+            logger.error("checkpoint on stop failed: %r", err)
+            return None
 
 
 # ------------------------------------------------------------------------------------------------ prompt order

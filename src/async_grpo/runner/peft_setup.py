@@ -1,5 +1,5 @@
 """The runner's side of LoRA (`peft` config section): the LoRA learner, the adapter-only pusher and the model name
-generation requests carry. Kept out of `builders.py` / `recipe.py` so that those stay short; docs/deploy.md, "LoRA".
+generation requests carry: everything the runner does differently for LoRA, in one place; docs/deploy.md, "LoRA".
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ def adapter_pusher(config: GRPOConfig, learner: Any, url: str) -> LoRAAdapterPus
     """The adapter-only pusher (vllm_lora_sync) from `learner` (a `PeftLearner`, or a data-parallel learner over
     one) to the server at `url`; its first push after each setup also sends the base weights once (full transfer,
     `LoRAAdapterPusher.base_pusher`), so the server's base is the trainer's."""
-    from async_grpo.runner.builders import rendezvous_address
-    from async_grpo.transports.weights.sync import WeightPusher
+    from async_grpo.transports.weights.sync import WeightPusher, rendezvous_address
 
     local = getattr(learner, "learner", learner)  # DataParallelLearner drives a local learner; rank 0 holds it all
     sync = config.weight_sync

@@ -25,7 +25,7 @@ from async_grpo.evaluation import evaluate_reward
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.inference.replicas import BalancedClient, ReplicaSet
-from async_grpo.orchestrator.producer import StepStream
+from async_grpo.orchestrator.rollout import Rollout
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, scheduling
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
@@ -74,6 +74,9 @@ class GRPORecipe:
         self.health = InferenceHealth()  # lost / available: the orchestrator parks groups, `recovery` restores it
         self.guard = checkpoints.StopGuard(config.checkpoint.checkpoint_signal_grace_s / 2)
         self.resume_from: Path | None = None  # the checkpoint this run resumes from (`resume_from_checkpoint`)
+        self.rollout: Rollout | None = None
+        self.recovery: recovery.InferenceRecovery | None = None  # built once the pusher and tracker exist
+        self.checkpointer: checkpoints.Checkpointer | None = None  # built at the end of setup
 
     # ------------------------------------------------------------------ setup
     def setup(self, start_inference: Callable[[Path], InferenceEndpoint | list[InferenceEndpoint]]) -> None:
@@ -136,7 +139,27 @@ class GRPORecipe:
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
             version=self.version, drops=self.drops, world_size=self.info.world_size, health=self.health,
         )  # fmt: skip
-        checkpoints.prepare(self)  # track the trained prompt position; resume_from_checkpoint: restore and push
+        self.recovery = recovery.InferenceRecovery(
+            health=self.health, replicas=self.replicas, pusher=self.pusher, push_weights=self.push_weights,
+            log_metrics=self.tracker.log_metrics, current_step=lambda: self.step,
+            current_version=lambda: self.version.value, max_restarts=config.inference.max_inference_restarts,
+            recovery_timeout_s=config.inference.vllm_recovery_timeout_s, log_hint=self.out_dir / "vllm.log",
+        )  # fmt: skip
+        ckpt = config.checkpoint
+        self.checkpointer = checkpoints.Checkpointer(
+            out_dir=self.out_dir, save_steps=ckpt.save_steps, save_total_limit=ckpt.save_total_limit,
+            checkpoint_on_signal=ckpt.checkpoint_on_signal, max_steps=config.optim.max_steps,
+            save=self.save_checkpoint, guard=self.guard,
+            prompts=self.orchestrator.prompts if self.orchestrator is not None else None,
+        )  # fmt: skip
+        if self.resume_from is not None:  # restore the checkpoint and serve its weights as its policy version
+            t0 = time.perf_counter()
+            self.load_checkpoint(self.resume_from)
+            self.sync_times.append(self.pusher.push(self.version.value))  # vLLM started from the base model
+            logger.info(
+                "resumed from %s at step %d (policy version %d) in %.1f s",
+                self.resume_from, self.step, self.version.value, time.perf_counter() - t0,
+            )  # fmt: skip
 
     def _items(self, spec: str, split: str, limit: int | None = None) -> list:
         items, too_long = load_prompt_items(
@@ -222,8 +245,7 @@ class GRPORecipe:
                 t_wait = time.perf_counter()
                 depth = self.queue.depth if self.queue is not None else 0
                 self.producer.on_rollout_begin(self.step)
-                rollout = recovery.surviving_inference_loss(
-                    self,
+                rollout = self.recovery.surviving(
                     lambda: self.producer.produce(
                         self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s
                     ),
@@ -270,28 +292,24 @@ class GRPORecipe:
         metrics = dict(item.metrics)
         self.guard.begin()  # a stop signal waits for the step's end (checkpoint_on_signal)
         with self.time_slice:
-            metrics.update(
-                recovery.surviving_inference_loss(self, lambda: self.learner.step(item, old_logps=old_logps))
-            )
-        if isinstance(item, StepStream):  # streamed: chunk count and waits are known once the step consumed it
-            metrics.update(item.metrics)
-            waited += item.wait_s
-            self.idle_s += item.wait_s
+            metrics.update(self.recovery.surviving(lambda: self.learner.step(item, old_logps=old_logps)))
+        metrics.update(item.metrics)  # a streamed step knows its chunk count and waits once it consumed them
+        waited += item.wait_s
+        self.idle_s += item.wait_s
         self.step += 1
         # replayed groups are old on purpose and exempt from max_staleness: they are counted by replayed_groups
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
-            metrics["weight_sync/seconds"] = recovery.push_surviving_inference_loss(self)
+            metrics["weight_sync/seconds"] = self.recovery.push()
             metrics.update(report.push_metrics(self.pusher))
         metrics.update(self.replicas.metrics(), **self.time_slice.metrics())  # resource_sharing
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
         self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
-        checkpoints.after_step(self, item.groups, metrics)  # the step is complete: save_steps checkpoint
+        self.checkpointer.after_step(self.step, item.groups, metrics)  # the step is complete: save_steps checkpoint
         metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
-        if self.scorer is not None and hasattr(self.scorer, "set_trainer_state"):
-            self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
+        self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
         every = builders.eval_every(config)
         if every and self.step % every == 0 and self.step < config.optim.max_steps:  # the last: `finish`
             self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
@@ -333,8 +351,9 @@ class GRPORecipe:
             self.learner.save_pretrained(model_dir)
             self.tokenizer.save_pretrained(model_dir)
         self.eval_after = self.evaluate()
-        if hasattr(self.rollout, "without_tools"):  # the same final model with no tools: what the tools are worth
-            self.eval_after.update(self.evaluate(self.rollout.without_tools(), prefix="eval_no_tools"))
+        without_tools = self.rollout.without_tools()
+        if without_tools is not None:  # the same final model with no tools: what the tools are worth
+            self.eval_after.update(self.evaluate(without_tools, prefix="eval_no_tools"))
         if model_dir is not None:
             self.tracker.log_model(model_dir)
         s = RunSummary(
@@ -384,8 +403,10 @@ class GRPORecipe:
         orch = self.orchestrator
         if orch is not None and state.sampler is not None:
             orch.prompts.load_state_dict(state.sampler)
-        if hasattr(orch, "_launched"):  # pace launches from the rollouts trained (a fresh orchestrator counts 0)
-            orch._launched = state.rollouts * orch.steps_per_generation * orch.groups_per_step
+        if orch is not None:  # pace from the rollouts trained; the ledger counts the restored drops as launched
+            orch.restore_progress(
+                rollouts=state.rollouts, launched_before=-report.prompts_lost(0, 0, self.drops.snapshot())
+            )
         if orch is not None and orch.replay is not None and state.replay is not None:
             orch.replay.load_state_dict(state.replay)
         if orch is not None and orch.reroll is not None and state.reroll is not None:
@@ -398,7 +419,15 @@ class GRPORecipe:
 
     def checkpoint_now(self) -> float:
         """Write `<output_dir>/checkpoint-<step>` now (between steps) and rotate; returns its seconds."""
-        return checkpoints.write_step_checkpoint(self)
+        return self.checkpointer.write(self.step)
+
+    def checkpoint_on_stop(self) -> Path | None:
+        """After a stop signal: a checkpoint of the current step if the run is past setup and between steps
+        (`Checkpointer.on_stop`); returns its folder, or None. Never raises."""
+        self.guard.disarm()
+        if self.checkpointer is None or self.learner is None:
+            return None
+        return self.checkpointer.on_stop(self.step, self.tracker.log_metrics)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a `save_checkpoint` folder into the live roles."""
@@ -418,10 +447,7 @@ class GRPORecipe:
             ("trainer ranks", lambda: self.learner and release_ranks and self.learner.close()),
             ("weight transfer", lambda: self.pusher and self.pusher.close()),
             ("reward workers", lambda: self.scorer and self.scorer.close()),
-            (
-                "tool workers",
-                lambda: hasattr(self, "rollout") and hasattr(self.rollout, "close") and self.rollout.close(),
-            ),
+            ("tool workers", lambda: self.rollout and self.rollout.close()),
             ("tracking", lambda: self.tracker and self.tracker.end(status)),
         ):
             try:

@@ -133,3 +133,9 @@ class TrainBatch:
     groups: list[RolloutGroup]
     metrics: dict[str, float] = field(default_factory=dict)
     final: bool = True
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds the trainer waited for this batch while training on it: 0.0, since a whole batch is waited for
+        before its step starts (a streamed step, `orchestrator.producer.StepStream`, reports its chunk waits)."""
+        return 0.0

@@ -41,5 +41,9 @@ class Scorer(Protocol):
             columns: the dataset's other columns, each a list of G values (reward keyword arguments).
         """
 
+    def set_trainer_state(self, **fields: int) -> None:
+        """Update the `trainer_state` later groups' reward functions receive (TRL's `trainer_state` argument:
+        `global_step`, `max_steps`), after each optimizer step."""
+
     def close(self) -> None:
         """Release the backend (worker processes, connections)."""

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import time
+from urllib.parse import urlparse
 
 import requests
 import torch
@@ -27,6 +30,18 @@ def resolve_backend(backend: str) -> str:
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
     return backend
+
+
+def rendezvous_address(vllm_url: str) -> str:
+    """Address the vLLM workers use to reach this trainer's weight-transfer rendezvous.
+
+    For a server on this host (loopback URL) it is 127.0.0.1. Otherwise it is the pod IP (`POD_IP`,
+    set from the downward API in the PyTorchJob) or, failing that, this host's resolved hostname.
+    """
+    host = urlparse(vllm_url).hostname or ""
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return "127.0.0.1"
+    return os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
 
 
 class WeightPusher:
