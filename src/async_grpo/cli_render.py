@@ -40,6 +40,22 @@ EXAMPLE_POLICY: dict[str, Any] = {
 }
 EXAMPLE_TOKENS = RunTokens("example-only-replace-me", "example-only-replace-me")
 
+# A trainer on 2 nodes x 8 GPUs beside an 8-GPU vLLM server, on GPU nodes behind the usual taint.
+GPU_2X8_SETTINGS: dict[str, Any] = {
+    "device": "gpu",
+    "reward_replicas": 1,
+    "trainer_nodes": 2,
+    "nproc_per_node": 8,
+    "trainer_cpu": 64,
+    "trainer_memory_gib": 512,
+    "vllm_gpus": 8,
+    "vllm_cpu": 32,
+    "vllm_memory_gib": 256,
+    "shm_size_gib": 64,
+    "node_selector": {"nvidia.com/gpu.present": "true"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
 # The committed examples: a CPU run of the builtin reverse task, and a 2-node x 8-GPU trainer.
 EXAMPLES: dict[str, dict[str, Any]] = {
     "cpu": {
@@ -89,20 +105,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "vllm_startup_timeout_s": 900,
             "run_name": "example-gpu",
         },
-        "settings": {
-            "device": "gpu",
-            "reward_replicas": 1,
-            "trainer_nodes": 2,
-            "nproc_per_node": 8,
-            "trainer_cpu": 64,
-            "trainer_memory_gib": 512,
-            "vllm_gpus": 8,
-            "vllm_cpu": 32,
-            "vllm_memory_gib": 256,
-            "shm_size_gib": 64,
-            "node_selector": {"nvidia.com/gpu.present": "true"},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        },
+        "settings": GPU_2X8_SETTINGS,
     },
     # A 7B model: FSDP2 across 2 nodes x 8 GPUs with bf16 (MixedPrecisionPolicy, float32 master weights), and two
     # vLLM replicas of 4 GPUs each (tensor parallel 4) that every push reaches.
@@ -128,20 +131,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "vllm_startup_timeout_s": 1200,
             "run_name": "example-7b",
         },
-        "settings": {
-            "device": "gpu",
-            "reward_replicas": 1,
-            "trainer_nodes": 2,
-            "nproc_per_node": 8,
-            "trainer_cpu": 64,
-            "trainer_memory_gib": 512,
-            "vllm_gpus": 4,
-            "vllm_cpu": 32,
-            "vllm_memory_gib": 256,
-            "shm_size_gib": 64,
-            "node_selector": {"nvidia.com/gpu.present": "true"},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        },
+        "settings": {**GPU_2X8_SETTINGS, "vllm_gpus": 4},
     },
 }
 

@@ -64,7 +64,8 @@ def add_tool_routes(app: FastAPI, executor: ToolExecutor, request_margin_s: floa
 
 
 def tool_executor(config: GRPOConfig) -> ToolExecutor | None:
-    """The service's tool executor for the run's `tools` section, or None when it declares no tools.
+    """The tool executor for the run's `tools` section (`tool_num_workers` spawned workers with its timeout and
+    limits), or None when it declares no tools: the reward service's, and the trainer's when no service is used.
 
     Raises:
         ToolSpecError: a tool does not resolve or cannot be described (a ValueError: the server exits with 2).

@@ -17,7 +17,8 @@ from async_grpo.data import PromptItem
 from async_grpo.orchestrator.multiturn import MultiTurnRollout, ToolCallingSettings
 from async_grpo.orchestrator.rollout import Rollout, SingleTurnRollout
 from async_grpo.rewards.remote import reward_service_url
-from async_grpo.tools.executor import ToolBackend, ToolExecutor
+from async_grpo.rewards.tool_routes import tool_executor
+from async_grpo.tools.executor import ToolBackend
 from async_grpo.tools.loading import load_tools
 from async_grpo.tools.remote import RemoteToolExecutor
 from async_grpo.tools.render import turn_pairs
@@ -47,13 +48,7 @@ def build_tool_backend(config: GRPOConfig, service: tuple[str, str | None] | Non
             token=token,
             max_concurrency=max(t.tool_num_workers, config.producer.max_inflight_groups),
         )
-    return ToolExecutor(
-        load_tools(t.tools),
-        num_workers=t.tool_num_workers,
-        timeout_s=t.tool_timeout_s,
-        cpu_seconds=t.tool_cpu_seconds,
-        memory_mb=t.tool_memory_mb,
-    )
+    return tool_executor(config)  # the same executor the reward service runs, here
 
 
 def check_conversational(items: Sequence[PromptItem], spec: str) -> None:
