@@ -37,7 +37,7 @@ RESERVED_GENERATION_KEYS = {
 class SamplingConfig(Section):
     """How rollouts are sampled from vLLM (the trainer scores with the same temperature)."""
 
-    # Further vLLM sampling parameters (TRL names)
+    # min_p, repetition penalty and extra request parameters (TRL names)
     min_p: float | None = Field(
         None,
         ge=0.0,
