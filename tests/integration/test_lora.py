@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from async_grpo.algorithms import LossSettings
 from async_grpo.config import GRPOConfig
-from async_grpo.config.peft_section import lora_server_args
+from async_grpo.config.sections.peft import lora_server_args
 from async_grpo.inference.client import AsyncVLLMClient, VLLMControlClient
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.launch.local import run_local

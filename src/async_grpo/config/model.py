@@ -12,7 +12,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from async_grpo.config.keys import ALIASES, FIELDS, flatten_mapping, nest_mapping
-from async_grpo.config.peft_section import PeftConfig, check_peft
 from async_grpo.config.sections import (
     SECTIONS,
     BatchShapingConfig,
@@ -23,13 +22,16 @@ from async_grpo.config.sections import (
     LossConfig,
     OffPolicyConfig,
     OptimConfig,
+    PeftConfig,
     RewardsConfig,
     RunFields,
     SamplingConfig,
+    ToolsConfig,
     TrackingConfig,
     WeightSyncConfig,
+    check_peft,
+    check_tools,
 )
-from async_grpo.config.tools_section import ToolsConfig, check_tools
 from async_grpo.config.trl_names import adapt_trl_keys
 
 
@@ -185,7 +187,8 @@ class GRPOConfig(RunFields):
         return self
 
     def _check_trl_fields(self) -> None:
-        """Cross-field checks of the TRL knobs (`trl_fields.py`); each error names the fields and the fix."""
+        """Cross-field checks of the TRL knobs (`sections/optim.py`, `sections/rewards.py`); each error names the fields
+        and the fix."""
         optim, rewards = self.optim, self.rewards
         if optim.warmup_ratio and optim.warmup_steps:
             raise ValueError(

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from async_grpo.config import GRPOConfig, flat_dump
-from async_grpo.config.peft_section import lora_server_args
+from async_grpo.config.sections.peft import lora_server_args
 from async_grpo.inference.server import CPU_SERVER_ENV, RUNTIME_LORA_ENV, build_server_command
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS, build_network_policies, reward_policy
 from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names other modules import from here

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from async_grpo.config import GRPOConfig
-from async_grpo.config.peft_section import lora_server_args
+from async_grpo.config.sections.peft import lora_server_args
 from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import attached_endpoints

@@ -1,7 +1,8 @@
 """The `peft` section of `GRPOConfig`: LoRA training (TRL `ModelConfig` names: `use_peft`, `lora_r`,
 `lora_alpha`, `lora_dropout`, `lora_target_modules`) and how the policy reaches vLLM (axolotl's
-`vllm_lora_sync`). Its own module only to keep `sections.py` short; `trainer.peft` implements the training side
-and `transports.weights.lora` the adapter-only push (docs/deploy.md, "LoRA").
+`vllm_lora_sync`), with the `vllm serve` flags an adapter-only push needs (`lora_server_args`) and the cross-field
+checks that involve the section. `trainer.peft` implements the training side and `transports.weights.lora` the
+adapter-only push (docs/deploy.md, "LoRA").
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from async_grpo.config.base import Section
+from async_grpo.config.sections.base import Section
 
 # vLLM 0.32 `LoRAConfig.max_lora_rank` takes only these values (`MaxLoRARanks`); the server is started with the
 # smallest one >= lora_r

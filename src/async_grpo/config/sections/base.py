@@ -1,4 +1,5 @@
-"""The base of every config section (kept apart so that section modules can import it without a cycle)."""
+"""`Section`, the base of every section of `GRPOConfig` and of its top-level fields: what they all share (unknown
+keys refused, assignments validated, inf and NaN refused)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from async_grpo.config.base import Section
+from async_grpo.config.sections.base import Section
 
 
 class ToolsConfig(Section):

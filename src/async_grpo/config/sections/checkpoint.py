@@ -1,6 +1,6 @@
-"""The `checkpoint` section of `GRPOConfig`: the final model, periodic resumable checkpoints (HF Trainer names:
-`save_steps`, `save_total_limit`, `resume_from_checkpoint`) and the checkpoint on a stop signal. Its own module
-only to keep `sections.py` short; `runner.checkpoints` implements it.
+"""The `checkpoint` section of `GRPOConfig`: what the run saves: the final model, periodic resumable checkpoints
+(HF Trainer names: `save_steps`, `save_total_limit`, `resume_from_checkpoint`) and the checkpoint on a stop signal.
+`runner.checkpoints` implements it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from async_grpo.config.base import Section
+from async_grpo.config.sections.base import Section
 
 
 class CheckpointConfig(Section):

@@ -1,0 +1,84 @@
+"""The `data` section: the prompts a run trains and evaluates on (files, saved datasets, hub datasets with their
+configuration and splits, `builtin:<task>`), their order, system prompt and chat-template arguments, when and on how
+many held-out prompts the policy is evaluated, and the supervised warm start before GRPO."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from async_grpo.config.sections.base import Section
+
+
+class DataConfig(Section):
+    """Training and held-out prompts, evaluation, and the supervised warm start."""
+
+    # Hub datasets, order, chat template and periodic validation (TRL / ScriptArguments names)
+    dataset_config: str | None = Field(
+        None,
+        description="Configuration (subset) of a hub dataset (TRL ScriptArguments name), e.g. `main` for openai/gsm8k.",
+    )
+    dataset_train_split: str = Field(
+        "train",
+        description="Split of `dataset` trained on (TRL ScriptArguments name; "
+        "for a hub dataset or a saved DatasetDict).",
+    )
+    dataset_test_split: str = Field(
+        "test",
+        description="Split of `dataset` used as held-out prompts when eval_dataset is None (TRL "
+        "ScriptArguments name; hub datasets and saved DatasetDicts).",
+    )
+    shuffle_dataset: bool = Field(
+        True,
+        description="Visit the training prompts in a seeded random order, "
+        "reshuffled each epoch (TRL name); false keeps the dataset's order.",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Extra keyword arguments for the tokenizer's apply_chat_template on conversational "
+        "prompts (TRL name), e.g. {enable_thinking: false} for Qwen3.",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="A system message put before every prompt: a string prompt becomes [system, user], a "
+        "conversational one without a system message gets it first. Rows with question/answer (GSM8K) or "
+        "problem/solution (MATH) columns and no prompt column are turned into prompt + answer with it.",
+    )
+    eval_strategy: Literal["no", "steps"] = Field(
+        "no",
+        description="`steps`: also measure the held-out reward every eval_steps optimizer steps during "
+        "training, on the run's vLLM server between weight pushes, logged as eval/* at that step (TRL name; NeMo "
+        "RL's val_period). The held-out reward is always measured before the first and after the last step.",
+    )
+    eval_steps: float | None = Field(
+        None,
+        gt=0,
+        description="With eval_strategy=steps: evaluate every this many steps; a value below 1 is a "
+        "fraction of max_steps (TRL). None: logging_steps (TRL).",
+    )
+    # The prompts, evaluation and the warm start
+    dataset: str = Field(
+        "builtin:reverse",
+        description="Training prompts: a .jsonl/.json/.parquet file, a `datasets.save_to_disk` folder, "
+        "or `builtin:<task>`. Needs a `prompt` column (standard string or conversational messages); "
+        "other columns are passed to reward functions as keyword arguments (as TRL does).",
+    )
+    eval_dataset: str | None = Field(
+        None,
+        description="Held-out prompts in the same formats as `dataset`. For `builtin:<task>` the "
+        "task's held-out split is used when this is None.",
+    )
+    eval_num_prompts: int = Field(64, ge=1, description="Held-out prompts scored per evaluation.")
+    num_generations_eval: int = Field(4, ge=1, description="Completions sampled per held-out prompt (TRL name).")
+    eval_temperature: float | None = Field(
+        None,
+        ge=0.0,
+        description="Sampling temperature for evaluation; None uses `temperature` (the policy GRPO "
+        "optimizes), 0 gives greedy accuracy.",
+    )
+    max_prompt_length: int = Field(256, ge=1, description="Prompts longer than this (tokens) are dropped and counted.")
+    warmup_sft_steps: int = Field(
+        0, ge=0, description="Supervised steps on the task's reference answers before GRPO (builtin tasks only)."
+    )
+    warmup_sft_learning_rate: float = Field(3e-3, gt=0.0, description="Learning rate of the warm-start pass.")

@@ -1,0 +1,87 @@
+"""The `inference` section: the vLLM servers that generate rollouts: attach to running ones or launch them (port,
+dtype, model length, KV cache, GPU memory, tensor parallelism, extra flags), how many replicas, where generation runs
+relative to training (`ResourceSharing`: whether the servers share the trainer's cores or GPU; `inference.replicas`
+and `runner.scheduling` implement it), request timeouts and recovery from a lost server."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from async_grpo.config.sections.base import Section
+
+ResourceSharing = Literal["auto", "overlap", "time_slice", "adaptive"]
+
+
+class InferenceConfig(Section):
+    """The vLLM server that generates rollouts: attach to one, or how to launch it."""
+
+    # Where generation runs relative to training: how many vLLM servers, and whether they share the trainer's cores
+    # or GPU (`inference.replicas` and `runner.scheduling` implement them)
+    vllm_replicas: int = Field(
+        1,
+        ge=1,
+        description="vLLM servers generating for the run (the vLLM Deployment's replicas on Kubernetes; this "
+        "many local servers otherwise). Each request goes to the live replica with the fewest requests in flight; "
+        "every weight push reaches every replica; a replica that dies is excluded, recovered and rejoins with the "
+        "current weights while the others serve.",
+    )
+    resource_sharing: ResourceSharing = Field(
+        "auto",
+        description="How generation and training share the machine. `overlap`: vLLM generates the next "
+        "groups while the trainer computes (what pays when each has its own GPUs or cores). `time_slice`: vLLM is "
+        "paused (mode keep: requests freeze, nothing is lost) while the trainer runs an optimizer step, so each "
+        "gets every core in turn instead of both fighting over them; groups are still generated ahead, between "
+        "steps, and scored meanwhile (verl's colocated hybrid engine makes the same trade on one GPU). `adaptive` "
+        "(CPU): vLLM is never paused; the vLLM CPU servers this run launches compute on half the cores "
+        "(OMP_NUM_THREADS), and the trainer's torch threads follow vLLM's activity: the other half while a "
+        "generation request is in flight, every core while vLLM is idle, checked before each decoder layer's "
+        "forward and backward (metric trainer/reduced_threads_s). `auto`: adaptive when this run launched its vLLM "
+        "servers on its own CPU machine and the trainer uses every core (torch_num_threads unset or >= the cores), "
+        "else overlap (a trainer held to fewer threads leaves vLLM the other cores; attached servers, Kubernetes "
+        "pods and GPUs have their own resources). streaming_min_groups cannot be combined with time_slice.",
+    )
+    # vLLM server resources (TRL names; flags of the server we launch)
+    vllm_gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="`--gpu-memory-utilization` of the vLLM server we launch (TRL name; TRL "
+        "applies it to a colocated engine, ours is a separate server). None: vLLM's default (0.9). No effect on "
+        "the CPU build.",
+    )
+    vllm_tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="`--tensor-parallel-size` of the vLLM server we launch (TRL name): the server needs "
+        "that many GPUs.",
+    )
+    # Attach or launch, timeouts and recovery
+    vllm_url: str | None = Field(
+        None,
+        description="Attach to running vLLM servers instead of starting them: one URL, "
+        "a comma-separated list of vllm_replicas URLs, or one URL whose host name resolves to "
+        "the replicas' addresses (a Kubernetes headless Service).",
+    )
+    vllm_port: int = Field(0, ge=0, le=65535, description="Port for the launched server; 0 picks a free one.")
+    vllm_dtype: str = Field("float32", description="dtype the launched vLLM server runs the model in.")
+    vllm_max_model_len: int = Field(512, ge=16, description="vLLM --max-model-len (tokens).")
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build (GiB).")
+    vllm_startup_timeout_s: float = Field(300.0, gt=0.0, description="Wait this long for vLLM /health (seconds).")
+    vllm_request_timeout_s: float = Field(120.0, gt=0.0, description="Timeout for one generation request (seconds).")
+    vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` flags.")
+    max_inference_restarts: int = Field(
+        3,
+        ge=0,
+        description="Times the run recovers from a vLLM server that died or stopped answering (the local "
+        "backend restarts it; on Kubernetes its Deployment does) before it fails with a clear message. Each "
+        "recovery re-initialises the weight transfer and pushes the current weights; groups in flight are "
+        "generated again, not lost.",
+    )
+    vllm_recovery_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="Longest wait for a lost vLLM server to answer /health again, and for "
+        "generation requests parked meanwhile (seconds).",
+    )

@@ -1,0 +1,64 @@
+"""The `rewards` section: the reward functions that score completions (with DAPO's soft overlong penalty, used by
+`builtin:soft_overlong_penalty`), where they run (a local process pool or a reward service) and their timeouts, and
+how their scores become advantages (scaling, combining several functions)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from async_grpo.config.sections.base import Section
+
+
+class RewardsConfig(Section):
+    """Reward functions, where they run, and how their scores become advantages."""
+
+    # DAPO's soft overlong penalty (`builtin:soft_overlong_penalty`)
+    overlong_buffer_len: int | None = Field(
+        None,
+        ge=1,
+        description="DAPO soft overlong punishment (arXiv 2503.14476 eq. 13; verl `overlong_buffer.len`): "
+        "with builtin:soft_overlong_penalty in reward_funcs, a completion longer than max_completion_length - "
+        "overlong_buffer_len tokens gets -(excess / overlong_buffer_len) x overlong_penalty_factor, down to "
+        "-overlong_penalty_factor at max_completion_length.",
+    )
+    overlong_penalty_factor: float = Field(
+        1.0,
+        ge=0.0,
+        description="Largest soft overlong penalty (verl "
+        "`overlong_buffer.penalty_factor`; TRL's get_soft_overlong_punishment: 1).",
+    )
+    # Reward functions, where they run, and advantage scaling
+    reward_funcs: list[str] = Field(
+        default_factory=lambda: ["builtin:reverse_exact_match", "builtin:reverse_format"],
+        min_length=1,
+        description="Reward functions: `builtin:<name>`, `pkg.module:function`, or `path/to/file.py:function`, "
+        "each with TRL's signature f(prompts, completions, completion_ids, **columns) -> list[float | None].",
+    )
+    reward_weights: list[float] | None = Field(
+        None, description="One weight per reward function (TRL name); all 1.0 when None."
+    )
+    reward_num_workers: int = Field(2, ge=1, description="Reward worker processes.")
+    reward_timeout_s: float = Field(30.0, gt=0.0, description="Per-group reward call timeout (seconds).")
+    reward_failure_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="Fail the run (with a checkpoint, see checkpoint_on_signal) once every group has "
+        "failed to score for this long (seconds; a dead reward service or broken reward workers), instead of "
+        "dropping groups until rollout_timeout_s. Single failures are dropped and counted as before.",
+    )
+    reward_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+",
+        description="Base URL of a running reward service "
+        "(`python -m async_grpo.rewards.server`, e.g. http://reward:8080): groups are scored there instead of in "
+        "a local process pool. None: the env ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher when "
+        "reward_replicas > 0), else a local pool of reward_num_workers processes.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Advantage scaling: divide by the group std, the batch std, or not at all (TRL)."
+    )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = Field(
+        "sum_then_normalize", description="How several reward functions combine into one advantage (TRL name)."
+    )

@@ -1,0 +1,62 @@
+"""The `tracking` section: MLflow: whether the run is tracked (`report_to`, TRL's list forms accepted), where it is
+logged (tracking URI, experiment, run name), how often metrics and tables of sample completions are written, and
+system metrics."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from async_grpo.config.sections.base import Section
+
+
+class TrackingConfig(Section):
+    """MLflow: where the run is logged, and how often."""
+
+    # Which tracker, completion tables and system metrics (TRL / transformers names)
+    report_to: Literal["mlflow", "none"] = Field(
+        "mlflow",
+        description="Where metrics go (transformers name): `mlflow`, or `none` (no tracking; not with "
+        "the pipeline, which registers the model from the MLflow run). TRL's list form is accepted: [] or "
+        "['none'] is none, ['mlflow'] or 'all' is mlflow; other trackers are refused.",
+    )
+    log_completions: bool = Field(
+        True,
+        description="Log a table of sample completions every log_completions_steps "
+        "steps (TRL name; TRL's default is false).",
+    )
+    log_system_metrics: bool = Field(
+        False,
+        description="Also record CPU, memory, disk, network and GPU use in the MLflow run (MLflow system "
+        "metrics; needs psutil, and pynvml for GPUs). MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true turns it on too.",
+    )
+    # Where the run is logged, and how often
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI; None: the MLFLOW_TRACKING_URI environment variable, else "
+        "`sqlite:///<output_dir>/mlflow.db`. MLFLOW_RUN_ID in the environment makes the run log into that run.",
+    )
+    mlflow_experiment_name: str = Field(
+        "async-grpo",
+        description="MLflow experiment; at this default the MLFLOW_EXPERIMENT_NAME environment variable wins.",
+    )
+    run_name: str | None = Field(None, description="MLflow run name.")
+    logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
+    log_completions_steps: int = Field(10, ge=1, description="Log a table of sample completions every N steps.")
+    num_completions_to_print: int = Field(8, ge=1, description="Rows in each sample-completions table (TRL name).")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_from_trl(cls, value: Any) -> Any:
+        """TRL's forms: a list of integrations, "all", "none", None -> "mlflow" or "none"; others refused."""
+        items = [value] if isinstance(value, str) or value is None else list(value)
+        names = {str(v).lower() for v in items if v is not None} - {"none"}
+        if not names:
+            return "none"
+        if names <= {"mlflow", "all"}:
+            return "mlflow"
+        raise ValueError(
+            f"report_to={value!r}: only mlflow (or none) is supported, not {sorted(names - {'mlflow', 'all'})}. "
+            "Fix: report_to: mlflow."
+        )
