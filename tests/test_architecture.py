@@ -1,5 +1,6 @@
-"""The role boundaries of docs/architecture.md, enforced: each package imports only the roles below it. (A module
-holds one idea however long it is: there is no line limit.)"""
+"""The layer rules of docs/architecture.md, enforced: each role imports only the roles below it, the step loop holds
+the trainer, the reward backends and generation only through their protocols, and no module imports itself back
+through others (no import cycles). A module holds one idea however long it is: there is no line limit."""
 
 from __future__ import annotations
 
@@ -10,56 +11,91 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "async_grpo"
 
-# role -> the roles (top-level modules or packages of async_grpo) it may import; itself is always allowed
+# role -> the roles (top-level modules or packages of async_grpo) it may import; itself is always allowed.
+# Listed bottom-up, as docs/architecture.md's table.
 ALLOWED = {
+    "__init__": set(),
+    "errors": set(),
+    "user_code": set(),
     "config": set(),
-    "data": {"tasks", "hub"},
     "hub": set(),
     "tasks": set(),
     "tiny_model": set(),
     "algorithms": set(),
     "inference": set(),
+    "data": {"tasks", "hub"},
     "transports": {"inference"},
     "tools": {"user_code"},
-    "rewards": {"config", "user_code", "tasks", "tools", "transports", "__init__"},
-    "orchestrator": {"algorithms", "data", "errors", "inference", "rewards", "tools", "transports", "tasks"},
+    "rewards": {"__init__", "config", "tasks", "tools", "transports", "user_code"},
+    "orchestrator": {"algorithms", "data", "errors", "inference", "rewards", "tasks", "tools", "transports"},
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
-    "errors": set(),
-    "user_code": set(),
-    "preflight": {"config", "hub", "data", "rewards", "tiny_model", "tools", "user_code"},
+    "preflight": {"config", "data", "hub", "rewards", "tiny_model", "tools", "user_code"},
+    "runner": {"algorithms", "config", "data", "errors", "evaluation", "hub", "inference", "orchestrator", "rewards",
+               "tasks", "tiny_model", "tools", "tracking", "trainer", "transports"},
+    "launch": {"__init__", "config", "errors", "inference", "preflight", "rewards", "runner", "trainer", "transports",
+               "user_code"},
+    "pipeline_local": {"config", "errors", "launch", "preflight"},
+    "cli_render": {"config", "errors", "launch", "preflight"},
+    "cli_pipeline": {"config", "errors", "launch", "pipeline_local", "preflight"},
+    "cli": {"__init__", "cli_pipeline", "cli_render", "config", "errors", "launch", "preflight", "tiny_model"},
+}
+
+# The step loop (runner/recipe.py) holds each role through its protocol: the names it may import from them.
+STEP_LOOP = SRC / "runner" / "recipe.py"
+STEP_LOOP_NAMES = {
+    "trainer": {"Learner", "DistInfo", "broadcast_parameters"},  # the protocol; where this rank is; rank 0's weights
+    "orchestrator": {"Rollout"},  # generation: only the `Rollout` protocol (the producer is built by `builders`)
+    "rewards": {"make_reward_pool"},  # the factory of a `transports.scorer.Scorer`; scoring goes through that
 }
 
 
 def _role(path: Path) -> str:
-    rel = path.relative_to(SRC)
-    return rel.parts[0].removesuffix(".py")
+    return path.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def _async_grpo_imports(path: Path) -> list[tuple[str, str | None]]:
+    """(module imported, name imported from it or None) for every import of async_grpo in `path`, relative ones
+    resolved, function bodies and TYPE_CHECKING blocks included (a lazy import is still a dependency)."""
+    package = list(path.relative_to(SRC.parent).with_suffix("").parts[:-1])  # the package `path` is in
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name.split(".")[0] == "async_grpo"]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            if module.split(".")[0] == "async_grpo":
+                out += [(module, a.name) for a in node.names]
+    return out
 
 
 def _imported_roles(path: Path) -> set[str]:
     roles = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "async_grpo":
-            names = [
-                f"async_grpo.{a.name}" if (SRC / a.name).is_dir() or (SRC / f"{a.name}.py").is_file() else "async_grpo"
-                for a in node.names
-            ]  # a submodule, or a name of the package itself
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "async_grpo":
-                roles.add(parts[1] if len(parts) > 1 else "__init__")
+    for module, name in _async_grpo_imports(path):
+        parts = module.split(".")
+        if len(parts) > 1:
+            roles.add(parts[1])
+        elif name is not None and ((SRC / name).is_dir() or (SRC / f"{name}.py").is_file()):
+            roles.add(name)  # `from async_grpo import config`
+        else:
+            roles.add("__init__")
     return roles
+
+
+def _sources(role: str) -> list[Path]:
+    return [SRC / f"{role}.py"] if (SRC / f"{role}.py").is_file() else sorted((SRC / role).rglob("*.py"))
+
+
+def test_every_role_is_listed():
+    present = {p.name.removesuffix(".py") for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert present == set(ALLOWED), f"roles without a layer rule: {sorted(present - set(ALLOWED))}"
 
 
 @pytest.mark.parametrize("role", sorted(ALLOWED))
 def test_a_role_imports_only_the_roles_below_it(role):
-    files = [SRC / f"{role}.py"] if (SRC / f"{role}.py").is_file() else sorted((SRC / role).rglob("*.py"))
+    files = _sources(role)
     assert files, f"no source for role {role}"
     bad = {}
     for path in files:
@@ -70,10 +106,88 @@ def test_a_role_imports_only_the_roles_below_it(role):
 
 
 def test_no_lower_layer_imports_the_runner_trainer_or_launch():
-    lower = ("rewards", "algorithms", "transports", "inference", "tools")
+    lower = ("rewards", "algorithms", "transports", "inference", "tools", "orchestrator")
     offenders = {
         str(p.relative_to(SRC)): sorted(_imported_roles(p) & {"launch", "runner", "trainer"})
         for role in lower
         for p in (SRC / role).rglob("*.py")
     }
     assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_the_step_loop_holds_the_other_roles_through_their_protocols():
+    bad = []
+    for module, name in _async_grpo_imports(STEP_LOOP):
+        role = module.split(".")[1] if "." in module else None
+        if role in STEP_LOOP_NAMES and name not in STEP_LOOP_NAMES[role]:
+            bad.append(f"{module}.{name}")
+    assert not bad, f"runner/recipe.py reaches past the protocols: {bad}"
+    text = STEP_LOOP.read_text()
+    assert "hasattr(" not in text and "getattr(" not in text, "the step loop probes its collaborators"
+    assert "._" not in text.replace("self._", ""), "the step loop touches another object's private attribute"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the async_grpo modules it imports (a package's `__init__` counts as the package's module)."""
+    modules = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in modules.items():
+        deps = set()
+        for imported, name in _async_grpo_imports(path):
+            target = f"{imported}.{name}" if name and f"{imported}.{name}" in modules else imported
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in modules and target != module:
+                deps.add(target)
+        graph[module] = deps
+    return graph
+
+
+def test_no_import_cycles():
+    graph = _module_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in sorted(graph[node]):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_cycle_check_can_fail(tmp_path, monkeypatch):
+    """The graph sees a cycle when there is one (two modules importing each other, one lazily)."""
+    pkg = tmp_path / "async_grpo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from async_grpo.b import g\n")
+    (pkg / "b.py").write_text("def g():\n    from async_grpo import a\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", pkg)
+    with pytest.raises(AssertionError, match="import cycles"):
+        test_no_import_cycles()
