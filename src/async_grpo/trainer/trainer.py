@@ -197,6 +197,13 @@ class GRPOLearner:
     ) -> dict[str, float]:
         """One optimizer step over every completion of `batch`; returns loss metrics (TRL names).
 
+        The loss normalizers come from the `loss_type`'s row of `algorithms.normalizers.LOSS_NORMALIZERS`
+        (`self.objective.normalizer`): every micro-batch's loss gets both step counts, the loss tokens of the step
+        summed over the ranks (`num_items_in_batch`, the divisor of dapo / cispo) and the micro-batches per
+        optimizer step (`gradient_accumulation_steps`, the divisor of grpo / bnpo / dr_grpo / sapo), and the row
+        picks its divisor; a streamed step runs with unit counts and the row rescales the gradients and
+        `policy_loss` once the counts are known.
+
         Args:
             batch: the step's `TrainBatch`, or an iterable of chunks of it (streaming group scoring, e.g. a
                 `StepStream`), consumed as they arrive: each chunk's forward/backward runs before the next
@@ -204,13 +211,6 @@ class GRPOLearner:
                 gradients once the last chunk is in, so the update equals the unstreamed one.
             old_logps: per-micro-batch pi_old logprobs from `old_logps(batch)` (rollout reuse); None uses the
                 current policy (one optimizer step per batch: ratio 1, gradient of the clipped objective).
-
-        The loss normalizers come from the `loss_type`'s row of `algorithms.normalizers.LOSS_NORMALIZERS`
-        (`self.objective.normalizer`): every micro-batch's loss gets both step counts, the loss tokens of the step
-        summed over the ranks (`num_items_in_batch`, the divisor of dapo / cispo) and the micro-batches per
-        optimizer step (`gradient_accumulation_steps`, the divisor of grpo / bnpo / dr_grpo / sapo), and the row
-        picks its divisor; a streamed step runs with unit counts and the row rescales the gradients and
-        `policy_loss` once the counts are known.
 
         Raises:
             ValueError: `old_logps` does not match the batch's micro-batches, or a streamed step with several
