@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from async_grpo.algorithms import (
+    LossInputs,
     LossSettings,
     entropy_from_logits,
     grpo_loss,
@@ -159,23 +160,22 @@ def test_opsm_masked_fraction_metric_counts_dropped_tokens():
     sampling = torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [1.0, 0.0, 100.0], [0.5, 0.6, NAN]])
     out = grpo_loss(
         logps,
-        logps.detach(),
-        torch.tensor([0.0, -1.0, -1.0, -1.0, -2.0]),
-        _mask([3, 3, 3, 2, 2], 3),
+        LossInputs(
+            mask=_mask([3, 3, 3, 2, 2], 3),
+            advantages=torch.tensor([0.0, -1.0, -1.0, -1.0, -2.0]),
+            old_logps=logps.detach(),
+            num_items_in_batch=13,
+            sampling_logps=sampling,
+        ),
         _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
-        num_items_in_batch=13,
-        sampling_logps=sampling,
     )
     assert out.metrics["opsm/masked_fraction"] == pytest.approx(5 / 13)
     assert (
         "opsm/masked_fraction"
         not in grpo_loss(
             logps,
-            None,
-            torch.ones(5),
-            _mask([3] * 5, 3),
+            LossInputs(mask=_mask([3] * 5, 3), advantages=torch.ones(5), num_items_in_batch=15),
             _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
-            num_items_in_batch=15,
         ).metrics
     )
 
@@ -235,12 +235,10 @@ def test_loss_aggregation(loss_type, options, extra, value, grads, gas):
     logps = _agg_logps()
     out = grpo_loss(
         logps,
-        logps.detach(),
-        AGG_ADV,
-        AGG_MASK,
+        LossInputs(
+            mask=AGG_MASK, advantages=AGG_ADV, old_logps=logps.detach(), gradient_accumulation_steps=gas, **extra
+        ),
         _settings(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, **options),
-        gradient_accumulation_steps=gas,
-        **extra,
     )
     out.loss.backward()
     scale = 1 if loss_type == "dapo" else gas  # dapo's normaliser already spans the accumulation window
@@ -255,9 +253,9 @@ def test_sapo_temperatures():
     logps = torch.zeros(2, 1, dtype=torch.float64, requires_grad=True)
     out = grpo_loss(
         logps,
-        logps.detach(),
-        torch.tensor([1.0, -1.0], dtype=torch.float64),
-        torch.ones(2, 1),
+        LossInputs(
+            mask=torch.ones(2, 1), advantages=torch.tensor([1.0, -1.0], dtype=torch.float64), old_logps=logps.detach()
+        ),
         _settings(loss_type="sapo", epsilon=0.2, epsilon_high=0.2),
     )
     assert out.loss.item() == pytest.approx((-2.0 + 2.0 / 1.05) / 2)
@@ -278,13 +276,15 @@ def test_dapo_global_token_mean_across_micro_batches_and_ranks():
         for k in range(2):
             out = grpo_loss(
                 leaf[r, k],
-                leaf[r, k].detach(),
-                advs[r, k],
-                _mask(lengths[r][k], 4),
+                LossInputs(
+                    mask=_mask(lengths[r][k], 4),
+                    advantages=advs[r, k],
+                    old_logps=leaf[r, k].detach(),
+                    num_items_in_batch=total_tokens,
+                    gradient_accumulation_steps=2,
+                    num_processes=2,
+                ),
                 _settings(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
-                num_items_in_batch=total_tokens,
-                gradient_accumulation_steps=2,
-                num_processes=2,
             )
             out.loss.backward()
     ddp_grad = leaf.grad / 2  # DDP averages over ranks
@@ -300,7 +300,11 @@ def test_clipping_and_metrics():
     old = torch.zeros(4, 1, dtype=torch.float64)
     logps = torch.log(torch.tensor([[1.5], [1.5], [0.5], [0.5]], dtype=torch.float64)).requires_grad_(True)
     adv = torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64)
-    out = grpo_loss(logps, old, adv, torch.ones(4, 1), _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.28))
+    out = grpo_loss(
+        logps,
+        LossInputs(mask=torch.ones(4, 1), advantages=adv, old_logps=old),
+        _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.28),
+    )
     # per-token: -min(1.5, 1.28) = -1.28 (clipped high); -min(-1.5, -1.28) = 1.5; -min(-0.5, -0.8) = 0.8
     # (clipped low); -min(0.5, 0.8) = -0.5
     assert out.loss.item() == pytest.approx((-1.28 + 1.5 + 0.8 - 0.5) / 4)
@@ -318,9 +322,7 @@ def test_two_sided_clipping_delta():
         logps = torch.full((1, 1), LN(3.0), dtype=torch.float64, requires_grad=True)
         out = grpo_loss(
             logps,
-            old,
-            torch.tensor([-1.0], dtype=torch.float64),
-            torch.ones(1, 1),
+            LossInputs(mask=torch.ones(1, 1), advantages=torch.tensor([-1.0], dtype=torch.float64), old_logps=old),
             _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, delta=delta),
         )
         out.loss.backward()
@@ -333,11 +335,13 @@ def test_cispo_caps_the_detached_ratio():
     logps = torch.full((1, 2), LN(3.0), dtype=torch.float64, requires_grad=True)
     out = grpo_loss(
         logps,
-        torch.zeros(1, 2, dtype=torch.float64),
-        torch.tensor([1.0], dtype=torch.float64),
-        torch.ones(1, 2),
+        LossInputs(
+            mask=torch.ones(1, 2),
+            advantages=torch.tensor([1.0], dtype=torch.float64),
+            old_logps=torch.zeros(1, 2, dtype=torch.float64),
+            num_items_in_batch=4,
+        ),
         _settings(loss_type="cispo", epsilon=0.0, epsilon_high=2.0),
-        num_items_in_batch=4,
     )
     out.loss.backward()
     assert out.loss.item() == pytest.approx(-2 * 2 * LN(3.0) / 4)
@@ -351,9 +355,7 @@ def test_sequence_level_ratio_is_the_mean_log_ratio():
     logps = torch.tensor([[0.2, 0.4]], dtype=torch.float64, requires_grad=True)
     out = grpo_loss(
         logps,
-        old,
-        torch.tensor([1.0], dtype=torch.float64),
-        torch.ones(1, 2),
+        LossInputs(mask=torch.ones(1, 2), advantages=torch.tensor([1.0], dtype=torch.float64), old_logps=old),
         _settings(loss_type="grpo", epsilon=0.9, epsilon_high=9.0, importance_sampling_level="sequence"),
     )
     assert out.loss.item() == pytest.approx(-math.exp(0.3))
@@ -368,10 +370,16 @@ def test_k3_kl_and_bias_correction():
     ref = torch.full((1, 1), LN(2.0), dtype=torch.float64)
     zero_adv = torch.zeros(1, dtype=torch.float64)
     kw = dict(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, beta=0.1)
-    out = grpo_loss(logps, old, zero_adv, torch.ones(1, 1), _settings(**kw), ref_logps=ref)
+    out = grpo_loss(
+        logps, LossInputs(mask=torch.ones(1, 1), advantages=zero_adv, old_logps=old, ref_logps=ref), _settings(**kw)
+    )
     assert out.metrics["kl"] == pytest.approx(1 - LN(2.0))
     assert out.loss.item() == pytest.approx(0.1 * (1 - LN(2.0)))
-    out = grpo_loss(logps, old, zero_adv, torch.ones(1, 1), _settings(use_bias_correction_kl=True, **kw), ref_logps=ref)
+    out = grpo_loss(
+        logps,
+        LossInputs(mask=torch.ones(1, 1), advantages=zero_adv, old_logps=old, ref_logps=ref),
+        _settings(use_bias_correction_kl=True, **kw),
+    )
     assert out.metrics["kl"] == pytest.approx(1.5 * (1 - LN(2.0)))
 
 
@@ -382,12 +390,10 @@ def test_opsm_and_is_weights_scale_per_token_loss():
     is_w = torch.tensor([[1.0, 0.0], [0.5, 2.0]], dtype=torch.float64)
     out = grpo_loss(
         logps,
-        logps.detach(),
-        adv,
-        torch.ones(2, 2),
+        LossInputs(
+            mask=torch.ones(2, 2), advantages=adv, old_logps=logps.detach(), sampling_logps=sampling, is_weights=is_w
+        ),
         _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, off_policy_mask_threshold=0.5),
-        sampling_logps=sampling,
-        is_weights=is_w,
     )
     assert out.loss.item() == pytest.approx((0.5 + 2.0) / 4)  # per-token loss +1 times IS weight, row 0 dropped
 
@@ -415,14 +421,16 @@ def test_padding_garbage_does_not_leak():
         )
         out = grpo_loss(
             f(logps) if not clean else logps,
-            f(old),
-            torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
-            mask,
+            LossInputs(
+                mask=mask,
+                advantages=torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
+                old_logps=f(old),
+                ref_logps=f(ref),
+                is_weights=f(is_w),
+                sampling_logps=f(old),
+                num_items_in_batch=8,
+            ),
             settings,
-            ref_logps=f(ref),
-            is_weights=f(is_w),
-            sampling_logps=f(old),
-            num_items_in_batch=8,
         )
         out.loss.backward()
         results.append((out.loss.detach(), logps.grad))
@@ -445,9 +453,11 @@ def test_padding_garbage_does_not_leak():
     ],
 )
 def test_grpo_loss_invalid_inputs_raise(options, kwargs, match):
-    base = dict(logps=torch.zeros(2, 3), old_logps=torch.zeros(2, 3), advantages=torch.zeros(2), mask=torch.ones(2, 3))
+    base = dict(old_logps=torch.zeros(2, 3), advantages=torch.zeros(2), mask=torch.ones(2, 3))
     with pytest.raises(ValueError, match=match):
-        grpo_loss(**{**base, **kwargs}, settings=_settings(**{"loss_type": "grpo", **options}))
+        grpo_loss(
+            torch.zeros(2, 3), LossInputs(**{**base, **kwargs}), settings=_settings(**{"loss_type": "grpo", **options})
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -510,7 +520,7 @@ def test_grpo_loss_matches_trl(loss_type, level, kl, use_is, opsm, delta):
     )
     ours_leaf = base.clone().requires_grad_(True)
     trl_leaf = base.clone().requires_grad_(True)
-    ours = grpo_loss(ours_leaf, old, advantages, mask, settings, **kwargs)
+    ours = grpo_loss(ours_leaf, LossInputs(mask=mask, advantages=advantages, old_logps=old, **kwargs), settings)
     trl_loss, trl_metrics = trl_compute_loss(trl_leaf, old, advantages, mask, settings, **kwargs)
     ours.loss.backward()
     trl_loss.backward()
@@ -529,9 +539,7 @@ def test_parity_cases_exercise_clipping_and_opsm():
     mask, base, old, ref, sampling, advantages, _ = _parity_inputs()
     out = grpo_loss(
         base.clone().requires_grad_(True),
-        old,
-        advantages,
-        mask,
+        LossInputs(mask=mask, advantages=advantages, old_logps=old),
         _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.28),
     )
     assert out.metrics["clip_ratio/low_mean"] > 0 and out.metrics["clip_ratio/high_mean"] > 0
@@ -580,12 +588,14 @@ def test_entropy_mask_scales_policy_term_not_kl():
     keep = torch.tensor([[True, False]])
     out = grpo_loss(
         logps,
-        logps.detach(),
-        torch.tensor([1.0], dtype=torch.float64),
-        torch.ones(1, 2),
+        LossInputs(
+            mask=torch.ones(1, 2),
+            advantages=torch.tensor([1.0], dtype=torch.float64),
+            old_logps=logps.detach(),
+            ref_logps=ref,
+            entropy_mask=keep,
+        ),
         _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2, beta=0.1),
-        ref_logps=ref,
-        entropy_mask=keep,
     )
     assert out.loss.item() == pytest.approx((-1.0 + 0.0) / 2 + 0.1 * (1 - LN(2.0)))  # denominator still 2 tokens
     out.loss.backward()  # policy grad -A/2 on the kept token only; KL grad d/dlogp k3 = 1 - 2 = -1, times 0.1 / 2
@@ -593,11 +603,8 @@ def test_entropy_mask_scales_policy_term_not_kl():
     with pytest.raises(ValueError, match="entropy_mask"):
         grpo_loss(
             logps,
-            None,
-            torch.tensor([1.0]),
-            torch.ones(1, 2),
+            LossInputs(mask=torch.ones(1, 2), advantages=torch.tensor([1.0]), entropy_mask=keep[:, :1]),
             _settings(loss_type="grpo", epsilon=0.2, epsilon_high=0.2),
-            entropy_mask=keep[:, :1],
         )
 
 
@@ -640,7 +647,11 @@ def test_entropy_mask_loss_matches_trl(loss_type, level, rho):
     ours_leaf = base.clone().requires_grad_(True)
     trl_leaf = base.clone().requires_grad_(True)
     ours = grpo_loss(
-        ours_leaf, old, advantages, mask, settings, entropy_mask=high_entropy_mask(ent, mask, rho), **kwargs
+        ours_leaf,
+        LossInputs(
+            mask=mask, advantages=advantages, old_logps=old, entropy_mask=high_entropy_mask(ent, mask, rho), **kwargs
+        ),
+        settings,
     )
     trl_loss, _ = trl_compute_loss(trl_leaf, old, advantages, mask, settings, entropies=ent, **kwargs)
     ours.loss.backward()
@@ -648,7 +659,7 @@ def test_entropy_mask_loss_matches_trl(loss_type, level, rho):
     torch.testing.assert_close(ours.loss, trl_loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ours_leaf.grad, trl_leaf.grad, atol=1e-6, rtol=1e-6)
     # the mask matters: the unmasked loss differs
-    unmasked = grpo_loss(base.clone(), old, advantages, mask, settings, **kwargs)
+    unmasked = grpo_loss(base.clone(), LossInputs(mask=mask, advantages=advantages, old_logps=old, **kwargs), settings)
     assert not torch.allclose(unmasked.loss, ours.loss, atol=1e-6)
 
 
@@ -657,7 +668,7 @@ def test_on_policy_old_logps_none_matches_trl():
     mask, base, _, _, _, advantages, _ = _parity_inputs()
     ours_leaf, trl_leaf = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
     settings = _settings(loss_type="bnpo", epsilon=0.2, epsilon_high=0.2)
-    ours = grpo_loss(ours_leaf, None, advantages, mask, settings)
+    ours = grpo_loss(ours_leaf, LossInputs(mask=mask, advantages=advantages), settings)
     theirs, _ = trl_compute_loss(trl_leaf, None, advantages, mask, settings)
     ours.loss.backward()
     theirs.backward()

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from async_grpo.algorithms import (
+    LOSS_NORMALIZERS,
     GRPOObjective,
+    LossInputs,
     LossSettings,
     MicroBatchInputs,
     grpo_loss,
@@ -82,14 +84,9 @@ def test_objective_tells_the_trainer_which_forwards_to_run():
     assert (fused.needs_reference, fused.wants_hidden_states, fused.temperature) == (True, True, 1.0)
 
 
-@pytest.mark.parametrize(
-    "loss_type, expected",
-    [("dapo", 1 / 40), ("cispo", 1 / 40), ("grpo", 1 / 4), ("bnpo", 1 / 4), ("dr_grpo", 1 / 4), ("sapo", 1 / 4)],
-)
-def test_normalizer_scale(loss_type, expected):
-    objective = GRPOObjective(LossSettings(loss_type=loss_type, epsilon_high=5.0))
-    assert objective.normalizer_scale(40.0, 4) == expected
-    assert objective.normalizer_scale(0.0, 0) == 1.0  # clamped at 1, as grpo_loss clamps num_items
+def test_objective_hands_the_trainer_its_normalizer_row():
+    objective = GRPOObjective(LossSettings(loss_type="bnpo"))
+    assert objective.normalizer is LOSS_NORMALIZERS["bnpo"] is objective.settings.normalizer
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,15 +189,17 @@ def test_micro_batch_loss_equals_grpo_loss_on_hand_built_corrections(loss_type, 
     assert 0 < keep.sum() < B and 0 < entropy_mask.sum() < x["mask"].sum()  # both corrections act
     expected = grpo_loss(
         ref_leaf,
-        old,
-        x["advantages"],
-        x["mask"],
+        LossInputs(
+            mask=x["mask"],
+            advantages=x["advantages"],
+            old_logps=old,
+            ref_logps=x["ref"],
+            is_weights=is_weights * keep,
+            sampling_logps=sampling,
+            entropy_mask=entropy_mask,
+            **norm,
+        ),
         dataclasses.replace(objective.settings, off_policy_mask_threshold=None),
-        ref_logps=x["ref"],
-        is_weights=is_weights * keep,
-        sampling_logps=sampling,
-        entropy_mask=entropy_mask,
-        **norm,
     )
     result.output.loss.backward()
     expected.loss.backward()
@@ -266,7 +265,9 @@ def test_switched_off_corrections_leave_no_metrics():
         num_items_in_batch=x["mask"].sum(),
     )
     expected = grpo_loss(
-        x["logps"], None, x["advantages"], x["mask"], objective.settings, num_items_in_batch=x["mask"].sum()
+        x["logps"],
+        LossInputs(mask=x["mask"], advantages=x["advantages"], num_items_in_batch=x["mask"].sum()),
+        objective.settings,
     )
     assert list(result.metrics) == [*expected.metrics, "entropy"]
     torch.testing.assert_close(result.output.loss, expected.loss, rtol=0, atol=0)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from async_grpo.algorithms import GRPOObjective, LossSettings, MicroBatchInputs, grpo_loss
+from async_grpo.algorithms import GRPOObjective, LossInputs, LossSettings, MicroBatchInputs, grpo_loss
 from async_grpo.algorithms.off_policy import seq_logprob_error_mask
 
 
@@ -47,13 +47,14 @@ def test_a_masked_sequence_loses_its_policy_term_only():
     keep_rows = torch.tensor([[True] * 4, [False] * 4, [True] * 4])
     expected = grpo_loss(
         logps,
-        None,
-        advantages,
-        mask,
+        LossInputs(
+            mask=mask,
+            advantages=advantages,
+            entropy_mask=keep_rows,
+            sampling_logps=sampling,
+            num_items_in_batch=mask.sum(),
+        ),
         settings,
-        entropy_mask=keep_rows,
-        sampling_logps=sampling,
-        num_items_in_batch=mask.sum(),
     )
     torch.testing.assert_close(result.output.loss, expected.loss, rtol=0, atol=0)
     result.output.loss.backward()

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from async_grpo.algorithms import (
+    LossInputs,
     LossSettings,
     detached_completion_logps,
     fused_grpo_loss,
@@ -127,17 +128,16 @@ def reference_and_fused(inputs: dict, opts: dict, old: bool, chunk_size: int, co
                 hidden,
                 head,
                 inputs["ids"],
-                inputs["mask"],
-                inputs["adv"],
-                old_logps,
+                LossInputs(mask=inputs["mask"], advantages=inputs["adv"], old_logps=old_logps, **call),
                 settings,
                 chunk_size=chunk_size,
                 compiled=compiled,
-                **call,
             )
         else:
             logps = selective_log_softmax(head(hidden).float() / settings.temperature, inputs["ids"])
-            out = grpo_loss(logps, old_logps, inputs["adv"], inputs["mask"], settings, **call)
+            out = grpo_loss(
+                logps, LossInputs(mask=inputs["mask"], advantages=inputs["adv"], old_logps=old_logps, **call), settings
+            )
         out.loss.backward()
         grads = [hidden.grad, head.weight.grad] + ([head.bias.grad] if head.bias is not None else [])
         results.append((out.loss.detach(), out.metrics, grads))
@@ -195,10 +195,11 @@ def test_current_logps_are_used_when_given(liger):
     settings, call = split(options("dapo", "token", 0.0, False, True, inputs))
     with torch.no_grad():
         logps = detached_completion_logps(inputs["hidden"], inputs["head"], inputs["ids"])
-    args = (inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], inputs["old"], settings)
-    base = fused_grpo_loss(*args, **call).loss
-    same = fused_grpo_loss(*args, current_logps=logps, **call).loss
-    shifted = fused_grpo_loss(*args, current_logps=logps - 2.0, **call).loss
+    loss_inputs = LossInputs(mask=inputs["mask"], advantages=inputs["adv"], old_logps=inputs["old"], **call)
+    args = (inputs["hidden"], inputs["head"], inputs["ids"], loss_inputs, settings)
+    base = fused_grpo_loss(*args).loss
+    same = fused_grpo_loss(*args, current_logps=logps).loss
+    shifted = fused_grpo_loss(*args, current_logps=logps - 2.0).loss
     torch.testing.assert_close(same, base, rtol=0, atol=TOL)
     assert abs(shifted.item() - base.item()) > 1e-3
 
@@ -209,7 +210,11 @@ def test_sequence_level_cispo_and_sapo_are_refused(loss_type):
     settings, call = split(options(loss_type, "sequence", 0.0, False, False, inputs))
     with pytest.raises(ValueError, match="importance_sampling_level='sequence'.*Fix"):
         fused_grpo_loss(
-            inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
+            inputs["hidden"],
+            inputs["head"],
+            inputs["ids"],
+            LossInputs(mask=inputs["mask"], advantages=inputs["adv"], **call),
+            settings,
         )
     with pytest.raises(ValueError, match="importance_sampling_level='sequence'.*Fix"):  # and as a setting
         dataclasses.replace(settings, use_liger_kernel=True)
@@ -232,9 +237,18 @@ def test_bad_options_are_refused_by_name(change, match):
     opts = {**options("dapo", "token", 0.0, False, False, inputs), **change}
     with pytest.raises(ValueError, match=match):
         settings, call = split(opts)
-        fused_grpo_loss(
-            inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
-        )
+        chunk_size = call.pop("chunk_size", 1)
+        loss_inputs = LossInputs(mask=inputs["mask"], advantages=inputs["adv"], **call)
+        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], loss_inputs, settings, chunk_size=chunk_size)
+
+
+def test_a_kl_ratio_other_than_the_policy_ratio_is_refused(liger):
+    """liger corrects the KL by the policy ratio only: a LossInputs.kl_ratio_logps is refused by name."""
+    inputs = make_inputs(bias=False)
+    settings, call = split(options("dapo", "token", 0.1, True, False, inputs))
+    loss_inputs = LossInputs(mask=inputs["mask"], advantages=inputs["adv"], kl_ratio_logps=inputs["sampling"], **call)
+    with pytest.raises(ValueError, match="kl_ratio_logps.*Fix"):
+        fused_grpo_loss(inputs["hidden"], inputs["head"], inputs["ids"], loss_inputs, settings)
 
 
 def test_hidden_must_be_n_t_h():
@@ -242,7 +256,11 @@ def test_hidden_must_be_n_t_h():
     settings, call = split(options("dapo", "token", 0.0, False, False, inputs))
     with pytest.raises(ValueError, match=r"hidden \(5, 16\) must be \(N, T, H\)"):
         fused_grpo_loss(
-            inputs["hidden"][:, 0], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
+            inputs["hidden"][:, 0],
+            inputs["head"],
+            inputs["ids"],
+            LossInputs(mask=inputs["mask"], advantages=inputs["adv"], **call),
+            settings,
         )
 
 
@@ -253,7 +271,11 @@ def test_missing_liger_says_how_to_install(monkeypatch):
     settings, call = split(options("dapo", "token", 0.0, False, False, inputs))
     with pytest.raises(ImportError, match=r"pip install 'liger-kernel==0\.8\.5'.*gpu"):
         fused_grpo_loss(
-            inputs["hidden"], inputs["head"], inputs["ids"], inputs["mask"], inputs["adv"], None, settings, **call
+            inputs["hidden"],
+            inputs["head"],
+            inputs["ids"],
+            LossInputs(mask=inputs["mask"], advantages=inputs["adv"], **call),
+            settings,
         )
 
 
@@ -303,15 +325,14 @@ def test_model_wiring_matches_the_unfused_trainer_path(liger, tiny_model):
                 hidden,
                 model.get_output_embeddings(),
                 mb.completion_ids,
-                mb.completion_mask,
-                mb.advantages,
-                old,
+                LossInputs(mask=mb.completion_mask, advantages=mb.advantages, old_logps=old, **opts),
                 settings,
-                **opts,
             )
         else:
             logps, _ = completion_logps(model, mb)
-            out = grpo_loss(logps, old, mb.advantages, mb.completion_mask, settings, **opts)
+            out = grpo_loss(
+                logps, LossInputs(mask=mb.completion_mask, advantages=mb.advantages, old_logps=old, **opts), settings
+            )
         out.loss.backward()
         losses.append(out.loss.detach())
     torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=TOL)

@@ -6,7 +6,8 @@ returns the same loss as `grpo_loss` on the full logits (values and gradients;
 (`liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss`, 0.8.5) projects a chunk of rows at a time through
 the head, streams the vocabulary in blocks, and computes the gradients inside its forward.
 
-Mapping of our options (`LossSettings` fields, TRL names) onto liger:
+It takes the same per-call record as `grpo_loss` (`LossInputs`, `algorithms/inputs.py`) and the same options
+(`LossSettings`, `algorithms/settings.py`). Mapping of our options (`LossSettings` fields, TRL names) onto liger:
 
 - loss_type, epsilon (liger's epsilon_low), epsilon_high, delta, importance_sampling_level, beta,
   use_bias_correction_kl, sapo_temperature_pos/neg, max_completion_length, temperature: liger's constructor
@@ -16,7 +17,8 @@ Mapping of our options (`LossSettings` fields, TRL names) onto liger:
   stale-policy IS weights. Their product (0 at padding) goes in as `vllm_is_ratio`. So OPSM is applied
   before calling liger, but to the policy weight rather than to the completion mask: the mask also feeds
   liger's `bnpo` denominator and its KL term, and `grpo_loss` (like TRL) keeps both for masked sequences.
-- dapo / cispo normalizer `num_items_in_batch / num_processes`: liger would divide by its own
+- dapo / cispo normalizer `num_items_in_batch / num_processes` (the `"tokens"` rows of `LOSS_NORMALIZERS`,
+  `algorithms/normalizers.py`): liger would divide by its own
   `torch.distributed` world size and clamp at 1 after dividing; we make liger's normalizer exactly 1 and
   divide by ours, so the result does not depend on whether a process group is initialized.
 - Gradient accumulation: `grpo_loss` divides grpo, bnpo, dr_grpo and sapo by `gradient_accumulation_steps`;
@@ -24,27 +26,24 @@ Mapping of our options (`LossSettings` fields, TRL names) onto liger:
 - Metrics: liger reports only a combined clip ratio, so the metrics come from `grpo_loss` on the
   detached current logprobs (same keys as the unfused path); `policy_loss` is liger's value.
 
-Not expressible in liger 0.8.5 (ValueError): importance_sampling_level="sequence" with cispo or sapo.
+Not expressible in liger 0.8.5 (ValueError): importance_sampling_level="sequence" with cispo or sapo; a KL
+bias-correction ratio other than the policy ratio (`LossInputs.kl_ratio_logps`).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .inputs import LossInputs
 from .logprobs import selective_log_softmax
-from .losses import TOKEN_SUM_LOSSES, LossOutput, grpo_loss
+from .losses import LossOutput, grpo_loss
 from .off_policy import off_policy_mask
-
-if TYPE_CHECKING:  # objective.py imports this module
-    from .objective import LossSettings
+from .settings import LIGER_VERSION, LossSettings
 
 __all__ = ["LIGER_VERSION", "detached_completion_logps", "fused_grpo_loss"]
 
-LIGER_VERSION = "0.8.5"
 _MAX_LOGITS_BLOCK = 1 << 24  # float32 logits elements materialized at once by detached_completion_logps (64 MiB)
 
 
@@ -109,18 +108,9 @@ def fused_grpo_loss(
     hidden: Tensor,
     lm_head: torch.nn.Module,
     completion_ids: Tensor,
-    mask: Tensor,
-    advantages: Tensor,
-    old_logps: Tensor | None,
+    inputs: LossInputs,
     settings: LossSettings,
     *,
-    ref_logps: Tensor | None = None,
-    is_weights: Tensor | None = None,
-    sampling_logps: Tensor | None = None,
-    entropy_mask: Tensor | None = None,
-    num_items_in_batch: Tensor | float | int | None = None,
-    gradient_accumulation_steps: float = 1,
-    num_processes: int = 1,
     current_logps: Tensor | None = None,
     chunk_size: int = 1,
     compiled: bool = False,
@@ -130,19 +120,17 @@ def fused_grpo_loss(
     Formulas: those of :func:`async_grpo.algorithms.grpo_loss` (TRL 1.16 ``GRPOTrainer._compute_loss``),
     evaluated by ``liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss`` (liger-kernel 0.8.5) on the logprobs
     ``log_softmax(lm_head(hidden) / settings.temperature)[completion_ids]``; see the module docstring for how
-    each option maps onto liger. Every argument shared with `grpo_loss` has the same meaning there.
+    each option maps onto liger. `inputs` and `settings` have the same meaning as in `grpo_loss`.
 
     Args:
         hidden: (N, T, H) decoder hidden states at the positions that predict the completion tokens
             (`last_hidden_state[:, -(T + 1):-1]` of the prompt + completion forward), with grad.
         lm_head: the output projection (`weight` (V, H), optional `bias` (V,)); gets gradients.
         completion_ids: (N, T) sampled token ids (any id in [0, V) at padding, e.g. the pad id).
-        mask: (N, T) loss mask, 1 on trained tokens.
-        advantages: (N,) or (N, 1).
-        old_logps: (N, T) pi_old logprobs, or None for the current policy (ratio exactly 1).
+        inputs: the micro-batch's loss inputs (`LossInputs`, shapes with N for B), as in `grpo_loss`; its
+            `old_logps` None means the current policy (ratio exactly 1); `kl_ratio_logps` must be None.
         settings: the loss options, as in `grpo_loss`; `settings.temperature` divides the logits (liger's
             `temperature`), as it divides the trainer's and vLLM's.
-        ref_logps .. num_processes: as in `grpo_loss`.
         current_logps: (N, T) detached logprobs of the current policy (from `detached_completion_logps`),
             used for OPSM, the padding guards and the metrics; computed here when None.
         chunk_size: about this many completions per liger chunk (liger's `chunk_size`; >= 1). Whatever
@@ -157,10 +145,13 @@ def fused_grpo_loss(
         ImportError: liger-kernel is not installed (message says how to install it).
         ValueError: everything `grpo_loss` rejects (shape mismatches, missing ref_logps / num_items_in_batch,
             non-finite advantages, ...); importance_sampling_level="sequence" with loss_type cispo or sapo
-            (liger 0.8.5 has no sequence-level variant of them); hidden not (N, T, H); lm_head weight not
-            (V, H); chunk_size < 1.
+            (liger 0.8.5 has no sequence-level variant of them); `inputs.kl_ratio_logps` set (liger corrects
+            the KL by the policy ratio only); hidden not (N, T, H); lm_head weight not (V, H); chunk_size < 1.
     """
     loss_type, level = settings.loss_type, settings.importance_sampling_level
+    mask, advantages, old_logps, ref_logps = inputs.mask, inputs.advantages, inputs.old_logps, inputs.ref_logps
+    is_weights, sampling_logps, entropy_mask = inputs.is_weights, inputs.sampling_logps, inputs.entropy_mask
+    num_items_in_batch, num_processes = inputs.num_items_in_batch, inputs.num_processes
     if level == "sequence" and loss_type in ("cispo", "sapo"):
         raise ValueError(
             f"importance_sampling_level='sequence' with loss_type={loss_type!r} is not available in liger-kernel "
@@ -180,17 +171,19 @@ def fused_grpo_loss(
         )
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1 (completions per liger chunk).")
+    if inputs.kl_ratio_logps is not None:
+        raise ValueError(
+            "LossInputs.kl_ratio_logps is not available with the fused loss: liger-kernel "
+            f"{LIGER_VERSION} corrects the KL by the policy ratio only. Fix: pass the sampler's logprobs as "
+            "old_logps (off_policy_clip='behaviour'), leave kl_ratio_logps None, or use_liger_kernel=False."
+        )
 
     if current_logps is None:
         current_logps = detached_completion_logps(hidden.detach(), lm_head, completion_ids, settings.temperature)
     current_logps = current_logps.detach().float()
     # The reference computation: validates every per-call input and gives the metrics (no gradient).
     with torch.no_grad():
-        reference = grpo_loss(
-            current_logps, old_logps, advantages, mask, settings, ref_logps=ref_logps, is_weights=is_weights,
-            sampling_logps=sampling_logps, entropy_mask=entropy_mask, num_items_in_batch=num_items_in_batch,
-            gradient_accumulation_steps=gradient_accumulation_steps, num_processes=num_processes,
-        )  # fmt: skip
+        reference = grpo_loss(current_logps, inputs, settings)
     LigerFusedLinearGRPOLoss = _import_liger_grpo_loss()
 
     valid = mask.bool()  # (N, T)
@@ -221,7 +214,7 @@ def fused_grpo_loss(
             policy_weight = policy_weight * factor.expand_as(mask_f)
         policy_weight = torch.where(valid, policy_weight, 0.0)  # also drops NaN / inf at padding
 
-    dapo_like = loss_type in TOKEN_SUM_LOSSES
+    dapo_like = settings.normalizer.divides_by_tokens  # dapo, cispo: the step divisor is the token count
     liger_loss = LigerFusedLinearGRPOLoss(
         beta=settings.beta,
         compiled=compiled,
@@ -250,7 +243,7 @@ def fused_grpo_loss(
         policy_loss = loss.detach()
     else:
         policy_loss = loss.detach()
-        loss = loss / gradient_accumulation_steps
+        loss = loss / inputs.gradient_accumulation_steps
     metrics = dict(reference.metrics)
     metrics["policy_loss"] = policy_loss.item()
     return LossOutput(loss=loss, metrics=metrics)

@@ -1,10 +1,11 @@
 """GRPO-family policy losses (grpo, bnpo, dr_grpo, dapo, cispo, sapo; GSPO via sequence-level ratios).
 
-Pure functions over tensors and a validated :class:`~async_grpo.algorithms.objective.LossSettings` (no
-model, no config object). :func:`grpo_loss` mirrors TRL 1.16 ``GRPOTrainer._compute_loss`` expression for
-expression, so that loss values and gradients agree with TRL on the same inputs. The helpers it builds on
-live in :mod:`.off_policy` (importance sampling, OPSM) and :mod:`.logprobs` (log-softmax, entropy) and are
-re-exported here.
+Pure functions over tensors, one :class:`~.inputs.LossInputs` record and a validated
+:class:`~.settings.LossSettings` (no model, no config object). :func:`grpo_loss` mirrors TRL 1.16
+``GRPOTrainer._compute_loss`` expression for expression, so that loss values and gradients agree with TRL on the
+same inputs; its normalizer is the ``loss_type``'s row of :data:`~.normalizers.LOSS_NORMALIZERS`. The helpers it
+builds on live in :mod:`.off_policy` (importance sampling, OPSM) and :mod:`.logprobs` (log-softmax, entropy) and
+are re-exported here.
 
 Shapes: ``B`` completions in the micro-batch, ``T`` completion tokens (right padded), ``V`` vocab.
 ``mask`` is the loss mask, 1 for trained tokens, 0 for padding (and for truncated completions with
@@ -14,16 +15,14 @@ Shapes: ``B`` completions in the micro-batch, ``T`` completion tokens (right pad
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from .inputs import LossInputs
 from .logprobs import entropy_from_logits, selective_log_softmax
 from .off_policy import IS_MODES, importance_sampling_weights, off_policy_mask
-
-if TYPE_CHECKING:  # objective.py imports this module
-    from .objective import LossSettings
+from .settings import IS_LEVELS, LOSS_TYPES, LossSettings
 
 __all__ = [
     "IS_LEVELS",
@@ -36,10 +35,6 @@ __all__ = [
     "off_policy_mask",
     "selective_log_softmax",
 ]
-
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
-IS_LEVELS = ("token", "sequence")
-TOKEN_SUM_LOSSES = ("dapo", "cispo")  # normalized by the accumulation window's token count, not per micro-batch
 
 
 @dataclass
@@ -75,31 +70,15 @@ def _masked_where(valid: Tensor, x: Tensor) -> Tensor:
     return torch.where(valid, x, torch.zeros_like(x))
 
 
-def grpo_loss(
-    logps: Tensor,
-    old_logps: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    settings: LossSettings,
-    *,
-    ref_logps: Tensor | None = None,
-    is_weights: Tensor | None = None,
-    sampling_logps: Tensor | None = None,
-    entropy_mask: Tensor | None = None,
-    num_items_in_batch: Tensor | float | int | None = None,
-    gradient_accumulation_steps: float = 1,
-    num_processes: int = 1,
-    kl_ratio_logps: Tensor | None = None,
-) -> LossOutput:
+def grpo_loss(logps: Tensor, inputs: LossInputs, settings: LossSettings) -> LossOutput:
     """GRPO-family clipped surrogate loss for one micro-batch, mirroring TRL ``GRPOTrainer._compute_loss``.
 
-    The static options come from ``settings`` (:class:`~async_grpo.algorithms.objective.LossSettings`,
-    already validated; below ``eps_low = settings.epsilon``, ``eps_high = settings.epsilon_high``); the
-    per-call tensors and normalizers are keyword arguments. ``settings.top_entropy_quantile``,
+    The static options come from ``settings`` (:class:`~.settings.LossSettings`, already validated; below
+    ``eps_low = settings.epsilon``, ``eps_high = settings.epsilon_high``); the per-call tensors and normalizers
+    from ``inputs`` (:class:`~.inputs.LossInputs`; below its fields by name). ``settings.top_entropy_quantile``,
     ``vllm_importance_sampling_*``, ``replay_recompute_logps``, ``temperature``, ``use_liger_kernel`` and
     ``mask_truncated_completions`` are not read here: they shape the inputs
-    (:class:`~async_grpo.algorithms.objective.GRPOObjective` builds ``is_weights``, ``sampling_logps`` and
-    ``entropy_mask`` from them).
+    (:class:`~.objective.GRPOObjective` builds ``is_weights``, ``sampling_logps`` and ``entropy_mask`` from them).
 
     Ratio ``r = exp(logp - old_logp)`` per token (``importance_sampling_level="token"``) or
     ``exp(mean_t(logp - old_logp))`` per sequence (``"sequence"``: GSPO, Zheng et al. 2025, arXiv 2507.18071).
@@ -120,7 +99,8 @@ def grpo_loss(
     when ``use_bias_correction_kl`` (DeepSeek-V3.2 unbiased KL; the un-``delta``-clamped ratio).
 
     Aggregation over valid tokens (TRL ``loss_type``), then the gradient-accumulation scaling of TRL's
-    train mode with ``steps_per_generation == gradient_accumulation_steps``:
+    train mode with ``steps_per_generation == gradient_accumulation_steps``, both read from the row
+    ``settings.normalizer`` of :data:`~.normalizers.LOSS_NORMALIZERS`:
 
     - grpo, sapo: mean over sequences of the per-sequence token mean, ``/ gradient_accumulation_steps``.
     - bnpo: token mean over the micro-batch, ``/ gradient_accumulation_steps``.
@@ -129,30 +109,13 @@ def grpo_loss(
       accumulation window and averaging over ranks (DDP), a global token mean.
 
     Args:
-        logps: ``(B, T)`` current policy log-probs of the sampled tokens, with grad.
-        old_logps: ``(B, T)`` log-probs under the policy before this optimisation step (constant), or
-            None for ``logps.detach()`` (on-policy: ratio 1, as TRL).
-        advantages: ``(B,)`` or ``(B, 1)`` advantages; must be finite.
-        mask: ``(B, T)`` loss mask.
+        logps: ``(B, T)`` current policy log-probs of the sampled tokens (nats), with grad.
+        inputs: the micro-batch's loss inputs (:class:`~.inputs.LossInputs`: mask, advantages, ``old_logps``
+            (None: ``logps.detach()``, ratio 1 as TRL on-policy), ``ref_logps``, ``is_weights``,
+            ``sampling_logps``, ``entropy_mask``, ``kl_ratio_logps`` and the normalizers).
         settings: the loss options (``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``,
             ``importance_sampling_level``, ``beta``, ``use_bias_correction_kl``, ``off_policy_mask_threshold``,
             ``sapo_temperature_pos/neg``, ``max_completion_length`` are read).
-        ref_logps: ``(B, T)`` reference-model log-probs, required when ``settings.beta != 0``.
-        is_weights: ``(B, T)`` or ``(B, 1)`` stale-policy importance weights
-            (:func:`importance_sampling_weights`), or None.
-        sampling_logps: ``(B, T)`` sampler log-probs for OPSM; None falls back to ``old_logps``.
-        entropy_mask: ``(B, T)`` bool / 0-1 mask of the tokens whose policy term is kept
-            (:func:`~async_grpo.algorithms.high_entropy_mask`), or None for all. It multiplies the policy
-            term only, not the KL, and not the aggregation denominators (TRL ``top_entropy_quantile``).
-        num_items_in_batch: active (mask) tokens in the whole accumulation window summed across ranks;
-            required for dapo / cispo.
-        gradient_accumulation_steps: micro-batches per optimizer step (> 0; fractional over ranks with unequal
-            shares: all ranks' micro-batches / num_processes).
-        num_processes: data-parallel ranks (>= 1).
-        kl_ratio_logps: ``(B, T)`` log-denominator of the KL bias-correction ratio (with
-            ``settings.use_bias_correction_kl``): the KL is multiplied by ``exp(logps - kl_ratio_logps)`` per token
-            (DeepSeek-V3.2's unbiased KL against the policy that sampled, ``kl_bias_correction_ratio='sampler'``);
-            None multiplies by the policy ratio against ``old_logps`` (TRL).
 
     Returns:
         :class:`LossOutput`.
@@ -164,6 +127,11 @@ def grpo_loss(
     """
     loss_type, epsilon_low, epsilon_high = settings.loss_type, settings.epsilon, settings.epsilon_high
     delta, beta, off_policy_threshold = settings.delta, settings.beta, settings.off_policy_mask_threshold
+    normalizer_row = settings.normalizer
+    mask, advantages, old_logps, ref_logps = inputs.mask, inputs.advantages, inputs.old_logps, inputs.ref_logps
+    is_weights, sampling_logps, entropy_mask = inputs.is_weights, inputs.sampling_logps, inputs.entropy_mask
+    kl_ratio_logps, num_items_in_batch = inputs.kl_ratio_logps, inputs.num_items_in_batch
+    gradient_accumulation_steps, num_processes = inputs.gradient_accumulation_steps, inputs.num_processes
     # ---- validation --------------------------------------------------------------------------------
     if logps.dim() != 2 or mask.shape != logps.shape:
         raise ValueError(f"logps {tuple(logps.shape)} and mask {tuple(mask.shape)} must share one (B, T) shape")
@@ -173,7 +141,7 @@ def grpo_loss(
             raise ValueError(f"{name} shape {tuple(t.shape)} != logps shape {tuple(logps.shape)}")
     if beta != 0.0 and ref_logps is None:
         raise ValueError("beta != 0 needs ref_logps")
-    if loss_type in TOKEN_SUM_LOSSES and num_items_in_batch is None:
+    if normalizer_row.divides_by_tokens and num_items_in_batch is None:
         raise ValueError(f"loss_type={loss_type!r} needs num_items_in_batch (active tokens in the accumulation window)")
     if not gradient_accumulation_steps > 0 or num_processes < 1:
         raise ValueError("gradient_accumulation_steps must be > 0 and num_processes >= 1")
@@ -238,24 +206,16 @@ def grpo_loss(
     if beta != 0.0:
         per_token_loss = per_token_loss + beta * per_token_kl  # (B, T)
 
-    # ---- aggregation and accumulation scaling --------------------------------------------------
-    if loss_type in ("grpo", "sapo"):
-        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-        policy_loss = loss.detach()
-        loss = loss / gradient_accumulation_steps
-    elif loss_type == "bnpo":
-        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-        policy_loss = loss.detach()
-        loss = loss / gradient_accumulation_steps
-    elif loss_type == "dr_grpo":
-        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * settings.max_completion_length)
-        policy_loss = loss.detach()
-        loss = loss / gradient_accumulation_steps
-    else:  # dapo, cispo: num_items spans the accumulation window (TRL: * GAS / steps_per_generation == 1)
+    # ---- aggregation and accumulation scaling (the loss_type's row of LOSS_NORMALIZERS) -----------
+    loss = normalizer_row.aggregate(per_token_loss, mask, settings.max_completion_length)
+    if normalizer_row.divides_by_tokens:  # num_items spans the accumulation window (TRL: * GAS / steps_per_gen == 1)
         num_items = torch.as_tensor(num_items_in_batch, dtype=logps.dtype, device=logps.device)
         normalizer = num_items.clamp(min=1.0) / num_processes
-        loss = (per_token_loss * mask).sum() / normalizer
+        loss = loss / normalizer
         policy_loss = loss.detach()
+    else:  # divided by the micro-batches per optimizer step; policy_loss before the division
+        policy_loss = loss.detach()
+        loss = loss / gradient_accumulation_steps
 
     # ---- metrics (local to this micro-batch) -----------------------------------------------------
     with torch.no_grad():

@@ -1,9 +1,9 @@
-"""The GRPO objective: the one list of loss options, and the loss of one micro-batch.
+"""The GRPO objective: the loss of one micro-batch, composed from the trainer's forward passes.
 
-:class:`LossSettings` is the only place the loss options are listed (TRL 1.16 ``GRPOConfig`` names);
+The loss options are listed once, in :class:`~.settings.LossSettings` (TRL 1.16 ``GRPOConfig`` names);
 :func:`~async_grpo.algorithms.grpo_loss` and :func:`~async_grpo.algorithms.fused_grpo_loss` read them from
-it. :class:`GRPOObjective` composes one micro-batch's loss from the trainer's forward passes, in this order
-(as TRL's ``_generate_and_score_completions`` + ``_compute_loss``):
+it and take their per-call tensors as one :class:`~.inputs.LossInputs`. :class:`GRPOObjective` composes one
+micro-batch's loss, in this order (as TRL's ``_generate_and_score_completions`` + ``_compute_loss``):
 
 1. pi_old: the cached rollout-reuse logprobs, else the current policy's, detached (ratio 1).
 2. Replayed rows (``replay_recompute_logps``): their sampling logprobs become pi_old's, so their
@@ -19,7 +19,11 @@ it. :class:`GRPOObjective` composes one micro-batch's loss from the trainer's fo
 
 The trainer stays algorithm-blind: it runs the forward passes the objective asks for
 (:attr:`GRPOObjective.needs_reference`, :attr:`GRPOObjective.wants_hidden_states`,
-:attr:`GRPOObjective.temperature`), hands the tensors over, and backpropagates and logs what comes back.
+:attr:`GRPOObjective.temperature`), hands the tensors over, backpropagates and logs what comes back, and reads
+the step's normalizer from :attr:`GRPOObjective.normalizer` (a row of :data:`~.normalizers.LOSS_NORMALIZERS`).
+
+Imports run one way: :mod:`.settings`, :mod:`.inputs` and :mod:`.normalizers` import no loss module;
+:mod:`.losses` imports them; :mod:`.fused` imports :mod:`.losses`; this module imports all of them.
 
 Shapes: ``B`` completions in the micro-batch, ``T`` completion tokens (right padded), ``H`` hidden size,
 ``V`` vocabulary. Log-probabilities and entropies in nats.
@@ -34,192 +38,16 @@ import torch
 from torch import Tensor
 
 from .entropy import high_entropy_mask
-from .fused import LIGER_VERSION, fused_grpo_loss
-from .losses import IS_LEVELS, LOSS_TYPES, TOKEN_SUM_LOSSES, LossOutput, grpo_loss
-from .off_policy import IS_MODES, importance_sampling_weights, seq_logprob_error_mask
+from .fused import fused_grpo_loss
+from .inputs import LossInputs
+from .losses import LossOutput, grpo_loss
+from .normalizers import LossNormalizer
+from .off_policy import importance_sampling_weights, seq_logprob_error_mask
+from .settings import LossSettings
 
-__all__ = ["KL_RATIOS", "OFF_POLICY_CLIPS", "GRPOObjective", "LossSettings", "MicroBatchInputs", "MicroBatchLoss"]
+__all__ = ["GRPOObjective", "MicroBatchInputs", "MicroBatchLoss"]
 
 logger = logging.getLogger(__name__)
-
-OFF_POLICY_CLIPS = ("current", "behaviour")  # LossSettings.off_policy_clip
-KL_RATIOS = ("old", "sampler")  # LossSettings.kl_bias_correction_ratio
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The GRPO loss options, validated on construction (``ValueError`` naming the field and the fix).
-
-    Names and defaults are TRL 1.16 ``GRPOConfig``'s unless noted; ``launch/local.py`` builds this from the
-    run config. Ratios are ``pi_theta / pi_old`` per token (or per sequence) unless noted.
-
-    Attributes:
-        loss_type: loss aggregation, one of ``grpo`` (per-sequence token mean, DeepSeekMath), ``bnpo`` (token
-            mean over the micro-batch), ``dr_grpo`` (token sum / (B x max_completion_length), Dr. GRPO),
-            ``dapo`` (token mean over the accumulation window and ranks, DAPO), ``cispo`` (clipped IS weight
-            times logp, MiniMax-M1 / ScaleRL), ``sapo`` (soft sigmoid gate, arXiv 2511.20347). TRL ``loss_type``.
-        epsilon: lower clip range: the ratio is clipped at ``1 - epsilon`` (PPO; TRL ``epsilon``, liger's
-            ``epsilon_low``). Unused by cispo and sapo. >= 0.
-        epsilon_high: upper clip range, ratio <= ``1 + epsilon_high`` (DAPO clip-higher; TRL
-            ``epsilon_high``); for cispo the cap eps_max on the ratio itself, >= 1 (ScaleRL recommends 5.0).
-        beta: KL coefficient of the k3 estimator against the frozen initial policy (Schulman 2020; TRL
-            ``beta``). 0 disables the KL and the reference model. >= 0.
-        delta: two-sided clipping: the unclipped ratio branch is capped at ``delta`` (INTELLECT-2; TRL
-            ``delta``), > 1; None disables it.
-        importance_sampling_level: ``token`` (one ratio per token) or ``sequence`` (one per sequence, the
-            exp of the mean token log-ratio: GSPO, arXiv 2507.18071). TRL ``importance_sampling_level``.
-        use_bias_correction_kl: multiply the per-token KL by the ratio (DeepSeek-V3.2 unbiased KL; TRL
-            ``use_bias_correction_kl``).
-        off_policy_mask_threshold: OPSM (DeepSeek-V3.2, arXiv 2512.02556, eq. 9): drop a sequence whose
-            advantage is negative and whose mean per-token ``sampling logp - current logp`` (nats per token)
-            exceeds this, > 0; None disables it. TRL ``off_policy_mask_threshold``.
-        sapo_temperature_pos: SAPO gate temperature for advantages > 0, > 0 (TRL name).
-        sapo_temperature_neg: SAPO gate temperature for advantages <= 0, > 0 (TRL name).
-        max_completion_length: completion tokens per sample at most (TRL name); dr_grpo's ``L``. >= 1.
-        mask_truncated_completions: completions that hit ``max_completion_length`` get loss mask 0 (DAPO
-            overlong filtering; TRL name). Read when the batch is packed, not by the loss.
-        vllm_importance_sampling_correction: weight each token by the stale-policy ratio
-            ``rho = exp(pi_old logp - vLLM sampling logp)`` (TRL name).
-        vllm_importance_sampling_mode: how rho is bounded: ``token_truncate``, ``token_mask``,
-            ``sequence_truncate`` or ``sequence_mask`` (truncated IS, Ionides 2008; masked IS, Yao et al.
-            2025; TRL name).
-        vllm_importance_sampling_cap: upper bound on rho, > 0 (TRL ``vllm_importance_sampling_cap`` /
-            ``_clip_max``).
-        vllm_importance_sampling_clip_min: lower bound on rho, in ``[0, cap)``, or None (TRL name).
-        top_entropy_quantile: rho of "Beyond the 80/20 Rule" (arXiv 2506.01939; TRL name): keep the policy
-            term only on the micro-batch's top ``top_entropy_quantile`` fraction of valid tokens by entropy.
-            In ``[0, 1]``; 1 keeps every token.
-        replay_recompute_logps: for rows of replayed groups, use pi_old's logprobs as the sampling logprobs
-            (IS weight 1, no OPSM drift); False keeps vLLM's, so IS corrects their real staleness (axolotl name).
-        temperature: sampling temperature, > 0. The trainer divides its logits by it (TRL), so its logprobs
-            compare with vLLM's processed sampling logprobs.
-        use_liger_kernel: compute the loss with liger-kernel's fused linear GRPO loss on the decoder hidden
-            states (no (B, T, V) logits; axolotl / TRL name). Not with sequence-level cispo or sapo (liger
-            0.8.5).
-        off_policy_clip: which policy the PPO ratio is taken against (this dataclass defaults to ``current``, the
-            TRL GRPOTrainer semantics its parity tests check; the run config defaults to ``behaviour``, which
-            learned at least as well on the demo at max_staleness 4, docs/algorithms.md). ``current``: pi_old is
-            the trainer's own policy before the step (TRL's GRPOTrainer): with one optimizer step per batch the
-            ratio is 1 and the clip never acts; staleness is handled by the truncated IS weight alone.
-            ``behaviour``: the policy that sampled (vLLM's logprobs; TRL's AsyncGRPOTrainer, decoupled PPO of
-            Hilton et al. 2022 with the proximal policy at the behaviour policy): the ratio pi_theta / pi_vLLM is
-            clipped to
-            ``[1 - epsilon, 1 + epsilon_high]``, so a stale token whose ratio left the trust region stops
-            pushing, and the IS weight is not applied on top (the ratio already is the IS correction).
-        kl_bias_correction_ratio: with ``use_bias_correction_kl``, the ratio the k3 KL is multiplied by:
-            ``old`` = pi_theta / pi_old (TRL), ``sampler`` = pi_theta / pi_vLLM (DeepSeek-V3.2's unbiased KL
-            against the policy that actually sampled the tokens).
-        seq_logprob_error_threshold: NeMo RL's sequence gate: the policy term of a sequence whose mean over tokens
-            of exp(|pi_old logp - vLLM logp|) exceeds this (> 1) is masked like OPSM's (KL and denominators
-            kept); None only measures (`off_policy.seq_logprob_error_mask`).
-    """
-
-    loss_type: str = "dapo"
-    epsilon: float = 0.2
-    epsilon_high: float = 0.2
-    beta: float = 0.0
-    delta: float | None = None
-    importance_sampling_level: str = "token"
-    use_bias_correction_kl: bool = True
-    off_policy_mask_threshold: float | None = None
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    max_completion_length: int = 16
-    mask_truncated_completions: bool = False
-    vllm_importance_sampling_correction: bool = True
-    vllm_importance_sampling_mode: str = "token_truncate"
-    vllm_importance_sampling_cap: float = 3.0
-    vllm_importance_sampling_clip_min: float | None = None
-    top_entropy_quantile: float = 1.0
-    replay_recompute_logps: bool = True
-    temperature: float = 1.0
-    use_liger_kernel: bool = False
-    off_policy_clip: str = "current"
-    kl_bias_correction_ratio: str = "old"
-    seq_logprob_error_threshold: float | None = None
-
-    def __post_init__(self) -> None:
-        """Refuse unknown names and out-of-range values.
-
-        Raises:
-            ValueError: the message starts with ``field=value`` and ends with ``Fix: ...``.
-        """
-        for name, choices in (
-            ("loss_type", LOSS_TYPES),
-            ("importance_sampling_level", IS_LEVELS),
-            ("vllm_importance_sampling_mode", IS_MODES),
-            ("off_policy_clip", OFF_POLICY_CLIPS),
-            ("kl_bias_correction_ratio", KL_RATIOS),
-        ):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}. Fix: pick one of them.")
-        cap, clip_min = self.vllm_importance_sampling_cap, self.vllm_importance_sampling_clip_min
-        checks = (  # (field, holds, requirement and fix)
-            ("epsilon", self.epsilon >= 0, "must be >= 0. Fix: use e.g. 0.2"),
-            ("epsilon_high", self.epsilon_high >= 0, "must be >= 0. Fix: use e.g. 0.28 (DAPO)"),
-            ("beta", self.beta >= 0, "must be >= 0. Fix: use 0 (no KL) or e.g. 0.04"),
-            (
-                "delta",
-                self.delta is None or self.delta > 1,
-                "must be > 1. Fix: use a value above 1 + epsilon (TRL's advice; INTELLECT-2 uses 4), or None",
-            ),
-            (
-                "off_policy_mask_threshold",
-                self.off_policy_mask_threshold is None or self.off_policy_mask_threshold > 0,
-                "must be > 0 (nats per token). Fix: use e.g. 0.5, or None to disable OPSM",
-            ),
-            ("sapo_temperature_pos", self.sapo_temperature_pos > 0, "must be > 0. Fix: use TRL's 1.0"),
-            ("sapo_temperature_neg", self.sapo_temperature_neg > 0, "must be > 0. Fix: use TRL's 1.05"),
-            ("max_completion_length", self.max_completion_length >= 1, "must be >= 1. Fix: set the generation limit"),
-            ("vllm_importance_sampling_cap", cap > 0, "must be > 0. Fix: use TRL's 3.0"),
-            (
-                "vllm_importance_sampling_clip_min",
-                clip_min is None or 0 <= clip_min < cap,
-                f"must be in [0, vllm_importance_sampling_cap={cap}). Fix: lower it, raise the cap, or use None",
-            ),
-            (
-                "top_entropy_quantile",
-                0 <= self.top_entropy_quantile <= 1,
-                "must be in [0, 1]. Fix: use 1.0 (every token) or the paper's 0.2",
-            ),
-            ("temperature", self.temperature > 0, "must be > 0. Fix: use the sampling temperature, e.g. 1.0"),
-            (
-                "seq_logprob_error_threshold",
-                self.seq_logprob_error_threshold is None or self.seq_logprob_error_threshold > 1,
-                "must be > 1 (a ratio of probabilities). Fix: e.g. 2.0, or None",
-            ),
-            (
-                "epsilon_high",
-                self.loss_type != "cispo" or self.epsilon_high >= 1,
-                "must be >= 1 with loss_type='cispo': it caps the ratio itself (eps_max, ScaleRL arXiv 2510.13786), so "
-                "every on-policy ratio of 1 would be clamped. Fix: use e.g. 5.0 (ScaleRL's and TRL's recommendation)",
-            ),
-            (
-                "importance_sampling_level",
-                not (
-                    self.use_liger_kernel
-                    and self.importance_sampling_level == "sequence"
-                    and self.loss_type in ("cispo", "sapo")
-                ),
-                f"is not available with use_liger_kernel and loss_type={self.loss_type!r} (liger-kernel "
-                f"{LIGER_VERSION}). Fix: use importance_sampling_level='token' or use_liger_kernel=False",
-            ),
-            (
-                "kl_bias_correction_ratio",
-                not (
-                    self.use_liger_kernel
-                    and self.beta > 0
-                    and self.off_policy_clip == "current"
-                    and self.kl_bias_correction_ratio == "sampler"
-                ),
-                "is not available with use_liger_kernel (liger corrects the KL by pi_theta / pi_old only). Fix: use "
-                "off_policy_clip='behaviour' (then pi_old is the sampler), kl_bias_correction_ratio='old', or "
-                "use_liger_kernel=False",
-            ),
-        )
-        for name, holds, requirement in checks:
-            if not holds:
-                raise ValueError(f"{name}={getattr(self, name)!r} {requirement}.")
 
 
 @dataclass
@@ -313,34 +141,13 @@ class GRPOObjective:
         """The divisor of every logit the trainer scores (policy, pi_old, reference): the sampling temperature."""
         return self.settings.temperature
 
-    def normalizer_scale(self, num_items_in_batch: float, gradient_accumulation_steps: int) -> float:
-        """The factor that turns losses computed with unit normalizers into the normalized ones.
-
-        Streaming learns the normalizers only after the last micro-batch: its micro-batches are computed with
-        ``num_items_in_batch=1`` and ``gradient_accumulation_steps=1``; multiplying their summed gradients by
-        this factor gives those of the real normalizers (dapo / cispo: ``1 / num_items_in_batch``; the others:
-        ``1 / gradient_accumulation_steps``; each clamped at 1 as in ``grpo_loss``).
-        """
-        if self.settings.loss_type in TOKEN_SUM_LOSSES:
-            return 1.0 / max(num_items_in_batch, 1.0)
-        return 1.0 / max(gradient_accumulation_steps, 1)
-
-    def normalize_streamed_metrics(self, metrics: dict[str, float], num_items_in_batch: float) -> dict[str, float]:
-        """A streamed step's averaged micro-batch metrics, on the scale of the unstreamed step: for dapo / cispo
-        ``policy_loss`` was each micro-batch's token *sum* (``num_items_in_batch=1``), so it is divided by the
-        step's token count here; the other loss types' ``policy_loss`` does not depend on the normalizers.
-
-        Args:
-            metrics: token-weighted means of the micro-batches' metrics.
-            num_items_in_batch: the step's loss tokens.
-
-        Returns:
-            A new dict.
-        """
-        out = dict(metrics)
-        if self.settings.loss_type in TOKEN_SUM_LOSSES and "policy_loss" in out:
-            out["policy_loss"] /= max(num_items_in_batch, 1.0)
-        return out
+    @property
+    def normalizer(self) -> LossNormalizer:
+        """How the loss is normalized: the ``loss_type``'s row of :data:`~.normalizers.LOSS_NORMALIZERS`. The
+        trainer reads from it the streamed step's gradient factor (:meth:`~.normalizers.LossNormalizer.streamed_scale`)
+        and metrics (:meth:`~.normalizers.LossNormalizer.streamed_metrics`), and whether it may order the
+        completions by length (:attr:`~.normalizers.LossNormalizer.cut_invariant`)."""
+        return self.settings.normalizer
 
     def micro_batch_loss(
         self,
@@ -396,11 +203,6 @@ class GRPOObjective:
         ratio_old = old
         if s.off_policy_clip == "behaviour":  # the clipped ratio is pi_theta / pi_vLLM: it is the IS correction
             ratio_old, is_weights = behaviour, None
-        per_call = dict(
-            ref_logps=inputs.ref_logps, is_weights=is_weights, sampling_logps=sampling_logps,
-            entropy_mask=policy_mask, num_items_in_batch=num_items_in_batch,
-            gradient_accumulation_steps=gradient_accumulation_steps, num_processes=num_processes,
-        )  # fmt: skip
         if s.use_liger_kernel:
             if inputs.hidden is None or inputs.lm_head is None or inputs.completion_ids is None:
                 raise ValueError(
@@ -408,21 +210,24 @@ class GRPOObjective:
                     "(the fused loss applies the LM head itself). Fix: pass them when "
                     "objective.wants_hidden_states."
                 )
-            fused_old = ratio_old if s.off_policy_clip == "behaviour" else inputs.old_logps
+            # liger corrects the KL by its policy ratio only, so no kl_ratio_logps: with 'behaviour' that ratio is
+            # against the sampler anyway, and LossSettings refuses 'sampler' with 'current' when beta > 0
+            old_logps, kl_ratio = (ratio_old if s.off_policy_clip == "behaviour" else inputs.old_logps), None
+        else:
+            old_logps = ratio_old
+            kl_ratio = behaviour if s.kl_bias_correction_ratio == "sampler" else None
+        loss_inputs = LossInputs(
+            mask=mask, advantages=inputs.advantages, old_logps=old_logps, ref_logps=inputs.ref_logps,
+            is_weights=is_weights, sampling_logps=sampling_logps, entropy_mask=policy_mask, kl_ratio_logps=kl_ratio,
+            num_items_in_batch=num_items_in_batch, gradient_accumulation_steps=gradient_accumulation_steps,
+            num_processes=num_processes,
+        )  # fmt: skip
+        if s.use_liger_kernel:
             output = fused_grpo_loss(
-                inputs.hidden,
-                inputs.lm_head,
-                inputs.completion_ids,
-                mask,
-                inputs.advantages,
-                fused_old,
-                s,
-                current_logps=inputs.logps,
-                **per_call,
+                inputs.hidden, inputs.lm_head, inputs.completion_ids, loss_inputs, s, current_logps=inputs.logps
             )
         else:
-            kl_ratio = behaviour if s.kl_bias_correction_ratio == "sampler" else None
-            output = grpo_loss(inputs.logps, ratio_old, inputs.advantages, mask, s, kl_ratio_logps=kl_ratio, **per_call)
+            output = grpo_loss(inputs.logps, loss_inputs, s)
         metrics.update(output.metrics)
         if s.seq_logprob_error_threshold is not None:
             metrics.update(mismatch)

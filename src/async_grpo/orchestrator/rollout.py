@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient
+from async_grpo.transports.drops import DropReason
 from async_grpo.transports.messages import RolloutGroup
 from async_grpo.transports.scorer import Scorer
 
@@ -61,9 +62,15 @@ class SamplingSettings:
 
 
 class RolloutDropped(Exception):
-    """A rollout produced no usable group; `reason` is the drop-counter key (e.g. `aborted`)."""
+    """A rollout produced no usable group; `reason` is the drop-counter key (`transports.drops.DropReason`, e.g.
+    `aborted`), counted by the orchestrator.
 
-    def __init__(self, reason: str, message: str = ""):
+    Args:
+        reason: why the group is dropped (one of `DropReason`).
+        message: the exception message; `reason` when empty.
+    """
+
+    def __init__(self, reason: DropReason, message: str = ""):
         super().__init__(message or reason)
         self.reason = reason
 

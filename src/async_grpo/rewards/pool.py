@@ -16,12 +16,13 @@ import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
-from typing import Any
+from typing import Any, ClassVar
 
 from pebble import ProcessExpired, ProcessPool
 
 from async_grpo.rewards.contract import RewardLog, RewardTrainerState, ScoredGroup, bound_kwargs, call_reward
 from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func, reward_func_name
+from async_grpo.transports.drops import DropReason
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +34,12 @@ class RewardError(RuntimeError):
     """A group could not be scored; the caller drops the group and counts it under `reason`.
 
     Attributes:
-        reason: short counter key: "reward_error" (the function raised, or its worker died).
+        reason: the drop-counter key (`transports.drops.DropReason`, one per class): "reward_error" (the function
+            raised, or its worker died); the wire format's error ``reason`` too (`rewards.wire`).
         function: the reward function's name, or None when the whole set is concerned.
     """
 
-    reason = "reward_error"
+    reason: ClassVar[DropReason] = "reward_error"
 
     def __init__(self, message: str, function: str | None = None):
         super().__init__(message)
@@ -50,13 +52,13 @@ class RewardError(RuntimeError):
 class RewardBadOutput(RewardError):
     """A reward function returned something other than a list of G numbers or None (reason "reward_bad_output")."""
 
-    reason = "reward_bad_output"
+    reason: ClassVar[DropReason] = "reward_bad_output"
 
 
 class RewardTimeout(RewardError):
     """The reward functions did not finish within the timeout; the worker was killed (reason "reward_timeout")."""
 
-    reason = "reward_timeout"
+    reason: ClassVar[DropReason] = "reward_timeout"
 
 
 def check_group(

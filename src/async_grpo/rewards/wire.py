@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from async_grpo.rewards.contract import ScoredGroup
 from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardTimeout
+from async_grpo.transports.drops import DropReason
 
 REWARD_URL_ENV = "ASYNC_GRPO_REWARD_URL"  # the reward service URL, set in the trainer pod by the kubernetes launcher
 HEALTH_PATH = "/health"
@@ -29,7 +30,9 @@ AUTH_TOKEN_ENV = "ASYNC_GRPO_REWARD_TOKEN"
 # worker. The server stops waiting after timeout_s + margin; the client waits that long plus the margin again.
 REQUEST_MARGIN_S = 10.0
 
-ERRORS: dict[str, type[RewardError]] = {cls.reason: cls for cls in (RewardError, RewardBadOutput, RewardTimeout)}
+ERRORS: dict[DropReason, type[RewardError]] = {
+    cls.reason: cls for cls in (RewardError, RewardBadOutput, RewardTimeout)
+}  # the error body's reason -> the RewardError subclass the client re-raises (counted under that reason)
 
 
 class ScoreRequest(BaseModel):

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from async_grpo.orchestrator.rollout import completion_display
+from async_grpo.transports.drops import NOT_LAUNCHED_DROPS, DropReason
 from async_grpo.transports.messages import RolloutGroup
 
 
@@ -25,7 +26,7 @@ class RunSummary:
         generation_tokens_per_s: mean over steps of the tokens generated between two steps per second.
         weight_sync_s_mean, weight_syncs: mean seconds of one weight push, and how many.
         trainer_idle_fraction: share of train_s the trainer waited for rollouts.
-        dropped_groups: dropped groups by reason.
+        dropped_groups: dropped groups by reason (`transports.drops.DropReason`).
         model_dir: the saved final model folder, or None.
         prompts_lost: launched groups that were neither trained nor dropped with a reason (the prompt ledger,
             `prompts_lost`; 0 unless something is broken), None with a user data producer.
@@ -44,15 +45,12 @@ class RunSummary:
     weight_sync_s_mean: float
     weight_syncs: int
     trainer_idle_fraction: float
-    dropped_groups: dict[str, int] = field(default_factory=dict)
+    dropped_groups: dict[DropReason, int] = field(default_factory=dict)
     model_dir: str | None = None
     prompts_lost: int | None = None
 
 
-NOT_LAUNCHED_DROPS = ("prompt_too_long",)  # counted when the dataset is loaded, not per launched group
-
-
-def prompts_lost(launched: int, trained: int, drops: dict[str, int]) -> int:
+def prompts_lost(launched: int, trained: int, drops: dict[DropReason, int]) -> int:
     """The prompt ledger: of `launched` groups (every launch of the orchestrator, re-rolls included), those neither
     in a trained step batch (`trained`: every group of every batch an optimizer step consumed; a replayed copy
     stands for the zero-std group it replaced) nor dropped under a reason (`drops`) nor still queued (drained and
@@ -69,7 +67,7 @@ def pipeline_metrics(
     step_s: float,
     rollouts: int,
     world_size: int,
-    drops: dict[str, int],
+    drops: dict[DropReason, int],
 ) -> dict[str, float]:
     """The async pipeline's per-step metrics.
 
@@ -82,7 +80,7 @@ def pipeline_metrics(
         step_s: seconds of the optimizer step (and push).
         rollouts: rollouts produced so far.
         world_size: trainer ranks.
-        drops: dropped groups by reason, cumulative.
+        drops: dropped groups by reason (`transports.drops.DropReason`), cumulative.
 
     Returns:
         `staleness/mean|max` (policy versions between sampling and training, per fresh group), `queue/depth`,

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from async_grpo.transports.drops import DropReason
+
 STATE_FILE = "train_state.pt"
 META_FILE = "meta.json"
 MODEL_DIR = "model"
@@ -45,7 +47,7 @@ class TrainState:
         sampler: the prompt sampler's position (`PromptSampler.state_dict()`), None without one.
         replay: the replay buffer (`ReplayBuffer.state_dict()`), None when off.
         reroll: the deferred re-roll FIFO (`RerollQueue.state_dict()`), None when off.
-        drops: dropped groups by reason.
+        drops: dropped groups by reason (`transports.drops.DropReason` -> count).
         mlflow_run_id: the MLflow run to continue, None before tracking started.
         weight_syncs: weight pushes so far.
         num_tokens: prompt + completion tokens trained on so far (TRL's cumulative `num_tokens` metric).
@@ -59,7 +61,7 @@ class TrainState:
     sampler: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None
     reroll: dict[str, Any] | None = None
-    drops: dict[str, int] = field(default_factory=dict)
+    drops: dict[DropReason, int] = field(default_factory=dict)
     mlflow_run_id: str | None = None
     weight_syncs: int = 0
     num_tokens: int = 0

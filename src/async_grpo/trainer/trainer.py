@@ -19,10 +19,11 @@ import contextlib
 import copy
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
-from async_grpo.algorithms.objective import GRPOObjective, LossSettings, MicroBatchInputs
+from async_grpo.algorithms import GRPOObjective, LossSettings, MicroBatchInputs
 from async_grpo.trainer.flattening import completion_hidden_states, completion_logps, flat_row_tokens
 from async_grpo.trainer.logprobs import chunked_token_logps
 from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics
@@ -31,6 +32,29 @@ from async_grpo.trainer.schedule import LRSchedule
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardPasses:
+    """What `GRPOLearner._forward` computed on one micro-batch of N completions and T completion tokens: the
+    forward passes `GRPOObjective` asks for, at its sampling temperature (logits divided by it).
+
+    Attributes:
+        logps: (N, T) float32 policy logprobs of the sampled tokens (nats; 0 at padding): with grad on the plain
+            path, detached on the fused path (the gradient flows through `hidden` there).
+        entropies: (N, T) float32 entropies of the policy's next-token distributions (nats), no grad.
+        hidden: (N, T, H) decoder hidden states at the positions predicting the completion tokens, with grad, on the
+            fused path (`objective.wants_hidden_states`); None otherwise.
+        lm_head: the policy's output projection (`weight` (V, H)) on the fused path; None otherwise.
+        ref_logps: (N, T) float32 frozen reference-model logprobs (nats), no grad, when the loss has a KL term
+            (`objective.needs_reference`); None otherwise.
+    """
+
+    logps: torch.Tensor
+    entropies: torch.Tensor
+    hidden: torch.Tensor | None
+    lm_head: torch.nn.Module | None
+    ref_logps: torch.Tensor | None
 
 
 class GRPOLearner:
@@ -51,7 +75,8 @@ class GRPOLearner:
             step, its state in `state_dict`); None keeps learning_rate constant.
         adam_betas, adam_epsilon: AdamW's betas and eps (transformers `adam_beta1/2`, `adam_epsilon`).
         max_tokens_per_microbatch, batch_flattening, group_by_length: see `trainer.microbatching.MicroBatching`
-            (raises ValueError); group_by_length is off for bnpo, whose gradient depends on the cut.
+            (raises ValueError); group_by_length is off for the loss types whose gradient depends on the cut
+            (`LossNormalizer.cut_invariant` False: bnpo).
 
     Raises:
         ValueError: skip_zero_advantage_batches with a KL term, fsdp with options it cannot run, or an unknown
@@ -106,7 +131,7 @@ class GRPOLearner:
             max_tokens_per_microbatch,
             batch_flattening,
             flat_row_tokens(model, self.sharded),  # one row or rows bounded by the longest
-            group_by_length and loss.loss_type != "bnpo",
+            group_by_length and self.objective.normalizer.cut_invariant,  # not bnpo: its token mean depends on the cut
         )
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
             if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
@@ -172,6 +197,13 @@ class GRPOLearner:
     ) -> dict[str, float]:
         """One optimizer step over every completion of `batch`; returns loss metrics (TRL names).
 
+        The loss normalizers come from the `loss_type`'s row of `algorithms.normalizers.LOSS_NORMALIZERS`
+        (`self.objective.normalizer`): every micro-batch's loss gets both step counts, the loss tokens of the step
+        summed over the ranks (`num_items_in_batch`, the divisor of dapo / cispo) and the micro-batches per
+        optimizer step (`gradient_accumulation_steps`, the divisor of grpo / bnpo / dr_grpo / sapo), and the row
+        picks its divisor; a streamed step runs with unit counts and the row rescales the gradients and
+        `policy_loss` once the counts are known.
+
         Args:
             batch: the step's `TrainBatch`, or an iterable of chunks of it (streaming group scoring, e.g. a
                 `StepStream`), consumed as they arrive: each chunk's forward/backward runs before the next
@@ -184,6 +216,7 @@ class GRPOLearner:
             ValueError: `old_logps` does not match the batch's micro-batches, or a streamed step with several
                 ranks (not supported).
         """
+        normalizer = self.objective.normalizer  # the loss_type's row of LOSS_NORMALIZERS
         streamed = not isinstance(batch, TrainBatch)
         if streamed and self.world_size > 1:
             raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
@@ -229,11 +262,12 @@ class GRPOLearner:
                 self.skipped_zero_adv_microbatches += 1
                 continue
             with self._autocast():
-                logps, entropy, hidden, head, ref_logps = self._forward(mb)
+                passes = self._forward(mb)
             inputs = MicroBatchInputs(
-                logps, entropy, mb.completion_mask, mb.advantages, mb.sampling_logps, replayed=mb.replayed,
-                old_logps=None if old_logps is None else old_logps[index], ref_logps=ref_logps, hidden=hidden,
-                lm_head=head, completion_ids=mb.completion_ids,
+                passes.logps, passes.entropies, mb.completion_mask, mb.advantages, mb.sampling_logps,
+                replayed=mb.replayed, old_logps=None if old_logps is None else old_logps[index],
+                ref_logps=passes.ref_logps, hidden=passes.hidden, lm_head=passes.lm_head,
+                completion_ids=mb.completion_ids,
             )  # fmt: skip
             result = self.objective.micro_batch_loss(
                 inputs,
@@ -246,7 +280,7 @@ class GRPOLearner:
             accumulate_metrics(sums, weights, result.metrics, result.weight)
         if streamed:
             num_items = seen_items
-            scale = self.objective.normalizer_scale(seen_items, seen_micro)
+            scale = normalizer.streamed_scale(seen_items, seen_micro)
             for param in self.model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(scale)
@@ -264,7 +298,7 @@ class GRPOLearner:
             self.scheduler.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
         if streamed:  # the per-micro-batch metrics were computed with unit normalizers too
-            metrics = self.objective.normalize_streamed_metrics(metrics, seen_items)
+            metrics = normalizer.streamed_metrics(metrics, seen_items)
         metrics["loss"] = step_loss
         metrics["skipped_zero_adv_microbatches"], metrics["skipped_nonfinite_steps"] = (
             float(self.skipped_zero_adv_microbatches),
@@ -276,9 +310,9 @@ class GRPOLearner:
         metrics["num_tokens"] = float(num_items)
         return metrics
 
-    def _forward(self, mb: PackedBatch):
-        """The forward passes the objective asks for on one micro-batch: (logps (N, T) with grad, entropies (N, T),
-        hidden states (N, T, H) and LM head on the fused path else None, reference logps (N, T) or None)."""
+    def _forward(self, mb: PackedBatch) -> ForwardPasses:
+        """The forward passes the objective asks for on one micro-batch (`ForwardPasses`: the policy's logps and
+        entropies, its hidden states and LM head on the fused path, the reference's logps with a KL term)."""
         temperature = self.objective.temperature
         hidden = head = None
         if self.objective.wants_hidden_states:  # the fused loss applies the LM head itself; logps: IS/OPSM/metrics
@@ -303,7 +337,7 @@ class GRPOLearner:
                 ref_logps, _ = completion_logps(
                     self.ref_model, mb, chunk_size=self.logprob_chunk_size, temperature=temperature
                 )
-        return logps, entropy, hidden, head, ref_logps
+        return ForwardPasses(logps=logps, entropies=entropy, hidden=hidden, lm_head=head, ref_logps=ref_logps)
 
     def _autocast(self):
         """bf16 autocast around the forward passes (`bf16`, TRL name), else a no-op: matmuls run in bfloat16 while

@@ -2,7 +2,8 @@
 
 It is the only shared state between the two roles besides the policy-version counter. Bounding it
 gives backpressure; dropping groups older than `max_staleness` on the way out keeps the trainer
-near on-policy, and every drop is counted by reason so nothing disappears silently.
+near on-policy, and every drop is counted by reason (`transports.drops.DropReason`) so nothing disappears
+silently.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import queue
 import threading
 import time
 
+from async_grpo.transports.drops import DROP_REASONS, DropReason
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -53,15 +55,25 @@ class PolicyVersion:
 
 
 class DropCounter:
-    """Thread-safe counts of dropped groups by reason (e.g. `stale`, `reward_timeout`)."""
+    """Thread-safe counts of dropped groups by reason (`transports.drops.DropReason`: e.g. `stale`,
+    `reward_timeout`); the run's one ledger of drops, read by the metrics `dropped_groups/<reason>`."""
 
     def __init__(self) -> None:
-        self._counts: collections.Counter[str] = collections.Counter()
+        self._counts: collections.Counter[DropReason] = collections.Counter()
         self._lock = threading.Lock()
 
-    def add(self, reason: str, n: int = 1) -> None:
+    def add(self, reason: DropReason, n: int = 1) -> None:
         """Count `n` dropped groups under `reason` and log it (a warning for the first drop of each
-        reason and every `WARN_EVERY`-th after it, debug otherwise, so a progress bar stays readable)."""
+        reason and every `WARN_EVERY`-th after it, debug otherwise, so a progress bar stays readable).
+
+        Raises:
+            ValueError: `reason` is not a `DropReason` (a misspelt reason would be a metric nobody watches).
+        """
+        if reason not in DROP_REASONS:
+            raise ValueError(
+                f"drop reason {reason!r} is not one of {DROP_REASONS}. Fix: use one of them, or add it to "
+                "transports.drops.DropReason."
+            )
         with self._lock:
             before = self._counts[reason]
             self._counts[reason] += n
@@ -69,13 +81,13 @@ class DropCounter:
         loud = before == 0 or before // WARN_EVERY != total // WARN_EVERY
         logger.log(logging.WARNING if loud else logging.DEBUG, "dropped %d group(s): %s (total %d)", n, reason, total)
 
-    def snapshot(self) -> dict[str, int]:
-        """Copy of the counts."""
+    def snapshot(self) -> dict[DropReason, int]:
+        """Copy of the counts (reason -> dropped groups)."""
         with self._lock:
             return dict(self._counts)
 
     def load_state_dict(self, counts: dict[str, int]) -> None:
-        """Replace the counts with a `snapshot()` (checkpoint resume)."""
+        """Replace the counts with a `snapshot()` (checkpoint resume; taken as saved, not re-validated)."""
         with self._lock:
             self._counts = collections.Counter({k: int(v) for k, v in counts.items()})
 
@@ -114,7 +126,7 @@ class RolloutQueue:
         """True when a `put` would block."""
         return self._q.full()
 
-    def drain(self, reason: str = "unconsumed_at_end") -> int:
+    def drain(self, reason: DropReason = "unconsumed_at_end") -> int:
         """Empty the queue (once its producer stopped), counting every group left in it as dropped with `reason`;
         returns how many."""
         n = 0
