@@ -179,25 +179,35 @@ def check_warm_start(config: GRPOConfig) -> None:
         )
 
 
-def warm_start(config: GRPOConfig, model: Any, tokenizer: Any, tool_schemas: list[dict]) -> float | None:
+HELD_OUT_WARM_START_PAIRS = 64  # held-out reference completions the warm start is checked on
+
+
+def warm_start(config: GRPOConfig, model: Any, tokenizer: Any, tool_schemas: list[dict]) -> dict[str, float] | None:
     """The supervised warm start on a builtin task's reference answers (`warmup_sft_steps`), or on its reference
     conversations for a tool-calling task (tool results are context, never trained; rendered with `tool_schemas`,
-    the rollout's offered tools); returns the final SFT loss (nats per token), or None when off."""
+    the rollout's offered tools), then its check on the task's held-out split (`trainer.sft.warm_start_report`:
+    teacher-forced, on items it never trained on); a warm start that did not converge is logged as a warning.
+
+    Returns:
+        None when off, else the metrics `warmup/sft_loss` (the final training loss, nats per token) and
+        `warmup/heldout_token_accuracy`, `warmup/heldout_sequence_accuracy`, `warmup/heldout_loss`.
+    """
     if config.data.warmup_sft_steps == 0:
         return None
     check_warm_start(config)
     from async_grpo.tasks import get_task
-    from async_grpo.trainer.sft import supervised_warm_start
+    from async_grpo.trainer.sft import supervised_warm_start, warm_start_report
 
     task = get_task(config.data.dataset.removeprefix("builtin:"))
+    held_out = [(row["prompt"], row["answer"]) for row in task.eval_dataset().select(range(HELD_OUT_WARM_START_PAIRS))]
     if task.transcript is not None:  # multi-turn reference conversations (tool calls): one pair per assistant turn
         pairs = tool_setup.warm_start_pairs(config, task, tokenizer, 2048, tool_schemas)
+        conversations = [task.transcript(_prompt_text(p), a) for p, a in held_out]
+        checks = tool_setup.warm_start_pairs(config, task, tokenizer, 0, tool_schemas, conversations)
     else:
-        pairs = [
-            (encode_prompt(tokenizer, p), tokenizer.encode(c, add_special_tokens=False) + [tokenizer.eos_token_id])
-            for p, c in task.sft_examples(config.seed, 4096)
-        ]
-    return supervised_warm_start(
+        pairs = [_answer_pair(tokenizer, p, c) for p, c in task.sft_examples(config.seed, 4096)]
+        checks = [_answer_pair(tokenizer, p, c) for p, c in held_out]
+    loss = supervised_warm_start(
         model,
         pairs,
         steps=config.data.warmup_sft_steps,
@@ -205,6 +215,36 @@ def warm_start(config: GRPOConfig, model: Any, tokenizer: Any, tool_schemas: lis
         pad_token_id=tokenizer.pad_token_id,
         seed=config.seed,
     )
+    report = warm_start_report(model, checks, pad_token_id=tokenizer.pad_token_id)
+    if not report.converged:
+        logger.warning(
+            "the warm start did not converge: it reproduces %.2f of the held-out reference turns (token accuracy "
+            "%.3f, loss %.3f) after %d steps at learning rate %g; GRPO may find little reward to learn from. Fix: "
+            "lower warmup_sft_learning_rate or raise warmup_sft_steps",
+            report.sequence_accuracy,
+            report.token_accuracy,
+            report.loss,
+            config.data.warmup_sft_steps,
+            config.data.warmup_sft_learning_rate,
+        )
+    return {
+        "warmup/sft_loss": loss,
+        "warmup/heldout_token_accuracy": report.token_accuracy,
+        "warmup/heldout_sequence_accuracy": report.sequence_accuracy,
+        "warmup/heldout_loss": report.loss,
+    }
+
+
+def _prompt_text(prompt: Any) -> str:
+    """The text of a builtin task's prompt: the string, or a conversational prompt's last (user) message."""
+    return prompt[-1]["content"] if isinstance(prompt, list) else prompt
+
+
+def _answer_pair(tokenizer: Any, prompt: Any, answer: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids + EOS): one supervised pair of a single-turn task (TRL's prompt-completion SFT)."""
+    return encode_prompt(tokenizer, prompt), tokenizer.encode(answer, add_special_tokens=False) + [
+        tokenizer.eos_token_id
+    ]
 
 
 def build_rollout(

@@ -112,7 +112,7 @@ class GRPORecipe:
         # ---- inference starts; the model loads and warm-starts meanwhile
         self.replicas = ReplicaSet.of(start_inference(model_path))
         model = builders.load_policy(config, model_path)
-        sft_loss = (
+        warm = (
             None if self.resume_from else builders.warm_start(config, model, self.tokenizer, self.rollout.tool_schemas)
         )
         model.to(self.info.device)
@@ -126,11 +126,11 @@ class GRPORecipe:
         self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
         self.pusher = self.make_pusher()
         self.pusher.setup()
-        if sft_loss is not None:
-            self.tracker.log_metrics({"warmup/sft_loss": sft_loss}, step=0)
+        if warm is not None:
+            self.tracker.log_metrics(warm, step=0)
         launched = all(r.endpoint.launched for r in self.replicas.replicas)
         if (
-            sft_loss is not None or not launched or peft_setup.push_at_start(config)
+            warm is not None or not launched or peft_setup.push_at_start(config)
         ):  # serve exactly the trainer's starting weights as version 0
             self.sync_times.append(self.pusher.push(self.version.value))  # (warm-started, or attached: unknown)
         self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched, self.learner.model)

@@ -100,15 +100,21 @@ def build_rollout(
 
 
 def warm_start_pairs(
-    config: GRPOConfig, task: Any, tokenizer: Any, n: int, tool_schemas: Sequence[dict]
+    config: GRPOConfig,
+    task: Any,
+    tokenizer: Any,
+    n: int,
+    tool_schemas: Sequence[dict],
+    conversations: Sequence[list[dict]] | None = None,
 ) -> list[tuple[list[int], list[int]]]:
-    """(context ids, turn ids) pairs of a builtin task's reference conversations (`Task.sft_transcripts`), rendered
-    with `tool_schemas` (the rollout's, `Rollout.tool_schemas`, when the run declares `tools`: on a reward service
-    they come from there, and no tool file is imported here), else with the task's own builtin tools; one pair per
-    assistant turn.
+    """(context ids, turn ids) pairs of a builtin task's reference conversations (`n` of `Task.sft_transcripts`,
+    or the given `conversations`), rendered with `tool_schemas` (the rollout's, `Rollout.tool_schemas`, when the
+    run declares `tools`: on a reward service they come from there, and no tool file is imported here), else with
+    the task's own builtin tools; one pair per assistant turn.
 
     Raises:
         ToolSpecError: a builtin tool does not resolve; ChatTemplateError: the template is not prefix-preserving.
     """
     schemas = list(tool_schemas) if config.tools.tools else [t.schema for t in load_tools(list(task.tools))]
-    return [pair for conv in task.sft_transcripts(config.seed, n) for pair in turn_pairs(tokenizer, conv, schemas)]
+    convs = task.sft_transcripts(config.seed, n) if conversations is None else conversations
+    return [pair for conv in convs for pair in turn_pairs(tokenizer, conv, schemas)]
