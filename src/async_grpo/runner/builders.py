@@ -12,12 +12,14 @@ import math
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from async_grpo import hub
 from async_grpo.algorithms import LossSettings
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem, PromptSampler, encode_prompt
+from async_grpo.inference.client import GenerationClient
+from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.orchestrator.orchestrator import Orchestrator
 from async_grpo.orchestrator.producer import DataProducer, ProducerConfig, VLLMProducer, load_data_producer
@@ -29,6 +31,14 @@ from async_grpo.trainer.protocol import Learner
 from async_grpo.trainer.schedule import LRSchedule, warmup_steps
 from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.scorer import Scorer
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from async_grpo.transports.weights.lora import LoRAAdapterPusher
+    from async_grpo.transports.weights.sync import WeightPusher
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +192,9 @@ def check_warm_start(config: GRPOConfig) -> None:
 HELD_OUT_WARM_START_PAIRS = 64  # held-out reference completions the warm start is checked on
 
 
-def warm_start(config: GRPOConfig, model: Any, tokenizer: Any, tool_schemas: list[dict]) -> dict[str, float] | None:
+def warm_start(
+    config: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, tool_schemas: list[dict]
+) -> dict[str, float] | None:
     """The supervised warm start on a builtin task's reference answers (`warmup_sft_steps`), or on its reference
     conversations for a tool-calling task (tool results are context, never trained; rendered with `tool_schemas`,
     the rollout's offered tools), then its check on the task's held-out split (`trainer.sft.warm_start_report`:
@@ -240,7 +252,7 @@ def _prompt_text(prompt: Any) -> str:
     return prompt[-1]["content"] if isinstance(prompt, list) else prompt
 
 
-def _answer_pair(tokenizer: Any, prompt: Any, answer: str) -> tuple[list[int], list[int]]:
+def _answer_pair(tokenizer: PreTrainedTokenizerBase, prompt: Any, answer: str) -> tuple[list[int], list[int]]:
     """(prompt ids, answer ids + EOS): one supervised pair of a single-turn task (TRL's prompt-completion SFT)."""
     return encode_prompt(tokenizer, prompt), tokenizer.encode(answer, add_special_tokens=False) + [
         tokenizer.eos_token_id
@@ -249,8 +261,8 @@ def _answer_pair(tokenizer: Any, prompt: Any, answer: str) -> tuple[list[int], l
 
 def build_rollout(
     config: GRPOConfig,
-    scorer: Any,
-    tokenizer: Any,
+    scorer: Scorer,
+    tokenizer: PreTrainedTokenizerBase,
     decode: Callable[[list[int]], str],
     items: list[PromptItem],
     tool_service: tuple[str, str | None] | None = None,
@@ -283,7 +295,7 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
     )  # fmt: skip
 
 
-def build_local_learner(config: GRPOConfig, model: Any, pad_token_id: int) -> GRPOLearner:
+def build_local_learner(config: GRPOConfig, model: torch.nn.Module, pad_token_id: int) -> GRPOLearner:
     """This rank's `GRPOLearner` (every rank builds the same one; it shards the model under `fsdp`), or with use_peft
     a `trainer.peft.PeftLearner` over the LoRA-wrapped model (`runner.peft_setup.lora_policy`)."""
     learner_cls, model = peft_setup.lora_policy(config, model) if config.peft.use_peft else (GRPOLearner, model)
@@ -316,7 +328,7 @@ def lr_schedule(config: GRPOConfig) -> LRSchedule:
     )
 
 
-def build_learner(config: GRPOConfig, model: Any, pad_token_id: int, info: DistInfo) -> Learner:
+def build_learner(config: GRPOConfig, model: torch.nn.Module, pad_token_id: int, info: DistInfo) -> Learner:
     """Rank 0's `Learner`: the local one, driving the other ranks when there are several."""
     local = build_local_learner(config, model, pad_token_id)
     return DataParallelLearner(local, info) if info.world_size > 1 else local
@@ -356,16 +368,16 @@ def sampling_settings(config: GRPOConfig, *, evaluation: bool = False) -> Sampli
 def build_producer(
     config: GRPOConfig,
     *,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     train_items: list[PromptItem],
     rollout: Rollout,
-    client_factory: Callable[[], Any],
+    client_factory: Callable[[], GenerationClient],
     reward_names: list[str],
     reward_weights: list[float],
     version: PolicyVersion,
     drops: DropCounter,
     world_size: int,
-    health: Any = None,
+    health: InferenceHealth | None = None,
 ) -> tuple[DataProducer, Orchestrator | None, RolloutQueue | None]:
     """The run's rollout producer: a user `data_producer`, or the builtin `VLLMProducer` over a (not yet
     started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate. The
@@ -420,7 +432,7 @@ def build_producer(
     return producer, orchestrator, queue
 
 
-def replica_pusher(config: GRPOConfig, learner: Any, url: str) -> Any:
+def replica_pusher(config: GRPOConfig, learner: Learner, url: str) -> WeightPusher | LoRAAdapterPusher:
     """A weight pusher from `learner` to the one vLLM server at `url` (not yet set up): the adapter only with
     vllm_lora_sync (`peft_setup.adapter_pusher`; docs/deploy.md, "LoRA"), else every weight over vLLM's weight
     transfer, cast once to a 16-bit `vllm_dtype` on the way (`transports.weights.cast`)."""

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.runner.state import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
@@ -228,13 +229,13 @@ class TrainedPosition(Iterator):
     Thread-safety: `__next__` runs in the orchestrator's thread, the rest in the trainer's; a lock guards both.
     """
 
-    def __init__(self, sampler: Any, window: int):
+    def __init__(self, sampler: PromptSampler, window: int):
         self.sampler = sampler
         self.window = max(1, window)
         self._drawn: deque[tuple[tuple[int, ...], dict[str, Any]]] = deque()
         self._lock = threading.Lock()
 
-    def __next__(self) -> Any:
+    def __next__(self) -> PromptItem:
         with self._lock:
             before = self.sampler.state_dict()
             item = next(self.sampler)

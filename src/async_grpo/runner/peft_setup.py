@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from async_grpo.config import GRPOConfig
+from async_grpo.trainer.protocol import Learner
 from async_grpo.transports.queue import PolicyVersion
 from async_grpo.transports.weights.lora import LoRAAdapterPusher, adapter_name
 
@@ -46,7 +47,7 @@ def lora_sync_folder(config: GRPOConfig) -> Path:
     return Path(config.output_dir).resolve() / LORA_SYNC_FOLDER
 
 
-def adapter_pusher(config: GRPOConfig, learner: Any, url: str) -> LoRAAdapterPusher:
+def adapter_pusher(config: GRPOConfig, learner: Learner, url: str) -> LoRAAdapterPusher:
     """The adapter-only pusher (vllm_lora_sync) from `learner` (a `PeftLearner`, or a data-parallel learner over
     one) to the server at `url`; its first push after each setup also sends the base weights once (full transfer,
     `LoRAAdapterPusher.base_pusher`), so the server's base is the trainer's."""

@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -33,6 +32,7 @@ from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, re
 from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
+from async_grpo.transports.messages import StepBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion
 from async_grpo.transports.weights.replicas import ReplicaPusher
 
@@ -196,7 +196,7 @@ class GRPORecipe:
         return BalancedClient(self.replicas, model, timeout_s=self.config.inference.vllm_request_timeout_s)
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, rollout: Any = None, prefix: str = "eval") -> dict[str, float]:
+    def evaluate(self, rollout: Rollout | None = None, prefix: str = "eval") -> dict[str, float]:
         """Held-out reward at the current step with the run's own rollout (or `rollout`), logged as `<prefix>/*`
         ({} without a held-out set)."""
         if not self.eval_items:
@@ -284,7 +284,7 @@ class GRPORecipe:
             elif item.groups:  # max_steps reached inside the rollout
                 self.drops.add("unconsumed_at_end", len(item.groups))
 
-    def _one_step(self, item: Any, old_logps: list | None, depth: int, waited: float) -> float:
+    def _one_step(self, item: StepBatch, old_logps: list | None, depth: int, waited: float) -> float:
         """One optimizer step on `item` (a step batch or a stream of its chunks), its weight push and its
         metrics; returns the idle time still to report (0 once logged)."""
         config = self.config

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from async_grpo.tasks.base import Task
 
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem
@@ -69,7 +74,7 @@ def check_conversational(items: Sequence[PromptItem], spec: str) -> None:
 def build_rollout(
     config: GRPOConfig,
     scorer: Scorer,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     decode: Callable[[list[int]], str],
     items: Sequence[PromptItem],
     tool_service: tuple[str, str | None] | None = None,
@@ -101,8 +106,8 @@ def build_rollout(
 
 def warm_start_pairs(
     config: GRPOConfig,
-    task: Any,
-    tokenizer: Any,
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
     n: int,
     tool_schemas: Sequence[dict],
     conversations: Sequence[list[dict]] | None = None,

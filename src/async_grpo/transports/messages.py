@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 
 # Orchestrator -> Trainer
@@ -117,6 +118,28 @@ class RolloutGroup:
 
 
 # Orchestrator -> Trainer
+@runtime_checkable
+class StepBatch(Protocol):
+    """What one optimizer step trains on: a `TrainBatch`, or a stream of its chunks
+    (`orchestrator.producer.StepStream`, streaming group scoring). The learner iterates the chunks; the runner reads
+    these once the step is done.
+
+    Attributes:
+        groups: every group of the step (for a stream, those received so far).
+        metrics: the step's rollout metrics (for a stream, complete once it was consumed).
+        wait_s: seconds the trainer waited for chunks during the step (0.0 for a whole batch).
+    """
+
+    @property
+    def groups(self) -> list[RolloutGroup]: ...
+
+    @property
+    def metrics(self) -> dict[str, float]: ...
+
+    @property
+    def wait_s(self) -> float: ...
+
+
 @dataclass
 class TrainBatch:
     """The groups for one optimizer step, with advantages already computed over this batch, or one chunk
