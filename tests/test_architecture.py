@@ -17,7 +17,7 @@ ALLOWED = {
     "__init__": set(),
     "errors": set(),
     "user_code": set(),
-    "config": set(),
+    "config": {"user_code"},
     "hub": set(),
     "tasks": set(),
     "tiny_model": set(),

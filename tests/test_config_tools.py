@@ -29,7 +29,8 @@ def test_tools_loads_flat_nested_dotted_and_round_trips(tmp_path):
     ("tools", "says"),
     [
         (["calculator"], "Did you mean 'builtin:calculator'"),
-        (["x.py:"], "is not `builtin:<name>`"),
+        (["x.py:"], "is not a function name"),
+        (["a b:f"], "neither a module name nor a .py file"),
         (CALC * 2, "more than once"),
     ],
 )

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.user_code import parse_spec
 
 
 class ToolsConfig(Section):
@@ -68,13 +69,7 @@ class ToolsConfig(Section):
     def _spec_syntax(cls, specs: list[str]) -> list[str]:
         """Each entry looks like `builtin:<name>`, `pkg.module:function` or `path/file.py:function`; no repeats."""
         for spec in specs:
-            target, _, name = spec.rpartition(":")
-            if not target or not name.isidentifier():
-                hint = f" Did you mean 'builtin:{spec}'?" if spec.isidentifier() else ""
-                raise ValueError(
-                    f"tools entry {spec!r} is not `builtin:<name>`, `pkg.module:function` or "
-                    f"`path/to/file.py:function`.{hint}"
-                )
+            parse_spec(spec, what="tools entry", error=ValueError)
         repeated = sorted({s for s in specs if specs.count(s) > 1})
         if repeated:
             raise ValueError(f"tools lists {repeated} more than once. Fix: list each tool once.")
