@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from async_grpo import checkpoint_layout
 from async_grpo.config import ConfigError, load_config
 from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.runner import checkpoints
@@ -17,7 +18,9 @@ from async_grpo.runner.state import TrainState, save_checkpoint
 
 
 def write(root: Path, step: int) -> Path:
-    return save_checkpoint(TrainState(step=step, mlflow_run_id=f"run{step}"), checkpoints.checkpoint_dir(root, step))
+    return save_checkpoint(
+        TrainState(step=step, mlflow_run_id=f"run{step}"), checkpoint_layout.checkpoint_dir(root, step)
+    )
 
 
 def checkpointer(out_dir: Path, save, **settings) -> checkpoints.Checkpointer:
@@ -35,7 +38,7 @@ def test_rotation_keeps_the_newest_n_and_clears_interrupted_writes(tmp_path):
     (tmp_path / ".checkpoint-12.tmp-abc").mkdir()  # a write killed half-way
     deleted = checkpoints.rotate_checkpoints(tmp_path, 2)
     assert sorted(p.name for p in deleted) == ["checkpoint-2", "checkpoint-4"]
-    assert [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [8, 10]
+    assert [s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)] == [8, 10]
     assert not (tmp_path / ".checkpoint-12.tmp-abc").exists()
     assert checkpoints.rotate_checkpoints(tmp_path, None) == []  # None keeps all
 
@@ -52,7 +55,7 @@ def test_a_failed_write_deletes_nothing(tmp_path):
 
     with pytest.raises(OSError, match="disk full"):
         checkpointer(tmp_path, broken_save, save_total_limit=1).write(3)
-    assert [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [1, 2]  # both kept: the new one failed
+    assert [s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)] == [1, 2]  # both kept: the new one failed
     assert not list(tmp_path.glob(".checkpoint-3*"))
 
 
@@ -62,11 +65,11 @@ def test_checkpoint_now_rotates_after_the_new_one_is_complete(tmp_path):
     seen = []
 
     def save(path):
-        seen.append([s for s, _ in checkpoints.complete_checkpoints(tmp_path)])  # nothing deleted yet
+        seen.append([s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)])  # nothing deleted yet
         return write(tmp_path, 3)
 
     assert checkpointer(tmp_path, save, save_total_limit=1).write(3) >= 0.0
-    assert seen == [[1, 2]] and [s for s, _ in checkpoints.complete_checkpoints(tmp_path)] == [3]
+    assert seen == [[1, 2]] and [s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)] == [3]
 
 
 def test_resume_true_picks_the_newest_complete_checkpoint(tmp_path):
@@ -75,19 +78,19 @@ def test_resume_true_picks_the_newest_complete_checkpoint(tmp_path):
     (tmp_path / "checkpoint-40").mkdir()  # incomplete: no train_state.pt
     (tmp_path / ".checkpoint-50.tmp-x").mkdir()
     (tmp_path / "checkpoint-final").mkdir()
-    path = checkpoints.resolve_resume(True, tmp_path)
+    path = checkpoint_layout.resolve_resume(True, tmp_path)
     assert path == tmp_path / "checkpoint-12"
     assert checkpoints.read_meta(path)["mlflow_run_id"] == "run12"
-    assert checkpoints.resolve_resume(str(tmp_path / "checkpoint-3"), tmp_path) == tmp_path / "checkpoint-3"
-    assert checkpoints.resolve_resume(None, tmp_path) is None
+    assert checkpoint_layout.resolve_resume(str(tmp_path / "checkpoint-3"), tmp_path) == tmp_path / "checkpoint-3"
+    assert checkpoint_layout.resolve_resume(None, tmp_path) is None
 
 
 def test_resume_true_without_checkpoints_starts_fresh_and_a_bad_path_is_an_error(tmp_path, caplog):
     with caplog.at_level("INFO"):
-        assert checkpoints.resolve_resume(True, tmp_path / "missing") is None
+        assert checkpoint_layout.resolve_resume(True, tmp_path / "missing") is None
     assert "starting a fresh run" in caplog.text
     with pytest.raises(FileNotFoundError, match="resume_from_checkpoint=.*Fix:"):
-        checkpoints.resolve_resume(str(tmp_path / "checkpoint-40"), tmp_path)
+        checkpoint_layout.resolve_resume(str(tmp_path / "checkpoint-40"), tmp_path)
 
 
 @pytest.mark.parametrize(("override", "field"), [

@@ -307,3 +307,14 @@ def test_two_fsdp_ranks_with_a_token_budget_train_like_one_process_with_fixed_mi
         ):
             got = torch.cat([g0, g1]) if g0.shape != param.shape else g0  # FSDP: stitch the two shards
             torch.testing.assert_close(got, param.grad, atol=1e-5, rtol=1e-5, msg=f"{loss_type} {name}")
+
+
+def test_a_budget_below_every_sequence_warns_once_and_counts_each(caplog):
+    """Issue 28: a budget below one sequence logged one warning per sequence per step (hundreds a step)."""
+    batch = lengths_batch([2, 2, 6], [2, 2, 2, 10, 2, 2])  # six rows, every one longer than 3 tokens
+    cut = MicroBatching(8, max_tokens_per_microbatch=3)
+    with caplog.at_level("WARNING", logger="async_grpo.trainer.microbatching"):
+        for _ in range(2):  # two steps
+            assert [len(mb) for mb in cut.cut(pack_batch(batch, PAD))] == [1] * 6
+    assert cut.oversized == 12
+    assert len([r for r in caplog.records if "max_tokens_per_microbatch" in r.getMessage()]) == 1

@@ -25,6 +25,7 @@ backend run it with target cluster.
 - lora_targets (with use_peft and explicit lora_target_modules, where the model's config is at hand): target
   modules that match no module of the model (`peft_check`).
 - output_dir (local): a folder this process cannot write.
+- resume_checkpoint (local): a resume_from_checkpoint path that is no complete checkpoint folder.
 - weight_sync_device (local): weight_sync_backend=nccl without CUDA.
 - mlflow (local): an http(s) tracking server that does not answer within 5 s; an unwritable sqlite/file store.
 - reward_url (local): a reward service at reward_url that does not answer within 5 s (ASYNC_GRPO_REWARD_URL, which
@@ -58,12 +59,13 @@ CHECKS = (
     "model",
     "lora_targets",
     "output_dir",
+    "resume_checkpoint",
     "weight_sync_device",
     "vllm_replicas",
     "mlflow",
     "reward_url",
 )
-LOCAL_ONLY = ("model", "output_dir", "weight_sync_device", "mlflow", "reward_url")
+LOCAL_ONLY = ("model", "output_dir", "resume_checkpoint", "weight_sync_device", "mlflow", "reward_url")
 
 
 def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[str] = ()) -> PreflightReport:
@@ -110,6 +112,7 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         ("vllm_extra_args", static.check_vllm_extra_args),
         ("lengths", static.check_lengths),
         ("output_dir", static.check_output_dir),
+        ("resume_checkpoint", static.check_resume_checkpoint),
         ("weight_sync_device", static.check_weight_sync_device),
         ("vllm_replicas", static.check_vllm_replicas),
         ("mlflow", services.check_mlflow),

@@ -194,6 +194,19 @@ def check_output_dir(config: GRPOConfig) -> list[Problem]:
     return [problem] if problem else []
 
 
+def check_resume_checkpoint(config: GRPOConfig) -> list[Problem]:
+    """A `resume_from_checkpoint` path must be a complete checkpoint folder (`checkpoint_layout.resolve_resume`, the
+    rule the run applies when it starts); `true` with no checkpoint yet starts fresh, as at launch."""
+    from async_grpo.checkpoint_layout import resolve_resume
+
+    try:
+        resolve_resume(config.checkpoint.resume_from_checkpoint, config.output_dir)
+    except FileNotFoundError as err:
+        message, _, fix = str(err).partition(" Fix: ")
+        return [Problem("checkpoint.resume_from_checkpoint", message.rstrip("."), fix.rstrip("."))]
+    return []
+
+
 def check_model(config: GRPOConfig) -> tuple[list[Problem], str | None]:
     """model_name_or_path must be `builtin:tiny`, a local Hugging Face folder (with config.json), or a hub id
     (`org/name`, resolved at launch; not checked here). Returns (problems, a skip note for a hub id)."""

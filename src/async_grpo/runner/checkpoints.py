@@ -1,8 +1,5 @@
-"""Periodic checkpoints, their rotation, finding the one to resume from, and checkpointing on a stop signal.
-
-A run's checkpoints live in `<output_dir>/checkpoint-<step>/` (HF Trainer's layout), each written atomically by
-`state.save_checkpoint` (a hidden temporary sibling renamed into place), so a folder named `checkpoint-<step>`
-holding `train_state.pt` is always complete.
+"""Periodic checkpoints, their rotation, and checkpointing on a stop signal (the folders' layout, and which one a
+resume means: `async_grpo.checkpoint_layout`).
 
 Prompt order on resume: the orchestrator draws prompts ahead of the trainer (groups in flight, in the rollout
 queue, half-built batches). Those groups are not in a checkpoint; so the sampler position saved is not the live
@@ -16,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import signal
 import threading
@@ -26,35 +22,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from async_grpo.checkpoint_layout import META_FILE, PREFIX, STATE_FILE, checkpoint_dir, complete_checkpoints
 from async_grpo.data import PromptItem, PromptSampler
-from async_grpo.runner.state import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "checkpoint-"
-_NAME = re.compile(r"^checkpoint-(\d+)$")
-
 
 # ------------------------------------------------------------------------------------------------ folders
-def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
-    """`<output_dir>/checkpoint-<step>` (HF Trainer's name)."""
-    return Path(output_dir) / f"{PREFIX}{step}"
-
-
-def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """The complete checkpoints in `output_dir`, oldest step first: folders named `checkpoint-<step>` that hold
-    `train_state.pt` (temporary `.checkpoint-*.tmp-*` folders and half-written ones are skipped)."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = _NAME.match(path.name)
-        if match and path.is_dir() and (path / STATE_FILE).is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
 def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> list[Path]:
     """Delete all but the newest `keep` complete checkpoints (None: keep all), and leftover temporary folders
     of interrupted writes. Call it only after the newest checkpoint is complete. Returns the deleted folders."""
@@ -69,32 +43,6 @@ def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
         deleted.append(path)
     return deleted
-
-
-def resolve_resume(resume: bool | str | None, output_dir: str | Path) -> Path | None:
-    """The checkpoint folder `resume_from_checkpoint` names: None for a fresh run; `true` gives the newest
-    complete checkpoint in `output_dir`, or None (logged) when there is none, so a restarted pod's first start
-    works (HF raises there instead); a path must be a complete checkpoint.
-
-    Raises:
-        FileNotFoundError: a path that is not a complete checkpoint.
-    """
-    if resume is None or resume is False:
-        return None
-    if resume is True:
-        found = complete_checkpoints(output_dir)
-        if not found:
-            logger.info("resume_from_checkpoint=true: no checkpoint in %s yet; starting a fresh run", output_dir)
-            return None
-        return found[-1][1]
-    path = Path(resume)
-    if not (path / STATE_FILE).is_file():
-        raise FileNotFoundError(
-            f"resume_from_checkpoint={resume!r} is not a complete checkpoint (no {STATE_FILE}). "
-            f"Fix: point at a `{PREFIX}<step>` folder of an earlier run, or set "
-            "resume_from_checkpoint: true for the newest one in output_dir."
-        )
-    return path
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from async_grpo.checkpoint_layout import resolve_resume
 from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import load_prompt_items
 from async_grpo.evaluation import evaluate_reward
@@ -104,7 +105,7 @@ class GRPORecipe:
         )  # max_steps=-1: TRL's num_train_epochs
         eval_spec = builders.eval_dataset_spec(config)
         self.eval_items = self._items(eval_spec, "eval", limit=config.data.eval_num_prompts) if eval_spec else []
-        self.resume_from = checkpoints.resolve_resume(config.checkpoint.resume_from_checkpoint, self.out_dir)
+        self.resume_from = resolve_resume(config.checkpoint.resume_from_checkpoint, self.out_dir)
         self.scorer = make_reward_pool(config)  # the reward service when reward_url / $ASYNC_GRPO_REWARD_URL is set
         self.rollout = builders.build_rollout(
             config, self.scorer, self.tokenizer, self.decode, self.train_items + self.eval_items

@@ -27,11 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from async_grpo.checkpoint_layout import META_FILE, MODEL_DIR, STATE_FILE
 from async_grpo.transports.drops import DropReason
-
-STATE_FILE = "train_state.pt"
-META_FILE = "meta.json"
-MODEL_DIR = "model"
 
 
 @dataclass

@@ -128,12 +128,15 @@ class MicroBatching:
                 spans.append((start, i))
                 start, new_p, new_c, new_total = i, pl, cl, pl + cl
             if i == start and pl + cl > self.max_tokens:
+                if not self.oversized:  # once per run; the metric oversized_microbatch_sequences counts them all
+                    logger.warning(
+                        "a sequence of %d tokens exceeds max_tokens_per_microbatch=%d: trained in a micro-batch of "
+                        "its own (warned once; the metric oversized_microbatch_sequences counts every one). Fix: "
+                        "raise max_tokens_per_microbatch to at least max_prompt_length + max_completion_length.",
+                        pl + cl,
+                        self.max_tokens,
+                    )
                 self.oversized += 1
-                logger.warning(
-                    "a sequence of %d tokens exceeds max_tokens_per_microbatch=%d: trained in a micro-batch of its own",
-                    pl + cl,
-                    self.max_tokens,
-                )
             max_p, max_c, total = new_p, new_c, new_total
         if start < len(prompt_len):
             spans.append((start, len(prompt_len)))
