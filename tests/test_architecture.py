@@ -63,7 +63,7 @@ ALLOWED = {
         "transports",
         "user_code",
     },
-    "pipeline_local": {"config", "errors", "launch", "preflight"},
+    "pipeline_local": {"config", "errors", "launch", "preflight", "tracking"},
     "cli_render": {"config", "errors", "launch", "preflight"},
     "cli_pipeline": {"config", "errors", "launch", "pipeline_local", "preflight"},
     "cli": {"__init__", "cli_pipeline", "cli_render", "config", "errors", "launch", "preflight", "tiny_model"},

@@ -96,3 +96,36 @@ def test_a_run_leaves_the_process_environment_as_it_found_it(tmp_path, store):
     # with no environment URI, artifacts go beside the run's sqlite store
     experiment = mlflow.MlflowClient(first.tracking_uri).get_experiment_by_name("async-grpo")
     assert experiment is not None and experiment.artifact_location.startswith((tmp_path / "a").resolve().as_uri())
+
+
+OPEN_AT = """
+import sys, time
+from async_grpo.tracking import open_store
+uri, start = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+open_store(uri, retry_s=0.5)
+"""
+
+
+def test_processes_opening_one_new_sqlite_store_at_once_all_get_a_working_store(tmp_path):
+    """Four processes open one new sqlite store at the same instant (a run, `mlflow ui`, a test's client). Each one
+    migrating it itself failed 3 times in 3 ("Online migration expected to match one row") and left the file broken
+    for every later open ("table _alembic_tmp_... already exists"); with `open_store` all four succeed and the store
+    takes a run."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    start = time.time() + 15.0  # every interpreter has imported mlflow by then
+    procs = [
+        subprocess.Popen([sys.executable, "-c", OPEN_AT, uri, str(start)], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["mlflow.db"]  # no private file left behind
+    client = mlflow.MlflowClient(uri)
+    run = client.create_run(client.create_experiment("after-the-race"))
+    client.log_metric(run.info.run_id, "x", 1.0)
+    assert client.get_run(run.info.run_id).data.metrics == {"x": 1.0}

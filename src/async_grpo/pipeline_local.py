@@ -162,9 +162,12 @@ def run_local_pipeline(
     if unknown:
         raise ValueError(f"unknown pipeline parameters {unknown}. Fix: use names from {package_path}.")
     experiment = str(args.get("mlflow_experiment_name", params["mlflow_experiment_name"].get("defaultValue")))
+    from async_grpo.tracking import open_store
+
     tracking_uri = str(args["mlflow_tracking_uri"])
     mlflow.set_tracking_uri(tracking_uri)
     with _exclusive(out / ".mlflow-init.lock"):  # a fresh sqlite store is created (migrated) by one run at a time
+        open_store(tracking_uri)  # ... and published whole, so an `mlflow ui` opened on it meanwhile cannot race it
         if tracking_uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
             # keep artifacts beside the store, not in ./mlruns of whatever folder the command ran from
             _create_experiment(experiment, (out / "mlartifacts").as_uri())

@@ -15,6 +15,8 @@ A thin layer over `mlflow`, with the behaviour MLflow users expect:
 - The training dataset is recorded with `mlflow.log_input` (context "training").
 - `log_system_metrics` turns on MLflow's system metrics (CPU, memory, GPU) for the run.
 - `report_to: none` gives a tracker that records nothing.
+- A new sqlite store is created whole before another process can open it (`open_store`): two processes migrating one
+  new file at once break it for good.
 """
 
 from __future__ import annotations
@@ -39,6 +41,59 @@ MAX_PENDING = 10_000  # records waiting for the background writer; beyond this, 
 FLUSH_TIMEOUT_S = 120.0  # `end` waits this long for pending records before giving up on them (counted)
 MODEL_URI_TAG = "async_grpo.model_uri"  # run tag: the logged model's URI (models:/m-...), for registration
 _DEFAULT_EXPERIMENT = "async-grpo"
+STORE_OPEN_ATTEMPTS = 3  # an existing sqlite store is opened this often before its set-up error is raised
+STORE_RETRY_S = 2.0  # seconds between the attempts (another process finishing its migration)
+
+
+def open_store(tracking_uri: str, *, attempts: int = STORE_OPEN_ATTEMPTS, retry_s: float = STORE_RETRY_S) -> None:
+    """Make the first contact with the tracking store; a sqlite store that does not exist yet is created whole before
+    any other process can open it.
+
+    MLflow creates and migrates a sqlite store in whichever process opens it first, and two processes migrating one
+    new file at once break it for good (leftover `_alembic_tmp_*` tables: "table ... already exists" on every later
+    open). So a new store is migrated in a private file beside it (`<name>.<pid>.creating`) and published with
+    `os.link`, which fails when the name exists: the first creator wins and the others open the published, complete
+    store. An existing store is opened up to `attempts` times, `retry_s` apart, in case a process outside this
+    package (`mlflow ui` on a new file) is migrating it at that moment.
+
+    Args:
+        tracking_uri: the run's tracking URI (`sqlite:////abs/path.db`, `sqlite:///rel/path.db`, http(s), file).
+        attempts: tries for an existing sqlite store (>= 1); any other store is tried once (preflight checked it).
+        retry_s: seconds between tries.
+
+    Raises:
+        the store's error (mlflow.exceptions.MlflowException, sqlalchemy or alembic errors) from the last try.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        mlflow.MlflowClient(tracking_uri).search_experiments(max_results=1)
+        return
+    path = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if not path.exists():
+        private = path.with_name(f"{path.name}.{os.getpid()}.creating")
+        try:
+            mlflow.MlflowClient(f"sqlite:///{private}").search_experiments(max_results=1)  # create and migrate
+            os.link(private, path)  # publish; FileExistsError: another process published first
+        except FileExistsError:
+            pass
+        finally:
+            private.unlink(missing_ok=True)
+    for attempt in range(1, attempts + 1):
+        try:
+            mlflow.MlflowClient(tracking_uri).search_experiments(max_results=1)
+            return
+        except Exception as err:
+            if attempt == attempts:
+                raise
+            logger.warning(
+                "MLflow store %s: opening it failed (%s), as when another process migrates it at the same time; "
+                "trying again in %.0f s (try %d of %d)",
+                tracking_uri,
+                str(err).splitlines()[0] if str(err) else type(err).__name__,
+                retry_s,
+                attempt + 1,
+                attempts,
+            )
+            time.sleep(retry_s)
 
 
 def experiment_name(config: GRPOConfig) -> str:
@@ -76,6 +131,7 @@ class Tracker:
         # user had so that the check below sees their environment, and `end` gives it back unchanged.
         self._env_uri = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
+        open_store(self.tracking_uri)
         run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
         if run_id is None:
             name = experiment_name(config)
