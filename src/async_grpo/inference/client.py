@@ -36,6 +36,11 @@ class Completion:
     finish_reason: str
 
 
+# An idle pooled connection is dropped after this many seconds: below the server's keep-alive (vLLM's
+# VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s, uvicorn's default), so the client never reuses a connection at the moment the server
+# closes it. At httpx's default (5 s, equal to the server's) that race answered a live server's request with
+# ReadError(''), which marked the server lost and spent one of max_inference_restarts (seen once in ~300 steps).
+KEEPALIVE_EXPIRY_S = 2.0
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable; the server requires it when set (see inference/auth.py)
 
 
@@ -100,7 +105,7 @@ class AsyncVLLMClient:
             base_url=self.base_url,
             headers=auth_headers(api_key),
             timeout=httpx.Timeout(timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections),
+            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
 
     async def generate(

@@ -44,6 +44,7 @@ HEALTH_POLL_S = 0.5
 PROBE_TIMEOUT_S = 5.0  # one /health or /v1/reward_functions request
 TCP_CONNECT_TIMEOUT_S = 10.0  # opening a connection for a score request
 DEFAULT_MAX_CONCURRENCY = 2  # = RewardPool's default num_workers
+KEEPALIVE_EXPIRY_S = 2.0  # idle pooled connections dropped sooner than any server closes them (ours: KEEPALIVE_S)
 
 _URL_FIX = (
     f"Fix: check that the reward service is running and ready (on Kubernetes: kubectl get pods -l "
@@ -146,7 +147,11 @@ class RemoteRewardPool:
             base_url=self.url,
             headers=self._headers,
             timeout=httpx.Timeout(self.request_timeout_s, connect=TCP_CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            limits=httpx.Limits(
+                max_connections=max_concurrency,
+                max_keepalive_connections=max_concurrency,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            ),
         )
         self._slots = asyncio.Semaphore(max_concurrency)
         self._lock = threading.Lock()

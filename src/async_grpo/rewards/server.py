@@ -47,6 +47,9 @@ from async_grpo.tools.executor import ToolExecutor
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8080
+# Idle connections stay open this long (seconds; uvicorn's default is 5, httpx clients keep theirs 5): a server that
+# closes first races the client reusing the connection, which then reads ReadError('') on a live server.
+KEEPALIVE_S = 75.0
 SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long after SIGTERM before uvicorn cancels them
 
 
@@ -256,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_level=args.log_level,
             access_log=False,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            timeout_keep_alive=KEEPALIVE_S,
         )
     except KeyboardInterrupt:
         return 130
