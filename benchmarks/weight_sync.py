@@ -8,7 +8,7 @@
 
 Prints bytes per push, both bandwidths (MB/s) and push / raw, measured in this one run.
 
-    .venv/bin/python benchmarks/weight_sync.py [--hidden 512 --layers 8 --pushes 5]
+    .venv/bin/python benchmarks/weight_sync.py [--hidden 512 --layers 8 --pushes 5 --bucket-mb 16]
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=512, help="model width (head dim 32)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--pushes", type=int, default=5, help="timed pushes (after one warm-up push)")
+    p.add_argument(
+        "--bucket-mb", type=float, default=None, help="MiB per flat broadcast (default: the backend's, 256 MiB)"
+    )
     args = p.parse_args()
 
     import torch
@@ -76,6 +79,8 @@ def main() -> None:
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
     from async_grpo.tiny_model import build_tiny_model
     from async_grpo.transports.weights.gloo import DEFAULT_BUCKET_BYTES, plan_buckets
+
+    bucket_bytes = DEFAULT_BUCKET_BYTES if args.bucket_mb is None else int(args.bucket_mb * 1024 * 1024)
     from async_grpo.transports.weights.sync import WeightPusher, resolve_backend
 
     torch.set_num_threads(1)
@@ -104,13 +109,13 @@ def main() -> None:
     )
     server.start()
     try:
-        pusher = WeightPusher(model, url, backend=backend, timeout_s=300)
+        pusher = WeightPusher(model, url, backend=backend, timeout_s=300, bucket_bytes=bucket_bytes)
         pusher.push(0)  # warm-up: rendezvous, first allocation
         push_s = [pusher.push(i + 1) for i in range(args.pushes)]
         pusher.close()
     finally:
         server.stop()
-    buckets = plan_buckets(metas, DEFAULT_BUCKET_BYTES)
+    buckets = plan_buckets(metas, bucket_bytes)
     sizes = [sum(torch.Size(metas[i].shape).numel() for i in b) for b in buckets]
     raw_s = raw_broadcast_seconds(sizes, "float32", args.pushes)
     push_med = statistics.median(push_s)
@@ -120,6 +125,7 @@ def main() -> None:
                 "backend": backend,
                 "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
                 "bytes_per_push": nbytes,
+                "buckets": len(buckets),
                 "push_s_median": push_med,
                 "raw_broadcast_s_median": raw_s,
                 "push_MB_per_s": nbytes / push_med / 1e6,

@@ -40,11 +40,14 @@ def _max_gap(model, completions) -> float:
     return max(float((_trainer_logps(model, c) - torch.tensor(c.logprobs)).abs().max()) for c in completions)
 
 
-def test_weight_push_makes_vllm_logprobs_match_trainer(vllm_server, tiny_model_dir):
+@pytest.mark.parametrize("bucket_bytes", [None, 64 * 1024], ids=["one-bucket", "pipelined-64KiB-buckets"])
+def test_weight_push_makes_vllm_logprobs_match_trainer(vllm_server, tiny_model_dir, bucket_bytes):
+    """A push (one flat bucket, or about 30 buckets packed, sent and loaded overlapped) makes vLLM sample with the
+    trainer's weights."""
     url, served = vllm_server.url, str(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
-    pusher = WeightPusher(model, url, backend="gloo", timeout_s=120)
+    pusher = WeightPusher(model, url, backend="gloo", timeout_s=120, bucket_bytes=bucket_bytes)
     try:
         pusher.push(6)  # the shared server may hold another test's weights: start from the checkpoint's
         before = _sample(url, served, seed=1)

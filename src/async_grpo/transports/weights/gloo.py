@@ -15,7 +15,8 @@ safe inside the vLLM worker process.
 Wire format: both sides cut the parameter list (names, dtypes, shapes, in metadata order) into
 buckets of consecutive same-dtype tensors of at most `bucket_bytes` each, and each bucket travels as
 one flat gloo broadcast from trainer rank 0. The cut is a pure function of the metadata
-(`plan_buckets`), so the two sides cannot disagree.
+(`plan_buckets`), so the two sides cannot disagree. The stages overlap: the trainer packs bucket k + 1
+while bucket k is on the wire, and the worker receives bucket k + 1 while it loads bucket k.
 """
 
 from __future__ import annotations
@@ -92,13 +93,17 @@ def _new_gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: fl
     return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout_s))
 
 
-def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, abort: Future | None = None) -> None:
-    """Broadcast `tensor` from rank 0. With `abort` (the sender's concurrent `update_weights` call), wait in slices of
-    ABORT_POLL_S and give up once that call failed: a killed API server leaves its worker in the group, never told
-    to receive, and a plain wait would block for the whole group timeout. Raises RuntimeError (cause chained)."""
+def _start_broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> dist.Work:
+    """Post a broadcast of `tensor` from rank 0 and return its pending work (gloo runs posted collectives in order)."""
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
-    work = group.broadcast([tensor], opts)
+    return group.broadcast([tensor], opts)
+
+
+def _wait(work: dist.Work, abort: Future | None = None) -> None:
+    """Wait for a posted broadcast. With `abort` (the sender's concurrent `update_weights` call), wait in slices of
+    ABORT_POLL_S and give up once that call failed: a killed API server leaves its worker in the group, never told
+    to receive, and a plain wait would block for the whole group timeout. Raises RuntimeError (cause chained)."""
     while True:
         try:
             return work.wait() if abort is None else work.wait(timeout=datetime.timedelta(seconds=ABORT_POLL_S))
@@ -107,6 +112,11 @@ def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, abort: Future | N
                 raise
             if abort.done() and abort.exception() is not None:
                 raise RuntimeError("weight broadcast abandoned: update_weights failed") from abort.exception()
+
+
+def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, abort: Future | None = None) -> None:
+    """Broadcast `tensor` from rank 0 and wait for it (`_wait`)."""
+    _wait(_start_broadcast(group, tensor), abort)
 
 
 # ---------------------------------------------------------------------------- wire structs
@@ -205,18 +215,27 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
-        """Receive every bucket and hand the tensors to `model.load_weights`."""
+        """Receive every bucket and hand the tensors to `model.load_weights`; bucket k + 1 is posted (and arrives)
+        while bucket k loads, so at most two buckets are held at once."""
         if self.group is None:
             raise RuntimeError("gloo weight transfer is not initialized; call /init_weight_transfer_engine first")
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
         metas = update_info.metas()
+        buckets = plan_buckets(metas, self.bucket_bytes)
+        sizes = [[torch.Size(metas[i].shape).numel() for i in bucket] for bucket in buckets]
+
+        def post(k: int) -> tuple[torch.Tensor, dist.Work]:
+            flat = torch.empty(sum(sizes[k]), dtype=metas[buckets[k][0]].dtype)
+            return flat, _start_broadcast(self.group, flat)
+
         with disable_mtp_completeness_check():
-            for bucket in plan_buckets(metas, self.bucket_bytes):
-                sizes = [torch.Size(metas[i].shape).numel() for i in bucket]
-                flat = torch.empty(sum(sizes), dtype=metas[bucket[0]].dtype)
-                _broadcast(self.group, flat)
-                pieces = flat.split(sizes)
+            pending = post(0) if buckets else None
+            for k, bucket in enumerate(buckets):
+                flat, work = pending
+                _wait(work)
+                pending = post(k + 1) if k + 1 < len(buckets) else None  # the next bucket arrives while this loads
+                pieces = flat.split(sizes[k])
                 self.model.load_weights(
                     [(metas[i].name, piece.view(metas[i].shape)) for i, piece in zip(bucket, pieces, strict=True)]
                 )
@@ -360,11 +379,18 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.client.finish_weight_update()
 
     def _broadcast_all(self, metas: list[ParamMeta], abort: Future | None = None) -> None:
+        """Broadcast every bucket; bucket k + 1 is packed while bucket k is on the wire (two held at once)."""
         assert self.source is not None and self.group is not None
         tensors = dict(_checked(self.source, metas))
+        pending: tuple[torch.Tensor, dist.Work] | None = None
         for bucket in plan_buckets(metas, self.bucket_bytes):
             flat = torch.cat([tensors[metas[i].name].detach().reshape(-1).cpu() for i in bucket])
-            _broadcast(self.group, flat, abort)
+            work = _start_broadcast(self.group, flat)
+            if pending is not None:
+                _wait(pending[1], abort)
+            pending = (flat, work)  # the tensor stays referenced until its broadcast is done
+        if pending is not None:
+            _wait(pending[1], abort)
 
     def shutdown(self) -> None:
         """Drop the group and close the store."""

@@ -54,6 +54,9 @@ class WeightPusher:
         backend: "gloo", "nccl" or "auto".
         master_address: address of this trainer that the vLLM workers can reach for the rendezvous.
         timeout_s: timeout for the rendezvous, each control-plane call and each broadcast (seconds).
+        bucket_bytes: gloo only: most bytes per flat broadcast (`gloo.plan_buckets`); None: the backend's default
+            (`gloo.DEFAULT_BUCKET_BYTES`). Smaller buckets hold less memory twice; more of them overlap packing,
+            the wire and vLLM's load.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class WeightPusher:
         backend: str = "auto",
         master_address: str = "127.0.0.1",
         timeout_s: float = 300.0,
+        bucket_bytes: int | None = None,
     ):
         self.source = ModuleSource(source) if isinstance(source, torch.nn.Module) else source
         self.backend = resolve_backend(backend)
@@ -71,6 +75,7 @@ class WeightPusher:
         self.client = VersionedWeightSyncClient(server_url, timeout=timeout_s)
         self.master_address = master_address
         self.timeout_s = timeout_s
+        self.bucket_bytes = bucket_bytes
         self.engine = None
         self.last_push_bytes = 0  # bytes the latest push sent: numel x element size summed (weight_sync/bytes)
 
@@ -86,12 +91,14 @@ class WeightPusher:
         if self.backend == "gloo":
             from async_grpo.transports.weights.gloo import GlooTrainerInitInfo
 
+            buckets = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}
             init_info = GlooTrainerInitInfo(
                 master_address=self.master_address,
                 master_port=port,
                 world_size=world_size,
                 timeout_s=self.timeout_s,
                 rank=0,
+                **buckets,
             )
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
