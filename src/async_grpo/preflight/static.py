@@ -201,9 +201,8 @@ def check_resume_checkpoint(config: GRPOConfig) -> list[Problem]:
 
     try:
         resolve_resume(config.checkpoint.resume_from_checkpoint, config.output_dir)
-    except FileNotFoundError as err:
-        message, _, fix = str(err).partition(" Fix: ")
-        return [Problem("checkpoint.resume_from_checkpoint", message.rstrip("."), fix.rstrip("."))]
+    except FileNotFoundError as err:  # its message names the field and ends with the fix
+        return [Problem("checkpoint.resume_from_checkpoint", str(err))]
     return []
 
 

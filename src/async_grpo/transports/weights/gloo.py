@@ -114,11 +114,6 @@ def _wait(work: dist.Work, abort: Future | None = None) -> None:
                 raise RuntimeError("weight broadcast abandoned: update_weights failed") from abort.exception()
 
 
-def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, abort: Future | None = None) -> None:
-    """Broadcast `tensor` from rank 0 and wait for it (`_wait`)."""
-    _wait(_start_broadcast(group, tensor), abort)
-
-
 # ---------------------------------------------------------------------------- wire structs
 # Trainer -> inference worker (through POST /init_weight_transfer_engine)
 @dataclass

@@ -89,16 +89,15 @@ class WeightPusher:
         world_size = 1 + self.control.world_size()
         port = free_port()
         if self.backend == "gloo":
-            from async_grpo.transports.weights.gloo import GlooTrainerInitInfo
+            from async_grpo.transports.weights.gloo import DEFAULT_BUCKET_BYTES, GlooTrainerInitInfo
 
-            buckets = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}
             init_info = GlooTrainerInitInfo(
                 master_address=self.master_address,
                 master_port=port,
                 world_size=world_size,
                 timeout_s=self.timeout_s,
                 rank=0,
-                **buckets,
+                bucket_bytes=self.bucket_bytes or DEFAULT_BUCKET_BYTES,
             )
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
