@@ -37,8 +37,11 @@ def test_reward_scaling_reduced():
 
 @pytest.mark.integration
 def test_weight_sync_reduced():
-    stdout = run("weight_sync.py", "--hidden", "128", "--layers", "2", "--pushes", "2", "--bucket-mb", "0.25")
-    assert "x the raw gloo broadcast" in stdout and '"buckets": ' in stdout
+    stdout = run(
+        "weight_sync.py", "--shape", "demo", "--vllm-dtype", "bfloat16", "--pushes", "2", "--bucket-mb", "0.25"
+    )
+    assert "full push: " in stdout and "delta push: " in stdout and "x the raw gloo broadcast" in stdout
+    assert '"buckets": ' in stdout and "of the dense bytes" in stdout
 
 
 @pytest.mark.integration

@@ -7,10 +7,12 @@ import asyncio
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from vllm.distributed.weight_transfer import ModuleSource
 
 from async_grpo.inference.client import AsyncVLLMClient, VLLMControlClient
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.tiny_model import build_tiny_model
+from async_grpo.transports.weights.cast import for_server
 from async_grpo.transports.weights.sync import WeightPusher
 
 pytestmark = pytest.mark.integration
@@ -69,6 +71,50 @@ def test_weight_push_makes_vllm_logprobs_match_trainer(vllm_server, tiny_model_d
     control = VLLMControlClient(url)
     assert control.weight_version() == "7"
     assert not control._call("GET", "/is_paused")["is_paused"]  # resumed after the push
+
+
+def _perturb_some(model, fraction: float, seed: int) -> None:
+    """Move `fraction` of the elements of every other parameter by about 1e-3 (a few bfloat16 ulps); the rest keep
+    their bits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            if i % 2:
+                continue
+            flat = p.view(-1)
+            index = torch.randperm(flat.numel(), generator=gen)[: max(1, int(fraction * flat.numel()))]
+            flat[index] += torch.randn(index.numel(), generator=gen) * 1e-3
+
+
+@pytest.mark.parametrize("pushed_dtype, fraction", [("float32", 0.02), ("bfloat16", 0.3)])
+def test_a_delta_push_serves_exactly_what_a_full_push_serves(vllm_server, tiny_model_dir, pushed_dtype, fraction):
+    """weight_sync_mode: delta sends a fraction of the bytes, and the server then samples exactly (token ids and
+    logprobs, bit for bit) what it samples after a full push of the same weights; twice in a row, so the second
+    patch is applied to a snapshot that itself came from a patch. The float32 changes (2%) travel as indices and
+    values, the bfloat16 ones (30%, a few ulps each) as a mask and one-byte ulp steps (`mask_steps`)."""
+    url, served = vllm_server.url, str(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    source = for_server(ModuleSource(model), pushed_dtype)
+    pusher = WeightPusher(source, url, backend="gloo", timeout_s=120, bucket_bytes=64 * 1024, mode="delta")
+    try:
+        pusher.push(11)  # the first push of a delta chain is full
+        assert pusher.last_push_bytes >= pusher.last_dense_bytes > 0
+        samples = []
+        for seed in (0, 1):
+            _perturb_some(model, fraction, seed)
+            pusher.push(12 + 2 * seed)
+            assert pusher.last_push_bytes < 0.2 * pusher.last_dense_bytes
+            after_delta = _sample(url, served, seed=1)
+            pusher.push(13 + 2 * seed, full=True)  # the same weights, every tensor whole
+            assert pusher.last_push_bytes >= pusher.last_dense_bytes
+            after_full = _sample(url, served, seed=1)
+            assert [(c.token_ids, c.logprobs) for c in after_delta] == [(c.token_ids, c.logprobs) for c in after_full]
+            if pushed_dtype == "float32":
+                assert _max_gap(model, after_delta) < 1e-3
+            samples.append(after_delta)
+        assert [c.logprobs for c in samples[0]] != [c.logprobs for c in samples[1]]  # the second patch did land
+    finally:
+        pusher.close()
 
 
 def test_a_tied_model_samples_with_the_pushed_head(tmp_path):

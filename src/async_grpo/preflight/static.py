@@ -132,13 +132,20 @@ def check_lengths(config: GRPOConfig) -> list[Problem]:
 
 
 def check_weight_sync_device(config: GRPOConfig) -> list[Problem]:
-    """weight_sync_backend=nccl needs CUDA on this machine (local target only: on a cluster the trainer runs on
-    the GPU nodes)."""
-    if config.weight_sync.weight_sync_backend != "nccl":
-        return []
+    """weight_sync_backend=nccl needs CUDA on this machine, and weight_sync_mode=delta needs the gloo data plane
+    that `auto` picks without CUDA (local target only: on a cluster the trainer runs on the GPU nodes)."""
     import torch
 
-    if torch.cuda.is_available():
+    sync = config.weight_sync
+    if sync.weight_sync_mode == "delta" and sync.weight_sync_backend == "auto" and torch.cuda.is_available():
+        return [
+            Problem(
+                "weight_sync.weight_sync_mode",
+                "delta needs the gloo data plane, and weight_sync_backend: auto picks nccl on this CUDA machine",
+                "set weight_sync_backend: gloo, or weight_sync_mode: full",
+            )
+        ]
+    if sync.weight_sync_backend != "nccl" or torch.cuda.is_available():
         return []
     return [
         Problem(

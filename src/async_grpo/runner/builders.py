@@ -449,6 +449,7 @@ def replica_pusher(config: GRPOConfig, learner: Learner, url: str) -> WeightPush
         backend=sync.weight_sync_backend,
         timeout_s=sync.weight_sync_timeout_s,
         master_address=rendezvous_address(url),
+        mode=sync.weight_sync_mode,
     )
 
 

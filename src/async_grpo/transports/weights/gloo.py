@@ -9,23 +9,26 @@ Importing this module registers the backend under the name ``gloo`` in both
 `WeightTransferEngineFactory` (inference worker side) and `WeightTransferTrainerFactory`
 (trainer side). The vLLM server imports it through
 ``--worker-extension-cls async_grpo.transports.weights.gloo.GlooWorkerExtension`` and selects it with
-``--weight-transfer-config '{"backend":"gloo"}'``. This module imports only torch and vLLM, so it is
-safe inside the vLLM worker process.
+``--weight-transfer-config '{"backend":"gloo"}'``. This module imports only torch, vLLM and `delta` (torch only),
+so it is safe inside the vLLM worker process.
 
-Wire format: both sides cut the parameter list (names, dtypes, shapes, in metadata order) into
-buckets of consecutive same-dtype tensors of at most `bucket_bytes` each, and each bucket travels as
-one flat gloo broadcast from trainer rank 0. The cut is a pure function of the metadata
-(`plan_buckets`), so the two sides cannot disagree. The stages overlap: the trainer packs bucket k + 1
-while bucket k is on the wire, and the worker receives bucket k + 1 while it loads bucket k.
+Wire format: each parameter travels as a payload of raw bytes (`delta.Patch`: the whole tensor in the pushed dtype,
+or in `weight_sync_mode: delta` a sparse patch against the last push), padded to `delta.ALIGN` bytes. Both sides
+cut the payloads (in metadata order) into buckets of at most `bucket_bytes` (`plan_buckets`, a pure function of the
+update metadata, so the two sides cannot disagree), and each bucket travels as one flat uint8 gloo broadcast from
+trainer rank 0. The stages overlap: the trainer packs bucket k + 1 while bucket k is on the wire, and the worker
+receives bucket k + 1 while it loads bucket k.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import math
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -45,10 +48,12 @@ from vllm.distributed.weight_transfer.factory import (
     WeightTransferTrainerFactory,
 )
 
+from async_grpo.transports.weights import delta
+
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "gloo"
-DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024  # bytes per flat broadcast
+DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024  # bytes per flat broadcast
 ABORT_POLL_S = 0.5  # the sender checks its update_weights call this often while a broadcast waits (seconds)
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -61,28 +66,27 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
-def plan_buckets(metas: list[ParamMeta], bucket_bytes: int) -> list[list[int]]:
-    """Cut parameters (in order) into buckets of consecutive same-dtype tensors.
+def plan_buckets(payload_bytes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Cut payloads (in order) into buckets of consecutive payloads.
 
     Args:
-        metas: parameter metadata, in the order both sides iterate.
-        bucket_bytes: soft cap on one bucket's size (bytes); a larger tensor gets its own bucket.
+        payload_bytes: each parameter's payload size in bytes, already padded to `delta.ALIGN` (0: nothing to send).
+        bucket_bytes: soft cap on one bucket's size (bytes); a larger payload gets its own bucket.
 
     Returns:
-        Lists of indices into `metas`, one list per bucket, covering every index once in order.
+        Lists of indices into `payload_bytes`, one list per bucket, covering every non-empty payload once, in order.
     """
     buckets: list[list[int]] = []
     current: list[int] = []
     current_bytes = 0
-    current_dtype: torch.dtype | None = None
-    for i, m in enumerate(metas):
-        nbytes = torch.Size(m.shape).numel() * torch.empty((), dtype=m.dtype).element_size()
-        if current and (m.dtype != current_dtype or current_bytes + nbytes > bucket_bytes):
+    for i, nbytes in enumerate(payload_bytes):
+        if nbytes == 0:
+            continue
+        if current and current_bytes + nbytes > bucket_bytes:
             buckets.append(current)
             current, current_bytes = [], 0
         current.append(i)
         current_bytes += nbytes
-        current_dtype = m.dtype
     if current:
         buckets.append(current)
     return buckets
@@ -127,6 +131,8 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
         world_size: trainer sender + all inference workers.
         bucket_bytes: flat-broadcast size cap (bytes); must match the trainer's.
         timeout_s: gloo operation timeout (seconds).
+        delta: keep a snapshot of the last push (one copy of the model in the pushed dtype, bytes = the push's
+            dense bytes) so the trainer may send `delta` patches against it (`weight_sync_mode: delta`).
     """
 
     master_address: str
@@ -135,22 +141,56 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    delta: bool = False
 
 
 # Trainer -> inference worker (through POST /update_weights)
 @dataclass
 class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
-    """Per-round metadata: parallel lists, one entry per parameter, in send order."""
+    """Per-round metadata: parallel lists, one entry per parameter, in send order.
+
+    Attributes:
+        names, dtype_names, shapes: each parameter's checkpoint name, pushed dtype ("bfloat16") and shape.
+        encodings: each payload's `delta.ENCODINGS` entry; empty: every parameter is sent `full`.
+        counts: each payload's changed elements (`full`: its numel); empty with `encodings`.
+        escapes: each `mask_steps` payload's elements sent whole (0 for the other encodings); empty: all 0.
+        base_round: the push the patches are against (the worker must hold its snapshot); 0: no snapshot needed.
+        round: this push's number on the trainer (the worker's snapshot takes it after a complete receive).
+
+    Raises:
+        ValueError: lists of different lengths, an unknown encoding, or a count outside [0, numel].
+    """
 
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    encodings: list[str] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    escapes: list[int] = field(default_factory=list)
+    base_round: int = 0
+    round: int = 0
 
     def __post_init__(self) -> None:
         if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
             raise ValueError(
                 f"names/dtype_names/shapes lengths differ: {len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
             )
+        if not self.encodings and not self.counts:
+            self.encodings = ["full"] * len(self.names)
+            self.counts = [math.prod(shape) for shape in self.shapes]
+        self.escapes = self.escapes or [0] * len(self.names)
+        if not (len(self.encodings) == len(self.counts) == len(self.escapes) == len(self.names)):
+            raise ValueError(
+                f"encodings/counts/escapes must have one entry per name: {len(self.encodings)}/{len(self.counts)}/"
+                f"{len(self.escapes)} for {len(self.names)} names"
+            )
+        for name, encoding, count, escapes, shape in zip(
+            self.names, self.encodings, self.counts, self.escapes, self.shapes, strict=True
+        ):
+            if encoding not in delta.ENCODINGS:
+                raise ValueError(f"{name}: unknown encoding {encoding!r}; expected one of {delta.ENCODINGS}")
+            if not 0 <= escapes <= count <= math.prod(shape):
+                raise ValueError(f"{name}: need 0 <= escapes {escapes} <= count {count} <= numel {math.prod(shape)}")
 
     def metas(self) -> list[ParamMeta]:
         """The metadata as `ParamMeta` records."""
@@ -159,13 +199,21 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
             for n, d, s in zip(self.names, self.dtype_names, self.shapes, strict=True)
         ]
 
+    def payload_bytes(self) -> list[int]:
+        """Each parameter's padded payload size on the wire (bytes), in order."""
+        return [
+            delta.padded(delta.payload_bytes(e, math.prod(m.shape), c, m.dtype.itemsize, x))
+            for e, c, x, m in zip(self.encodings, self.counts, self.escapes, self.metas(), strict=True)
+        ]
+
 
 # ---------------------------------------------------------------------------- inference side
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
     """Inference-worker engine: receives bucketed gloo broadcasts and loads them layerwise.
 
     Uses vLLM's layerwise reload lifecycle exactly like the NCCL engine, so quantized or
-    repacked CPU layers are re-processed after loading.
+    repacked CPU layers are re-processed after loading. With `delta` it keeps the last push's tensors (the
+    snapshot) and rebuilds each parameter from its patch before loading it.
     """
 
     init_info_cls = GlooWeightTransferInitInfo
@@ -177,6 +225,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.group: dist.ProcessGroup | None = None
         self.store: dist.Store | None = None
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
+        self.delta = False
+        self.snapshot: dict[str, torch.Tensor] = {}  # name -> last pushed tensor (delta only)
+        self.snapshot_round: int | None = None  # the trainer's round the snapshot holds; None: none
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         """Join the trainer's gloo group (blocks until the trainer joins, up to timeout_s)."""
@@ -189,7 +240,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         )
         self.group = _new_gloo_group(self.store, rank, init_info.world_size, init_info.timeout_s)
         self.bucket_bytes = init_info.bucket_bytes
-        logger.info("gloo weight transfer joined as rank %d of %d", rank, init_info.world_size)
+        self.delta = init_info.delta
+        self.snapshot, self.snapshot_round = {}, None
+        logger.info("gloo weight transfer joined as rank %d of %d (delta %s)", rank, init_info.world_size, self.delta)
 
     def start_weight_update(self) -> None:
         """Begin layerwise reload (same as vLLM's NCCL engine)."""
@@ -210,35 +263,92 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
-        """Receive every bucket and hand the tensors to `model.load_weights`; bucket k + 1 is posted (and arrives)
-        while bucket k loads, so at most two buckets are held at once."""
+        """Receive every bucket, rebuild each parameter (`delta.decode`) and hand it to `model.load_weights`; bucket
+        k + 1 is posted (and arrives) while bucket k loads, so at most two buckets are held at once.
+
+        Raises:
+            RuntimeError: not initialized, or delta patches against a push this worker does not hold (the snapshot
+                is dropped, so the trainer's next, full, push starts over).
+        """
         if self.group is None:
             raise RuntimeError("gloo weight transfer is not initialized; call /init_weight_transfer_engine first")
+        patched = any(e != "full" for e in update_info.encodings)
+        if patched and (not self.delta or update_info.base_round != self.snapshot_round):
+            held = self.snapshot_round
+            self.snapshot, self.snapshot_round = {}, None
+            raise RuntimeError(
+                f"delta weight update against push {update_info.base_round}, but this worker holds "
+                f"{held if self.delta else 'no snapshot (delta off)'}; the trainer must send a full push"
+            )
+        try:
+            self._receive(update_info)
+        except BaseException:
+            self.snapshot, self.snapshot_round = {}, None
+            raise
+        self.snapshot_round = update_info.round if self.delta else None
+
+    def _receive(self, update_info: GlooWeightTransferUpdateInfo) -> None:
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
         metas = update_info.metas()
-        buckets = plan_buckets(metas, self.bucket_bytes)
-        sizes = [[torch.Size(metas[i].shape).numel() for i in bucket] for bucket in buckets]
+        payload_bytes = update_info.payload_bytes()
+        buckets = plan_buckets(payload_bytes, self.bucket_bytes)
+        waited = loaded = 0.0
 
         def post(k: int) -> tuple[torch.Tensor, dist.Work]:
-            flat = torch.empty(sum(sizes[k]), dtype=metas[buckets[k][0]].dtype)
+            flat = torch.empty(sum(payload_bytes[i] for i in buckets[k]), dtype=torch.uint8)
             return flat, _start_broadcast(self.group, flat)
 
+        def rebuild(i: int, payload: torch.Tensor) -> torch.Tensor:
+            m = metas[i]
+            tensor = delta.decode(
+                update_info.encodings[i],
+                update_info.counts[i],
+                payload,
+                self.snapshot.get(m.name),
+                m.dtype,
+                m.shape,
+                update_info.escapes[i],
+            )
+            if self.delta:
+                self.snapshot[m.name] = tensor
+            return tensor
+
         with disable_mtp_completeness_check():
+            # parameters with nothing on the wire (`same`) are loaded from the snapshot, ahead of the buckets
+            empty = torch.empty(0, dtype=torch.uint8)
+            unchanged = [i for i, n in enumerate(payload_bytes) if n == 0]
+            if unchanged:
+                self.model.load_weights([(metas[i].name, rebuild(i, empty).view(metas[i].shape)) for i in unchanged])
             pending = post(0) if buckets else None
             for k, bucket in enumerate(buckets):
                 flat, work = pending
+                t0 = time.perf_counter()
                 _wait(work)
+                t1 = time.perf_counter()
                 pending = post(k + 1) if k + 1 < len(buckets) else None  # the next bucket arrives while this loads
-                pieces = flat.split(sizes[k])
-                self.model.load_weights(
-                    [(metas[i].name, piece.view(metas[i].shape)) for i, piece in zip(bucket, pieces, strict=True)]
-                )
+                weights, offset = [], 0
+                for i in bucket:
+                    used = delta.payload_bytes(
+                        update_info.encodings[i],
+                        math.prod(metas[i].shape),
+                        update_info.counts[i],
+                        metas[i].dtype.itemsize,
+                        update_info.escapes[i],
+                    )
+                    weights.append((metas[i].name, rebuild(i, flat[offset : offset + used]).view(metas[i].shape)))
+                    offset += payload_bytes[i]
+                self.model.load_weights(weights)
+                waited, loaded = waited + t1 - t0, loaded + time.perf_counter() - t1
+        logger.debug(
+            "gloo weight receive: %d buckets, %.3f s waiting for the wire, %.3f s loading", len(buckets), waited, loaded
+        )
 
     def shutdown(self) -> None:
-        """Drop the group and the store connection."""
+        """Drop the group, the store connection and the snapshot."""
         self.group = None
         self.store = None
+        self.snapshot, self.snapshot_round = {}, None
 
 
 def retie_lm_head(model: torch.nn.Module) -> bool:
@@ -281,8 +391,10 @@ class GlooTrainerInitInfo(TrainerInitInfo):
         master_address: address the trainer's TCPStore listens on, reachable by the vLLM workers.
         master_port: its port (pick a free one).
         world_size: 1 (trainer sender) + the server's world size (`GET /get_world_size`).
-        bucket_bytes: flat-broadcast size cap (bytes).
+        bucket_bytes: flat-broadcast size cap (bytes); the trainer holds two send buffers of up to this size.
         timeout_s: rendezvous and broadcast timeout (seconds).
+        delta: `weight_sync_mode: delta`: after the first push, send each parameter as its smallest patch against
+            the last push (`delta.encode`); both sides keep a snapshot of the last push (the push's dense bytes).
     """
 
     backend: ClassVar[str] = BACKEND_NAME
@@ -292,22 +404,38 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    delta: bool = False
 
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
     """Trainer-side sender: hosts the rendezvous, broadcasts buckets while the server receives.
 
     `send_weights` drives the full round: start -> update (RPC on a side thread, concurrent with the
-    broadcast, since both block inside the same collective) -> finish.
+    broadcast, since both block inside the same collective) -> finish. After each round `last_sent_bytes` holds the
+    bytes that went on the wire and `last_dense_bytes` what a full push of the same tensors is (bytes).
     """
 
     init_info_cls = GlooTrainerInitInfo
 
-    def __init__(self, *, client: VLLMWeightSyncClient, source: WeightSource, is_sender: bool, bucket_bytes: int):
+    def __init__(
+        self,
+        *,
+        client: VLLMWeightSyncClient,
+        source: WeightSource,
+        is_sender: bool,
+        bucket_bytes: int,
+        delta: bool = False,
+    ):
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.bucket_bytes = bucket_bytes
+        self.delta = delta
         self.group: dist.ProcessGroup | None = None
         self.store: dist.Store | None = None
+        self.snapshot: dict[str, torch.Tensor] = {}  # name -> last pushed tensor, pushed dtype, CPU (delta only)
+        self.round = 0  # completed pushes the worker's snapshot can match; 0: the next push is full
+        self.last_sent_bytes = 0
+        self.last_dense_bytes = 0
+        self._buffers: list[torch.Tensor] = []  # two uint8 send buffers, reused push after push
 
     @classmethod
     def trainer_init(
@@ -321,7 +449,13 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         """
         if source is None:
             raise ValueError("gloo trainer weight transfer needs a WeightSource (e.g. ModuleSource(model))")
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender, bucket_bytes=init_info.bucket_bytes)
+        engine = cls(
+            client=client,
+            source=source,
+            is_sender=init_info.is_sender,
+            bucket_bytes=init_info.bucket_bytes,
+            delta=init_info.delta,
+        )
         if not engine.is_sender:
             return engine
         timeout = datetime.timedelta(seconds=init_info.timeout_s)
@@ -340,6 +474,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             world_size=init_info.world_size,
             bucket_bytes=init_info.bucket_bytes,
             timeout_s=init_info.timeout_s,
+            delta=init_info.delta,
         )
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
@@ -348,7 +483,15 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         return engine
 
     def send_weights(self) -> None:
-        """Push every parameter of the source to the server (start, update+broadcast, finish)."""
+        """Push every parameter of the source to the server (start, update+broadcast, finish).
+
+        In delta mode every tensor is compared with the snapshot first (the patches' sizes go in the update
+        metadata); a failed round drops the snapshot, so the next push is full.
+
+        Raises:
+            RuntimeError: not initialized, or the broadcast failed or was abandoned.
+            ValueError: the source disagrees with its own metadata.
+        """
         assert self.source is not None
         metas = self.source.metadata()
         if not self.is_sender:
@@ -357,40 +500,106 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             return
         if self.group is None:
             raise RuntimeError("trainer_init() must run before send_weights()")
+        try:
+            self._send_round(metas)
+        except BaseException:
+            self.snapshot, self.round = {}, 0
+            raise
+
+    def restart_delta(self) -> None:
+        """Send every tensor whole at the next push (a new delta chain starts from it); no-op in full mode."""
+        self.snapshot, self.round = {}, 0
+
+    def _send_round(self, metas: list[ParamMeta]) -> None:
+        patches = self._encode_all(metas) if self.delta else None
         update_info = GlooWeightTransferUpdateInfo(
             names=[m.name for m in metas],
             dtype_names=[str(m.dtype).removeprefix("torch.") for m in metas],
             shapes=[list(m.shape) for m in metas],
+            encodings=[p.encoding for p in patches] if patches is not None else [],
+            counts=[p.count for p in patches] if patches is not None else [],
+            escapes=[p.escapes for p in patches] if patches is not None else [],
+            base_round=self.round if patches is not None else 0,
+            round=self.round + 1,
         )
+        stream = iter(patches) if patches is not None else self._full_patches(metas)
         self.client.start_weight_update()
         pool = ThreadPoolExecutor(max_workers=1)
         try:
             future = pool.submit(self.client.update_weights, asdict(update_info))
-            self._broadcast_all(metas, abort=future)
+            self.last_sent_bytes = self._broadcast_all(update_info.payload_bytes(), stream, abort=future)
             future.result()
         finally:
             # If the broadcast failed the server-side RPC may never return; do not join it.
             pool.shutdown(wait=False)
         self.client.finish_weight_update()
+        self.last_dense_bytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in metas)
+        self.round += 1
 
-    def _broadcast_all(self, metas: list[ParamMeta], abort: Future | None = None) -> None:
-        """Broadcast every bucket; bucket k + 1 is packed while bucket k is on the wire (two held at once)."""
-        assert self.source is not None and self.group is not None
-        tensors = dict(_checked(self.source, metas))
-        pending: tuple[torch.Tensor, dist.Work] | None = None
-        for bucket in plan_buckets(metas, self.bucket_bytes):
-            flat = torch.cat([tensors[metas[i].name].detach().reshape(-1).cpu() for i in bucket])
+    def _full_patches(self, metas: list[ParamMeta]) -> Iterator[delta.Patch]:
+        """Every tensor whole, read from the source one at a time as the buckets are packed."""
+        for _, tensor in _checked(self.source, metas):
+            flat = tensor.detach().reshape(-1)
+            yield delta.Patch("full", flat.numel(), (flat.contiguous().view(torch.uint8),))
+
+    def _encode_all(self, metas: list[ParamMeta]) -> list[delta.Patch]:
+        """Each tensor's smallest patch against the snapshot (all `full` without one); the snapshot becomes this
+        push's tensors (patched in place after the first push)."""
+        patches = []
+        for name, tensor in _checked(self.source, metas):
+            new = tensor.detach().cpu()
+            previous = self.snapshot.get(name) if self.round else None
+            patch = delta.encode(new, previous)
+            if previous is None:
+                self.snapshot[name] = new.clone()
+            elif patch.encoding != "same":
+                previous.copy_(new)
+            patches.append(patch)
+        return patches
+
+    def _buffer(self, k: int, nbytes: int) -> torch.Tensor:
+        """Send buffer k % 2, grown to hold `nbytes` (bytes)."""
+        while len(self._buffers) < 2:
+            self._buffers.append(torch.empty(0, dtype=torch.uint8))
+        if self._buffers[k % 2].numel() < nbytes:
+            self._buffers[k % 2] = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffers[k % 2][:nbytes]
+
+    def _broadcast_all(
+        self, payload_bytes: list[int], patches: Iterator[delta.Patch], abort: Future | None = None
+    ) -> int:
+        """Pack the patches (one per parameter, in order) into buckets and broadcast them; bucket k + 1 is packed
+        while bucket k is on the wire (two send buffers, reused). Returns the bytes broadcast."""
+        assert self.group is not None
+        pending: dist.Work | None = None
+        sent = 0
+        position = -1
+        for k, bucket in enumerate(plan_buckets(payload_bytes, self.bucket_bytes)):
+            flat = self._buffer(k, sum(payload_bytes[i] for i in bucket))
+            offset = 0
+            for i in bucket:
+                while position < i:  # skip the parameters with nothing on the wire
+                    patch, position = next(patches), position + 1
+                at = offset
+                for piece in patch.pieces:
+                    flat[at : at + piece.numel()].copy_(piece)
+                    at += piece.numel()
+                offset += payload_bytes[i]  # the padding after the payload is left as it was
             work = _start_broadcast(self.group, flat)
             if pending is not None:
-                _wait(pending[1], abort)
-            pending = (flat, work)  # the tensor stays referenced until its broadcast is done
+                _wait(pending, abort)
+            pending, sent = work, sent + flat.numel()
+        for _ in patches:  # drain the source (it may hold per-round state), nothing left to send
+            pass
         if pending is not None:
-            _wait(pending[1], abort)
+            _wait(pending, abort)
+        return sent
 
     def shutdown(self) -> None:
-        """Drop the group and close the store."""
+        """Drop the group, close the store, free the send buffers and the snapshot."""
         self.group = None
         self.store = None
+        self._buffers, self.snapshot, self.round = [], {}, 0
 
 
 def _checked(source: WeightSource, metas: list[ParamMeta]) -> Iterator[tuple[str, torch.Tensor]]:

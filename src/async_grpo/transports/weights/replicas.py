@@ -46,6 +46,7 @@ class ReplicaPusher:
     Attributes:
         last_seconds: per replica index, the seconds of its part of the last push.
         last_push_bytes: bytes sent to one replica by the last push (0 when the per-replica pusher does not say).
+        last_dense_bytes: what a full push of the same weights takes (bytes; 0 when the pusher does not say).
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class ReplicaPusher:
         self.pushers: dict[int, Any] = {}
         self.last_seconds: dict[int, float] = {}
         self.last_push_bytes = 0
+        self.last_dense_bytes = 0
         self.stop = threading.Event()
 
     def setup(self) -> None:
@@ -120,6 +122,7 @@ class ReplicaPusher:
         if len(errors) == len(targets):
             raise NoReplicaError(f"no vLLM replica accepted policy version {version}: {errors[0]!r}") from errors[0]
         self.last_push_bytes = max(int(getattr(self.pushers[i], "last_push_bytes", 0)) for i in self.last_seconds)
+        self.last_dense_bytes = max(int(getattr(self.pushers[i], "last_dense_bytes", 0)) for i in self.last_seconds)
         return time.perf_counter() - t0
 
     def _timed_push(self, replica: Replica, version: int) -> float:

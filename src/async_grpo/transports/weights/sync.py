@@ -25,6 +25,9 @@ from async_grpo.inference.server import free_port
 logger = logging.getLogger(__name__)
 
 
+WEIGHT_SYNC_MODES = ("full", "delta")
+
+
 def resolve_backend(backend: str) -> str:
     """`auto` -> `nccl` when CUDA is available, else `gloo`."""
     if backend == "auto":
@@ -57,6 +60,12 @@ class WeightPusher:
         bucket_bytes: gloo only: most bytes per flat broadcast (`gloo.plan_buckets`); None: the backend's default
             (`gloo.DEFAULT_BUCKET_BYTES`). Smaller buckets hold less memory twice; more of them overlap packing,
             the wire and vLLM's load.
+        mode: `weight_sync_mode`: "full" sends every tensor whole; "delta" (gloo only) sends each tensor's changed
+            elements against the last push (`transports.weights.delta`), keeping a snapshot of the last push on both
+            sides (one copy of the pushed weights each).
+
+    Raises:
+        ValueError: `mode` is not full or delta, or delta with a backend other than gloo.
     """
 
     def __init__(
@@ -68,7 +77,10 @@ class WeightPusher:
         master_address: str = "127.0.0.1",
         timeout_s: float = 300.0,
         bucket_bytes: int | None = None,
+        mode: str = "full",
     ):
+        if mode not in WEIGHT_SYNC_MODES:
+            raise ValueError(f"weight_sync_mode={mode!r} is not one of {', '.join(WEIGHT_SYNC_MODES)}")
         self.source = ModuleSource(source) if isinstance(source, torch.nn.Module) else source
         self.backend = resolve_backend(backend)
         self.control = VLLMControlClient(server_url, timeout_s=timeout_s)
@@ -76,8 +88,15 @@ class WeightPusher:
         self.master_address = master_address
         self.timeout_s = timeout_s
         self.bucket_bytes = bucket_bytes
+        self.mode = mode
+        if mode == "delta" and self.backend != "gloo":
+            raise ValueError(
+                f"weight_sync_mode=delta needs the gloo data plane, and weight_sync_backend resolved to "
+                f"{self.backend!r}. Fix: set weight_sync_backend: gloo, or weight_sync_mode: full."
+            )
         self.engine = None
-        self.last_push_bytes = 0  # bytes the latest push sent: numel x element size summed (weight_sync/bytes)
+        self.last_push_bytes = 0  # bytes the latest push sent on the wire (weight_sync/bytes)
+        self.last_dense_bytes = 0  # bytes a full push of the same tensors takes (weight_sync/dense_bytes)
 
     def setup(self) -> None:
         """Rendezvous with the server's workers (once).
@@ -98,6 +117,7 @@ class WeightPusher:
                 timeout_s=self.timeout_s,
                 rank=0,
                 bucket_bytes=self.bucket_bytes or DEFAULT_BUCKET_BYTES,
+                delta=self.mode == "delta",
             )
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
@@ -113,13 +133,16 @@ class WeightPusher:
             "weight transfer (%s) ready in %.2f s, world size %d", self.backend, time.perf_counter() - t0, world_size
         )
 
-    def push(self, version: int) -> float:
+    def push(self, version: int, *, full: bool = False) -> float:
         """Pause the server, send all weights tagged `version`, resume. Returns the seconds it took.
 
-        The server is resumed even when the send fails, so generation never stays paused.
+        `full`: in delta mode, send every weight whole this time (the next deltas are against this push). The server
+        is resumed even when the send fails, so generation never stays paused.
         """
         if self.engine is None:
             self.setup()
+        if full and hasattr(self.engine, "restart_delta"):
+            self.engine.restart_delta()
         t0 = time.perf_counter()
         self.control.pause(mode="keep")
         try:
@@ -133,7 +156,8 @@ class WeightPusher:
                 logger.warning("could not resume vLLM after a failed weight push: %s", err)
             raise
         self.control.resume()
-        self.last_push_bytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in self.source.metadata())
+        self.last_dense_bytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in self.source.metadata())
+        self.last_push_bytes = getattr(self.engine, "last_sent_bytes", self.last_dense_bytes)
         return time.perf_counter() - t0
 
     def close(self) -> None:
