@@ -52,6 +52,14 @@ class CastSource(WeightSource):
             yield name, (tensor if tensor is None else tensor.to(self._cast(tensor.dtype)))
 
 
+def uncast(source: WeightSource) -> tuple[WeightSource, torch.dtype | None]:
+    """`(inner, dtype)` for a `CastSource` (its tensors before the cast, and the dtype they are cast to), else
+    `(source, None)`: a sender that casts while it copies into its own buffer skips the cast copy."""
+    if isinstance(source, CastSource):
+        return source.inner, source.dtype
+    return source, None
+
+
 def for_server(source: WeightSource, vllm_dtype: str) -> WeightSource:
     """`source` cast to a 16-bit `vllm_dtype` (see CASTABLE), else `source` itself."""
     dtype = CASTABLE.get(vllm_dtype.lower())
