@@ -46,6 +46,10 @@ def test_vs_trl_reduced():
     stdout = run("vs_trl.py", "--reduced", "--steps", "1")
     assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout and "its trained tokens/s" in stdout
     assert "on-policy step / (its generation + its training)" in stdout and '"vllm_tokens_per_s"' in stdout
+    # TRL's AsyncGRPOTrainer, on CPU through its seams: the stand-ins are named, and its weight pushes were real
+    assert "x AsyncGRPOTrainer's trained tokens/s" in stdout and "trl_async_grpo_trainer: " in stdout
+    assert '"attention": "sdpa stand-in for FA3 varlen"' in stdout and '"mfu": "stubbed: ' in stdout
+    assert '"weight_pushes": 3' in stdout and '"server_weight_version": "3"' in stdout  # cold sync + 2 steps
 
 
 @pytest.mark.integration
