@@ -309,17 +309,18 @@ class RolloutWorkerFailed(RuntimeError):
 
 
 class _FailFast:
-    """Context manager around `trainer.train()`: raise `RolloutWorkerFailed` in the main thread when the rollout
-    worker's `check_health` (TRL's `RolloutWorkerProtocol`) has failed for `grace_s` seconds, or `deadline_s` passed.
+    """Context manager around `trainer.train()`: raise `RolloutWorkerFailed` in the main thread when `health` (the
+    rollout worker's `check_health`, TRL's `RolloutWorkerProtocol`) has been failing for `grace_s` seconds, or when
+    `deadline_s` seconds have passed.
 
     TRL's trainer notices a dead worker itself and raises, but its cleanup then calls `AsyncRolloutWorker.stop()`,
     which blocks forever in `mp.Event.set()` (a multiprocessing condition waits for the dead child's waiter to
     acknowledge). A polling thread (every `poll_s` seconds) interrupts the main thread with SIGUSR1, whose handler
-    raises; `health` is checked only once `started()` is true (before the worker starts its heartbeat reads stale).
+    raises.
     """
 
-    def __init__(self, health, started, deadline_s: float, grace_s: float = 30.0, poll_s: float = 2.0):
-        self.health, self.started = health, started
+    def __init__(self, health, deadline_s: float, grace_s: float = 30.0, poll_s: float = 2.0):
+        self.health = health
         self.deadline_s, self.grace_s, self.poll_s = deadline_s, grace_s, poll_s
         self.reason: str | None = None
         self._done = threading.Event()
@@ -331,7 +332,7 @@ class _FailFast:
     def _watch(self, main_ident: int) -> None:
         t0, failed_at = time.monotonic(), None
         while not self._done.wait(self.poll_s):
-            if failed_at is None and self.started():
+            if failed_at is None:
                 try:
                     self.health()
                 except Exception as err:  # any failure of the worker is reported the same way
@@ -466,8 +467,8 @@ def trl_async_step_times(model_path: Path, args, out: Path, deadline_s: float = 
         trainer = AsyncGRPOTrainer(**kwargs) if cuda else CPUAsyncGRPOTrainer(**kwargs, weight_transfer=transfer)
         trainer.add_callback(StopRolloutsAtEnd(trainer))
         server.wait_until_healthy()
-        health = lambda: trainer.rollout_worker.check_health(config.heartbeat_stale_after_s)  # noqa: E731
-        with _FailFast(health, started=lambda: bool(steps["stamps"]), deadline_s=deadline_s):
+        # A failed child only: a stale heartbeat is TRL's to judge (it raises itself, and then stops a live child).
+        with _FailFast(lambda: trainer.rollout_worker.check_health(float("inf")), deadline_s=deadline_s):
             trainer.train()
         server_version = VLLMControlClient(url).weight_version()
     finally:
