@@ -8,6 +8,12 @@ same length distribution and a step is the same work in each; at 1e-5 mean lengt
 within 8 steps, differently per system), for:
 
 - TRL 1.16 `GRPOTrainer` (generation with transformers on the same CPU, `use_vllm=False`);
+- TRL 1.16 `trl.experimental.async_grpo.AsyncGRPOTrainer` (its rollout worker generates on a vLLM CPU server started
+  by our launcher with our flags; max_staleness 2, a weight push after every step; each step trains prompts x
+  generations samples: its fixed-count batcher, `token_budget=0`). It is GPU-only as shipped, so on CPU it runs
+  through its seams (benchmarks/trl_async_cpu.py): weight pushes through our gloo backend (its `weight_transfer=`
+  argument), an SDPA stand-in for its FA3 tree attention, and its MFU metric stubbed; the output names each. Its loss
+  is its own (clipped token-level, no KL), its `gradient_checkpointing` TRL's default (true, as for GRPOTrainer);
 - async-grpo on-policy (`max_staleness: 0`): a real vLLM CPU server generates, the trainer waits for each step;
 - async-grpo async (`max_staleness: 2`, the default mode; with the trainer on every core beside its own vLLM CPU
   server, `resource_sharing: auto` is adaptive: vLLM generates on half the cores, the trainer computes on the
@@ -23,11 +29,12 @@ steady seconds per step, completions/s, trainer tokens/s (the step's prompt + co
 compute seconds), generation tokens/s (the step's completion tokens over the step's wall time) and vLLM's own
 tokens/s (over the seconds vLLM had a request in flight), the ratios against TRL, async against on-policy, and the
 on-policy step against its own generation plus training time, and trained tokens/s (prompt + completion tokens
-trained per second of wall time: the ratio that stays fair if lengths still differ). `--reduced` shrinks everything
-for CI.
+trained per second of wall time: the ratio that stays fair if lengths still differ), and the async default against
+AsyncGRPOTrainer (trained tokens/s, steps/s). `--systems` picks the systems to run (all by default). `--reduced`
+shrinks everything for CI.
 
     .venv/bin/python benchmarks/vs_trl.py [--steps 3 --warmup 1 --threads 2] [--modes time_slice overlap] [--bf16]
-                                          [--reduced]
+                                          [--systems trl trl_async on_policy async] [--reduced]
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+SYSTEMS = {  # --systems name: results key
+    "trl": "trl_grpo_trainer",
+    "trl_async": "trl_async_grpo_trainer",
+    "on_policy": "async_grpo_on_policy",
+    "async": "async_grpo_async",
+}
 
 
 def trl_step_times(model_path: Path, args, out: Path) -> tuple[list[float], list[float]]:
@@ -152,6 +166,13 @@ def main() -> None:
     )
     p.add_argument("--reduced", action="store_true", help="tiny model, 2 prompts x 4, 16 tokens (CI)")
     p.add_argument(
+        "--systems",
+        nargs="+",
+        default=list(SYSTEMS),
+        choices=list(SYSTEMS),
+        help="systems to run (default: all): " + ", ".join(f"{k} ({v})" for k, v in SYSTEMS.items()),
+    )
+    p.add_argument(
         "--modes",
         nargs="*",
         default=[],
@@ -168,13 +189,29 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     model_path = build_tiny_model(work / "model", seed=0, **dims)
     results = {}
-    trl, trl_tokens = (v[args.warmup :] for v in trl_step_times(model_path, args, work / "trl"))
-    results["trl_grpo_trainer"] = {
-        "s_per_step": statistics.median(trl),
-        "trained_tokens_per_s": sum(trl_tokens) / sum(trl),
-    }
-    systems = [("async_grpo_on_policy", 0, "auto"), ("async_grpo_async", 2, "auto")]
-    systems += [(f"async_grpo_async_{mode}", 2, mode) for mode in args.modes]
+    if "trl" in args.systems:
+        trl, trl_tokens = (v[args.warmup :] for v in trl_step_times(model_path, args, work / "trl"))
+        results[SYSTEMS["trl"]] = {
+            "s_per_step": statistics.median(trl),
+            "trained_tokens_per_s": sum(trl_tokens) / sum(trl),
+        }
+    if "trl_async" in args.systems:
+        from trl_async_cpu import trl_async_step_times  # beside this script; imports TRL and vLLM
+
+        run = trl_async_step_times(model_path, args, work / "trl_async")
+        steps = {k: v[args.warmup :] for k, v in run.items() if k != "info"}
+        results[SYSTEMS["trl_async"]] = {
+            "s_per_step": statistics.median(steps["wall_s"]),
+            "trained_tokens_per_s": sum(steps["tokens"]) / sum(steps["wall_s"]),
+            "trained_tokens_per_step": statistics.median(steps["tokens"]),
+            "completion_tokens_per_step": statistics.median(steps["completion_tokens"]),
+            "forwarded_unique_tokens_per_step": statistics.median(steps["unique_tokens"]),
+            "stale_samples_dropped": sum(steps["stale_dropped"]),
+            **run["info"],
+        }
+    systems = [("async_grpo_on_policy", 0, "auto")] if "on_policy" in args.systems else []
+    if "async" in args.systems:
+        systems += [("async_grpo_async", 2, "auto")] + [(f"async_grpo_async_{m}", 2, m) for m in args.modes]
     for name, staleness, sharing in systems:
         steps = {
             k: v[max(args.warmup - 1, 0) :]
@@ -205,22 +242,34 @@ def main() -> None:
             indent=2,
         )
     )
-    trl_s = results["trl_grpo_trainer"]["s_per_step"]
-    trl_tps = results["trl_grpo_trainer"]["trained_tokens_per_s"]
-    for name in [n for n, _, _ in systems]:
+    print_ratios(results, [n for n, _, _ in systems])
+
+
+def print_ratios(results: dict[str, dict], ours: list[str]) -> None:
+    """Print the ratio lines of the systems that ran: each async-grpo system and AsyncGRPOTrainer against TRL's
+    GRPOTrainer (steps/s, trained tokens/s), the async default against AsyncGRPOTrainer (trained tokens/s, steps/s),
+    async against on-policy, and the on-policy step against its own generation plus training time."""
+    trl, trl_async = results.get(SYSTEMS["trl"]), results.get(SYSTEMS["trl_async"])
+    on, asy = results.get("async_grpo_on_policy"), results.get("async_grpo_async")
+    if trl:
+        for name in ([SYSTEMS["trl_async"]] if trl_async else []) + ours:
+            print(
+                f"{name}: {trl['s_per_step'] / results[name]['s_per_step']:.2f}x TRL's steps/s, "
+                f"{results[name]['trained_tokens_per_s'] / trl['trained_tokens_per_s']:.2f}x its trained tokens/s"
+            )
+    if asy and trl_async:
         print(
-            f"{name}: {trl_s / results[name]['s_per_step']:.2f}x TRL's steps/s, "
-            f"{results[name]['trained_tokens_per_s'] / trl_tps:.2f}x its trained tokens/s"
+            f"async_grpo_async: {asy['trained_tokens_per_s'] / trl_async['trained_tokens_per_s']:.2f}x "
+            f"AsyncGRPOTrainer's trained tokens/s, {trl_async['s_per_step'] / asy['s_per_step']:.2f}x its steps/s"
         )
-    print(
-        f"async / on-policy: {results['async_grpo_on_policy']['s_per_step'] / results['async_grpo_async']['s_per_step']:.2f}x"
-    )
-    on = results["async_grpo_on_policy"]
-    print(
-        f"on-policy step / (its generation + its training): {on['s_per_step']:.2f} / "
-        f"({on['vllm_generating_s_per_step']:.2f} + {on['trainer_s_per_step']:.2f}) = "
-        f"{on['s_per_step'] / (on['vllm_generating_s_per_step'] + on['trainer_s_per_step']):.2f}"
-    )
+    if on and asy:
+        print(f"async / on-policy: {on['s_per_step'] / asy['s_per_step']:.2f}x")
+    if on:
+        print(
+            f"on-policy step / (its generation + its training): {on['s_per_step']:.2f} / "
+            f"({on['vllm_generating_s_per_step']:.2f} + {on['trainer_s_per_step']:.2f}) = "
+            f"{on['s_per_step'] / (on['vllm_generating_s_per_step'] + on['trainer_s_per_step']):.2f}"
+        )
 
 
 if __name__ == "__main__":

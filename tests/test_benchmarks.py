@@ -3,6 +3,7 @@ cores: the numbers are not checked, only that each script still measures what it
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -49,6 +50,64 @@ def test_vs_trl_reduced():
     stdout = run("vs_trl.py", "--reduced", "--steps", "1")
     assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout and "its trained tokens/s" in stdout
     assert "on-policy step / (its generation + its training)" in stdout and '"vllm_tokens_per_s"' in stdout
+    # TRL's AsyncGRPOTrainer, on CPU through its seams: the stand-ins are named, and its weight pushes were real
+    assert "x AsyncGRPOTrainer's trained tokens/s" in stdout and "trl_async_grpo_trainer: " in stdout
+    assert '"attention": "sdpa stand-in for FA3 varlen"' in stdout and '"mfu": "stubbed: ' in stdout
+    assert '"weight_pushes": 3' in stdout and '"server_weight_version": "3"' in stdout  # cold sync + 2 steps
+
+
+def test_trl_async_sdpa_stand_in_matches_per_sample_attention(tmp_path):
+    """vs_trl's stand-in for AsyncGRPOTrainer's FA3 tree attention: over TRL's own packing of samples that share a
+    prompt and part of a completion, the packed forward gives each trained token the log-prob that a plain causal
+    SDPA forward of its sample alone gives (grouped-query attention included), with finite gradients."""
+    import torch
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION, TreeRow, register_tree_attention
+
+    from async_grpo.tiny_model import build_tiny_model
+
+    spec = importlib.util.spec_from_file_location("trl_async_cpu", ROOT / "benchmarks" / "trl_async_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = build_tiny_model(tmp_path / "model", seed=0)  # 4 query heads, 2 KV heads
+    register_tree_attention()
+    AttentionInterface.register(TREE_ATTENTION, module.sdpa_tree_attention)
+    tree = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=TREE_ATTENTION)
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(0)
+    row, samples = TreeRow(), []
+    for group, prompt_len in enumerate((7, 9)):
+        prompt = torch.randint(0, tree.config.vocab_size, (prompt_len,), generator=gen)
+        for k in range(3):
+            completion = torch.randint(0, tree.config.vocab_size, (5 + 2 * k,), generator=gen)
+            if k == 1:  # shares its first 3 completion tokens with the previous sample: a branch inside a completion
+                completion[:3] = samples[-1]["input_ids"][prompt_len : prompt_len + 3]
+            mask = torch.cat([torch.zeros(prompt_len), torch.ones(len(completion))]).long()
+            sample = {"input_ids": torch.cat([prompt, completion]), "completion_mask": mask, "group_id": group}
+            sample.update(old_log_probs=torch.zeros(len(mask)), advantage=1.0)
+            samples.append(sample)
+            row.add(sample)
+    packed = row.pack()
+    assert len(packed["input_ids"]) < sum(len(s["input_ids"]) for s in samples)  # prefixes are shared
+    logits = tree(
+        input_ids=packed["input_ids"][None],
+        position_ids=packed["position_ids"][None],
+        tree_kv_index=packed["tree_kv_index"],
+        tree_cu_seqlens_q=packed["tree_cu_seqlens_q"],
+        tree_cu_seqlens_k=packed["tree_cu_seqlens_k"],
+        tree_max_seqlen_q=int(packed["tree_max_seqlens"][0]),
+        tree_max_seqlen_k=int(packed["tree_max_seqlens"][1]),
+    ).logits[0]
+    index = packed["token_index"]
+    got = torch.log_softmax(logits, -1)[index, packed["shift_labels"][index]]
+    want = []
+    for sample in samples:
+        ids, positions = sample["input_ids"], sample["completion_mask"].nonzero()[:, 0]
+        with torch.no_grad():
+            want.append(torch.log_softmax(plain(input_ids=ids[None]).logits[0], -1)[positions - 1, ids[positions]])
+    torch.testing.assert_close(got.detach(), torch.cat(want), atol=1e-5, rtol=0)
+    got.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in tree.parameters() if p.grad is not None)
 
 
 @pytest.mark.integration
