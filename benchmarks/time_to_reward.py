@@ -24,7 +24,8 @@ process, and is saved as a Hugging Face folder; every run starts from that folde
 Timing. Each run is a child process with a wall-clock budget (`--budget-s`) counted from its training start
 (async-grpo: the MLflow timestamp of its step-0 held-out reward, logged right before the orchestrator starts, on one
 held-out prompt, so vLLM's start-up and that tiny evaluation are outside; TRL: `on_train_begin`, after the model
-load). Checkpoints are written during the run and scored afterwards, never inside a timed run:
+load; for `trl_async` its rollout worker's start-up, which TRL runs inside `train()`, is therefore inside the
+budget). Checkpoints are written during the run and scored afterwards, never inside a timed run:
 
 - async-grpo: its own resumable checkpoints (`save_steps`, `<output_dir>/checkpoint-<step>/model/`); a checkpoint's
   time is the MLflow timestamp of its step's metrics (logged after the step's weight push and checkpoint) minus the
