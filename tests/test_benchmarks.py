@@ -126,3 +126,15 @@ def test_gpu_sh_reduced_cpu_mode(tmp_path):
     assert "overlap efficiency (t_gen + t_train) / t_step" in overlap and "of ideal" in overlap  # trainer_precision.py
     assert '"t_gen_s"' in overlap and '"t_train_s"' in overlap and '"t_step_s"' in overlap
     assert '"variant": "bf16"' in (tmp_path / "trainer_precision.txt").read_text()
+
+
+@pytest.mark.integration
+def test_time_to_reward_reduced(tmp_path):
+    stdout = run("time_to_reward.py", "--reduced", "--out", str(tmp_path), timeout_s=500)
+    assert "warm start: " in stdout and "held-out reward of the warm start: " in stdout and "target " in stdout
+    assert "ours_async: time to target median " in stdout and "trl_grpo: time to target median " in stdout
+    assert "ratio our default / trl_grpo (median time to target): " in stdout and "checkpoint saving excluded" in stdout
+    assert f"csv: {tmp_path / 'time_to_reward.csv'}" in stdout and f"png: {tmp_path / 'time_to_reward.png'}" in stdout
+    rows = (tmp_path / "time_to_reward.csv").read_text().splitlines()
+    assert rows[0] == "system,seed,wall_s,step,heldout_reward" and len(rows) > 3
+    assert (tmp_path / "time_to_reward.png").stat().st_size > 0
