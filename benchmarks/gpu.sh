@@ -7,7 +7,8 @@
 #      layouts (batch_flattening, max_tokens_per_microbatch), as ratios measured in one run;
 #   2. overlap.py with vLLM and the trainer on the same GPU (vLLM capped at 35% of its memory, gloo weight push);
 #   3. overlap.py with vLLM on GPU 0 and the trainer on GPU 1 (NCCL weight push), where 2 GPUs exist;
-#   4. weight_sync.py: weight-push bandwidth against a raw collective for the same bytes.
+#   4. weight_sync.py: the Qwen2.5-0.5B-shaped weight push (bfloat16, NCCL) against a raw collective for the same bytes
+#      (weight_sync_mode: delta needs the gloo data plane, so only full pushes run here).
 # Reduced CPU mode: trainer_precision.py --reduced and overlap.py --reduced (tiny model, vLLM CPU build), which run to
 # completion in about a minute or two on 2 cores; the numbers only show that the scripts still measure.
 #
@@ -72,7 +73,8 @@ else
   else
     echo "=== overlap_two_gpus: skipped (1 GPU)"
   fi
-  bench weight_sync benchmarks/weight_sync.py --hidden 896 --layers 24 --pushes 3
+  bench weight_sync benchmarks/weight_sync.py --shape qwen0.5b --vllm-dtype bfloat16 --pushes 3 --modes full \
+    --learning-rate 0
 fi
 echo "gpu.sh: done (exit $STATUS), results in $OUT"
 exit $STATUS
