@@ -809,7 +809,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-trl", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reduced:
-        args.seeds, args.budget_s, args.checkpoint_every_s = [args.seeds[0]], 15.0, 5.0
+        args.seeds, args.budget_s, args.checkpoint_every_s = [args.seeds[0]], 10.0, 5.0
         if args.systems == list(DEFAULT_SYSTEMS):
             args.systems = ["ours_async", "trl_grpo"]
         args.eval_prompts = args.eval_prompts or 16
