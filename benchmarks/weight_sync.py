@@ -115,7 +115,7 @@ def main() -> None:
     from async_grpo.tiny_model import build_tiny_model
     from async_grpo.transports.weights import delta
     from async_grpo.transports.weights.cast import for_server
-    from async_grpo.transports.weights.gloo import DEFAULT_BUCKET_BYTES, plan_buckets
+    from async_grpo.transports.weights.gloo_wire import DEFAULT_BUCKET_BYTES, plan_buckets
     from async_grpo.transports.weights.sync import WeightPusher, resolve_backend
 
     bucket_bytes = DEFAULT_BUCKET_BYTES if args.bucket_mb is None else int(args.bucket_mb * 1024 * 1024)

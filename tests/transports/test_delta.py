@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from async_grpo.transports.weights import delta
-from async_grpo.transports.weights.gloo import GlooWeightTransferEngine, GlooWeightTransferUpdateInfo, plan_buckets
+from async_grpo.transports.weights.gloo import GlooWeightTransferEngine
+from async_grpo.transports.weights.gloo_wire import GlooWeightTransferUpdateInfo, plan_buckets
 
 
 def _wire(patch: delta.Patch) -> torch.Tensor:

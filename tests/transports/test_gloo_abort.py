@@ -22,7 +22,7 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    from async_grpo.transports.weights.gloo import _start_broadcast, _wait
+    from async_grpo.transports.weights.gloo_wire import start_broadcast, wait_broadcast
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
@@ -33,7 +33,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     failed.set_exception(ConnectionError("the API server is gone"))
     t0 = time.monotonic()
     try:
-        _wait(_start_broadcast(dist.group.WORLD, torch.zeros(32 * 1024 * 1024)), abort=failed)
+        wait_broadcast(start_broadcast(dist.group.WORLD, torch.zeros(32 * 1024 * 1024)), abort=failed)
         result = "returned"
     except RuntimeError as err:
         result = f"{err} | cause: {err.__cause__!r}"

@@ -9,14 +9,12 @@ Importing this module registers the backend under the name ``gloo`` in both
 `WeightTransferEngineFactory` (inference worker side) and `WeightTransferTrainerFactory`
 (trainer side). The vLLM server imports it through
 ``--worker-extension-cls async_grpo.transports.weights.gloo.GlooWorkerExtension`` and selects it with
-``--weight-transfer-config '{"backend":"gloo"}'``. This module imports only torch, vLLM and `delta` (torch only),
-so it is safe inside the vLLM worker process.
+``--weight-transfer-config '{"backend":"gloo"}'``. This module imports only torch, vLLM and our torch-only
+`delta`, `cast` and `gloo_wire`, so it is safe inside the vLLM worker process.
 
-Wire format: each parameter travels as a payload of raw bytes (`delta.Patch`: the whole tensor in the pushed dtype,
-or in `weight_sync_mode: delta` a sparse patch against the last push), padded to `delta.ALIGN` bytes. Both sides
-cut the payloads (in metadata order) into buckets of at most `bucket_bytes` (`plan_buckets`, a pure function of the
-update metadata, so the two sides cannot disagree), and each bucket travels as one flat uint8 gloo broadcast from
-trainer rank 0. The stages overlap: the trainer packs bucket k + 1 while bucket k is on the wire, and the worker
+Each parameter travels as a payload of raw bytes (`delta.Patch`: the whole tensor in the pushed dtype, or in
+`weight_sync_mode: delta` a patch against the last push), in the buckets and metadata `gloo_wire` defines. The
+stages overlap: the trainer packs bucket k + 1 while bucket k is on the wire, and the worker
 receives bucket k + 1 while it loads bucket k.
 """
 
@@ -24,24 +22,20 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from dataclasses import asdict
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import (
     ParamMeta,
-    TrainerInitInfo,
     TrainerWeightTransferEngine,
     VLLMWeightSyncClient,
     WeightSource,
     WeightTransferEngine,
-    WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
 )
 from vllm.distributed.weight_transfer.factory import (
     WeightTransferEngineFactory,
@@ -50,162 +44,19 @@ from vllm.distributed.weight_transfer.factory import (
 
 from async_grpo.transports.weights import delta
 from async_grpo.transports.weights.cast import uncast
+from async_grpo.transports.weights.gloo_wire import (
+    BACKEND_NAME,
+    DEFAULT_BUCKET_BYTES,
+    GlooTrainerInitInfo,
+    GlooWeightTransferInitInfo,
+    GlooWeightTransferUpdateInfo,
+    new_gloo_group,
+    plan_buckets,
+    start_broadcast,
+    wait_broadcast,
+)
 
 logger = logging.getLogger(__name__)
-
-BACKEND_NAME = "gloo"
-DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024  # bytes per flat broadcast
-ABORT_POLL_S = 0.5  # the sender checks its update_weights call this often while a broadcast waits (seconds)
-DEFAULT_TIMEOUT_S = 300.0
-
-
-def _dtype_from_name(name: str) -> torch.dtype:
-    """`"bfloat16"` -> `torch.bfloat16`. Raises ValueError for a name torch does not know."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype name {name!r} in weight update metadata")
-    return dtype
-
-
-def plan_buckets(payload_bytes: list[int], bucket_bytes: int) -> list[list[int]]:
-    """Cut payloads (in order) into buckets of consecutive payloads.
-
-    Args:
-        payload_bytes: each parameter's payload size in bytes, already padded to `delta.ALIGN` (0: nothing to send).
-        bucket_bytes: soft cap on one bucket's size (bytes); a larger payload gets its own bucket.
-
-    Returns:
-        Lists of indices into `payload_bytes`, one list per bucket, covering every non-empty payload once, in order.
-    """
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    current_bytes = 0
-    for i, nbytes in enumerate(payload_bytes):
-        if nbytes == 0:
-            continue
-        if current and current_bytes + nbytes > bucket_bytes:
-            buckets.append(current)
-            current, current_bytes = [], 0
-        current.append(i)
-        current_bytes += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-def _new_gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> dist.ProcessGroup:
-    """A gloo process group over `store` that leaves torch's default group untouched."""
-    return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout_s))
-
-
-def _start_broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> dist.Work:
-    """Post a broadcast of `tensor` from rank 0 and return its pending work (gloo runs posted collectives in order)."""
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    return group.broadcast([tensor], opts)
-
-
-def _wait(work: dist.Work, abort: Future | None = None) -> None:
-    """Wait for a posted broadcast. With `abort` (the sender's concurrent `update_weights` call), wait in slices of
-    ABORT_POLL_S and give up once that call failed: a killed API server leaves its worker in the group, never told
-    to receive, and a plain wait would block for the whole group timeout. Raises RuntimeError (cause chained)."""
-    while True:
-        try:
-            return work.wait() if abort is None else work.wait(timeout=datetime.timedelta(seconds=ABORT_POLL_S))
-        except RuntimeError as err:
-            if abort is None or "timed out" not in str(err):
-                raise
-            if abort.done() and abort.exception() is not None:
-                raise RuntimeError("weight broadcast abandoned: update_weights failed") from abort.exception()
-
-
-# ---------------------------------------------------------------------------- wire structs
-# Trainer -> inference worker (through POST /init_weight_transfer_engine)
-@dataclass
-class GlooWeightTransferInitInfo(WeightTransferInitInfo):
-    """Worker-side rendezvous info: the trainer hosts a TCPStore at master_address:master_port.
-
-    Attributes:
-        master_address: host of the trainer's TCPStore.
-        master_port: its port.
-        rank_offset: rank of this server's first worker in the transfer group (trainer is 0).
-        world_size: trainer sender + all inference workers.
-        bucket_bytes: flat-broadcast size cap (bytes); must match the trainer's.
-        timeout_s: gloo operation timeout (seconds).
-        delta: keep a snapshot of the last push (one copy of the model in the pushed dtype, bytes = the push's
-            dense bytes) so the trainer may send `delta` patches against it (`weight_sync_mode: delta`).
-    """
-
-    master_address: str
-    master_port: int
-    rank_offset: int
-    world_size: int
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    delta: bool = False
-
-
-# Trainer -> inference worker (through POST /update_weights)
-@dataclass
-class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
-    """Per-round metadata: parallel lists, one entry per parameter, in send order.
-
-    Attributes:
-        names, dtype_names, shapes: each parameter's checkpoint name, pushed dtype ("bfloat16") and shape.
-        encodings: each payload's `delta.ENCODINGS` entry; empty: every parameter is sent `full`.
-        counts: each payload's changed elements (`full`: its numel); empty with `encodings`.
-        escapes: each `mask_steps` payload's elements sent whole (0 for the other encodings); empty: all 0.
-        base_round: the push the patches are against (the worker must hold its snapshot); 0: no snapshot needed.
-        round: this push's number on the trainer (the worker's snapshot takes it after a complete receive).
-
-    Raises:
-        ValueError: lists of different lengths, an unknown encoding, or a count outside [0, numel].
-    """
-
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
-    encodings: list[str] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    escapes: list[int] = field(default_factory=list)
-    base_round: int = 0
-    round: int = 0
-
-    def __post_init__(self) -> None:
-        if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
-            raise ValueError(
-                f"names/dtype_names/shapes lengths differ: {len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
-            )
-        if not self.encodings and not self.counts:
-            self.encodings = ["full"] * len(self.names)
-            self.counts = [math.prod(shape) for shape in self.shapes]
-        self.escapes = self.escapes or [0] * len(self.names)
-        if not (len(self.encodings) == len(self.counts) == len(self.escapes) == len(self.names)):
-            raise ValueError(
-                f"encodings/counts/escapes must have one entry per name: {len(self.encodings)}/{len(self.counts)}/"
-                f"{len(self.escapes)} for {len(self.names)} names"
-            )
-        for name, encoding, count, escapes, shape in zip(
-            self.names, self.encodings, self.counts, self.escapes, self.shapes, strict=True
-        ):
-            if encoding not in delta.ENCODINGS:
-                raise ValueError(f"{name}: unknown encoding {encoding!r}; expected one of {delta.ENCODINGS}")
-            if not 0 <= escapes <= count <= math.prod(shape):
-                raise ValueError(f"{name}: need 0 <= escapes {escapes} <= count {count} <= numel {math.prod(shape)}")
-
-    def metas(self) -> list[ParamMeta]:
-        """The metadata as `ParamMeta` records."""
-        return [
-            ParamMeta(n, _dtype_from_name(d), tuple(s))
-            for n, d, s in zip(self.names, self.dtype_names, self.shapes, strict=True)
-        ]
-
-    def payload_bytes(self) -> list[int]:
-        """Each parameter's padded payload size on the wire (bytes), in order."""
-        return [
-            delta.padded(delta.payload_bytes(e, math.prod(m.shape), c, m.dtype.itemsize, x))
-            for e, c, x, m in zip(self.encodings, self.counts, self.escapes, self.metas(), strict=True)
-        ]
 
 
 # ---------------------------------------------------------------------------- inference side
@@ -239,7 +90,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.store = dist.TCPStore(
             init_info.master_address, init_info.master_port, init_info.world_size, is_master=False, timeout=timeout
         )
-        self.group = _new_gloo_group(self.store, rank, init_info.world_size, init_info.timeout_s)
+        self.group = new_gloo_group(self.store, rank, init_info.world_size, init_info.timeout_s)
         self.bucket_bytes = init_info.bucket_bytes
         self.delta = init_info.delta
         self.snapshot, self.snapshot_round = {}, None
@@ -292,13 +143,13 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
         metas = update_info.metas()
-        payload_bytes = update_info.payload_bytes()
+        payload_bytes, unpadded = update_info.payload_bytes(), update_info.payload_bytes(padded=False)
         buckets = plan_buckets(payload_bytes, self.bucket_bytes)
         waited = loaded = 0.0
 
         def post(k: int) -> tuple[torch.Tensor, dist.Work]:
             flat = torch.empty(sum(payload_bytes[i] for i in buckets[k]), dtype=torch.uint8)
-            return flat, _start_broadcast(self.group, flat)
+            return flat, start_broadcast(self.group, flat)
 
         def rebuild(i: int, payload: torch.Tensor) -> torch.Tensor:
             m = metas[i]
@@ -325,18 +176,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
             for k, bucket in enumerate(buckets):
                 flat, work = pending
                 t0 = time.perf_counter()
-                _wait(work)
+                wait_broadcast(work)
                 t1 = time.perf_counter()
                 pending = post(k + 1) if k + 1 < len(buckets) else None  # the next bucket arrives while this loads
                 weights, offset = [], 0
                 for i in bucket:
-                    used = delta.payload_bytes(
-                        update_info.encodings[i],
-                        math.prod(metas[i].shape),
-                        update_info.counts[i],
-                        metas[i].dtype.itemsize,
-                        update_info.escapes[i],
-                    )
+                    used = unpadded[i]
                     weights.append((metas[i].name, rebuild(i, flat[offset : offset + used]).view(metas[i].shape)))
                     offset += payload_bytes[i]
                 self.model.load_weights(weights)
@@ -384,36 +229,12 @@ class GlooWorkerExtension:
 
 
 # ---------------------------------------------------------------------------- trainer side
-@dataclass
-class GlooTrainerInitInfo(TrainerInitInfo):
-    """Trainer-side init info for the gloo backend.
-
-    Attributes:
-        master_address: address the trainer's TCPStore listens on, reachable by the vLLM workers.
-        master_port: its port (pick a free one).
-        world_size: 1 (trainer sender) + the server's world size (`GET /get_world_size`).
-        bucket_bytes: flat-broadcast size cap (bytes); the trainer holds two send buffers of up to this size.
-        timeout_s: rendezvous and broadcast timeout (seconds).
-        delta: `weight_sync_mode: delta`: after the first push, send each parameter as its smallest patch against
-            the last push (`delta.encode`); both sides keep a snapshot of the last push (the push's dense bytes).
-    """
-
-    backend: ClassVar[str] = BACKEND_NAME
-
-    master_address: str
-    master_port: int
-    world_size: int
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    delta: bool = False
-
-
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
     """Trainer-side sender: hosts the rendezvous, broadcasts buckets while the server receives.
 
     `send_weights` drives the full round: start -> update (RPC on a side thread, concurrent with the
     broadcast, since both block inside the same collective) -> finish. After each round `last_sent_bytes` holds the
-    bytes that went on the wire and `last_dense_bytes` what a full push of the same tensors is (bytes).
+    bytes that went on the wire.
     """
 
     init_info_cls = GlooTrainerInitInfo
@@ -435,7 +256,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.snapshot: dict[str, torch.Tensor] = {}  # name -> last pushed tensor, pushed dtype, CPU (delta only)
         self.round = 0  # completed pushes the worker's snapshot can match; 0: the next push is full
         self.last_sent_bytes = 0
-        self.last_dense_bytes = 0
         self._buffers: list[torch.Tensor] = []  # two uint8 send buffers, reused push after push
 
     @classmethod
@@ -479,7 +299,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         )
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            engine.group = _new_gloo_group(engine.store, 0, init_info.world_size, init_info.timeout_s)
+            engine.group = new_gloo_group(engine.store, 0, init_info.world_size, init_info.timeout_s)
             future.result(timeout=init_info.timeout_s)
         return engine
 
@@ -534,7 +354,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             # If the broadcast failed the server-side RPC may never return; do not join it.
             pool.shutdown(wait=False)
         self.client.finish_weight_update()
-        self.last_dense_bytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in metas)
         self.round += 1
 
     def _full_patches(self) -> Iterator[delta.Patch]:
@@ -599,14 +418,14 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                         flat[at : at + nbytes].view(metas[i].dtype).copy_(piece)
                         at += nbytes
                 offset += payload_bytes[i]  # the padding after the payload is left as it was
-            work = _start_broadcast(self.group, flat)
+            work = start_broadcast(self.group, flat)
             if pending is not None:
-                _wait(pending, abort)
+                wait_broadcast(pending, abort)
             pending, sent = work, sent + flat.numel()
         for _ in patches:  # drain the source (it may hold per-round state), nothing left to send
             pass
         if pending is not None:
-            _wait(pending, abort)
+            wait_broadcast(pending, abort)
         return sent
 
     def shutdown(self) -> None:

@@ -57,7 +57,7 @@ class WeightPusher:
         backend: "gloo", "nccl" or "auto".
         master_address: address of this trainer that the vLLM workers can reach for the rendezvous.
         timeout_s: timeout for the rendezvous, each control-plane call and each broadcast (seconds).
-        bucket_bytes: gloo only: most bytes per flat broadcast (`gloo.plan_buckets`); None: the backend's default
+        bucket_bytes: gloo only: most bytes per flat broadcast (`gloo_wire.plan_buckets`); None: the backend's default
             (`gloo.DEFAULT_BUCKET_BYTES`). Smaller buckets hold less memory twice; more of them overlap packing,
             the wire and vLLM's load.
         mode: `weight_sync_mode`: "full" sends every tensor whole; "delta" (gloo only) sends each tensor's changed
