@@ -268,6 +268,7 @@ class DataParallelLearner:
             "optimizer": {},
             "lr_scheduler": state.get("lr_scheduler"),
             "skipped_zero_adv_microbatches": state["skipped_zero_adv_microbatches"],
+            "skipped_zero_adv_completions": state.get("skipped_zero_adv_completions", 0),
             "skipped_nonfinite_steps": state.get("skipped_nonfinite_steps", 0),
         }
         ranks.broadcast_command(ranks.LoadStateDict(light if self.learner.sharded else state))
@@ -355,8 +356,8 @@ _SAME_ON_EVERY_RANK = ("grad_norm", "learning_rate", "num_tokens", "skipped_nonf
 
 
 def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One metrics dict from every rank's: `*/min` and `*/max` keep the extreme, `skipped_zero_adv_microbatches`
-    adds up, grad_norm / learning_rate / num_tokens / skipped_nonfinite_steps (identical on every rank) are taken
+    """One metrics dict from every rank's: `*/min` and `*/max` keep the extreme, `skipped_zero_adv_microbatches` and
+    `skipped_zero_adv_completions` add up, grad_norm / learning_rate / num_tokens / skipped_nonfinite_steps (identical on every rank) are taken
     as they are, and the rest is averaged over the ranks that report it. The mean of the ranks' losses is the loss of the whole
     batch, since each rank's loss is normalized as TRL does under DDP (global tokens / num_processes for
     dapo/cispo, per-rank means otherwise)."""
@@ -367,7 +368,7 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
             out[key] = min(values)
         elif key.endswith("/max"):
             out[key] = max(values)
-        elif key in ("skipped_zero_adv_microbatches", "oversized_microbatch_sequences"):  # counts add up
+        elif key in ("skipped_zero_adv_microbatches", "skipped_zero_adv_completions", "oversized_microbatch_sequences"):  # counts add up
             out[key] = float(sum(values))
         elif key in _SAME_ON_EVERY_RANK:
             out[key] = values[0]

@@ -26,7 +26,7 @@ import torch
 from async_grpo.algorithms import GRPOObjective, LossSettings, MicroBatchInputs
 from async_grpo.trainer.flattening import completion_hidden_states, completion_logps, flat_row_tokens
 from async_grpo.trainer.logprobs import chunked_token_logps
-from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics
+from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics, take
 from async_grpo.trainer.packing import PackedBatch, pack_batch
 from async_grpo.trainer.schedule import LRSchedule
 from async_grpo.transports.messages import TrainBatch
@@ -66,7 +66,11 @@ class GRPOLearner:
         micro_batch_size: completions per forward/backward (TRL per_device_train_batch_size).
         loss: the loss options; each micro-batch's loss is `GRPOObjective(loss)`'s.
         pad_token_id: id used for padding.
-        skip_zero_advantage_batches: skip micro-batches whose advantages are all 0 (requires beta == 0).
+        skip_zero_advantage_batches: skip the forward/backward of completions with a zero advantage (requires
+            beta == 0; they carry no policy gradient). Where the loss is separable by rows (`row_skipping`: dapo /
+            cispo, whose divisor is the step's token count, counted before the skip, and no top-entropy mask, whose
+            quantile is taken over the micro-batch) they are dropped before the cut, so only the others are
+            trained, with the same update; otherwise only micro-batches whose advantages are all 0 are skipped.
         logprob_chunk_size: LM-head positions per block, or None for full logits (see `trainer.logprobs`).
         fsdp: shard the model over the ranks with FSDP2 (several ranks only).
         mixed_precision: None (float32 everywhere) or "bf16": forward passes under bfloat16 autocast with float32
@@ -115,8 +119,9 @@ class GRPOLearner:
         self.pad_token_id = pad_token_id
         self.logprob_chunk_size = logprob_chunk_size
         self.skip_zero_advantage_batches = skip_zero_advantage_batches
-        # cumulative counts, logged as metrics: skipped micro-batches; optimizer steps skipped for a NaN/inf gradient
-        self.skipped_zero_adv_microbatches = self.skipped_nonfinite_steps = 0
+        # cumulative counts, logged as metrics: skipped micro-batches and completions (zero advantage); optimizer
+        # steps skipped for a NaN/inf gradient
+        self.skipped_zero_adv_microbatches = self.skipped_zero_adv_completions = self.skipped_nonfinite_steps = 0
         self.world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.device = next(model.parameters()).device
         if skip_zero_advantage_batches and self.objective.needs_reference:
@@ -157,14 +162,42 @@ class GRPOLearner:
         """The frozen KL reference: a copy of the initial policy (`trainer.peft.PeftLearner`: adapters off)."""
         return copy.deepcopy(model).eval().requires_grad_(False)
 
-    def _micro_batches(self, chunks: Iterable[TrainBatch]) -> Iterator[PackedBatch]:
+    @property
+    def row_skipping(self) -> bool:
+        """True when `skip_zero_advantage_batches` drops single completions with a zero advantage before the cut
+        (the step's update is unchanged): the loss divides by the step's token count
+        (`LossNormalizer.divides_by_tokens`: dapo, cispo), so each completion's term is independent of the others
+        once that count is known, and no top-entropy mask (`top_entropy_quantile` < 1: its quantile is taken
+        over the micro-batch's tokens). Needs beta == 0 (checked at construction). False otherwise: then only
+        micro-batches whose advantages are all 0 are skipped."""
+        settings = self.objective.settings
+        return (
+            self.skip_zero_advantage_batches
+            and self.objective.normalizer.divides_by_tokens
+            and settings.top_entropy_quantile >= 1.0
+        )
+
+    def _micro_batches(self, chunks: Iterable[TrainBatch], tokens: _TokenCount | None = None) -> Iterator[PackedBatch]:
         """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches, in order
-        (`micro_batch_size` completions, or a token budget; padded or flattened: `self.batching`)."""
+        (`micro_batch_size` completions, or a token budget; padded or flattened: `self.batching`). With
+        `row_skipping`, the completions with a zero advantage are dropped from each packed chunk first (counted in
+        `skipped_zero_adv_completions`). `tokens`, when given, gains each chunk's loss tokens (completion mask
+        sum), dropped completions included, before the chunk's micro-batches are yielded."""
         for chunk in chunks:
             if not chunk.groups:
                 continue
             mask_truncated = self.objective.settings.mask_truncated_completions
-            yield from self.batching.cut(pack_batch(chunk, self.pad_token_id, mask_truncated).to(self.device))
+            packed = pack_batch(chunk, self.pad_token_id, mask_truncated).to(self.device)
+            if tokens is not None:
+                tokens.value += float(packed.completion_mask.sum())
+            if self.row_skipping:
+                keep = (packed.advantages != 0).nonzero()[:, 0]  # (K,) rows that carry a policy gradient
+                self.skipped_zero_adv_completions += len(packed) - len(keep)
+                if len(keep) == 0:
+                    continue
+                if len(keep) < len(packed):
+                    packed = take(packed, keep)
+            yield from self.batching.cut(packed)
 
     @torch.no_grad()
     def old_logps(self, batch: TrainBatch) -> list[torch.Tensor]:
@@ -220,14 +253,14 @@ class GRPOLearner:
         streamed = not isinstance(batch, TrainBatch)
         if streamed and self.world_size > 1:
             raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
-        micro: Iterable[PackedBatch] = self._micro_batches([batch] if not streamed else batch)
+        tokens = _TokenCount()  # the step's loss tokens, completions dropped by row skipping included
+        micro: Iterable[PackedBatch] = self._micro_batches([batch] if not streamed else batch, tokens)
         if streamed:  # normalizers unknown until the last chunk: unnormalized losses, gradients rescaled below
             num_items: torch.Tensor | float = 1.0
             accumulation, completions = 1, 1.0  # with a token budget: unit weight per completion, rescaled below
         else:
             micro = list(micro)
-            local_items = sum((mb.completion_mask.sum() for mb in micro), torch.tensor(0.0, device=self.device))
-            num_items = self._all_reduce_sum(local_items)  # TRL: tokens of the accumulation window across ranks
+            num_items = self._all_reduce_sum(torch.tensor(tokens.value, device=self.device))  # TRL: tokens of the accumulation window across ranks
             if old_logps is not None and len(old_logps) != len(micro):
                 raise ValueError(
                     f"old_logps has {len(old_logps)} micro-batches, the batch {len(micro)}. "
@@ -244,7 +277,6 @@ class GRPOLearner:
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         step_loss = 0.0
-        seen_items = 0.0
         seen_micro = 0
         self.optimizer.zero_grad(set_to_none=True)
         for index, mb in enumerate(micro):
@@ -254,8 +286,6 @@ class GRPOLearner:
                 self._dummy_pass()
                 continue
             seen_micro += len(mb) if self.batching.by_tokens else 1  # the normalizer of a streamed step
-            tokens = float(mb.completion_mask.sum())
-            seen_items += tokens
             if self.skip_zero_advantage_batches and not bool((mb.advantages != 0).any()):
                 # no policy gradient here (and beta == 0, checked by the config): skip the forward/backward;
                 # the loss normalizer still counts these tokens, so the step equals the unskipped one
@@ -279,7 +309,7 @@ class GRPOLearner:
             step_loss += result.output.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
             accumulate_metrics(sums, weights, result.metrics, result.weight)
         if streamed:
-            num_items = seen_items
+            num_items = seen_items = tokens.value
             scale = normalizer.streamed_scale(seen_items, seen_micro)
             for param in self.model.parameters():
                 if param.grad is not None:
@@ -300,10 +330,9 @@ class GRPOLearner:
         if streamed:  # the per-micro-batch metrics were computed with unit normalizers too
             metrics = normalizer.streamed_metrics(metrics, seen_items)
         metrics["loss"] = step_loss
-        metrics["skipped_zero_adv_microbatches"], metrics["skipped_nonfinite_steps"] = (
-            float(self.skipped_zero_adv_microbatches),
-            float(self.skipped_nonfinite_steps),
-        )
+        metrics["skipped_zero_adv_microbatches"] = float(self.skipped_zero_adv_microbatches)
+        metrics["skipped_zero_adv_completions"] = float(self.skipped_zero_adv_completions)
+        metrics["skipped_nonfinite_steps"] = float(self.skipped_nonfinite_steps)
         metrics["oversized_microbatch_sequences"] = float(self.batching.oversized)  # longer than the budget
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = learning_rate
@@ -405,6 +434,7 @@ class GRPOLearner:
             "optimizer": optim,
             "lr_scheduler": self.scheduler and self.scheduler.state_dict(),
             "skipped_zero_adv_microbatches": self.skipped_zero_adv_microbatches,
+            "skipped_zero_adv_completions": self.skipped_zero_adv_completions,
             "skipped_nonfinite_steps": self.skipped_nonfinite_steps,
         }
 
@@ -430,6 +460,7 @@ class GRPOLearner:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.skipped_zero_adv_microbatches = int(state["skipped_zero_adv_microbatches"])
+        self.skipped_zero_adv_completions = int(state.get("skipped_zero_adv_completions", 0))
         self.skipped_nonfinite_steps = int(state.get("skipped_nonfinite_steps", 0))
         if self.scheduler is not None and state.get("lr_scheduler") is not None:
             self.scheduler.load_state_dict(state["lr_scheduler"])
@@ -478,6 +509,13 @@ class GRPOLearner:
             n = p.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
+
+
+@dataclass
+class _TokenCount:
+    """A running count of loss tokens (completion mask sum) that `GRPOLearner._micro_batches` adds to."""
+
+    value: float = 0.0
 
 
 _DUMMY = object()  # marks a placeholder micro-batch in `GRPOLearner.step` (see `_dummy_pass`)

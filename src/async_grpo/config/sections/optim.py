@@ -149,8 +149,13 @@ class OptimConfig(Section):
     )
     skip_zero_advantage_batches: bool = Field(
         False,
-        description="Skip the forward/backward of micro-batches whose advantages are all 0 (they carry no "
-        "policy gradient). Needs beta=0, since a skipped micro-batch would also lose its KL term.",
+        description="Skip the forward/backward of completions with a zero advantage (they carry no policy "
+        "gradient; no TRL equivalent). With loss_type dapo or cispo (divided by the step's token count, counted "
+        "before the skip) and top_entropy_quantile=1 single completions are dropped before the micro-batch cut "
+        "(metric skipped_zero_adv_completions); otherwise only micro-batches whose advantages are all 0 are skipped "
+        "(metric skipped_zero_adv_microbatches). Same update up to float rounding; entropy, sampling/* and clip "
+        "metrics then average over the completions that ran. Needs beta=0, since a skipped completion would also "
+        "lose its KL term.",
     )
     bf16: bool = Field(
         False,
