@@ -368,7 +368,11 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
             out[key] = min(values)
         elif key.endswith("/max"):
             out[key] = max(values)
-        elif key in ("skipped_zero_adv_microbatches", "skipped_zero_adv_completions", "oversized_microbatch_sequences"):  # counts add up
+        elif key in (
+            "skipped_zero_adv_microbatches",
+            "skipped_zero_adv_completions",
+            "oversized_microbatch_sequences",
+        ):  # counts add up
             out[key] = float(sum(values))
         elif key in _SAME_ON_EVERY_RANK:
             out[key] = values[0]

@@ -260,7 +260,9 @@ class GRPOLearner:
             accumulation, completions = 1, 1.0  # with a token budget: unit weight per completion, rescaled below
         else:
             micro = list(micro)
-            num_items = self._all_reduce_sum(torch.tensor(tokens.value, device=self.device))  # TRL: tokens of the accumulation window across ranks
+            num_items = self._all_reduce_sum(
+                torch.tensor(tokens.value, device=self.device)
+            )  # TRL: tokens of the accumulation window across ranks
             if old_logps is not None and len(old_logps) != len(micro):
                 raise ValueError(
                     f"old_logps has {len(old_logps)} micro-batches, the batch {len(micro)}. "
