@@ -30,7 +30,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_CPU = REPO_ROOT / "examples" / "tiny_cpu.yaml"
 # examples/tiny_cpu.yaml resolved by the flat GRPOConfig before sections (model_dump(mode="json")): its keys
 # are the old flat field names, in the old order.
-TINY_CPU_FLAT = json.loads((Path(__file__).parent / "data" / "tiny_cpu_resolved_flat.json").read_text())
+# Values the demo changed since the snapshot, on purpose: the snapshot with them is what tiny_cpu.yaml resolves to now.
+CHANGED_BY_THE_DEMO = {"skip_zero_advantage_batches": True}  # issue 23: train only nonzero-advantage completions
+TINY_CPU_FLAT = {
+    **json.loads((Path(__file__).parent / "data" / "tiny_cpu_resolved_flat.json").read_text()),
+    **CHANGED_BY_THE_DEMO,
+}
 
 
 def write_yaml(tmp_path: Path, data, name: str = "config.yaml") -> Path:
