@@ -96,6 +96,14 @@ def test_row_skipping_drops_single_completions_and_keeps_the_update(tiny_model, 
     assert_same_parameters(tiny_model, other, atol=1e-5)
 
 
+def test_old_logps_for_rollout_reuse_count_no_skipped_completion(tiny_model):
+    learner = make_learner(tiny_model, skip=True)
+    batch = batch_with_scattered_zeros(tiny_model)
+    old = learner.old_logps(batch)
+    assert learner.skipped_zero_adv_completions == 0
+    assert learner.step(batch, old_logps=old)["skipped_zero_adv_completions"] == 4.0
+
+
 def test_row_skipping_a_batch_without_signal_takes_no_forward_pass(tiny_model):
     learner = make_learner(tiny_model, skip=True)
     before = [p.detach().clone() for p in tiny_model.parameters()]

@@ -177,22 +177,23 @@ class GRPOLearner:
             and settings.top_entropy_quantile >= 1.0
         )
 
-    def _micro_batches(self, chunks: Iterable[TrainBatch], tokens: _TokenCount | None = None) -> Iterator[PackedBatch]:
+    def _micro_batches(self, chunks: Iterable[TrainBatch], counts: _ChunkCounts | None = None) -> Iterator[PackedBatch]:
         """Pack each chunk (a whole step batch, or one streamed chunk) and cut it into micro-batches, in order
         (`micro_batch_size` completions, or a token budget; padded or flattened: `self.batching`). With
-        `row_skipping`, the completions with a zero advantage are dropped from each packed chunk first (counted in
-        `skipped_zero_adv_completions`). `tokens`, when given, gains each chunk's loss tokens (completion mask
-        sum), dropped completions included, before the chunk's micro-batches are yielded."""
+        `row_skipping`, the completions with a zero advantage are dropped from each packed chunk first. `counts`,
+        when given, gains each chunk's loss tokens (completion mask sum, dropped completions included) and dropped
+        completions before the chunk's micro-batches are yielded (`step` passes it; `old_logps` counts nothing)."""
         for chunk in chunks:
             if not chunk.groups:
                 continue
             mask_truncated = self.objective.settings.mask_truncated_completions
             packed = pack_batch(chunk, self.pad_token_id, mask_truncated).to(self.device)
-            if tokens is not None:
-                tokens.value += float(packed.completion_mask.sum())
+            if counts is not None:
+                counts.tokens += float(packed.completion_mask.sum())
             if self.row_skipping:
                 keep = (packed.advantages != 0).nonzero()[:, 0]  # (K,) rows that carry a policy gradient
-                self.skipped_zero_adv_completions += len(packed) - len(keep)
+                if counts is not None:
+                    counts.skipped_completions += len(packed) - len(keep)
                 if len(keep) == 0:
                     continue
                 if len(keep) < len(packed):
@@ -253,15 +254,15 @@ class GRPOLearner:
         streamed = not isinstance(batch, TrainBatch)
         if streamed and self.world_size > 1:
             raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
-        tokens = _TokenCount()  # the step's loss tokens, completions dropped by row skipping included
-        micro: Iterable[PackedBatch] = self._micro_batches([batch] if not streamed else batch, tokens)
+        counts = _ChunkCounts()  # the step's loss tokens (row-skipped completions included) and skipped completions
+        micro: Iterable[PackedBatch] = self._micro_batches([batch] if not streamed else batch, counts)
         if streamed:  # normalizers unknown until the last chunk: unnormalized losses, gradients rescaled below
             num_items: torch.Tensor | float = 1.0
             accumulation, completions = 1, 1.0  # with a token budget: unit weight per completion, rescaled below
         else:
             micro = list(micro)
             num_items = self._all_reduce_sum(
-                torch.tensor(tokens.value, device=self.device)
+                torch.tensor(counts.tokens, device=self.device)
             )  # TRL: tokens of the accumulation window across ranks
             if old_logps is not None and len(old_logps) != len(micro):
                 raise ValueError(
@@ -310,9 +311,10 @@ class GRPOLearner:
             result.output.loss.backward()
             step_loss += result.output.loss.item()  # micro-batch losses are pre-scaled: their sum is the step loss
             accumulate_metrics(sums, weights, result.metrics, result.weight)
+        self.skipped_zero_adv_completions += counts.skipped_completions  # every chunk has been packed by now
         if streamed:
-            num_items = seen_items = tokens.value
-            scale = normalizer.streamed_scale(seen_items, seen_micro)
+            num_items = counts.tokens
+            scale = normalizer.streamed_scale(counts.tokens, seen_micro)
             for param in self.model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(scale)
@@ -330,7 +332,7 @@ class GRPOLearner:
             self.scheduler.step()
         metrics = {k: sums[k] / max(weights[k], 1e-9) for k in sums}
         if streamed:  # the per-micro-batch metrics were computed with unit normalizers too
-            metrics = normalizer.streamed_metrics(metrics, seen_items)
+            metrics = normalizer.streamed_metrics(metrics, counts.tokens)
         metrics["loss"] = step_loss
         metrics["skipped_zero_adv_microbatches"] = float(self.skipped_zero_adv_microbatches)
         metrics["skipped_zero_adv_completions"] = float(self.skipped_zero_adv_completions)
@@ -514,10 +516,16 @@ class GRPOLearner:
 
 
 @dataclass
-class _TokenCount:
-    """A running count of loss tokens (completion mask sum) that `GRPOLearner._micro_batches` adds to."""
+class _ChunkCounts:
+    """What `GRPOLearner._micro_batches` counts while it packs one step's chunks.
 
-    value: float = 0.0
+    Attributes:
+        tokens: loss tokens (completion mask sum), completions dropped by row skipping included.
+        skipped_completions: completions dropped by row skipping (zero advantage).
+    """
+
+    tokens: float = 0.0
+    skipped_completions: int = 0
 
 
 _DUMMY = object()  # marks a placeholder micro-batch in `GRPOLearner.step` (see `_dummy_pass`)
