@@ -153,7 +153,8 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
     @dsl.pipeline(
         name="async-grpo" if gpu else "async-grpo-cpu",
         description="Asynchronous GRPO post-training: vLLM rollouts, reward workers and a trainer; "
-        "evaluate on held-out prompts; register the model in MLflow when it improved.",
+        "evaluate head to head with the champion on held-out prompts; register and promote the model in MLflow "
+        "when it is shown better.",
     )
     def grpo_pipeline(
         # ---- model, data, rewards (GRPOConfig names)
@@ -198,10 +199,13 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
         run_name: str = "",
         work_dir: str = WORKSPACE_MOUNT_PATH,
         mlflow_tracking_uri: str = "",
-        # ---- registration gate
+        # ---- retraining: warm start and the registration gate
+        warm_start: str = "none",
         registered_model_name: str = registered_default,
         min_eval_reward: float = 0.0,
         require_improvement: bool = True,
+        min_improvement: float = 0.0,
+        promotion_confidence: float = 0.95,
         # ---- Kubernetes scheduling of the evaluation pod (Secret and volume names are compiled in: PipelineWiring)
         gpu_node_selector: dict = default_selector,
         gpu_tolerations: list = default_tolerations,
@@ -251,9 +255,12 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
             run_name: Name of the run (MLflow run, folders, cluster objects); empty: the KFP run's name. A suffix of the KFP run id keeps names unique.
             work_dir: Shared folder for run outputs and staged data: the workspace volume's mount path or a folder under it (in a cluster pod the steps refuse any other).
             mlflow_tracking_uri: MLflow tracking URI; empty: the MLflow secret's MLFLOW_TRACKING_URI.
+            warm_start: none trains model_name_or_path; champion trains the current champion of registered_model_name (the base model while there is none).
             registered_model_name: MLflow registry entry the model is registered under when it passes the gate.
             min_eval_reward: Register only when the held-out reward is at least this.
-            require_improvement: Register only when the held-out reward also beats the current champion's.
+            require_improvement: Register only when the model beats the current champion on the same held-out prompts and seeds: the lower bound of the bootstrap interval of the mean per-prompt difference must exceed min_improvement.
+            min_improvement: Margin (reward units) the interval's lower bound must clear.
+            promotion_confidence: Confidence level of that interval, in (0, 1).
             gpu_node_selector: Node selector of the evaluation pod (it starts its own vLLM server).
             gpu_tolerations: Tolerations of the evaluation pod.
         """
@@ -300,6 +307,7 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
                 launch_backend=launch_backend, launch_timeout_s=launch_timeout_s, backend_options=kubernetes_options,
                 work_dir=work_dir, run_name=run_name, pipeline_job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                 pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, mlflow_tracking_uri=mlflow_tracking_uri,
+                warm_start=warm_start, registered_model_name=registered_model_name,
             )  # fmt: skip
             flavour(train).set_display_name("train (async GRPO)").set_caching_options(False)
             _mlflow_env(train, wiring.mlflow_secret)
@@ -311,6 +319,7 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
                 mlflow_run_id=train.outputs["mlflow_run_id"], tracking_uri=train.outputs["tracking_uri"],
                 resolved_config=train.outputs["resolved_config"], registered_model_name=registered_model_name,
                 min_eval_reward=min_eval_reward, require_improvement=require_improvement,
+                min_improvement=min_improvement, promotion_confidence=promotion_confidence,
                 launch_backend=launch_backend, backend_options=kubernetes_options, run_name=train.outputs["run_name"],
             )  # fmt: skip
             flavour(score).set_display_name("evaluate (held-out reward, vLLM)").set_caching_options(False)
@@ -331,7 +340,8 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
                 register = register_model(
                     model=train.outputs["model"], metrics=score.outputs["metrics"],
                     mlflow_run_id=train.outputs["mlflow_run_id"], tracking_uri=train.outputs["tracking_uri"],
-                    registered_model_name=registered_model_name,
+                    registered_model_name=registered_model_name, dataset=data.outputs["dataset"],
+                    resolved_config=train.outputs["resolved_config"], kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 )  # fmt: skip
                 flavour(register).set_display_name("register model (MLflow)").set_caching_options(False)
                 _mlflow_env(register, wiring.mlflow_secret)

@@ -1,11 +1,13 @@
-"""`evaluate`: held-out reward of the trained checkpoint, served by a real vLLM, logged to the training's MLflow run.
+"""`evaluate`: the trained checkpoint against the current champion, head to head, served by real vLLM servers.
 
-It starts its own `vllm serve` on the model artifact, so the number measures the checkpoint that
-will be registered (not the trainer's in-memory weights), and it decides the registration gate
-here, where both the new score and the current champion's score are known; the pipeline only
-branches on the returned boolean (`dsl.If`). Reward functions are submitter code: on Kubernetes they
-run in a reward pod of their own without credentials (`KubernetesBackend.reward_service`), never in
-this pod, which holds the MLflow credentials and the launcher's ServiceAccount token.
+It starts its own `vllm serve` on the model artifact, so the number measures the checkpoint that will be registered
+(not the trainer's in-memory weights). When the registry has a champion, a second `vllm serve` (after the first has
+stopped) scores the champion's registered weights on the same held-out prompts, with the same per-prompt seeds,
+sampling and reward functions, so each prompt gives one paired difference; the registration gate is the lower bound
+of a bootstrap interval of their mean (`async_grpo.promotion`), decided here where both scores are known. The
+pipeline only branches on the returned boolean (`dsl.If`). Reward functions are submitter code: on Kubernetes they
+run in a reward pod of their own without credentials (`KubernetesBackend.reward_service`), never in this pod, which
+holds the MLflow credentials and the launcher's ServiceAccount token.
 """
 
 from typing import Optional
@@ -27,31 +29,39 @@ def evaluate(
     registered_model_name: str = "",
     min_eval_reward: float = 0.0,
     require_improvement: bool = True,
+    min_improvement: float = 0.0,
+    promotion_confidence: float = 0.95,
     champion_alias: str = "champion",
     num_prompts: int = 0,
     launch_backend: str = "local",
     backend_options: Optional[dict] = None,
     run_name: str = "",
 ) -> bool:
-    """Score the model on the held-out split with vLLM and the run's reward functions; decide registration.
+    """Score the model, and the registry's champion on the same prompts, on the held-out split; decide registration.
 
-    Sampling follows the run's config (`num_generations_eval` completions per prompt at
-    `eval_temperature`, else `temperature`; per-prompt seeds from `seed`). Metrics are logged to the
-    MLflow run `mlflow_run_id` at step `max_steps` as `final_eval/reward` and
-    `final_eval/rewards/<func>/mean`, with the completions as the table `final_eval/completions.json`.
+    Sampling follows the run's config (`num_generations_eval` completions per prompt at `eval_temperature`, else
+    `temperature`; prompt i sampled with seed `seed + i` for both models). Logged to the MLflow run `mlflow_run_id`
+    at step `max_steps`: `final_eval/reward`, `final_eval/rewards/<func>/mean`, the completions as the table
+    `final_eval/completions.json` and, with a champion, `final_eval/champion_reward` and
+    `final_eval/head_to_head/<field>` (`promotion.HeadToHead`: both means, the mean paired difference, its interval,
+    the number of paired prompts); tags `final_eval.decision` and `final_eval.champion_version`.
 
     Args:
         model: the `train_grpo` Model artifact (an HF checkpoint folder).
         dataset: the `prepare_dataset` artifact; its `eval` split is scored.
         mlflow_run_id: the training run to log into.
-        tracking_uri: that run's MLflow tracking URI (its registry is consulted too).
+        tracking_uri: that run's MLflow tracking URI (its registry holds the champion).
         resolved_config: the run's resolved GRPOConfig YAML (`train_grpo` output).
-        metrics: output Metrics artifact: `eval_reward`, per-function means, and
-            `previous_eval_reward` when a champion exists.
-        registered_model_name: the registry entry whose champion is the bar to beat; empty skips it.
-        min_eval_reward: the held-out reward must be at least this.
-        require_improvement: when true, the reward must also be strictly above the champion's
-            (its `eval_reward` tag); with no champion yet, the threshold alone decides.
+        metrics: output Metrics artifact: `eval_reward`, per-function means and, with a champion,
+            `champion_eval_reward`, `mean_difference`, `ci_low`, `ci_high`, `num_prompts`; metadata `decision` and
+            `champion_version` (the version scored against, "" for none: `register_model` moves the alias only
+            while it still points there).
+        registered_model_name: the registry entry whose champion is the bar to beat; empty: no comparison.
+        min_eval_reward: the held-out reward must be at least this (an absolute floor).
+        require_improvement: with a champion, promote only when the lower bound of the interval of the mean paired
+            difference (challenger - champion) is above `min_improvement`; False: the floor alone decides.
+        min_improvement: that margin, in reward units (0: any improvement the interval shows).
+        promotion_confidence: the interval's confidence level, in (0, 1).
         champion_alias: registry alias naming the current best version.
         num_prompts: held-out prompts to score; 0 uses the config's `eval_num_prompts`.
         launch_backend: "local" scores in a process pool here (kfp.local, a laptop); "kubernetes" scores on
@@ -61,11 +71,13 @@ def evaluate(
         run_name: the run's name (`train_grpo`'s run_name output), for the reward service's objects.
 
     Returns:
-        True when the model should be registered (the gate above), else False.
+        True when the model should be registered and made champion (`promotion.decide`), else False.
 
     Raises:
         FileNotFoundError: the model artifact holds no HF checkpoint.
-        ValueError: no held-out prompt fits max_prompt_length, or unknown launch_backend.
+        ValueError: no held-out prompt fits max_prompt_length, unknown launch_backend, or promotion_confidence
+            outside (0, 1).
+        RegistryError (a ValueError): the champion's registered files hold no HF checkpoint.
         PolicyViolation (a ValueError): the platform policy refuses the run's images, settings or vLLM flags,
             or the local backend inside a cluster pod.
         VLLMStartupError: vLLM did not come up (the message has the log tail).
@@ -74,20 +86,22 @@ def evaluate(
     """
     import contextlib
     import logging
+    import math
     import tempfile
     from pathlib import Path
 
     import mlflow
     import yaml
-    from mlflow.exceptions import MlflowException
     from transformers import AutoTokenizer
 
+    from async_grpo import registry
     from async_grpo.config import GRPOConfig
     from async_grpo.data import load_prompt_items
-    from async_grpo.evaluation import evaluate_reward
+    from async_grpo.evaluation import score_held_out
     from async_grpo.inference.client import AsyncVLLMClient
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
     from async_grpo.launch.k8s_policy import check_backend_choice
+    from async_grpo.promotion import decide, paired_bootstrap
     from async_grpo.rewards.pool import RewardPool
     from async_grpo.rewards.remote import RemoteRewardPool
     from async_grpo.runner.builders import build_rollout, sampling_settings
@@ -100,6 +114,8 @@ def evaluate(
     check_backend_choice(launch_backend)
     if launch_backend not in ("local", "kubernetes"):
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
+    if not 0.0 < promotion_confidence < 1.0:
+        raise ValueError(f"promotion_confidence={promotion_confidence} is not in (0, 1). Fix: use e.g. 0.95.")
     model_dir = Path(model.path)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model artifact {model_dir} holds no HF checkpoint (config.json missing).")
@@ -115,25 +131,39 @@ def evaluate(
     if too_long:
         log.warning("%d held-out prompts are longer than max_prompt_length and were left out", too_long)
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_dir = Path(config.output_dir) if Path(config.output_dir).is_dir() else Path(tempfile.mkdtemp())
-    cmd = build_server_command(
-        str(model_dir),
-        port=port,
-        dtype=config.inference.vllm_dtype,
-        max_model_len=config.inference.vllm_max_model_len,
-        weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
-        seed=config.seed,
-        extra_args=config.vllm_serve_args,
+    work = Path(config.output_dir) if Path(config.output_dir).is_dir() else Path(tempfile.mkdtemp())
+    champion = None  # the registry's current champion (a ModelVersion), found before anything starts
+    champion_dir = None
+    if registered_model_name:
+        client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+        champion = registry.champion(client, registered_model_name, champion_alias)
+        if champion is not None and champion.run_id == mlflow_run_id:
+            champion = None  # this very run is the champion already (a re-run of the step): nothing to compare
+        if champion is not None and require_improvement:
+            champion_dir = registry.resolve_model_uri(
+                f"models:/{registered_model_name}/{champion.version}",
+                work / f"champion-v{champion.version}",
+                tracking_uri=tracking_uri,
+            ).path
+    log.info(
+        "champion: %s", f"{registered_model_name} version {champion.version}" if champion is not None else "none"
     )
-    server = VLLMServer(
-        cmd,
-        server_env(config.inference.vllm_kv_cache_gib),
-        log_dir / "vllm-eval.log",
-        url,
-        config.inference.vllm_startup_timeout_s,
-    )
+
+    def server_for(path: Path, label: str) -> tuple[VLLMServer, str]:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = build_server_command(
+            str(path),
+            port=port,
+            dtype=config.inference.vllm_dtype,
+            max_model_len=config.inference.vllm_max_model_len,
+            weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+            seed=config.seed,
+            extra_args=config.vllm_serve_args,
+        )
+        env = server_env(config.inference.vllm_kv_cache_gib)
+        return VLLMServer(cmd, env, work / f"vllm-eval-{label}.log", url, config.inference.vllm_startup_timeout_s), url
+
     tool_service = None  # tool calls (a run with `tools`) run where the reward functions run
     with contextlib.ExitStack() as stack:
         if launch_backend == "kubernetes":  # reward code runs in a pod without credentials, checked by the policy
@@ -159,51 +189,60 @@ def evaluate(
         )  # the run's own rollout: multi-turn when it declares tools
         if hasattr(rollout, "close"):
             stack.callback(rollout.close)
-        stack.callback(server.stop)
-        server.start()
-        scores, rows = evaluate_reward(
-            rollout,
-            lambda: AsyncVLLMClient(url, str(model_dir), timeout_s=config.inference.vllm_request_timeout_s), items,
-            sampling_settings(config, evaluation=True), reward_names=pool.names, reward_weights=pool.weights,
-            seed=config.seed,
-        )  # fmt: skip
-    reward = scores["eval/reward"]
+
+        def score(path: Path, label: str):
+            server, url = server_for(path, label)
+            try:
+                server.start()
+                return score_held_out(
+                    rollout,
+                    lambda: AsyncVLLMClient(url, str(path), timeout_s=config.inference.vllm_request_timeout_s), items,
+                    sampling_settings(config, evaluation=True), reward_names=pool.names, reward_weights=pool.weights,
+                    seed=config.seed,
+                )  # fmt: skip
+            finally:
+                server.stop()  # one server at a time: the champion's starts after this one has stopped
+
+        challenger = score(model_dir, "challenger")
+        held_out = score(champion_dir, "champion") if champion_dir is not None else None
+    reward = challenger.metrics["eval/reward"]
     log.info("held-out reward %.4f over %d prompts x %d samples", reward, len(items), config.data.num_generations_eval)
-
-    previous = None
-    if registered_model_name:
-        registry = mlflow.MlflowClient(tracking_uri=tracking_uri)
-        try:
-            champion = registry.get_model_version_by_alias(registered_model_name, champion_alias)
-        except MlflowException as err:
-            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
-                raise
-            champion = None
-        if champion is not None and "eval_reward" in champion.tags:
-            previous = float(champion.tags["eval_reward"])
-    if reward < min_eval_reward:
-        passed, decision = False, f"skip: reward {reward:.4f} is below min_eval_reward {min_eval_reward:.4f}"
-    elif require_improvement and previous is not None and not reward > previous:
-        passed, decision = False, f"skip: reward {reward:.4f} does not beat the {champion_alias} ({previous:.4f})"
-    else:
-        passed, decision = (
-            True,
-            f"register: reward {reward:.4f}"
-            + (f" beats the {champion_alias} ({previous:.4f})" if previous is not None else ""),
+    head_to_head = None
+    if held_out is not None:
+        head_to_head = paired_bootstrap(
+            challenger.per_prompt, held_out.per_prompt, confidence=promotion_confidence, seed=config.seed
         )
-    log.info("registration gate: %s", decision)
+        log.info("champion's held-out reward %.4f; %s", held_out.metrics["eval/reward"], head_to_head)
+    decision = decide(
+        reward,
+        head_to_head,
+        min_eval_reward=min_eval_reward,
+        min_improvement=min_improvement,
+        require_improvement=require_improvement,
+    )
+    log.info("registration gate: %s", decision.reason)
 
-    final = {"final_eval/" + k.removeprefix("eval/"): v for k, v in scores.items()}
+    final = {"final_eval/" + k.removeprefix("eval/"): v for k, v in challenger.metrics.items()}
+    if held_out is not None:
+        final["final_eval/champion_reward"] = held_out.metrics["eval/reward"]
+        final.update(head_to_head.as_metrics("final_eval/head_to_head/"))
+    champion_version = str(champion.version) if champion is not None else ""
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=mlflow_run_id):
         mlflow.log_metrics(final, step=config.optim.max_steps)
+        rows = challenger.rows
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file="final_eval/completions.json")
-        mlflow.set_tag("final_eval.decision", decision)
+        mlflow.set_tags({"final_eval.decision": decision.reason, "final_eval.champion_version": champion_version})
     metrics.log_metric("eval_reward", reward)
-    for key, value in scores.items():
+    for key, value in challenger.metrics.items():
         if key != "eval/reward":
             metrics.log_metric(key.removeprefix("eval/"), value)
-    if previous is not None:
-        metrics.log_metric("previous_eval_reward", previous)
-    metrics.metadata["decision"] = decision
-    return passed
+    if head_to_head is not None:
+        metrics.log_metric("champion_eval_reward", held_out.metrics["eval/reward"])
+        for key in ("mean_difference", "ci_low", "ci_high", "confidence", "num_prompts", "unpaired_prompts"):
+            value = float(getattr(head_to_head, key))
+            if math.isfinite(value):  # no interval (fewer than 2 paired prompts): the decision says so
+                metrics.log_metric(key, value)
+    metrics.metadata["decision"] = decision.reason
+    metrics.metadata["champion_version"] = champion_version
+    return decision.promote

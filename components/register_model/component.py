@@ -3,14 +3,15 @@
 The pipeline calls it only inside `dsl.If(evaluate passed)`. The version points at the model the
 training run already logged with MLflow's `transformers` flavour (the run's tag `async_grpo.model_uri`;
 nothing is copied again), so `mlflow.transformers.load_model("models:/<name>/<version>")` loads it and
-`mlflow models serve` serves it. It carries the held-out reward as a tag, which is what the next run's
-gate compares against, and takes the champion alias.
+`mlflow models serve` serves it. It carries its lineage as tags (`async_grpo.lineage`: parent version, data and
+config digests, code, KFP run, the head-to-head evaluation), and takes the champion alias only if the alias still
+points where `evaluate` found it (a concurrent run may have moved it since).
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from kfp import dsl
-from kfp.dsl import Input, Metrics, Model
+from kfp.dsl import Dataset, Input, Metrics, Model
 
 from components import ASYNC_GRPO_IMAGE
 
@@ -22,15 +23,22 @@ def register_model(
     mlflow_run_id: str,
     tracking_uri: str,
     registered_model_name: str,
+    dataset: Optional[Input[Dataset]] = None,
+    resolved_config: str = "",
+    kfp_run_id: str = "",
     champion_alias: str = "champion",
     registration_timeout_s: float = 300.0,
-) -> NamedTuple("RegisterOutputs", [("model_version", str), ("model_uri", str)]):
+) -> NamedTuple("RegisterOutputs", [("model_version", str), ("model_uri", str), ("promoted", bool)]):
     """Register the run's logged model (tag `async_grpo.model_uri`, a transformers-flavour model; runs of
-    earlier versions: their `model` artifact folder) as a new version of `registered_model_name`.
+    earlier versions: their `model` artifact folder) as a new version of `registered_model_name`, and move the
+    champion alias to it.
 
-    The version gets tags `eval_reward` (from the `evaluate` Metrics artifact), `kfp.run_name` and
-    `base_model`; the alias `champion_alias` moves to it; the training run gets the tag
-    `registered_model_version`.
+    The version gets the tags of `async_grpo.lineage.lineage_tags` plus `eval_reward`, `kfp.run_name` and
+    `base_model`. The alias moves with `async_grpo.registry.promote`, compare-and-set against the champion
+    `evaluate` scored against (`metrics.metadata["champion_version"]`): when another run moved it meanwhile, the
+    version is registered but not promoted (tag `promotion` says why; `promoted` is False), since it was never
+    compared with the new champion. The previous champion keeps the alias `previous-champion`; the training run
+    gets the tag `registered_model_version`.
 
     Args:
         model: the `train_grpo` Model artifact (for lineage and its metadata).
@@ -38,11 +46,14 @@ def register_model(
         mlflow_run_id: the training run whose `model` artifact is registered.
         tracking_uri: MLflow tracking URI (the registry lives there too).
         registered_model_name: the registry entry; created when missing.
+        dataset: the `prepare_dataset` artifact (its digests go into the lineage); None: not recorded.
+        resolved_config: the run's resolved GRPOConfig YAML (its digest goes into the lineage).
+        kfp_run_id: the KFP run id (the pipeline passes its placeholder).
         champion_alias: alias set on the new version.
         registration_timeout_s: how long to wait for the version to become READY (seconds).
 
     Returns:
-        model_version (e.g. "3") and model_uri (`models:/<name>/<version>`).
+        model_version (e.g. "3"), model_uri (`models:/<name>/<version>`) and promoted (the alias moved to it).
 
     Raises:
         ValueError: empty registered_model_name, or the metrics artifact has no eval_reward.
@@ -51,12 +62,17 @@ def register_model(
         RuntimeError: the registry reported FAILED_REGISTRATION.
         mlflow.exceptions.MlflowException: the run does not exist, or the registry is unreachable.
     """
+    import getpass
     import logging
     import time
     from collections import namedtuple
 
     import mlflow
     from mlflow.exceptions import MlflowException
+
+    from async_grpo import registry
+    from async_grpo.lineage import lineage_tags
+    from async_grpo.warm_start import PARENT_VERSION_TAG
 
     log = logging.getLogger("register_model")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -68,6 +84,14 @@ def register_model(
             "it must come from the evaluate component."
         )
     reward = float(metrics.metadata["eval_reward"])
+    decision = str(metrics.metadata.get("decision", ""))
+    # compare-and-set against the champion `evaluate` scored against ("" there: none); no key (an evaluation made
+    # without the registry): move the alias whatever holds it
+    expected = (
+        {"expected_champion": str(metrics.metadata["champion_version"]) or None}
+        if "champion_version" in metrics.metadata
+        else {}
+    )
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(mlflow_run_id)
@@ -86,17 +110,27 @@ def register_model(
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
+    numbers = {k: float(v) for k, v in metrics.metadata.items() if isinstance(v, (int, float))}
     tags = {
         "eval_reward": repr(reward),
         "kfp.run_name": str(model.metadata.get("run_name", "")),
         "base_model": str(model.metadata.get("base_model", "")),
+        **lineage_tags(
+            resolved_config=resolved_config,
+            parent_version=run.data.tags.get(PARENT_VERSION_TAG, ""),
+            dataset=dict(dataset.metadata) if dataset is not None else None,
+            kfp_run_id=kfp_run_id,
+            mlflow_run_id=mlflow_run_id,
+            evaluation=numbers,
+            decision=decision,
+        ),
     }
     version = client.create_model_version(
         registered_model_name,
         source=source,
         run_id=mlflow_run_id,
         tags=tags,
-        description=f"held-out reward {reward:.4f}",
+        description=f"held-out reward {reward:.4f}; {decision}",
     )
     deadline = time.monotonic() + registration_timeout_s
     while version.status != "READY":
@@ -111,9 +145,21 @@ def register_model(
             )
         time.sleep(1.0)
         version = client.get_model_version(registered_model_name, version.version)
-    client.set_registered_model_alias(registered_model_name, champion_alias, version.version)
+    try:
+        registry.promote(
+            client, registered_model_name, str(version.version), reason=decision or "passed evaluation",
+            actor=f"pipeline:{kfp_run_id or getpass.getuser()}", alias=champion_alias, **expected,
+        )  # fmt: skip
+        promoted = True
+    except registry.ChampionChanged as err:
+        promoted = False
+        client.set_model_version_tag(registered_model_name, str(version.version), "promotion", f"skipped: {err}")
+        log.warning("registered %s v%s without promoting it: %s", registered_model_name, version.version, err)
     client.set_tag(mlflow_run_id, "registered_model_version", f"{registered_model_name}/{version.version}")
     uri = f"models:/{registered_model_name}/{version.version}"
-    log.info("registered %s (eval_reward %.4f) as %s; alias %r", source, reward, uri, champion_alias)
-    outputs = namedtuple("RegisterOutputs", ["model_version", "model_uri"])
-    return outputs(str(version.version), uri)
+    log.info(
+        "registered %s (eval_reward %.4f) as %s; alias %r %s",
+        source, reward, uri, champion_alias, "moved to it" if promoted else "left where it was",
+    )  # fmt: skip
+    outputs = namedtuple("RegisterOutputs", ["model_version", "model_uri", "promoted"])
+    return outputs(str(version.version), uri, promoted)

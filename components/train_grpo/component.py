@@ -54,6 +54,9 @@ def train_grpo(
     pipeline_job_name: str = "",
     pipeline_job_id: str = "",
     mlflow_tracking_uri: str = "",
+    warm_start: str = "none",
+    registered_model_name: str = "",
+    champion_alias: str = "champion",
 ) -> NamedTuple(
     "TrainOutputs", [("mlflow_run_id", str), ("tracking_uri", str), ("resolved_config", str), ("run_name", str)]
 ):
@@ -87,6 +90,13 @@ def train_grpo(
         pipeline_job_id: the KFP run id (the pipeline passes its placeholder); empty: no suffix.
         mlflow_tracking_uri: overrides the config's URI; when both are empty, the MLFLOW_TRACKING_URI
             environment variable (the cluster secret) is used, else sqlite under output_dir.
+        warm_start: "none" trains `model_name_or_path`; "champion" trains the version of `registered_model_name`
+            that holds `champion_alias` (downloaded into `<output_dir>/warm-start/`, `async_grpo.warm_start`; the
+            supervised warm start is skipped), or, with no champion yet, `model_name_or_path`, saying so in the
+            log and the run's tag `async_grpo.warm_start`. A `models:/` URI in `model_name_or_path` is resolved the
+            same way whatever this says.
+        registered_model_name: the registry entry whose champion `warm_start: champion` starts from.
+        champion_alias: the alias that marks the champion.
 
     Returns:
         mlflow_run_id, tracking_uri, resolved_config (YAML of every field) and run_name.
@@ -94,8 +104,10 @@ def train_grpo(
     Raises:
         ConfigError (a ValueError): the merged config is invalid, save_model is false (evaluation
             and registration need the checkpoint), or report_to is none, or the inputs fail preflight
-            (`async_grpo.preflight`: PreflightError); raised before anything starts.
-        ValueError: unknown launch_backend.
+            (`async_grpo.preflight`: PreflightError), or warm_start is champion without registered_model_name;
+            raised before anything starts.
+        ValueError: unknown launch_backend or warm_start.
+        RegistryError (a ValueError): a `models:/` model that does not exist or holds no HF checkpoint.
         PolicyViolation (a ValueError): the platform policy refuses the run (the local backend inside a
             cluster pod, a work_dir off the workspace volume in a cluster pod, or, on kubernetes, an image, account,
             secret, volume, mount path, MLflow server, NCCL variable, vLLM flag or submitter code beside
@@ -188,6 +200,29 @@ def train_grpo(
             "run's MLflow run. Fix: report_to: mlflow."
         )
 
+    if warm_start not in ("none", "champion"):
+        raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
+    start_note = ""
+    if warm_start == "champion":
+        if not registered_model_name:
+            raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
+        import mlflow
+
+        from async_grpo import registry
+        from async_grpo.tracking import open_store
+
+        open_store(config.tracking_uri)
+        held = registry.champion(mlflow.MlflowClient(config.tracking_uri), registered_model_name, champion_alias)
+        if held is None:
+            start_note = f"base {config.model_name_or_path} (warm_start=champion: {registered_model_name} has no "
+            start_note += f"{champion_alias} yet)"
+            log.info("warm start: %s", start_note)
+        else:
+            config = config.model_copy(update={"model_name_or_path": f"models:/{registered_model_name}/{held.version}"})
+    from async_grpo.warm_start import WARM_START_TAG, resolve_warm_start
+
+    config, warm = resolve_warm_start(config)  # a models:/ model is downloaded before anything starts
+
     if launch_backend == "local":
         from async_grpo.launch.local import LocalBackend
 
@@ -233,7 +268,8 @@ def train_grpo(
     shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
     model.metadata.update({
         "mlflow_run_id": result.mlflow_run_id, "tracking_uri": result.tracking_uri, "run_name": name,
-        "model_dir": str(result.model_dir), "base_model": config.model_name_or_path, "launch_backend": launch_backend,
+        "model_dir": str(result.model_dir), "base_model": warm.requested, "parent_version": warm.parent_version,
+        "launch_backend": launch_backend,
         **{k: float(v) for k, v in result.metrics.items()},
     })  # fmt: skip
 
@@ -242,5 +278,7 @@ def train_grpo(
     client = mlflow.MlflowClient(tracking_uri=result.tracking_uri)
     client.set_tag(result.mlflow_run_id, "kfp.run_name", name)
     client.set_tag(result.mlflow_run_id, "kfp.launch_backend", launch_backend)
+    if start_note:  # the run tagged itself "base ..."; say why it did not start from a champion
+        client.set_tag(result.mlflow_run_id, WARM_START_TAG, start_note)
     outputs = namedtuple("TrainOutputs", ["mlflow_run_id", "tracking_uri", "resolved_config", "run_name"])
     return outputs(result.mlflow_run_id, result.tracking_uri, dump_config(config), name)

@@ -40,10 +40,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"vllm_url={args.vllm_url}")
     from async_grpo.preflight import check_config
 
+    from async_grpo.registry import RegistryError
+    from async_grpo.warm_start import resolve_warm_start
+
     try:
         config = load_config(args.config, overrides)
+        config, _ = resolve_warm_start(config)  # a models:/ URI becomes the downloaded registry version
         check_config(config, target="local")  # before the heavy imports below, and before any process starts
-    except ConfigError as err:
+    except (ConfigError, RegistryError) as err:
         return print_user_error(err)
     from async_grpo.launch.local import run_local
 

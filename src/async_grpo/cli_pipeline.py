@@ -299,6 +299,7 @@ def _cmd_run_local(args: argparse.Namespace) -> int:
     for line in training_headline(result.tracking_uri, result.mlflow_run_id):
         print(f"  {line}")
     print(f"  held-out reward   {reward} (final_eval/reward, the evaluate step)")
+    print(f"  promotion gate    {result.decision or 'n/a'}")
     print(f"  registered model  {registered}")
     print(f"  KFP local outputs {result.pipeline_root}")
     print(f"  look at it        {result.mlflow_ui_command}")

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient
@@ -50,7 +51,26 @@ async def _run_groups(
         await client.aclose()
 
 
-def evaluate_reward(
+@dataclass
+class HeldOutScores:
+    """One held-out evaluation.
+
+    Attributes:
+        metrics: `eval/reward` (the weighted reward nansum, mean over every scored completion),
+            `eval/rewards/<func>/mean`, `eval/dropped_groups` (groups that failed, counted and logged) and, for a
+            multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`).
+        rows: (prompt, completion, reward) dicts, one per scored completion.
+        per_prompt: (N,) mean weighted reward of each prompt's group, in the order of the items; NaN where the
+            group failed. Two models scored with the same items, sampling and seed pair up prompt by prompt
+            (`promotion.paired_bootstrap`).
+    """
+
+    metrics: dict[str, float]
+    rows: list[dict]
+    per_prompt: list[float]
+
+
+def score_held_out(
     rollout: Rollout,
     client_factory: Callable[[], GenerationClient],
     items: Sequence[PromptItem],
@@ -60,7 +80,7 @@ def evaluate_reward(
     reward_weights: Sequence[float],
     seed: int = 0,
     version: int = 0,
-) -> tuple[dict[str, float], list[dict]]:
+) -> HeldOutScores:
     """Score `sampling.num_generations` completions of each of `items` (N prompts), one group per prompt.
 
     Args:
@@ -73,10 +93,7 @@ def evaluate_reward(
         version: the policy version being evaluated (stamped on the groups).
 
     Returns:
-        (metrics, rows): `eval/reward` (the weighted reward nansum, mean over every scored completion),
-        `eval/rewards/<func>/mean`, `eval/dropped_groups` (groups that failed, counted and logged) and, for a
-        multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`); rows are
-        (prompt, completion, reward) dicts.
+        HeldOutScores.
 
     Raises:
         EvaluationError: every group failed (the first failure is chained).
@@ -90,18 +107,48 @@ def evaluate_reward(
         raise EvaluationError(f"all {len(items)} held-out groups failed; first error: {failures[0]!r}") from failures[0]
     totals: list[float] = []
     per_func: list[list[float]] = [[] for _ in reward_names]
+    per_prompt: list[float] = []
     rows = []
-    for grp in groups:
+    for grp in results:
+        if not isinstance(grp, RolloutGroup):
+            per_prompt.append(math.nan)
+            continue
+        group_totals = []
         for text, scores in zip(grp.completions, grp.rewards_per_func, strict=True):
             total = sum(w * r for w, r in zip(reward_weights, scores, strict=True) if not math.isnan(r))
-            totals.append(total)
+            group_totals.append(total)
             for j, r in enumerate(scores):
                 if not math.isnan(r):
                     per_func[j].append(r)
             rows.append({"prompt": str(grp.prompt), "completion": completion_display(text), "reward": total})
+        totals.extend(group_totals)
+        per_prompt.append(sum(group_totals) / len(group_totals) if group_totals else math.nan)
     metrics = {"eval/reward": sum(totals) / len(totals), "eval/dropped_groups": float(len(failures))}
     metrics.update({f"eval/{k}": v for k, v in tool_metrics(groups).items()})
     for name, vals in zip(reward_names, per_func, strict=True):
         if vals:
             metrics[f"eval/rewards/{name}/mean"] = sum(vals) / len(vals)
-    return metrics, rows
+    return HeldOutScores(metrics, rows, per_prompt)
+
+
+def evaluate_reward(
+    rollout: Rollout,
+    client_factory: Callable[[], GenerationClient],
+    items: Sequence[PromptItem],
+    sampling: SamplingSettings,
+    *,
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
+    seed: int = 0,
+    version: int = 0,
+) -> tuple[dict[str, float], list[dict]]:
+    """`score_held_out`'s (metrics, rows), for callers that need no per-prompt rewards (the in-run evaluation).
+
+    Raises:
+        EvaluationError: every group failed (the first failure is chained).
+    """
+    scores = score_held_out(
+        rollout, client_factory, items, sampling, reward_names=reward_names, reward_weights=reward_weights,
+        seed=seed, version=version,
+    )  # fmt: skip
+    return scores.metrics, scores.rows

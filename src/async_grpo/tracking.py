@@ -220,6 +220,13 @@ class Tracker:
         if self.enabled:
             self._submit(self._client.log_text, self.run_id, text, name)
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        """Set run tags (empty values are left out); returns at once."""
+        if self.enabled:
+            for key, value in tags.items():
+                if value:
+                    self._submit(self._client.set_tag, self.run_id, key, value)
+
     def log_dataset(self, spec: str, prompts: list, context: str = "training") -> None:
         """Record the dataset `spec` (its prompts, as text) as a run input (`mlflow.log_input`); returns at once."""
         if self.enabled:

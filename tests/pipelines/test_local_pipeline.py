@@ -1,119 +1,159 @@
-"""The whole pipeline on this machine: `async-grpo pipeline run-local` with the real kfp.local runner, real vLLM,
-real reward workers and a real MLflow store; the store is queried afterwards."""
+"""The whole pipeline on this machine, three times on one store, as scheduled retraining runs it: `async-grpo
+pipeline run-local` with the real kfp.local runner, real vLLM servers, real reward workers and a real MLflow store
+and registry, queried afterwards.
+
+1. The first run starts from the base model and registers the first champion.
+2. Two runs then start at once from that champion (`warm_start=champion`), with the same run_name: one trains, the
+   other has `learning_rate: 0`. Each is scored head to head with the champion on the same held-out prompts and
+   seeds; the one that trains is promoted exactly when the lower bound of its interval is above 0, the frozen one
+   (the champion's own weights) never, and neither run touches the other's folders.
+"""
 
 import argparse
 import os
 import subprocess
 import sys
 
+import mlflow
 import pytest
+import torch
 from mlflow import MlflowClient
+from safetensors.torch import load_file
 
-from async_grpo import cli_pipeline
+from async_grpo import cli, cli_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SHORT = ("max_steps=20", "warmup_sft_steps=300", "eval_num_prompts=16", "eval_steps=10")  # ~2 min on 2 cores
+RETRAIN = (
+    "warm_start=champion",
+    "max_steps=4",
+    "eval_num_prompts=16",
+    "num_generations_eval=4",
+    "reward_num_workers=1",
+    "log_completions_steps=100",
+)
+MODEL = "async-grpo-tiny"
 
 
-def test_run_local_ends_with_a_registered_model(child_pids, tmp_path, capsys):
+def _weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_scheduled_retraining_builds_on_the_champion_and_promotes_only_a_proven_challenger(
+    child_pids, tmp_path, capsys
+):
     parser = argparse.ArgumentParser(prog="async-grpo")
     cli_pipeline.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["pipeline", "run-local", "--output-dir", str(tmp_path), "run_name=ci-short", *SHORT])
     before = child_pids()
 
+    # ---- 1. the first run: base model, no champion yet
     assert args.func(args) == 0
 
     printed = capsys.readouterr().out
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert f"mlflow ui --backend-store-uri {uri}" in printed
-    assert "async-grpo-tiny version 1 (models:/async-grpo-tiny/1)" in printed
+    assert f"{MODEL} version 1 (models:/{MODEL}/1)" in printed
     assert child_pids() - before == set(), "processes left behind by the pipeline"
-
-    # every task ran through kfp.local, the exit handler included
     (root,) = (tmp_path / "kfp-local").iterdir()
     (job,) = [p for p in root.iterdir() if p.is_dir()]
     assert {p.name for p in job.iterdir()} >= {"prepare-dataset", "train-grpo", "evaluate", "register-model", "cleanup"}
-    (folder,) = tmp_path.glob("ci-short-*")  # the run's name carries the run id
-    assert not (folder / "staging").exists()  # cleanup removed the staged dataset
-    assert (folder / "final-model" / "config.json").is_file()
+    (first,) = tmp_path.glob("ci-short-*")  # the run's name carries the run id
+    assert not (first / "staging").exists()  # cleanup removed the staged dataset
+    assert (first / "final-model" / "config.json").is_file()
 
     client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])
-    run_id = run.info.run_id
-    assert run.info.run_name == folder.name and run.info.status == "FINISHED"
-    assert f"pipeline run {folder.name!r} finished" in printed
+    experiment = client.get_experiment_by_name("async-grpo").experiment_id
+    (run,) = client.search_runs([experiment])
+    assert run.info.run_name == first.name and run.info.status == "FINISHED"
     assert run.data.params["max_steps"] == "20" and run.data.params["warmup_sft_steps"] == "300"
     assert run.data.tags["kfp.launch_backend"] == "local"
-    assert [m.step for m in client.get_metric_history(run_id, "loss")] == list(range(1, 21))
-    assert sorted(m.step for m in client.get_metric_history(run_id, "eval/reward")) == [0, 10, 20]  # eval_steps
+    assert run.data.tags["async_grpo.warm_start"].startswith("base builtin:tiny")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == list(range(1, 21))
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/reward")) == [0, 10, 20]
     final = run.data.metrics["final_eval/reward"]
-    assert [m.step for m in client.get_metric_history(run_id, "final_eval/reward")] == [20]
     # the pipeline's evaluation re-serves the saved checkpoint with the same prompts and seeds as the
     # trainer's last in-run evaluation, so both scores agree
     assert final == pytest.approx(run.data.metrics["eval/reward"], abs=0.05)
-    assert run.data.tags["final_eval.decision"].startswith("register")
+    assert "no champion yet" in run.data.tags["final_eval.decision"]
+    assert run.data.tags["final_eval.champion_version"] == ""
 
-    champion = client.get_model_version_by_alias("async-grpo-tiny", "champion")
-    assert str(champion.version) == "1" and champion.run_id == run_id and champion.status == "READY"
-    assert float(champion.tags["eval_reward"]) == pytest.approx(final)
+    v1 = client.get_model_version_by_alias(MODEL, "champion")
+    assert str(v1.version) == "1" and v1.run_id == run.info.run_id and v1.status == "READY"
+    assert float(v1.tags["eval_reward"]) == pytest.approx(final)
+    # lineage: what made this model
+    assert v1.tags["mlflow_run_id"] == run.info.run_id and v1.tags["kfp.run_id"]
+    assert len(v1.tags["config_sha256"]) == 64 and v1.tags["async_grpo.version"]
+    assert "parent_version" not in v1.tags  # started from the base model
+    assert float(v1.tags["eval.eval_reward"]) == pytest.approx(final)
+    assert "no champion yet" in v1.tags["eval.decision"] and v1.tags["promoted_by"].startswith("pipeline:")
     # the registered version is a transformers-flavour model: it loads and generates text
-    import mlflow
-
     mlflow.set_tracking_uri(uri)
-    pipe = mlflow.transformers.load_model("models:/async-grpo-tiny/1")
+    pipe = mlflow.transformers.load_model(f"models:/{MODEL}/1")
     prompt = "reverse: hello\n"  # the demo task's prompt format
     text = pipe(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
     assert text.startswith(prompt) and len(text) > len(prompt), text
-    assert [a.path for a in client.list_artifacts(run_id, "final_eval")] == ["final_eval/completions.json"]
 
+    # ---- 2. two retraining runs at once from the champion, the same run_name: one trains, one is frozen
+    def start(name, *extra):
+        cmd = [sys.executable, "-m", "async_grpo.cli", "pipeline", "run-local", "--output-dir", str(tmp_path)]
+        log = tmp_path / f"{name}.log"
+        cmd += [f"run_name={name}", *RETRAIN, *extra]
+        return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy()), log
 
-TINY = (
-    "max_steps=2",
-    "warmup_sft_steps=0",
-    "eval_num_prompts=4",
-    "num_generations_eval=2",
-    "num_generations=4",
-    "per_device_train_batch_size=8",
-    "gradient_accumulation_steps=1",
-    "max_completion_length=6",
-    "reward_num_workers=1",
-    "max_inflight_groups=2",
-    "log_completions_steps=100",
-)
-
-
-def test_two_concurrent_runs_with_the_same_name_keep_to_their_own(child_pids, tmp_path):
-    """Same output folder, same MLflow store, same run_name, at the same time: both finish, each has its own
-    folder, staging, MLflow run and kfp.local root, and neither's cleanup removed the other's files."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "async_grpo.cli",
-        "pipeline",
-        "run-local",
-        "--output-dir",
-        str(tmp_path),
-        "run_name=twin",
-        *TINY,
-    ]
-    before = child_pids()
-    logs = [tmp_path / f"run-{i}.log" for i in (1, 2)]
-    procs = [
-        subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy()) for log in logs
-    ]
-    codes = [p.wait(timeout=900) for p in procs]
-    assert codes == [0, 0], "\n\n".join(log.read_text()[-3000:] for log in logs)
+    runs = {"trains": start("retrain"), "frozen": start("retrain", "learning_rate=0")}
+    codes = {k: p.wait(timeout=900) for k, (p, _) in runs.items()}
+    assert codes == {"trains": 0, "frozen": 0}, "\n\n".join(log.read_text()[-3000:] for _, log in runs.values())
     assert child_pids() - before == set(), "processes left behind"
 
-    folders = sorted(tmp_path.glob("twin-*"))
-    assert len(folders) == 2, folders
-    for folder in folders:
+    retrained = {r.info.run_id: r for r in client.search_runs([experiment]) if r.info.run_name.startswith("retrain")}
+    assert len(retrained) == 2 and {r.info.status for r in retrained.values()} == {"FINISHED"}
+    by_role = {("frozen" if r.data.params["learning_rate"] == "0.0" else "trains"): r for r in retrained.values()}
+    folders = {role: tmp_path / r.info.run_name for role, r in by_role.items()}
+    promoted_versions = {
+        r.data.tags["registered_model_version"].rsplit("/", 1)[1]
+        for r in by_role.values()
+        if "registered_model_version" in r.data.tags
+    }
+    assert folders["trains"] != folders["frozen"]
+    for role, r in by_role.items():
+        folder = folders[role]
         assert (folder / "final-model" / "config.json").is_file() and not (folder / "staging").exists()
-        assert sum(f"pipeline run {folder.name!r} finished" in log.read_text() for log in logs) == 1
-    assert len(list((tmp_path / "kfp-local").iterdir())) == 2
+        assert r.data.tags["async_grpo.parent_version"] == f"{MODEL}/1"
+        assert r.data.tags["async_grpo.warm_start"] == f"registry models:/{MODEL}/1"
+        assert r.data.params["warmup_sft_steps"] == "0"  # the champion had its warm start
+        # judged against version 1 (or, for a run that evaluated after the other was promoted, against that one)
+        assert r.data.tags["final_eval.champion_version"] in {"1", *promoted_versions}
+        h2h = {k.removeprefix("final_eval/head_to_head/"): v for k, v in r.data.metrics.items() if "head_to_head" in k}
+        assert h2h["num_prompts"] == 16 and h2h["unpaired_prompts"] == 0
+        assert h2h["ci_low"] <= h2h["mean_difference"] <= h2h["ci_high"]
+        assert h2h["challenger_mean"] - h2h["champion_mean"] == pytest.approx(h2h["mean_difference"])
+        assert r.data.metrics["final_eval/champion_reward"] == pytest.approx(h2h["champion_mean"])
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == [f.name for f in folders]
-    assert {r.info.status for r in runs} == {"FINISHED"}
-    assert all("final_eval/reward" in r.data.metrics for r in runs)
+    # the frozen run started from the champion's weights, kept them, tied with it and was not promoted
+    champion_files = folders["frozen"] / "warm-start" / f"{MODEL}-v1"
+    start_weights, end_weights = _weights(champion_files), _weights(folders["frozen"] / "final-model")
+    assert start_weights.keys() == end_weights.keys()
+    assert all(torch.equal(start_weights[k], end_weights[k]) for k in start_weights)
+    assert all(torch.equal(start_weights[k], v) for k, v in _weights(first / "final-model").items())
+    frozen = by_role["frozen"]
+    assert frozen.data.metrics["final_eval/head_to_head/ci_low"] <= 0.0
+    assert frozen.data.tags["final_eval.decision"].startswith("skip: not shown better")
+    assert "registered_model_version" not in frozen.data.tags
+
+    # the training run is promoted exactly when its interval's lower bound is above 0
+    trains = by_role["trains"]
+    promoted = trains.data.metrics["final_eval/head_to_head/ci_low"] > 0.0
+    assert trains.data.tags["final_eval.decision"].startswith("register" if promoted else "skip")
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    if promoted:
+        assert champion.run_id == trains.info.run_id and champion.tags["parent_version"] == f"{MODEL}/1"
+        assert str(client.get_model_version_by_alias(MODEL, "previous-champion").version) == "1"
+        assert cli.main(["model", "rollback", MODEL, "--tracking-uri", uri, "--reason", "ci"]) == 0
+        assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
+    else:
+        assert str(champion.version) == "1"  # the alias stayed where it was
+        assert "registered_model_version" not in trains.data.tags
+    # promotion by hand refuses a version that does not exist
+    assert cli.main(["model", "promote", MODEL, "99", "--tracking-uri", uri, "--reason", "ci"]) == 2
+    assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"

@@ -123,3 +123,41 @@ def test_metrics_without_eval_reward_are_refused(tmp_path, store):
             tracking_uri=uri,
             registered_model_name=NAME,
         )
+
+
+def test_lineage_tags_and_a_champion_that_moved_meanwhile(tmp_path, store):
+    """Every version carries its lineage; a run evaluated against no champion (or another one) is registered but
+    not promoted when the alias has moved since its evaluation."""
+    uri, _ = store
+    first_run, second_run = _training_run(tmp_path, store), _training_run(tmp_path, store)
+    data = dsl.Dataset(
+        uri=str(tmp_path / "data"), name="dataset",
+        metadata={"resolved_uri": "/workspace/data/2026-11-26.jsonl", "train_digest": "ab" * 32, "eval_digest": "cd" * 32},
+    )  # fmt: skip
+    metrics = _metrics(tmp_path, 0.25)
+    metrics.log_metric("mean_difference", 0.05)
+    metrics.log_metric("ci_low", float("nan"))
+    metrics.metadata.update(decision="register: no champion yet", champion_version="")
+    first = register_model.python_func(
+        model=_model(tmp_path), metrics=metrics, mlflow_run_id=first_run, tracking_uri=uri, registered_model_name=NAME,
+        dataset=data, resolved_config="seed: 1\nlearning_rate: 0.1\n", kfp_run_id="kfp-123",
+    )  # fmt: skip
+    assert first.promoted
+    client = MlflowClient(uri)
+    tags = client.get_model_version(NAME, "1").tags
+    assert tags["dataset.source"] == "/workspace/data/2026-11-26.jsonl" and tags["dataset.train_digest"] == "ab" * 32
+    assert tags["kfp.run_id"] == "kfp-123" and tags["mlflow_run_id"] == first_run
+    from async_grpo.lineage import config_digest
+
+    assert tags["config_sha256"] == config_digest("learning_rate: 0.1\nseed: 1\n")  # key order does not matter
+    assert float(tags["eval.mean_difference"]) == 0.05 and "eval.ci_low" not in tags  # NaN left out
+    assert tags["eval.decision"] == "register: no champion yet" and tags["promoted_by"] == "pipeline:kfp-123"
+
+    stale = _metrics(tmp_path, 0.5)
+    stale.metadata.update(decision="register: no champion yet", champion_version="")  # evaluated before v1 existed
+    second = register_model.python_func(
+        model=_model(tmp_path), metrics=stale, mlflow_run_id=second_run, tracking_uri=uri, registered_model_name=NAME,
+    )  # fmt: skip
+    assert (second.model_version, second.promoted) == ("2", False)
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
+    assert client.get_model_version(NAME, "2").tags["promotion"].startswith("skipped")

@@ -214,11 +214,20 @@ def check_resume_checkpoint(config: GRPOConfig) -> list[Problem]:
 
 
 def check_model(config: GRPOConfig) -> tuple[list[Problem], str | None]:
-    """model_name_or_path must be `builtin:tiny`, a local Hugging Face folder (with config.json), or a hub id
-    (`org/name`, resolved at launch; not checked here). Returns (problems, a skip note for a hub id)."""
+    """model_name_or_path must be `builtin:tiny`, a local Hugging Face folder (with config.json), a hub id
+    (`org/name`, resolved at launch; not checked here) or an MLflow registry URI (`models:/<name>@<alias>`,
+    `models:/<name>/<version>`: its syntax is checked here, the version at launch). Returns (problems, a skip note for a hub id)."""
     name = config.model_name_or_path
     if name == "builtin:tiny":
         return [], None
+    if name.startswith("models:/"):  # the MLflow registry: resolved by `warm_start.resolve_warm_start` at launch
+        from async_grpo.registry import RegistryError, parse_model_uri
+
+        try:
+            parse_model_uri(name)
+        except RegistryError as err:
+            return [Problem("model_name_or_path", str(err))], None  # its message ends with the fix
+        return [], f"model: {name!r} is an MLflow registry URI, downloaded at launch"
     if name.startswith("builtin:"):
         return [
             Problem(

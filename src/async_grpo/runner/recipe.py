@@ -36,6 +36,7 @@ from async_grpo.trainer.protocol import Learner
 from async_grpo.transports.messages import StepBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion
 from async_grpo.transports.weights.replicas import ReplicaPusher
+from async_grpo.warm_start import warm_start_of
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class GRPORecipe:
         self.served_model = self.replicas.replicas[0].endpoint.model_name()
         self.tracker = Tracker(config, run_id=checkpoints.resumed_run_id(self.resume_from))  # same run on resume
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
+        self.tracker.set_tags(warm_start_of(model_path, config.model_name_or_path).tags())  # the registry parent
         self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
         self.pusher = self.make_pusher()
         self.pusher.setup()
