@@ -32,6 +32,7 @@ ALLOWED = {
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
+    "registry": set(),
     "preflight": {"checkpoint_layout", "config", "data", "hub", "rewards", "tiny_model", "tools", "user_code"},
     "runner": {
         "algorithms",
@@ -66,7 +67,18 @@ ALLOWED = {
     "pipeline_local": {"config", "errors", "launch", "preflight", "tracking"},
     "cli_render": {"config", "errors", "launch", "preflight"},
     "cli_pipeline": {"config", "errors", "launch", "pipeline_local", "preflight"},
-    "cli": {"__init__", "cli_pipeline", "cli_render", "config", "errors", "launch", "preflight", "tiny_model"},
+    "cli_model": {"errors", "registry", "tracking"},
+    "cli": {
+        "__init__",
+        "cli_model",
+        "cli_pipeline",
+        "cli_render",
+        "config",
+        "errors",
+        "launch",
+        "preflight",
+        "tiny_model",
+    },
 }
 
 # The step loop (runner/recipe.py) holds each role through its protocol: the names it may import from them.

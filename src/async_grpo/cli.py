@@ -1,5 +1,5 @@
-"""The `async-grpo` command line: `train`, `validate`, `make-tiny-model`, `render` (Kubernetes objects) and
-`pipeline` (KFP).
+"""The `async-grpo` command line: `train`, `validate`, `make-tiny-model`, `render` (Kubernetes objects),
+`pipeline` (KFP) and `model` (the registry's champion).
 
 User errors (a bad config, dataset, path or service: `ConfigError` and the `ValueError`s that name a field and a
 fix) exit with code 2 and `error: <field>: <message>. Fix: ...` lines, without a traceback; anything else is a bug
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CHECK",
         help=f"a check not to run (repeatable): one of {', '.join(CHECKS)}",
     )
-    from async_grpo import cli_pipeline, cli_render
+    from async_grpo import cli_model, cli_pipeline, cli_render
 
     cli_render.add_cluster_arguments(p)  # with --target cluster: the platform policy and settings, as `render`
     p.set_defaults(func=_cmd_validate)
@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_make_tiny_model)
     cli_render.register(sub)  # async-grpo render CONFIG --backend kubernetes -o DIR
     cli_pipeline.register(sub)  # async-grpo pipeline compile|submit|schedule|run-local
+    cli_model.register(sub)  # async-grpo model promote|rollback|show
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

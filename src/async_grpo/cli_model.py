@@ -1,0 +1,168 @@
+"""`async-grpo model promote|rollback|show`: the champion alias of a registered model, from the command line.
+
+A thin shell over `async_grpo.registry` (which holds the rules: compare-and-set, previous-champion, the tags each
+move records). The registry is the tracking server's: `--tracking-uri`, else `MLFLOW_TRACKING_URI`, as every MLflow
+tool. A refusal (no such model or version, nothing to roll back to, a champion that moved) exits 2 with
+`error: ... Fix: ...` on stderr and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+from pathlib import Path
+
+from async_grpo.errors import print_user_error
+from async_grpo.registry import (
+    ANY,
+    CHAMPION_ALIAS,
+    RegistryError,
+    aliases,
+    model_versions,
+    previous_alias,
+    promote,
+    rollback,
+)
+
+# The version tags `show` prints, in this order: evaluation, lineage, then the promotion history.
+SHOWN_TAGS = (
+    "eval_reward",
+    "parent_version",
+    "base_model",
+    "kfp.run_name",
+    "promoted_by",
+    "promoted_at",
+    "promoted_from",
+    "promotion_reason",
+    "rolled_back_by",
+    "rolled_back_at",
+    "rollback_reason",
+)
+NO_CHAMPION = "none"  # `--expected-champion none`: promote only when no version holds the alias
+
+
+def tracking_uri(given: str | None) -> str:
+    """The registry's tracking URI: `given` (`--tracking-uri`), else `MLFLOW_TRACKING_URI`.
+
+    Raises:
+        RegistryError: neither is set, or a sqlite store that does not exist (MLflow would create an empty one and
+            report every model as unknown).
+    """
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI") or ""
+    if not uri:
+        raise RegistryError(
+            "no tracking URI: the registry lives on the MLflow tracking server. "
+            "Fix: pass --tracking-uri URI or set MLFLOW_TRACKING_URI."
+        )
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).is_file():
+        raise RegistryError(f"tracking URI {uri}: no MLflow store at that path. Fix: give the run's store.")
+    return uri
+
+
+def _client(given: str | None):
+    """An MlflowClient on the registry of the chosen tracking URI (the store opened as the trainer opens it)."""
+    import mlflow
+
+    from async_grpo.tracking import open_store
+
+    uri = tracking_uri(given)
+    open_store(uri)
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _printable(value: object) -> str:
+    """`value` as text with control characters escaped (tags are written by anyone with registry access)."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(value))
+
+
+def _cmd_promote(args: argparse.Namespace) -> int:
+    expected = ANY
+    if args.expected_champion is not None:
+        expected = None if args.expected_champion.lower() == NO_CHAMPION else args.expected_champion
+    try:
+        done = promote(
+            _client(args.tracking_uri),
+            args.name,
+            args.version,
+            reason=args.reason,
+            actor=args.actor or getpass.getuser(),
+            alias=args.alias,
+            expected_champion=expected,
+        )
+    except RegistryError as err:
+        return print_user_error(err)
+    if done.previous == done.version:
+        print(f"{_printable(done.name)} version {done.version} already holds {done.alias!r}; nothing moved")
+    else:
+        before = f"version {done.previous}" if done.previous else "no version"
+        print(f"{_printable(done.name)}: {done.alias!r} moved from {before} to version {done.version}")
+    return 0
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    try:
+        done = rollback(
+            _client(args.tracking_uri),
+            args.name,
+            reason=args.reason,
+            actor=args.actor or getpass.getuser(),
+            alias=args.alias,
+        )
+    except RegistryError as err:
+        return print_user_error(err)
+    before = f"version {done.previous}" if done.previous else "no version"
+    print(f"{_printable(done.name)}: {done.alias!r} rolled back from {before} to version {done.version}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    try:
+        client = _client(args.tracking_uri)
+        versions = model_versions(client, args.name)
+        held = aliases(client, args.name)
+    except RegistryError as err:
+        return print_user_error(err)
+    by_version: dict[str, list[str]] = {}
+    for alias, version in held.items():
+        by_version.setdefault(version, []).append(alias)
+    print(f"registered model {_printable(args.name)}")
+    for alias in (args.alias, previous_alias(args.alias)):
+        print(f"  {alias}: {held.get(alias, '(none)')}")
+    for v in versions:
+        names = ", ".join(sorted(by_version.get(str(v.version), [])))
+        print(f"version {v.version}{f' [{names}]' if names else ''} {v.status} run {v.run_id or '-'}")
+        for key in SHOWN_TAGS:
+            if key in v.tags:
+                print(f"  {key}: {_printable(v.tags[key]) or '-'}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `model promote|rollback|show` to the `async-grpo` command line."""
+    model = subparsers.add_parser("model", help="the registered model's champion: promote, roll back, show")
+    sub = model.add_subparsers(dest="model_command", required=True)
+
+    def common(p: argparse.ArgumentParser, *, moves: bool) -> None:
+        p.add_argument("name", help="the registered model's name")
+        p.add_argument("--tracking-uri", help="the MLflow tracking server (default: MLFLOW_TRACKING_URI)")
+        p.add_argument("--alias", default=CHAMPION_ALIAS, help=f"the alias (default {CHAMPION_ALIAS})")
+        if moves:
+            p.add_argument("--reason", default="", help="why, recorded on the version (one line)")
+            p.add_argument("--actor", help="who, recorded on the version (default: your user name)")
+
+    p = sub.add_parser("promote", help="move the champion alias to VERSION (the old one becomes previous-champion)")
+    common(p, moves=True)
+    p.add_argument("version", help="the version to promote, e.g. 3")
+    p.add_argument(
+        "--expected-champion",
+        metavar="VERSION|none",
+        help="promote only if the champion is still this version ('none': no champion yet); exit 2 otherwise",
+    )
+    p.set_defaults(func=_cmd_promote)
+    p = sub.add_parser("rollback", help="give the champion alias back to the previous-champion version")
+    common(p, moves=True)
+    p.set_defaults(func=_cmd_rollback)
+    p = sub.add_parser("show", help="the champion, the previous champion, and every version with its tags")
+    common(p, moves=False)
+    p.set_defaults(func=_cmd_show)
