@@ -33,7 +33,20 @@ ALLOWED = {
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
     "registry": set(),
-    "preflight": {"checkpoint_layout", "config", "data", "hub", "rewards", "tiny_model", "tools", "user_code"},
+    "promotion": set(),
+    "lineage": {"__init__"},
+    "warm_start": {"config", "registry"},
+    "preflight": {
+        "checkpoint_layout",
+        "config",
+        "data",
+        "hub",
+        "registry",
+        "rewards",
+        "tiny_model",
+        "tools",
+        "user_code",
+    },
     "runner": {
         "algorithms",
         "checkpoint_layout",
@@ -51,6 +64,7 @@ ALLOWED = {
         "tracking",
         "trainer",
         "transports",
+        "warm_start",
     },
     "launch": {
         "__init__",
@@ -77,7 +91,9 @@ ALLOWED = {
         "errors",
         "launch",
         "preflight",
+        "registry",
         "tiny_model",
+        "warm_start",
     },
 }
 

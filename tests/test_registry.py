@@ -355,3 +355,51 @@ def test_the_cli_needs_a_tracking_uri_and_takes_it_from_the_environment(store, t
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
     assert main(["model", "show", "from-env"]) == 0
     assert "  champion: (none)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- warm start
+def test_warm_start_downloads_the_champion_before_anything_starts(store, tmp_path):
+    from async_grpo.config import GRPOConfig
+    from async_grpo.warm_start import PARENT_VERSION_TAG, WARM_START_TAG, resolve_warm_start, warm_start_of
+
+    client = store.register("warm", versions=2)
+    promote(client, "warm", "2", reason="test", actor="ci")
+    config = GRPOConfig(
+        model_name_or_path="models:/warm@champion", output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store.uri,
+        warmup_sft_steps=5,
+    )  # fmt: skip
+
+    resolved, warm = resolve_warm_start(config)
+
+    assert warm.parent_version == "warm/2" and warm.requested == "models:/warm@champion"
+    assert Path(resolved.model_name_or_path) == tmp_path / "run" / "warm-start" / "warm-v2" == warm.path
+    assert resolved.data.warmup_sft_steps == 0  # the registered version had its supervised warm start
+    assert warm.tags() == {PARENT_VERSION_TAG: "warm/2", WARM_START_TAG: "registry models:/warm/2"}
+    assert warm_start_of(resolved.model_name_or_path).parent_version == "warm/2"  # what the trainer tags
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(resolved.model_name_or_path)
+    logged = AutoModelForCausalLM.from_pretrained(store.checkpoint)
+    assert all(torch_equal(a, b) for a, b in zip(loaded.state_dict().values(), logged.state_dict().values()))
+    again, _ = resolve_warm_start(config)  # a second rank (or a retry) finds it in place
+    assert again.model_name_or_path == resolved.model_name_or_path
+
+
+def test_warm_start_leaves_other_models_alone_and_refuses_a_missing_alias(store, tmp_path):
+    from async_grpo.config import GRPOConfig
+    from async_grpo.warm_start import resolve_warm_start
+
+    base = GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store.uri)
+    same, warm = resolve_warm_start(base)
+    assert same is base and warm.parent_version == "" and warm.tags()["async_grpo.warm_start"] == "base builtin:tiny"
+    store.register("no-champion", versions=1)
+    with pytest.raises(RegistryError, match="model_name_or_path=.*no version of 'no-champion' has the alias"):
+        resolve_warm_start(base.model_copy(update={"model_name_or_path": "models:/no-champion@champion"}))
+    with pytest.raises(RegistryError, match="model_name_or_path"):
+        resolve_warm_start(base.model_copy(update={"model_name_or_path": "models:/x/Production"}))
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)

@@ -145,9 +145,7 @@ def evaluate(
                 work / f"champion-v{champion.version}",
                 tracking_uri=tracking_uri,
             ).path
-    log.info(
-        "champion: %s", f"{registered_model_name} version {champion.version}" if champion is not None else "none"
-    )
+    log.info("champion: %s", f"{registered_model_name} version {champion.version}" if champion is not None else "none")
 
     def server_for(path: Path, label: str) -> tuple[VLLMServer, str]:
         port = free_port()

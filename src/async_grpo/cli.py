@@ -39,7 +39,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.vllm_url:
         overrides.append(f"vllm_url={args.vllm_url}")
     from async_grpo.preflight import check_config
-
     from async_grpo.registry import RegistryError
     from async_grpo.warm_start import resolve_warm_start
 
