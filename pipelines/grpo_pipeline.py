@@ -47,6 +47,8 @@ GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "No
 # (file, GPU flavour): the cluster pipeline asks a GPU for the evaluation pod; the CPU one (dev overlay,
 # kfp.local) asks none.
 PACKAGES = {"grpo_pipeline.yaml": True, "grpo_pipeline_cpu.yaml": False}
+# The KFP run's times, given to the dataset step for `{date}`; kfp 2.17's local runner cannot resolve them.
+KFP_TIME_PLACEHOLDERS = (dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER, dsl.PIPELINE_JOB_CREATE_TIME_UTC_PLACEHOLDER)
 
 
 def flavour_config(gpu: bool) -> dict:
@@ -130,13 +132,18 @@ def _policy(task: dsl.PipelineTask) -> None:
     kubernetes.use_config_map_as_volume(task, config_map_name=POLICY_CONFIG_MAP, mount_path=POLICY_MOUNT_DIR)
 
 
-def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) -> Callable:
+def build_pipeline(
+    gpu: bool = True, wiring: PipelineWiring = PipelineWiring(), for_kfp_local: bool = False
+) -> Callable:
     """The pipeline function, GPU flavour (evaluation pod asks one `nvidia.com/gpu` and is steered to GPU
     nodes by default) or CPU flavour (the CPU image for every step, no accelerator, empty node selector
     and tolerations).
 
     Args:
         wiring: the Secret and volume names the steps mount, compiled in as constants.
+        for_kfp_local: for `kfp.local` (`async-grpo pipeline run-local`): the dataset step gets no KFP run times
+            (KFP_TIME_PLACEHOLDERS), since kfp 2.17's local runner cannot resolve them (it fails with IndexError
+            before any step runs); it then takes the clock's UTC date for `{date}`. A cluster's package has them.
 
     Returns:
         a `@dsl.pipeline` function, named `async-grpo` or `async-grpo-cpu`.
@@ -146,6 +153,7 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
     d = knob_defaults(gpu)
     config_yaml_default = _default_config_yaml(TYPED_KNOBS, gpu)
     registered_default = f"{d['model_name_or_path'].rstrip('/').rsplit('/', 1)[-1]}-grpo" if gpu else "async-grpo-tiny"
+    run_times = ("", "") if for_kfp_local else KFP_TIME_PLACEHOLDERS  # (scheduled, created) for `{date}`
 
     def flavour(task: dsl.PipelineTask) -> dsl.PipelineTask:
         return task if gpu else task.set_container_image(ASYNC_GRPO_CPU_IMAGE)
@@ -217,10 +225,10 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
 
         Args:
             model_name_or_path: The policy to train: a Hugging Face model folder on the workspace volume (/workspace/models/...), or builtin:tiny.
-            dataset: Training prompts: a Hugging Face Hub dataset id (e.g. openai/gsm8k), a .jsonl/.json/.parquet file or save_to_disk folder on the workspace volume, or builtin:<task>. GSM8K (question/answer) and MATH (problem/solution) rows are turned into prompt + answer.
+            dataset: Training prompts: a Hugging Face Hub dataset id (e.g. openai/gsm8k), a .jsonl/.json/.parquet file, a folder of them (its newest file is read) or a save_to_disk folder on the workspace volume, or builtin:<task>. In a path, {date} is the run's scheduled UTC date as YYYY-MM-DD (else its creation date), e.g. /workspace/data/{date}.jsonl, so a recurring run reads each day's file. GSM8K (question/answer) and MATH (problem/solution) rows are turned into prompt + answer.
             dataset_config: Configuration of a hub dataset (TRL dataset_config), e.g. main for openai/gsm8k; empty for none.
             system_prompt: System message put before every prompt; empty for none.
-            eval_dataset: Held-out prompts in the same formats; empty: a hub dataset's test split, a builtin task's held-out split, or eval_fraction of the training rows.
+            eval_dataset: Held-out prompts in the same formats ({date} and folders too); empty: a hub dataset's test split, a builtin task's held-out split, or eval_fraction of the training rows.
             eval_fraction: Share of training rows held out when there is no other held-out set, in (0, 0.5].
             reward_funcs: Reward functions: builtin:<name> (math_accuracy, think_answer_format, soft_overlong_penalty, ...), pkg.module:function, or a .py file on the workspace volume with :function. TRL's reward signature.
             reward_weights: One weight per reward function (TRL reward_weights).
@@ -278,6 +286,8 @@ def build_pipeline(gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) 
 
         with dsl.ExitHandler(exit_task, name="grpo-run"):
             data = prepare_dataset(
+                schedule_time_utc=run_times[0],
+                create_time_utc=run_times[1],
                 dataset_uri=dataset,
                 eval_dataset_uri=eval_dataset,
                 eval_fraction=eval_fraction,
@@ -353,12 +363,14 @@ grpo_pipeline = build_pipeline(gpu=True)
 grpo_pipeline_cpu = build_pipeline(gpu=False)
 
 
-def compile_pipeline(package_path: str | Path, gpu: bool = True, wiring: PipelineWiring = PipelineWiring()) -> Path:
-    """Compile the pipeline (GPU or CPU flavour, with `wiring`'s Secret and volume names) to the IR YAML at
-    `package_path`; returns the path."""
+def compile_pipeline(
+    package_path: str | Path, gpu: bool = True, wiring: PipelineWiring = PipelineWiring(), for_kfp_local: bool = False
+) -> Path:
+    """Compile the pipeline (GPU or CPU flavour, with `wiring`'s Secret and volume names; `for_kfp_local` as
+    `build_pipeline`) to the IR YAML at `package_path`; returns the path."""
     path = Path(package_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(gpu, wiring), str(path))
+    compiler.Compiler().compile(build_pipeline(gpu, wiring, for_kfp_local), str(path))
     return path
 
 

@@ -1,11 +1,14 @@
 """load_prompt_dataset over every supported source and prompt form, its errors, and prompt encoding."""
 
 import json
+import os
+from datetime import UTC, date, datetime
 
 import datasets
 import pytest
 
 from async_grpo.data import encode_prompt, load_prompt_dataset, prompt_columns, validate_prompt_dataset
+from async_grpo.dataset_source import CLOCK, CREATE_TIME, RunDate
 from async_grpo.tiny_model import build_tiny_tokenizer
 
 STANDARD = [{"prompt": "reverse: abc\n", "answer": "cba"}, {"prompt": "reverse: xyz\n", "answer": "zyx"}]
@@ -112,6 +115,21 @@ def test_bad_specs(tmp_path):
         load_prompt_dataset(str(tmp_path / "broken.jsonl"), split="train")
     with pytest.raises(ValueError, match="split='test' must be 'train' or 'eval'"):
         load_prompt_dataset("builtin:reverse", split="test")
+
+
+def test_a_local_spec_is_resolved_once_here_for_every_caller(tmp_path):
+    """`async-grpo train` (and preflight, the follower ranks) read a local spec through load_prompt_dataset: `{date}`
+    is today's UTC date there (no schedule), or the `when` given; a folder of data files gives its newest."""
+    today = datetime.now(UTC).date().isoformat()
+    (tmp_path / f"{today}.jsonl").write_text(json.dumps(STANDARD[0]) + "\n")
+    (tmp_path / "2026-01-02.jsonl").write_text("".join(json.dumps(r) + "\n" for r in STANDARD))
+    assert len(load_prompt_dataset(str(tmp_path / "{date}.jsonl"), split="train")) == 1
+    given = RunDate(date(2026, 1, 2), CREATE_TIME)
+    assert len(load_prompt_dataset(f"file://{tmp_path}/{{date}}.jsonl", split="train", when=given)) == 2
+    with pytest.raises(FileNotFoundError, match=r"2026-01-03.jsonl' \(\{date\} = 2026-01-03, the run date from clock"):
+        load_prompt_dataset(str(tmp_path / "{date}.jsonl"), split="train", when=RunDate(date(2026, 1, 3), CLOCK))
+    os.utime(tmp_path / "2026-01-02.jsonl", (2**31, 2**31))  # the newest file of the folder
+    assert len(load_prompt_dataset(str(tmp_path), split="train")) == 2
 
 
 def test_empty_dataset_raises():

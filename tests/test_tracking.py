@@ -73,6 +73,21 @@ def test_the_dataset_is_a_run_input_and_tables_keep_logged_columns(tmp_path, sto
     assert tracker.stats == {"failed": 0, "dropped": 0, "pending": 0}
 
 
+def test_a_prepared_dataset_is_logged_with_its_resolved_source_and_content_digest(tmp_path, store):
+    from async_grpo.tracking import DIGEST_TAG
+
+    digest = "0123456789abcdef" * 4  # dataset_source.rows_digest: 64 hex characters
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store))
+    tracker.log_dataset("/w/run/staging/dataset", ["q1"], digest=digest, source="/w/data/2026-11-26.jsonl")
+    tracker.end()
+    (dataset_input,) = mlflow.MlflowClient(store).get_run(tracker.run_id).inputs.dataset_inputs
+    assert dataset_input.dataset.name == "/w/data/2026-11-26.jsonl"
+    assert "/w/data/2026-11-26.jsonl" in dataset_input.dataset.source
+    assert dataset_input.dataset.digest == digest[:36]  # MLflow's limit; the whole digest is a tag
+    assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training", DIGEST_TAG: digest}
+    assert tracker.stats == {"failed": 0, "dropped": 0, "pending": 0}
+
+
 def test_report_to_none_tracks_nothing(tmp_path, store):
     tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), report_to="none"))
     tracker.log_metrics({"loss": 1.0}, step=1)

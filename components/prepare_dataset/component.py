@@ -3,6 +3,8 @@
 Validating here, in a cheap step, means a bad column or a missing chat template fails the run before
 any GPU or vLLM server is requested; the artifact (a `datasets.save_to_disk` DatasetDict with
 `train` and `eval` splits) is what training and evaluation both read, so they see the same split.
+This step also decides which data a recurring run reads (`{date}` paths, newest-file folders:
+`async_grpo.dataset_source`) and records it with a content digest per split.
 """
 
 from typing import NamedTuple
@@ -26,17 +28,27 @@ def prepare_dataset(
     system_prompt: str = "",
     dataset_train_split: str = "train",
     dataset_test_split: str = "test",
-) -> NamedTuple("PrepareOutputs", [("train_rows", int), ("eval_rows", int), ("prompt_format", str)]):
+    schedule_time_utc: str = "",
+    create_time_utc: str = "",
+) -> NamedTuple(
+    "PrepareOutputs",
+    [("train_rows", int), ("eval_rows", int), ("prompt_format", str), ("resolved_uri", str), ("train_digest", str)],
+):
     """Load, validate and split the prompt dataset into a `train`/`eval` DatasetDict artifact.
 
     Args:
         dataset_uri: a Hugging Face Hub dataset id (`openai/gsm8k`; read through the HF cache, downloaded when the
             hub is reachable, with HF_TOKEN for gated ones), a `.jsonl`/`.json`/`.parquet` file, a
-            `datasets.save_to_disk` folder (a `file://` URI is accepted), or `builtin:<task>`. On a cluster, put
-            files on the workspace volume. GSM8K (question/answer) and MATH (problem/solution) rows become
-            `prompt` + `answer` + `solution` (`async_grpo.tasks.math_reasoning`).
-        dataset: output Dataset artifact; metadata records `source`, `eval_source`, row counts and
-            `prompt_format`.
+            `datasets.save_to_disk` folder (a `file://` URI is accepted), a folder of data files (the newest by
+            modification time is read, ties to the greater name; names starting with `.` are skipped), or
+            `builtin:<task>`. A path may hold `{date}`: the run date, YYYY-MM-DD, in UTC (see
+            `schedule_time_utc`). On a cluster, put files on the workspace volume (checked on the path as given and
+            as resolved). GSM8K (question/answer) and MATH (problem/solution) rows become `prompt` + `answer` +
+            `solution` (`async_grpo.tasks.math_reasoning`).
+        dataset: output Dataset artifact; metadata records `source`, `eval_source`, row counts, `prompt_format`,
+            `resolved_uri` / `eval_resolved_uri` (the data read), `run_date`, `date_source`, and `train_digest` /
+            `eval_digest` (`dataset_source.rows_digest` of each saved split); the folder holds `digests.json` with
+            the same record (`dataset_source.DatasetRecord`), which the trainer logs to MLflow.
         eval_dataset_uri: held-out prompts in the same formats. Empty: a builtin task's own held-out
             split, a hub dataset's `dataset_test_split` when it has one, or else `eval_fraction` of the training
             rows (seeded).
@@ -50,43 +62,68 @@ def prepare_dataset(
         system_prompt: a system message put before every prompt (string prompts become conversational); empty:
             none.
         dataset_train_split, dataset_test_split: the hub dataset's splits (TRL ScriptArguments names).
+        schedule_time_utc: the KFP run's scheduled time (the pipeline passes
+            `dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER`); its UTC date is what `{date}` stands for.
+        create_time_utc: the KFP run's creation time (`dsl.PIPELINE_JOB_CREATE_TIME_UTC_PLACEHOLDER`), used when
+            there is no scheduled time; without either (empty, or a placeholder the backend left unsubstituted)
+            the clock's UTC date is used. The log and `date_source` say which (`dataset_source.run_date`).
 
     Returns:
-        train_rows, eval_rows, and prompt_format ("standard" or "conversational").
+        train_rows, eval_rows, prompt_format ("standard" or "conversational"), resolved_uri (the training data
+        read) and train_digest (64 hex characters).
 
     Raises:
-        FileNotFoundError: the dataset path does not exist.
+        FileNotFoundError: the dataset path does not exist (with `{date}`: the message gives the resolved path and
+            where the date came from).
         ValueError: also, in a cluster pod, a dataset path off the workspace volume (checked before reading it).
+        ValueError: a folder with no data file, or a schedule/create time that is not an ISO 8601 timestamp.
         ValueError: unsupported spec, bad `prompt` column, no chat template for conversational
             prompts, an impossible split, or every prompt too long; each message names the fix.
     """
     import logging
     from collections import namedtuple
 
-    from async_grpo import hub
+    from async_grpo import dataset_source, hub
     from async_grpo.data import encode_prompt, load_prompt_dataset
     from async_grpo.launch.k8s_policy import in_cluster_pod, work_dir_problems
 
     log = logging.getLogger("prepare_dataset")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    when = dataset_source.run_date(schedule_time_utc, create_time_utc)
+    log.info("run date %s (from %s; {date} in a dataset path stands for it)", when.text, when.source)
+
+    def on_volume(spec: str, given: str) -> None:
+        if in_cluster_pod() and work_dir_problems(spec):  # this pod holds HF_TOKEN: no other files
+            raise ValueError(
+                f"dataset {given!r}"
+                + (f" (resolved to {spec!r})" if spec != given else "")
+                + ": in a cluster pod a dataset file must be a normalized path on the workspace volume "
+                "(/workspace/...). Fix: copy it there."
+            )
 
     def local_spec(uri: str) -> str:
-        spec = uri[len("file://") :] if uri.startswith("file://") else uri
-        local_path = not spec.startswith("builtin:") and not hub.looks_like_repo_id(spec)
-        if local_path and in_cluster_pod() and work_dir_problems(spec):  # this pod holds HF_TOKEN: no other files
-            raise ValueError(
-                f"dataset {spec!r}: in a cluster pod a dataset file must be a normalized path on the "
-                "workspace volume (/workspace/...). Fix: copy it there."
-            )
-        return spec
+        """The file or saved folder `uri` names for this run (hub ids and builtin tasks unchanged), on the volume."""
+        spec = uri.removeprefix("file://")
+        if spec.startswith("builtin:") or hub.looks_like_repo_id(spec):
+            return spec
+        on_volume(dataset_source.substitute_date(spec, when), spec)  # before listing or reading anything
+        resolved = dataset_source.resolve_local_path(spec, when)
+        on_volume(resolved.path, spec)
+        if resolved.path != spec:
+            log.info("dataset %s", resolved.describe())
+        return resolved.path
 
-    source = local_spec(dataset_uri)
-    options = {"config_name": dataset_config or None, "system_prompt": system_prompt or None}
+    source = local_spec(dataset_uri)  # what is read: `{date}` replaced, a folder's newest file
+    options = {"config_name": dataset_config or None, "system_prompt": system_prompt or None, "when": when}
     train = load_prompt_dataset(source, split="train", seed=seed, split_name=dataset_train_split, **options)
+    eval_resolved = source
     held_out = None
     if eval_dataset_uri:
-        eval_source = local_spec(eval_dataset_uri)
-        held_out = load_prompt_dataset(eval_source, split="eval", seed=seed, system_prompt=system_prompt or None)
+        eval_resolved = local_spec(eval_dataset_uri)
+        eval_source = eval_dataset_uri.removeprefix("file://")
+        held_out = load_prompt_dataset(
+            eval_resolved, split="eval", seed=seed, system_prompt=system_prompt or None, when=when
+        )
     elif source.startswith("builtin:"):
         eval_source = source
         held_out = load_prompt_dataset(source, split="eval", seed=seed)
@@ -150,17 +187,27 @@ def prepare_dataset(
     import datasets
 
     datasets.DatasetDict({"train": train, "eval": held_out}).save_to_disk(dataset.path)
+    record = dataset_source.DatasetRecord(
+        resolved_uri=source, eval_resolved_uri=eval_resolved, run_date=when.text, date_source=when.source,
+        train_digest=dataset_source.rows_digest(train), eval_digest=dataset_source.rows_digest(held_out),
+    )  # fmt: skip
+    record.write(dataset.path)  # the trainer reads the folder, not KFP metadata
     dataset.metadata.update({
-        "source": source, "eval_source": eval_source, "train_rows": len(train), "eval_rows": len(held_out),
-        "prompt_format": prompt_format, "columns": list(train.column_names), "too_long_prompts": too_long,
+        "source": dataset_uri.removeprefix("file://"), "eval_source": eval_source, "train_rows": len(train),
+        "eval_rows": len(held_out), "prompt_format": prompt_format, "columns": list(train.column_names),
+        "too_long_prompts": too_long,
+        "resolved_uri": record.resolved_uri, "eval_resolved_uri": record.eval_resolved_uri,
+        "run_date": record.run_date, "date_source": record.date_source,
+        "train_digest": record.train_digest, "eval_digest": record.eval_digest,
     })  # fmt: skip
     log.info(
-        "dataset %s: %d train / %d held-out prompts (%s) -> %s",
+        "dataset %s: %d train / %d held-out prompts (%s; train digest %s) -> %s",
         source,
         len(train),
         len(held_out),
         prompt_format,
+        record.train_digest[:12],
         dataset.path,
     )
-    outputs = namedtuple("PrepareOutputs", ["train_rows", "eval_rows", "prompt_format"])
-    return outputs(len(train), len(held_out), prompt_format)
+    outputs = namedtuple("PrepareOutputs", ["train_rows", "eval_rows", "prompt_format", "resolved_uri", "train_digest"])
+    return outputs(len(train), len(held_out), prompt_format, record.resolved_uri, record.train_digest)

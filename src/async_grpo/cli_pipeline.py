@@ -275,7 +275,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 def _cmd_run_local(args: argparse.Namespace) -> int:
     module = import_pipeline_module()
     invocation = new_invocation_dir(args.output_dir)  # its own IR file and kfp.local root: runs may overlap
-    package = module.compile_pipeline(invocation / "grpo_pipeline_cpu.yaml", gpu=False)
+    package = module.compile_pipeline(invocation / "grpo_pipeline_cpu.yaml", gpu=False, for_kfp_local=True)
     try:
         params = pipeline_parameters(package)
         arguments = pipeline_arguments(params, args.config, args.items)

@@ -7,17 +7,20 @@ its row to the reward functions as a keyword argument, exactly as TRL passes the
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from async_grpo import hub
+from async_grpo import dataset_source, hub
 from async_grpo.tasks import math_reasoning
 
 if TYPE_CHECKING:
     import datasets
+
+logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin:"
 FILE_LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -38,21 +41,25 @@ def load_prompt_dataset(
     config_name: str | None = None,
     split_name: str | None = None,
     system_prompt: str | None = None,
+    when: dataset_source.RunDate | None = None,
 ) -> datasets.Dataset:
     """Load and validate a prompt dataset.
 
     Args:
-        spec: a `.jsonl`, `.json` or `.parquet` file; a `datasets.save_to_disk` folder (a `Dataset`,
-            or a `DatasetDict` from which `split` picks `split_name`, else "train", or "eval"/"validation"/"test");
-            `builtin:<task>` (the task's training split for split="train", its held-out split for
-            split="eval"); or a Hugging Face Hub dataset id `org/name` (`hub.snapshot`, then
-            `datasets.load_dataset(folder, config_name, split=split_name)`; TRL's dataset_name).
+        spec: a `.jsonl`, `.json` or `.parquet` file; a folder of such files (its newest is read); a
+            `datasets.save_to_disk` folder (a `Dataset`, or a `DatasetDict` from which `split` picks `split_name`,
+            else "train", or "eval"/"validation"/"test"); `builtin:<task>` (the task's training split for
+            split="train", its held-out split for split="eval"); or a Hugging Face Hub dataset id `org/name`
+            (`hub.snapshot`, then `datasets.load_dataset(folder, config_name, split=split_name)`; TRL's
+            dataset_name). A local path may hold `{date}`, replaced by the run date (`dataset_source`).
         split: "train" or "eval". For files, which hold one split, it is ignored.
         seed: seeds the builtin task's training items; ignored otherwise.
         config_name: the hub dataset's configuration (TRL `dataset_config`).
         split_name: the split to read (TRL `dataset_train_split` / `dataset_test_split`); None: "train" for
             split="train", "test" for split="eval" on the hub.
         system_prompt: put before every prompt as a system message (`with_system_prompt`).
+        when: the date `{date}` stands for; None: today's date in UTC (`dataset_source.run_date()`, the clock:
+            `async-grpo train` has no scheduled time; the pipeline's prepare_dataset passes the KFP run's).
 
     Rows without a `prompt` column in GSM8K (question/answer) or MATH (problem/solution) layout become prompt +
     answer + solution (`tasks.math_reasoning.to_prompt_rows`).
@@ -62,9 +69,9 @@ def load_prompt_dataset(
         message dicts) and any other columns for the reward functions.
 
     Raises:
-        FileNotFoundError: the path does not exist.
-        ValueError: unsupported spec, unknown builtin task, missing or malformed `prompt` column, a
-            reserved column name, or an empty dataset; the message names the field and the fix.
+        FileNotFoundError: the path does not exist (after `{date}`; the message gives the resolved path).
+        ValueError: unsupported spec, unknown builtin task, a folder with no data file, missing or malformed
+            `prompt` column, a reserved column name, or an empty dataset; the message names the field and the fix.
     """
     if split not in _SPLIT_NAMES:
         raise ValueError(f"split={split!r} must be 'train' or 'eval'.")
@@ -77,6 +84,10 @@ def load_prompt_dataset(
     elif hub.looks_like_repo_id(spec):
         ds = _load_hub(spec, config_name, split_name or ("train" if split == "train" else "test"))
     else:
+        source = dataset_source.resolve_local_path(spec, when or dataset_source.run_date())
+        if source.path != source.spec:
+            logger.info("dataset %s", source.describe())
+        spec = source.path
         ds = _load_path(spec, split, split_name)
     if math_reasoning.row_format(ds.column_names):
         ds = math_reasoning.to_prompt_rows(ds)
@@ -129,14 +140,10 @@ def _load_builtin(name: str, split: Split, seed: int) -> datasets.Dataset:
 
 
 def _load_path(spec: str, split: Split, split_name: str | None = None) -> datasets.Dataset:
+    """An existing file or `save_to_disk` folder (`dataset_source.resolve_local_path` resolved it)."""
     import datasets
 
     path = Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"dataset {spec!r} does not exist. Fix: give an existing .jsonl/.json/.parquet file, a "
-            f"datasets.save_to_disk folder, or builtin:<task>."
-        )
     if path.is_dir():
         try:
             loaded = datasets.load_from_disk(str(path))

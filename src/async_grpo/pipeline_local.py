@@ -2,7 +2,9 @@
 launch backend and a sqlite MLflow store under the output folder.
 
 The pipeline is compiled first and the compiled IR is what runs, so a local run executes the same
-file a cluster would get, only with the Kubernetes settings ignored; the MLflow store is then read
+file a cluster would get, only with the Kubernetes settings ignored and without the KFP run times the
+dataset step takes for `{date}` (kfp 2.17's local runner cannot resolve them; the step uses the clock's UTC
+date instead: `build_pipeline(for_kfp_local=True)`); the MLflow store is then read
 back to report the run, its held-out reward and the registered model version. Runs may share an
 output folder and even a run_name, at the same time: each gets its own kfp.local root, and the
 pipeline names its folder and MLflow run with the run id, so neither touches the other's.
@@ -76,6 +78,25 @@ def pipeline_parameters(package_path: str | Path) -> dict[str, dict[str, Any]]:
         raise ValueError(f"{package_path} is not a compiled KFP pipeline (no root.inputDefinitions).") from None
 
 
+KFP_TIME_PLACEHOLDERS = ("{{$.pipeline_job_schedule_time_utc}}", "{{$.pipeline_job_create_time_utc}}")
+
+
+def check_local_package(package_path: str | Path) -> None:
+    """Refuse a compiled pipeline that kfp.local cannot run: one holding the KFP run-time placeholders
+    (KFP_TIME_PLACEHOLDERS, as `kfp.dsl` spells them), which kfp 2.17's local runner fails on with an IndexError.
+
+    Raises:
+        ValueError: the package holds them; the message names the fix.
+    """
+    text = Path(package_path).read_text()
+    found = [p for p in KFP_TIME_PLACEHOLDERS if p in text]
+    if found:
+        raise ValueError(
+            f"{package_path} passes the KFP run times {found} to its steps, which kfp.local cannot resolve. Fix: "
+            "compile it for kfp.local (compile_pipeline(..., for_kfp_local=True)), or let run-local compile it."
+        )
+
+
 @dataclass
 class LocalPipelineResult:
     """What a local pipeline run produced; `wall_s` is seconds for the whole pipeline.
@@ -134,7 +155,8 @@ def run_local_pipeline(
         LocalPipelineResult, read back from the MLflow store.
 
     Raises:
-        ValueError: launch_backend other than "local", or a run_name that is not a DNS-1123 label.
+        ValueError: launch_backend other than "local", a run_name that is not a DNS-1123 label, or a package
+            compiled for a cluster (`check_local_package`).
         RuntimeError: a pipeline task failed (kfp.local names it; its log is above).
         LookupError: the pipeline finished but its train step left no outputs, or MLflow holds no such run.
     """
@@ -145,7 +167,10 @@ def run_local_pipeline(
     out.mkdir(parents=True, exist_ok=True)
     pipeline_root = Path(invocation_dir) if invocation_dir is not None else new_invocation_dir(out)
     if package_path is None:
-        package_path = import_pipeline_module().compile_pipeline(pipeline_root / "grpo_pipeline_cpu.yaml", gpu=False)
+        package_path = import_pipeline_module().compile_pipeline(
+            pipeline_root / "grpo_pipeline_cpu.yaml", gpu=False, for_kfp_local=True
+        )
+    check_local_package(package_path)
     params = pipeline_parameters(package_path)
     args = dict(arguments or {})
     if args.setdefault("launch_backend", "local") != "local":

@@ -12,7 +12,8 @@ A thin layer over `mlflow`, with the behaviour MLflow users expect:
 - The final model is logged with the `transformers` flavour (task `llm/v1/completions`, so the signature is
   MLflow's completions schema, the tokenizer is saved with it), which `mlflow.transformers.load_model` loads and
   `mlflow models serve` serves; the run gets the tag `async_grpo.model_uri` naming it (register_model uses it).
-- The training dataset is recorded with `mlflow.log_input` (context "training").
+- The training dataset is recorded with `mlflow.log_input` (context "training"); a dataset prepared by the pipeline
+  carries its resolved source and its content digest (`digests.json`, `dataset_source.DatasetRecord`).
 - `log_system_metrics` turns on MLflow's system metrics (CPU, memory, GPU) for the run.
 - `report_to: none` gives a tracker that records nothing.
 - A new sqlite store is created whole before another process can open it (`open_store`): two processes migrating one
@@ -40,6 +41,8 @@ MAX_PARAM_CHARS = 500
 MAX_PENDING = 10_000  # records waiting for the background writer; beyond this, new records are dropped (counted)
 FLUSH_TIMEOUT_S = 120.0  # `end` waits this long for pending records before giving up on them (counted)
 MODEL_URI_TAG = "async_grpo.model_uri"  # run tag: the logged model's URI (models:/m-...), for registration
+DIGEST_TAG = "async_grpo.digest"  # dataset input tag: the full content digest (MLflow keeps 36 chars of a digest)
+MAX_DIGEST_CHARS = 36  # MLflow's limit on a dataset digest (mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE)
 _DEFAULT_EXPERIMENT = "async-grpo"
 STORE_OPEN_ATTEMPTS = 3  # an existing sqlite store is opened this often before its set-up error is raised
 STORE_RETRY_S = 2.0  # seconds between the attempts (another process finishing its migration)
@@ -227,10 +230,26 @@ class Tracker:
                 if value:
                     self._submit(self._client.set_tag, self.run_id, key, value)
 
-    def log_dataset(self, spec: str, prompts: list, context: str = "training") -> None:
-        """Record the dataset `spec` (its prompts, as text) as a run input (`mlflow.log_input`); returns at once."""
+    def log_dataset(
+        self,
+        spec: str,
+        prompts: list,
+        context: str = "training",
+        *,
+        digest: str | None = None,
+        source: str | None = None,
+    ) -> None:
+        """Record the dataset `spec` (its prompts, as text) as a run input (`mlflow.log_input`); returns at once.
+
+        Args:
+            digest: the data's content digest (`dataset_source.rows_digest`): the MLflow dataset's digest (its first
+                MAX_DIGEST_CHARS characters) and, whole, the input tag DIGEST_TAG; None: MLflow's own digest.
+            source: the data actually read (a `{date}` or newest-file spec resolved): the dataset's name and source;
+                None: `spec`.
+        """
         if self.enabled:
-            self._submit(_log_input, self._client, self.run_id, spec, [str(p) for p in prompts], context)
+            prompts = [str(p) for p in prompts]
+            self._submit(_log_input, self._client, self.run_id, source or spec, prompts, context, digest)
 
     def log_model(self, path: Path) -> str | None:
         """Log the saved HF checkpoint at `path` with the transformers flavour (task llm/v1/completions), tag the
@@ -278,20 +297,22 @@ class Tracker:
             os.environ["MLFLOW_TRACKING_URI"] = self._env_uri
 
 
-def _log_input(client: mlflow.MlflowClient, run_id: str, spec: str, prompts: list[str], context: str) -> None:
+def _log_input(
+    client: mlflow.MlflowClient, run_id: str, spec: str, prompts: list[str], context: str, digest: str | None = None
+) -> None:
     """`log_inputs` of a pandas dataset of the prompts, its source the spec (a code source when MLflow cannot
-    resolve it, e.g. `builtin:reverse`)."""
+    resolve it, e.g. `builtin:reverse`), its digest `digest` cut to MLflow's limit (whole in the tag DIGEST_TAG)."""
     import pandas as pd
     from mlflow.entities import DatasetInput, InputTag
 
     frame = pd.DataFrame({"prompt": prompts})
+    short = digest[:MAX_DIGEST_CHARS] if digest else None
     try:
-        dataset = mlflow.data.from_pandas(frame, source=spec, name=spec)
+        dataset = mlflow.data.from_pandas(frame, source=spec, name=spec, digest=short)
     except mlflow.exceptions.MlflowException:
-        dataset = mlflow.data.from_pandas(frame, name=spec)
-    client.log_inputs(
-        run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])]
-    )
+        dataset = mlflow.data.from_pandas(frame, name=spec, digest=short)
+    tags = [InputTag("mlflow.data.context", context)] + ([InputTag(DIGEST_TAG, digest)] if digest else [])
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=tags)])
 
 
 def log_transformers_model(path: Path) -> Any:

@@ -198,3 +198,29 @@ def test_train_and_cleanup_name_the_run_with_the_kfp_run_id(compiled):
         "producerTask": "train-grpo",
     }
     assert evaluate["launch_backend"]["componentInputParameter"].removeprefix("pipelinechannel--") == "launch_backend"
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_the_dataset_step_gets_the_kfp_run_times_for_date_paths(compiled, name):
+    """A recurring run's `{date}` is its scheduled date: the dataset step takes the KFP run's times, which the
+    backend substitutes (a one-off run's scheduled time is its creation time; backends without the fix for
+    kubeflow/pipelines#12616 pass the placeholder through and the step falls back, `dataset_source.run_date`)."""
+    ir, _ = compiled[name]
+    body = ir["components"][ir["root"]["dag"]["tasks"]["exit-handler-1"]["componentRef"]["name"]]["dag"]["tasks"]
+    params = body["prepare-dataset"]["inputs"]["parameters"]
+    assert params["schedule_time_utc"]["runtimeValue"]["constant"] == "{{$.pipeline_job_schedule_time_utc}}"
+    assert params["create_time_utc"]["runtimeValue"]["constant"] == "{{$.pipeline_job_create_time_utc}}"
+
+
+def test_the_kfp_local_package_leaves_the_run_times_out(tmp_path):
+    """kfp 2.17's local runner fails on the time placeholders (IndexError), so run-local compiles without them."""
+    from async_grpo.pipeline_local import KFP_TIME_PLACEHOLDERS, check_local_package
+
+    assert set(KFP_TIME_PLACEHOLDERS) == set(module.KFP_TIME_PLACEHOLDERS)
+    local_package = module.compile_pipeline(tmp_path / "local.yaml", gpu=False, for_kfp_local=True)
+    ir, _ = _load(local_package)
+    body = ir["components"][ir["root"]["dag"]["tasks"]["exit-handler-1"]["componentRef"]["name"]]["dag"]["tasks"]
+    assert body["prepare-dataset"]["inputs"]["parameters"]["schedule_time_utc"]["runtimeValue"]["constant"] == ""
+    check_local_package(local_package)
+    with pytest.raises(ValueError, match=r"kfp.local cannot resolve. Fix: compile it for kfp.local"):
+        check_local_package(REPO / "pipelines" / "grpo_pipeline_cpu.yaml")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from async_grpo import dataset_source
 from async_grpo.checkpoint_layout import resolve_resume
 from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import load_prompt_items
@@ -101,6 +102,7 @@ class GRPORecipe:
         model_path = builders.resolve_model_path(config)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
         self.train_items = self._items(config.data.dataset, "train")
+        record = dataset_source.read_record(config.data.dataset)  # a pipeline-prepared folder says what it holds
         self.config = config = builders.with_epochs_resolved(
             config, len(self.train_items) + self.drops.snapshot().get("prompt_too_long", 0), self.info.world_size
         )  # max_steps=-1: TRL's num_train_epochs
@@ -126,7 +128,10 @@ class GRPORecipe:
         self.tracker = Tracker(config, run_id=checkpoints.resumed_run_id(self.resume_from))  # same run on resume
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
         self.tracker.set_tags(warm_start_of(model_path, config.model_name_or_path).tags())  # the registry parent
-        self.tracker.log_dataset(config.data.dataset, [item.prompt for item in self.train_items], context="training")
+        self.tracker.log_dataset(
+            config.data.dataset, [item.prompt for item in self.train_items], context="training",
+            digest=record.train_digest if record else None, source=record.resolved_uri if record else None,
+        )  # fmt: skip
         self.pusher = self.make_pusher()
         self.pusher.setup()
         if warm is not None:

@@ -60,9 +60,10 @@ class DataConfig(Section):
     # The prompts, evaluation and the warm start
     dataset: str = Field(
         "builtin:reverse",
-        description="Training prompts: a .jsonl/.json/.parquet file, a `datasets.save_to_disk` folder, "
-        "or `builtin:<task>`. Needs a `prompt` column (standard string or conversational messages); "
-        "other columns are passed to reward functions as keyword arguments (as TRL does).",
+        description="Training prompts: a .jsonl/.json/.parquet file, a folder of them (the newest is read), a "
+        "`datasets.save_to_disk` folder, or `builtin:<task>`. `{date}` in a path is today's UTC date (YYYY-MM-DD; in "
+        "the pipeline, the run's scheduled date). Needs a `prompt` column (standard string or conversational "
+        "messages); other columns are passed to reward functions as keyword arguments (as TRL does).",
     )
     eval_dataset: str | None = Field(
         None,
