@@ -95,13 +95,13 @@ def test_scheduled_retraining_builds_on_the_champion_and_promotes_only_a_proven_
     assert text.startswith(prompt) and len(text) > len(prompt), text
 
     # ---- 2. two retraining runs at once from the champion, the same run_name: one trains, one is frozen
-    def start(name, *extra):
+    def start(role, *extra):
         cmd = [sys.executable, "-m", "async_grpo.cli", "pipeline", "run-local", "--output-dir", str(tmp_path)]
-        log = tmp_path / f"{name}.log"
-        cmd += [f"run_name={name}", *RETRAIN, *extra]
+        log = tmp_path / f"{role}.log"
+        cmd += ["run_name=retrain", *RETRAIN, *extra]
         return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy()), log
 
-    runs = {"trains": start("retrain"), "frozen": start("retrain", "learning_rate=0")}
+    runs = {"trains": start("trains"), "frozen": start("frozen", "learning_rate=0")}
     codes = {k: p.wait(timeout=900) for k, (p, _) in runs.items()}
     assert codes == {"trains": 0, "frozen": 0}, "\n\n".join(log.read_text()[-3000:] for _, log in runs.values())
     assert child_pids() - before == set(), "processes left behind"

@@ -112,7 +112,12 @@ class OptimConfig(Section):
     )
     disable_dropout: bool = Field(False, description="Set every dropout probability of the policy to 0 (TRL name).")
     # AdamW, the step's batch geometry and how the learner computes
-    learning_rate: float = Field(1e-6, gt=0.0, description="AdamW learning rate (TRL name; TRL default 1e-6).")
+    learning_rate: float = Field(
+        1e-6,
+        ge=0.0,
+        description="AdamW learning rate (TRL name; TRL default 1e-6). 0 trains nothing: a control run that keeps its "
+        "starting weights (e.g. to check that the promotion gate does not promote an unchanged model).",
+    )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     per_device_train_batch_size: int = Field(
