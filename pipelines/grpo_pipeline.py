@@ -331,6 +331,7 @@ def build_pipeline(
                 min_eval_reward=min_eval_reward, require_improvement=require_improvement,
                 min_improvement=min_improvement, promotion_confidence=promotion_confidence,
                 launch_backend=launch_backend, backend_options=kubernetes_options, run_name=train.outputs["run_name"],
+                mlflow_parent_run_id=train.outputs["mlflow_parent_run_id"],
             )  # fmt: skip
             flavour(score).set_display_name("evaluate (held-out reward, vLLM)").set_caching_options(False)
             _mlflow_env(score, wiring.mlflow_secret)
@@ -352,6 +353,7 @@ def build_pipeline(
                     mlflow_run_id=train.outputs["mlflow_run_id"], tracking_uri=train.outputs["tracking_uri"],
                     registered_model_name=registered_model_name, dataset=data.outputs["dataset"],
                     resolved_config=train.outputs["resolved_config"], kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                    mlflow_parent_run_id=train.outputs["mlflow_parent_run_id"],
                 )  # fmt: skip
                 flavour(register).set_display_name("register model (MLflow)").set_caching_options(False)
                 _mlflow_env(register, wiring.mlflow_secret)

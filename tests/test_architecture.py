@@ -37,6 +37,7 @@ ALLOWED = {
     "promotion": set(),
     "lineage": {"__init__"},
     "warm_start": {"config", "registry"},
+    "pipeline_tracking": set(),
     "preflight": {
         "checkpoint_layout",
         "config",

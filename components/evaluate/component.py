@@ -36,6 +36,7 @@ def evaluate(
     launch_backend: str = "local",
     backend_options: Optional[dict] = None,
     run_name: str = "",
+    mlflow_parent_run_id: str = "",
 ) -> bool:
     """Score the model, and the registry's champion on the same prompts, on the held-out split; decide registration.
 
@@ -69,6 +70,10 @@ def evaluate(
             reachable only from pods labelled `async-grpo/role: evaluate`, with a token of its own.
         backend_options: `ClusterSettings` fields (kubernetes only), as given to `train_grpo`.
         run_name: the run's name (`train_grpo`'s run_name output), for the reward service's objects.
+        mlflow_parent_run_id: the pipeline run's MLflow parent run (`train_grpo`'s output; "" for none). The step then
+            also opens its own nested run `evaluate` (the same metrics, the decision, and with a champion the
+            per-prompt table `head_to_head/per_prompt.json`: prompt, challenger, champion, difference) and logs the
+            `final_eval/*` metrics and the decision into the parent, which it marks FINISHED.
 
     Returns:
         True when the model should be registered and made champion (`promotion.decide`), else False.
@@ -231,6 +236,26 @@ def evaluate(
         rows = challenger.rows
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file="final_eval/completions.json")
         mlflow.set_tags({"final_eval.decision": decision.reason, "final_eval.champion_version": champion_version})
+    if mlflow_parent_run_id:  # the pipeline's layout: a nested run for this step, the summary on the parent
+        from async_grpo import pipeline_tracking
+
+        client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+        step_run = pipeline_tracking.open_step_run(client, mlflow_parent_run_id, "evaluate")
+        tags = {"final_eval.decision": decision.reason, "final_eval.champion_version": champion_version}
+        with mlflow.start_run(run_id=step_run):
+            mlflow.log_metrics(final, step=config.optim.max_steps)
+            mlflow.set_tags(tags)
+            if held_out is not None:
+                table = {
+                    "prompt": [str(item.prompt) for item in items],
+                    "challenger": challenger.per_prompt,
+                    "champion": held_out.per_prompt,
+                    "difference": [a - b for a, b in zip(challenger.per_prompt, held_out.per_prompt, strict=True)],
+                }
+                mlflow.log_table(table, artifact_file="head_to_head/per_prompt.json")
+        with mlflow.start_run(run_id=mlflow_parent_run_id):
+            mlflow.log_metrics(final, step=config.optim.max_steps)
+            mlflow.set_tags(tags)
     metrics.log_metric("eval_reward", reward)
     for key, value in challenger.metrics.items():
         if key != "eval/reward":

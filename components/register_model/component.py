@@ -28,6 +28,7 @@ def register_model(
     kfp_run_id: str = "",
     champion_alias: str = "champion",
     registration_timeout_s: float = 300.0,
+    mlflow_parent_run_id: str = "",
 ) -> NamedTuple("RegisterOutputs", [("model_version", str), ("model_uri", str), ("promoted", bool)]):
     """Register the run's logged model (tag `async_grpo.model_uri`, a transformers-flavour model; runs of
     earlier versions: their `model` artifact folder) as a new version of `registered_model_name`, and move the
@@ -51,6 +52,8 @@ def register_model(
         kfp_run_id: the KFP run id (the pipeline passes its placeholder).
         champion_alias: alias set on the new version.
         registration_timeout_s: how long to wait for the version to become READY (seconds).
+        mlflow_parent_run_id: the pipeline run's MLflow parent run ("" for none): the step opens its nested run
+            `register` (tags `registered_model_version`, `promoted`) and tags the parent the same.
 
     Returns:
         model_version (e.g. "3"), model_uri (`models:/<name>/<version>`) and promoted (the alias moved to it).
@@ -156,6 +159,14 @@ def register_model(
         client.set_model_version_tag(registered_model_name, str(version.version), "promotion", f"skipped: {err}")
         log.warning("registered %s v%s without promoting it: %s", registered_model_name, version.version, err)
     client.set_tag(mlflow_run_id, "registered_model_version", f"{registered_model_name}/{version.version}")
+    if mlflow_parent_run_id:  # the pipeline's layout: a nested run for this step, the outcome on the parent
+        from async_grpo import pipeline_tracking
+
+        done = {"registered_model_version": f"{registered_model_name}/{version.version}", "promoted": str(promoted)}
+        step_run = pipeline_tracking.open_step_run(client, mlflow_parent_run_id, "register", tags=done)
+        client.set_terminated(step_run, "FINISHED")
+        for key, value in done.items():
+            client.set_tag(mlflow_parent_run_id, key, value)
     uri = f"models:/{registered_model_name}/{version.version}"
     log.info(
         "registered %s (eval_reward %.4f) as %s; alias %r %s",

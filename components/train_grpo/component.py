@@ -58,7 +58,14 @@ def train_grpo(
     registered_model_name: str = "",
     champion_alias: str = "champion",
 ) -> NamedTuple(
-    "TrainOutputs", [("mlflow_run_id", str), ("tracking_uri", str), ("resolved_config", str), ("run_name", str)]
+    "TrainOutputs",
+    [
+        ("mlflow_run_id", str),
+        ("tracking_uri", str),
+        ("resolved_config", str),
+        ("run_name", str),
+        ("mlflow_parent_run_id", str),
+    ],
 ):
     """Build the run's GRPOConfig, launch it through `launch_backend`, wait, and output the trained model.
 
@@ -99,7 +106,10 @@ def train_grpo(
         champion_alias: the alias that marks the champion.
 
     Returns:
-        mlflow_run_id, tracking_uri, resolved_config (YAML of every field) and run_name.
+        mlflow_run_id, tracking_uri, resolved_config (YAML of every field), run_name and mlflow_parent_run_id: the
+        pipeline run's MLflow parent run (`async_grpo.pipeline_tracking`: the resolved config as flat params; the
+        training run is its nested run `train`), "" when KFP's own MLflow integration opened this task's run
+        (`MLFLOW_RUN_ID` set: the trainer logs into that run, nested as KFP nests it).
 
     Raises:
         ConfigError (a ValueError): the merged config is invalid, save_model is false (evaluation
@@ -223,6 +233,19 @@ def train_grpo(
 
     config, warm = resolve_warm_start(config)  # a models:/ model is downloaded before anything starts
 
+    import mlflow
+
+    from async_grpo.config import flat_params
+    from async_grpo.pipeline_tracking import PipelineRun
+    from async_grpo.tracking import experiment_name, open_store
+
+    pipeline_run = None  # None: KFP's MLflow integration opened (and nests) this task's run, MLFLOW_RUN_ID
+    if not os.environ.get("MLFLOW_RUN_ID"):
+        pipeline_run = PipelineRun(
+            config.tracking_uri, experiment_name(config), name, pipeline_job_id, flat_params(config),
+            tags={"kfp.pipeline_job_name": pipeline_job_name, "kfp.launch_backend": launch_backend},
+        )  # fmt: skip
+
     if launch_backend == "local":
         from async_grpo.launch.local import LocalBackend
 
@@ -233,7 +256,9 @@ def train_grpo(
         from async_grpo.launch.kubernetes import KubernetesBackend
         from async_grpo.preflight import check_config
 
-        backend = KubernetesBackend(settings=dict(backend_options or {}))  # loads the mounted platform policy
+        backend = KubernetesBackend(  # loads the mounted platform policy; opens the MLflow runs once it allows the run
+            settings=dict(backend_options or {}), tracking=pipeline_run
+        )
         # the policy first: nothing reads a submitter's file before the run is allowed, and preflight on the cluster
         # target only parses such files (ast), never imports them, since this pod holds credentials
         backend.check(config)
@@ -251,7 +276,20 @@ def train_grpo(
         config.optim.max_steps,
         config.output_dir,
     )
-    result = backend.launch(config, timeout_s=launch_timeout_s)
+    local_run = pipeline_run is not None and launch_backend == "local"
+    try:
+        if local_run:  # the Tracker logs into the nested train run (run_local runs in this process)
+            open_store(config.tracking_uri)
+            os.environ["MLFLOW_RUN_ID"] = pipeline_run.create_run()
+        result = backend.launch(config, timeout_s=launch_timeout_s)
+    except BaseException:
+        if local_run and pipeline_run.parent_run_id:  # the kubernetes backend ends its runs itself
+            pipeline_run.end_run(config.tracking_uri, pipeline_run.train_run_id, "FAILED")
+        raise
+    finally:
+        if local_run:
+            os.environ.pop("MLFLOW_RUN_ID", None)
+    parent_run_id = pipeline_run.parent_run_id if pipeline_run is not None else ""
     log.info(
         "run %r finished: MLflow run %s at %s; metrics %s",
         name,
@@ -273,12 +311,13 @@ def train_grpo(
         **{k: float(v) for k, v in result.metrics.items()},
     })  # fmt: skip
 
-    import mlflow
-
     client = mlflow.MlflowClient(tracking_uri=result.tracking_uri)
     client.set_tag(result.mlflow_run_id, "kfp.run_name", name)
     client.set_tag(result.mlflow_run_id, "kfp.launch_backend", launch_backend)
     if start_note:  # the run tagged itself "base ..."; say why it did not start from a champion
         client.set_tag(result.mlflow_run_id, WARM_START_TAG, start_note)
-    outputs = namedtuple("TrainOutputs", ["mlflow_run_id", "tracking_uri", "resolved_config", "run_name"])
-    return outputs(result.mlflow_run_id, result.tracking_uri, dump_config(config), name)
+    if parent_run_id:
+        client.set_tag(parent_run_id, "mlflow_run_id.train", result.mlflow_run_id)
+    names = ["mlflow_run_id", "tracking_uri", "resolved_config", "run_name", "mlflow_parent_run_id"]
+    outputs = namedtuple("TrainOutputs", names)
+    return outputs(result.mlflow_run_id, result.tracking_uri, dump_config(config), name, parent_run_id)

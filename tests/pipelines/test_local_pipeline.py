@@ -64,8 +64,26 @@ def test_scheduled_retraining_builds_on_the_champion_and_promotes_only_a_proven_
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("async-grpo").experiment_id
-    (run,) = client.search_runs([experiment])
-    assert run.info.run_name == first.name and run.info.status == "FINISHED"
+
+    def runs_by_role():
+        found = {}
+        for r in client.search_runs([experiment]):
+            found.setdefault(r.data.tags["async_grpo.role"], []).append(r)
+        return found
+
+    # one parent run per pipeline run, a nested run per step, the config as flat params on the parent
+    roles = runs_by_role()
+    assert {k: len(v) for k, v in roles.items()} == {"pipeline": 1, "train": 1, "evaluate": 1, "register": 1}
+    (parent,), (run,) = roles["pipeline"], roles["train"]
+    assert parent.info.run_name == first.name and run.info.run_name == "train"
+    assert {r.data.tags["mlflow.parentRunId"] for k in ("train", "evaluate", "register") for r in roles[k]} == {
+        parent.info.run_id
+    }
+    assert {r.info.status for rs in roles.values() for r in rs} == {"FINISHED"}
+    assert parent.data.params["max_steps"] == "20" and parent.data.params["loss_type"] == "dapo"
+    assert parent.data.tags["registered_model_version"] == f"{MODEL}/1" and parent.data.tags["promoted"] == "True"
+    assert parent.data.metrics["final_eval/reward"] == run.data.metrics["final_eval/reward"]
+    assert run.data.tags["kfp.run_name"] == first.name and run.info.status == "FINISHED"
     assert run.data.params["max_steps"] == "20" and run.data.params["warmup_sft_steps"] == "300"
     assert run.data.tags["kfp.launch_backend"] == "local"
     assert run.data.tags["async_grpo.warm_start"].startswith("base builtin:tiny")
@@ -106,10 +124,13 @@ def test_scheduled_retraining_builds_on_the_champion_and_promotes_only_a_proven_
     assert codes == {"trains": 0, "frozen": 0}, "\n\n".join(log.read_text()[-3000:] for _, log in runs.values())
     assert child_pids() - before == set(), "processes left behind"
 
-    retrained = {r.info.run_id: r for r in client.search_runs([experiment]) if r.info.run_name.startswith("retrain")}
-    assert len(retrained) == 2 and {r.info.status for r in retrained.values()} == {"FINISHED"}
-    by_role = {("frozen" if r.data.params["learning_rate"] == "0.0" else "trains"): r for r in retrained.values()}
-    folders = {role: tmp_path / r.info.run_name for role, r in by_role.items()}
+    roles = runs_by_role()
+    registered = sum("registered_model_version" in r.data.tags for r in roles["pipeline"])  # the register step ran
+    assert {k: len(v) for k, v in roles.items()} == {"pipeline": 3, "train": 3, "evaluate": 3, "register": registered}
+    retrained = [r for r in roles["train"] if r.data.tags["kfp.run_name"].startswith("retrain")]
+    assert len(retrained) == 2 and {r.info.status for r in retrained} == {"FINISHED"}
+    by_role = {("frozen" if r.data.params["learning_rate"] == "0.0" else "trains"): r for r in retrained}
+    folders = {role: tmp_path / r.data.tags["kfp.run_name"] for role, r in by_role.items()}
     promoted_versions = {
         r.data.tags["registered_model_version"].rsplit("/", 1)[1]
         for r in by_role.values()

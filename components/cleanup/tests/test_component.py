@@ -46,8 +46,9 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
     calls = []
 
     class Backend:
-        def __init__(self, settings=None, **options):
+        def __init__(self, settings=None, tracking=None, **options):
             calls.append(("init", {**(settings or {}), **options}))
+            self.tracking = tracking  # the pipeline's MLflow runs, opened by a real backend once the policy allows
 
         def check(self, config):
             calls.append(("check", config.tracking.run_name))
@@ -74,6 +75,7 @@ def test_kubernetes_objects_are_deleted_by_the_same_run_name_train_grpo_uses(tmp
         pass
 
     def stop(self, config, timeout_s):
+        assert self.tracking.run_name == config.tracking.run_name and not self.tracking.parent_run_id  # none yet
         raise Stop(config.tracking.run_name)
 
     module.KubernetesBackend.launch = stop

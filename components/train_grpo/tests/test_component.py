@@ -31,8 +31,9 @@ class RecordingBackend:
     instances: list["RecordingBackend"] = []
     save_checkpoint = True
 
-    def __init__(self, settings=None, **options):
+    def __init__(self, settings=None, tracking=None, **options):
         self.options = {**(settings or {}), **options}
+        self.tracking = tracking  # the pipeline's MLflow runs (`PipelineRun`), opened at launch as the real backend does
         self.launches: list[tuple[GRPOConfig, float]] = []
         self.checked: GRPOConfig | None = None
         RecordingBackend.instances.append(self)
@@ -48,7 +49,10 @@ class RecordingBackend:
         mlflow.set_experiment(
             config.tracking.mlflow_experiment_name
         )  # not whatever experiment an earlier test left active
-        with mlflow.start_run(run_name=config.tracking.run_name) as run:
+        run_id = None
+        if self.tracking is not None:
+            run_id = self.tracking.create_run(config.tracking_uri, "", config.tracking.run_name)
+        with mlflow.start_run(run_id=run_id, run_name=None if run_id else config.tracking.run_name) as run:
             mlflow.log_param("max_steps", config.optim.max_steps)
         model_dir = Path(config.output_dir) / "final-model"
         if self.save_checkpoint:
@@ -113,8 +117,15 @@ def test_precedence_staging_and_outputs(tmp_path, backend_module):
     assert (Path(model.path) / "model.safetensors").read_bytes() == b"weights"
     assert model.metadata["mlflow_run_id"] == out.mlflow_run_id
     assert model.metadata["after/eval/reward"] == 0.5 and model.metadata["launch_backend"] == "kubernetes"
-    run = mlflow.MlflowClient(out.tracking_uri).get_run(out.mlflow_run_id)
+    client = mlflow.MlflowClient(out.tracking_uri)
+    run = client.get_run(out.mlflow_run_id)
     assert run.data.tags["kfp.run_name"] == "my-run-1-3f2a9c1e"
+    # the pipeline's MLflow layout: a parent run per pipeline run (flat config params), the training run nested in it
+    parent = client.get_run(out.mlflow_parent_run_id)
+    assert run.data.tags["mlflow.parentRunId"] == out.mlflow_parent_run_id and run.info.run_name == "train"
+    assert parent.info.run_name == "my-run-1-3f2a9c1e" and parent.data.tags["kfp.run_id"].startswith("3f2a9c1e")
+    assert parent.data.params["max_steps"] == "7" and parent.data.params["learning_rate"] == "0.01"
+    assert parent.data.tags["mlflow_run_id.train"] == out.mlflow_run_id
 
 
 def test_a_file_dataset_is_trained_from_the_staged_copy(tmp_path, backend_module):
