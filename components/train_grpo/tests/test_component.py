@@ -33,7 +33,7 @@ class RecordingBackend:
 
     def __init__(self, settings=None, tracking=None, **options):
         self.options = {**(settings or {}), **options}
-        self.tracking = tracking  # the pipeline's MLflow runs (`PipelineRun`), opened at launch as the real backend does
+        self.tracking = tracking  # the pipeline's MLflow runs (PipelineRun), opened at launch
         self.launches: list[tuple[GRPOConfig, float]] = []
         self.checked: GRPOConfig | None = None
         RecordingBackend.instances.append(self)
