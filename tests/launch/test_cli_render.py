@@ -70,7 +70,7 @@ def test_render_writes_the_same_objects_the_backend_builds(tmp_path, capsys):
 @pytest.mark.parametrize(
     "overrides, options, message",
     [
-        (["model_name_or_path=Qwen/Qwen2.5-7B"], [], "must be a builtin or a normalized path on the shared volume"),
+        (["model_name_or_path=Qwen/Qwen2.5-7B"], [], "must be a builtin, a normalized path on the shared volume"),
         ([], ["--set", "device=tpu"], "invalid cluster settings"),
         ([], ["--set", "nproc_per_node"], "is not key=value"),
         (["no_such_field=1"], [], "unknown config field"),

@@ -177,9 +177,18 @@ def test_interrupt_while_waiting_cleans_up_and_marks_the_run_killed(gpu_config, 
 def test_bad_config_fails_before_any_api_call(gpu_settings):
     cluster = FakeCluster()
     backend, _, tracking = make_backend(cluster, gpu_settings)
-    with pytest.raises(ValueError, match="on Kubernetes the model folder must be a builtin or a normalized path"):
+    with pytest.raises(ValueError, match="on Kubernetes the model folder must be a builtin, a normalized path"):
         backend.launch(GRPOConfig(model_name_or_path="Qwen/Qwen2.5-7B"), timeout_s=TIMEOUT_S)
     assert cluster.calls == [] and tracking.created == []
+
+
+def test_a_registry_model_passes_the_volume_rule_but_no_other_field_does(gpu_settings):
+    """`models:/` is resolved onto the volume by the train step before any pod starts; a dataset may not use it."""
+    from async_grpo.launch.k8s_policy import path_problems
+
+    assert path_problems(GRPOConfig(model_name_or_path="models:/m@champion"), gpu_settings) == []
+    (problem,) = path_problems(GRPOConfig(dataset="models:/m@champion"), gpu_settings)
+    assert problem.startswith("dataset='models:/m@champion'")
 
 
 def test_job_deleted_behind_our_back_is_an_error(gpu_config, gpu_settings):

@@ -335,7 +335,7 @@ def on_volume(path: str, settings: ClusterSettings) -> bool:
 
 def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     """Every path the run reads on the cluster must lie on the workspace volume (`on_volume`): the model (or
-    builtin:tiny), the datasets (or builtin tasks), a checkpoint to resume from, and each submitter file named by
+    builtin:tiny, or a `models:/` registry URI, downloaded onto the volume by the train step), the datasets (or builtin tasks), a checkpoint to resume from, and each submitter file named by
     reward_funcs, tools and data_producer. Returns one problem per path that does not, naming the field and the fix.
     """
     mount = settings.data_mount_path
@@ -355,10 +355,15 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     ):
         checked += [(field, spec.rsplit(":", 1)[0], f"the file of {spec!r}") for spec in specs if is_file_spec(spec)]
     return [
-        f"{field}={value!r}: on Kubernetes {what} must be a builtin or a normalized path on the shared volume (run "
-        f"pods reach no hub). {fix}."
+        f"{field}={value!r}: on Kubernetes {what} must be a builtin, a normalized path on the shared volume (run "
+        f"pods reach no hub) or, for the model, an MLflow registry URI (models:/...). {fix}."
         for field, value, what in checked
-        if value is not None and not value.startswith("builtin:") and not on_volume(value, settings)
+        if value is not None
+        and not value.startswith("builtin:")
+        and not on_volume(value, settings)
+        # the train step downloads a registry version from the run's (allowed) MLflow server onto the volume, into
+        # the run's folder, before any pod starts (`warm_start.resolve_warm_start`); the pods see only that folder
+        and not (field == "model_name_or_path" and value.startswith("models:/"))
     ]
 
 
