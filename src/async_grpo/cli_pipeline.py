@@ -154,6 +154,7 @@ def preflight_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any
     Raises:
         ConfigError: the merged config is invalid.
     """
+    check_gate_arguments(params, arguments)
     config = submitted_config(params, arguments)
     update = {}
     for name in ("dataset", "eval_dataset"):
@@ -161,6 +162,28 @@ def preflight_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any
         if value:
             update[name] = value.removeprefix("file://")
     return config.model_copy(update=update) if update else config
+
+
+def check_gate_arguments(params: dict[str, dict[str, Any]], arguments: dict[str, Any]) -> None:
+    """The retraining parameters that no GRPOConfig field checks (`warm_start`, `promotion_confidence`,
+    `min_improvement`), checked before a run is submitted rather than after it has trained.
+
+    Raises:
+        ConfigError: a value out of range, naming the parameter and the fix.
+    """
+    import math
+
+    problems = []
+    if "warm_start" in params and _argument("warm_start", arguments, params) not in ("none", "champion"):
+        problems.append(f"warm_start={_argument('warm_start', arguments, params)!r}: Fix: none or champion.")
+    if "promotion_confidence" in params:
+        confidence = float(_argument("promotion_confidence", arguments, params))
+        if not 0.0 < confidence < 1.0:
+            problems.append(f"promotion_confidence={confidence}: not in (0, 1). Fix: e.g. 0.95.")
+    if "min_improvement" in params and not math.isfinite(float(_argument("min_improvement", arguments, params))):
+        problems.append("min_improvement: not a finite number. Fix: e.g. 0 (any improvement the interval shows).")
+    if problems:
+        raise ConfigError("invalid retraining parameters:\n" + "\n".join(f"  {p}" for p in problems))
 
 
 def check_submission(

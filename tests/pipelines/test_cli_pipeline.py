@@ -136,6 +136,9 @@ def test_schedule_creates_a_recurring_run_with_kfp_cron(client, capsys):
         (("submit", "no_such_knob=1"), "neither a pipeline parameter nor a config field"),
         (("submit", "max_steps"), "not key=value"),
         (("schedule", "--cron", "every monday"), "has 2 fields"),
+        (("schedule", "--cron", "0 3 * * 1", "warm_start=latest"), "warm_start='latest': Fix: none or champion."),
+        (("submit", "promotion_confidence=1.5"), "promotion_confidence=1.5: not in (0, 1)"),
+        (("submit", "min_improvement=nan"), "min_improvement: not a finite number"),
     ],
 )
 def test_bad_arguments_exit_2_before_contacting_kfp(client, capsys, argv, message):
