@@ -165,9 +165,11 @@ def build_config_map(
     return _config_map(f"{run_name}-config", run_name, "config", settings, fields, owner)
 
 
-def _trainer_pod(
+def trainer_pod(
     config: GRPOConfig, settings: ClusterSettings, run_name: str, mlflow_run_id: str | None
 ) -> dict[str, Any]:
+    """The trainer's pod template (PyTorchJob Master and Workers; `k8s_trainjob` splits it between the runtime
+    and the TrainJob): torchrun in container PYTORCH_CONTAINER, an init container waiting for vLLM."""
     vols, mounts = scratch_volumes(settings, shm=True)
     data_vol, data_mount = data_volume(settings, read_only=False)
     vols += [data_vol, {"name": "config", "configMap": {"name": f"{run_name}-config"}}]
@@ -228,7 +230,7 @@ def build_pytorchjob(
     Args:
         mlflow_run_id: an MLflow run created beforehand; the trainer logs into it (env MLFLOW_RUN_ID).
     """
-    pod = _trainer_pod(config, settings, run_name, mlflow_run_id)
+    pod = trainer_pod(config, settings, run_name, mlflow_run_id)
     replicas = {"Master": {"replicas": 1, "restartPolicy": settings.restart_policy, "template": pod}}
     if settings.trainer_nodes > 1:
         replicas["Worker"] = {
@@ -274,6 +276,18 @@ def vllm_command(config: GRPOConfig, settings: ClusterSettings, model_path: str)
     return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + lora_server_args(config) + config.vllm_serve_args
 
 
+def vllm_probes(startup_timeout_s: float) -> dict[str, Any]:
+    """The vLLM container's probes, all on /health (the one route answered without the token): readiness every
+    5 s, a startup probe allowing `startup_timeout_s` seconds to load the model, liveness once started."""
+    startup_failures = max(1, math.ceil(startup_timeout_s / PROBE_PERIOD_S))
+    health = {"httpGet": {"path": "/health", "port": "http"}}
+    return {
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "startupProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": startup_failures},
+        "livenessProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 6},
+    }
+
+
 def build_vllm_deployment(
     config: GRPOConfig, settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None
 ) -> Manifest:
@@ -317,17 +331,13 @@ def build_vllm_deployment(
     if settings.device == "cpu":
         env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(config.inference.vllm_kv_cache_gib)})
         env += [{"name": k, "value": v} for k, v in CPU_SERVER_ENV.items()]  # the in-process executor
-    startup_failures = max(1, math.ceil(config.inference.vllm_startup_timeout_s / PROBE_PERIOD_S))
-    health = {"httpGet": {"path": "/health", "port": "http"}}
     container = {
         "name": "vllm",
         "image": settings.image("vllm"),
         "command": vllm_command(config, settings, model_path),
         "env": env,
         "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
-        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
-        "startupProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": startup_failures},
-        "livenessProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 6},
+        **vllm_probes(config.inference.vllm_startup_timeout_s),
         "resources": _resources(settings.vllm_cpu, settings.vllm_memory_gib, settings.vllm_gpus, settings),
         "volumeMounts": mounts,
         "securityContext": container_security(),
@@ -362,6 +372,11 @@ def build_vllm_service(settings: ClusterSettings, run_name: str, owner: dict[str
 
 
 # ------------------------------------------------------------------------------------------------ rewards
+def reward_readiness_probe() -> dict[str, Any]:
+    """The reward container's readiness probe (/health every 5 s)."""
+    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
+
+
 def build_reward_deployment(
     config: GRPOConfig,
     settings: ClusterSettings,
@@ -408,7 +423,7 @@ def build_reward_deployment(
         ],
         "env": base_env() + token_env(secret or tokens_secret_name(run_name), (REWARD_TOKEN_ENV, REWARD_TOKEN_KEY)),
         "ports": [{"name": "http", "containerPort": settings.reward_port, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        "readinessProbe": reward_readiness_probe(),
         "resources": _resources(settings.reward_cpu, settings.reward_memory_gib, 0, settings),
         "volumeMounts": mounts,
         "securityContext": container_security(),
@@ -487,7 +502,8 @@ def build_run_objects(
     policy: PlatformPolicy | None = None,
 ) -> list[Manifest]:
     """Every object of one run, in creation order: ConfigMap, PyTorchJob, tokens Secret, NetworkPolicies,
-    reward Deployment + Service, vLLM Service + Deployment (policies exist before the pods they guard).
+    reward Deployment + Service, vLLM Service + Deployment (policies exist before the pods they guard); with
+    trainer_api trainjob, `k8s_trainjob.build_trainjob_run_objects` (ConfigMap, TrainJob, Secret, policies).
 
     The images are taken from `settings` as given: resolve them and check the run with
     `k8s_policy.prepare_run` first (the backend and `render` do).
@@ -506,6 +522,12 @@ def build_run_objects(
         raise ValueError(
             f"run name {run_name!r} is not a DNS-1123 label of at most 40 characters "
             "(lowercase letters, digits, '-', starting with a letter). Fix: rename it."
+        )
+    if settings.trainer_api == "trainjob":  # imported here: k8s_trainjob builds on this module
+        from async_grpo.launch.k8s_trainjob import build_trainjob_run_objects
+
+        return build_trainjob_run_objects(
+            config, settings, run_name, mlflow_run_id=mlflow_run_id, owner=owner, tokens=tokens, policy=policy
         )
     objs = [
         build_config_map(config, settings, run_name, owner),

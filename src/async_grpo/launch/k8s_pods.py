@@ -58,13 +58,28 @@ def selector(run_name: str, component: str) -> dict[str, str]:
     return {RUN_LABEL: run_name, COMPONENT_LABEL: component}
 
 
+def jobset_host(run_name: str, replicated_job: str, settings: ClusterSettings) -> str:
+    """The stable DNS name of the first pod of `replicated_job` in the run's JobSet (trainer_api trainjob).
+
+    JobSet names each pod `<jobset>-<replicatedJob>-<jobIndex>-<podIndex>` under the headless Service
+    `<subdomain>` (default: the JobSet's name, which Trainer v2 sets to the TrainJob's, i.e. the run's).
+    """
+    return f"{run_name}-{replicated_job}-0-0.{run_name}.{settings.namespace}.svc.cluster.local"
+
+
 def vllm_url(run_name: str, settings: ClusterSettings) -> str:
-    """Base URL of the run's vLLM server through its headless Service (resolves to the pod IP)."""
+    """Base URL of the run's vLLM server: its headless Service (resolves to the pod IP), or with trainer_api
+    trainjob the JobSet hostname of the `vllm` replicated job's pod."""
+    if settings.trainer_api == "trainjob":
+        return f"http://{jobset_host(run_name, 'vllm', settings)}:{settings.vllm_port}"
     return f"http://{run_name}-vllm.{settings.namespace}.svc.cluster.local:{settings.vllm_port}"
 
 
 def reward_url(run_name: str, settings: ClusterSettings, component: str = "reward") -> str:
-    """Base URL of the run's reward service (`component` "eval-reward": the evaluate step's own)."""
+    """Base URL of the run's reward service (`component` "eval-reward": the evaluate step's own, always a
+    Service); with trainer_api trainjob the run's own is the JobSet hostname of the `reward` replicated job."""
+    if settings.trainer_api == "trainjob" and component == "reward":
+        return f"http://{jobset_host(run_name, 'reward', settings)}:{settings.reward_port}"
     return f"http://{run_name}-{component}.{settings.namespace}.svc.cluster.local:{settings.reward_port}"
 
 
@@ -229,7 +244,8 @@ def pod_spec(
     restart_policy: str | None = None,
 ) -> dict[str, Any]:
     """A run pod's spec: the workload ServiceAccount with no token mounted, no service links, the pod
-    securityContext, and (for `compute` pods) the node selector and tolerations."""
+    securityContext, the settings' PriorityClass if any, and (for `compute` pods) the node selector and
+    tolerations."""
     spec: dict[str, Any] = {
         "serviceAccountName": settings.service_account,
         "automountServiceAccountToken": False,
@@ -242,6 +258,8 @@ def pod_spec(
         spec["initContainers"] = init_containers
     if restart_policy:
         spec["restartPolicy"] = restart_policy
+    if settings.priority_class_name:
+        spec["priorityClassName"] = settings.priority_class_name
     if compute and settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
     if compute and settings.tolerations:

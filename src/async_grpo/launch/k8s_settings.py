@@ -203,6 +203,31 @@ class ClusterSettings(BaseModel):
     )
     ttl_after_finished_s: int = Field(7 * 24 * 3600, ge=0, description="Finished PyTorchJob kept this long (s).")
     run_as_user: int = Field(1000, ge=1, description="UID (and GID, fsGroup) of every container; never root.")
+    trainer_api: Literal["pytorchjob", "trainjob"] = Field(
+        "pytorchjob",
+        description="How the trainer is launched: pytorchjob (Training Operator v1, vLLM and reward workers as "
+        "Deployments) or trainjob (Kubeflow Trainer v2.3: one TrainJob on the ClusterTrainingRuntime "
+        "`trainer_runtime`, every role a replicated job of its JobSet; see k8s_trainjob.py).",
+    )
+    trainer_runtime: str = Field(
+        "async-grpo",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="trainjob: name of the ClusterTrainingRuntime the TrainJob references "
+        "(manifests/components/trainer-v2 installs `async-grpo`).",
+    )
+    kueue_queue_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=63,
+        description="trainjob: Kueue LocalQueue of the run (label kueue.x-k8s.io/queue-name); None: not queued.",
+    )
+    priority_class_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=253,
+        description="PriorityClass of every run pod (trainjob: Kueue's kueue.x-k8s.io/priority-class label too).",
+    )
 
     @field_validator("nccl_env")
     @classmethod
@@ -235,6 +260,16 @@ class ClusterSettings(BaseModel):
             )
         if lo <= self.vllm_port <= hi or lo <= self.reward_port <= hi:
             raise ValueError("vllm_port/reward_port fall inside weight_transfer_ports. Fix: move one of them.")
+        return self
+
+    @model_validator(mode="after")
+    def _check_trainer_api(self) -> ClusterSettings:
+        """Kueue and Trainer v2 settings only mean something with trainer_api: trainjob."""
+        if self.trainer_api == "pytorchjob" and self.kueue_queue_name:
+            raise ValueError(
+                f"kueue_queue_name={self.kueue_queue_name!r} needs trainer_api: trainjob (the PyTorchJob path "
+                "is not queued). Fix: set trainer_api: trainjob, or drop kueue_queue_name."
+            )
         return self
 
     @classmethod
