@@ -15,7 +15,14 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_PATH = REPO.parent / "shared" / "schemas" / "kubeflow.org_pytorchjobs.v1.9.4.yaml"
+SCHEMAS = REPO.parent / "shared" / "schemas"
+CRD_PATH = SCHEMAS / "kubeflow.org_pytorchjobs.v1.9.4.yaml"
+# Kubeflow Trainer v2.3.0 CRDs (API v1alpha1), by kind
+TRAINER_CRDS = {
+    "TrainJob": SCHEMAS / "trainer.kubeflow.org_trainjobs.v2.3.0.yaml",
+    "ClusterTrainingRuntime": SCHEMAS / "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml",
+    "TrainingRuntime": SCHEMAS / "trainer.kubeflow.org_trainingruntimes.v2.3.0.yaml",
+}
 K8S_VERSION = "1.31.0"  # oldest Kubernetes minor we target; kubernetes-validate bundles its schemas
 
 
@@ -44,19 +51,43 @@ def _strict(schema: Any) -> Any:
 
 
 @functools.cache
-def _pytorchjob_validator():
+def crd_validator(path: Path, version_name: str):
+    """A strict Draft 7 validator of one version of the CRD at `path` (its openAPIV3Schema; CEL rules unchecked)."""
     import jsonschema
 
-    crd = yaml.safe_load(CRD_PATH.read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    crd = yaml.safe_load(path.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == version_name)
     schema = _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
     return jsonschema.Draft7Validator(schema)
 
 
-def require_crd() -> None:
+def _pytorchjob_validator():
+    return crd_validator(CRD_PATH, "v1")
+
+
+def require_crd(path: Path = CRD_PATH) -> None:
     """Skip the calling test when the CRD file is not beside the repo."""
-    if not CRD_PATH.is_file():
-        pytest.skip(f"PyTorchJob CRD not found at {CRD_PATH} (it lives in shared/schemas beside the repo)")
+    if not path.is_file():
+        pytest.skip(f"CRD not found at {path} (it lives in shared/schemas beside the repo)")
+
+
+def validate_trainer_object(obj: dict) -> None:
+    """Raise jsonschema.ValidationError unless `obj` (TrainJob, ClusterTrainingRuntime or TrainingRuntime) fits
+    its Trainer v2.3.0 CRD strictly; a runtime's JobSet pod templates must also validate as built-in PodTemplates."""
+    path = TRAINER_CRDS[obj["kind"]]
+    require_crd(path)
+    crd_validator(path, "v1alpha1").validate(obj)
+    if obj["kind"] == "TrainJob":
+        return
+    for job in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+        validate_builtin(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": f"{obj['metadata']['name']}-{job['name']}"},
+                "template": job["template"]["spec"]["template"],
+            }
+        )
 
 
 def validate_pytorchjob(obj: dict) -> None:
@@ -85,5 +116,7 @@ def validate_any(obj: dict) -> None:
     """Dispatch on kind."""
     if obj["kind"] == "PyTorchJob":
         validate_pytorchjob(obj)
+    elif obj["kind"] in TRAINER_CRDS:
+        validate_trainer_object(obj)
     else:
         validate_builtin(obj)
