@@ -81,11 +81,14 @@ class _Api:
         return call
 
 
+CUSTOM_PLURALS = {"pytorchjobs": "PyTorchJob", "trainjobs": "TrainJob"}  # the custom kinds the backend uses
+
+
 class FakeCluster:
     """The namespace's objects, keyed by (kind, name), and the calls that made them.
 
     Args:
-        job_statuses: the PyTorchJob `.status` returned by successive reads; the last one repeats.
+        job_statuses: the job's (PyTorchJob or TrainJob) `.status` returned by successive reads; the last one repeats.
         fail_on_create: kind whose creation raises ApiException(403).
         fail_on_delete: kind whose deletion raises ApiException(500).
         logs: pod name -> log text.
@@ -133,8 +136,8 @@ class FakeCluster:
 
     def handle(self, api: str, method: str, args: tuple, kwargs: dict) -> Any:
         verb, _, what = method.partition("_namespaced_")
-        if what == "custom_object":
-            kind, rest = "PyTorchJob", args[4:]
+        if what == "custom_object":  # args: group, version, namespace, plural, ...
+            kind, rest = CUSTOM_PLURALS[args[3]], args[4:]
         elif what in ("pod", "pod_log"):
             return self._pods(verb, args, kwargs)
         else:

@@ -19,6 +19,7 @@ from async_grpo.launch.k8s_trainjob import (
     REWARD_ARGV_KEY,
     VLLM_ARGV_KEY,
     build_cluster_training_runtime,
+    build_objects_for_api,
     build_trainjob,
 )
 
@@ -36,7 +37,7 @@ def _jobs(runtime: dict) -> dict[str, dict]:
 
 
 def test_gpu_example_renders_schema_valid_trainjob_runtime_and_the_same_policies(gpu_config, gpu_settings, tj_settings):
-    objs = build_run_objects(gpu_config, tj_settings, RUN, mlflow_run_id="0123abcd")
+    objs = build_objects_for_api(gpu_config, tj_settings, RUN, mlflow_run_id="0123abcd")
     assert [o["kind"] for o in objs] == ["ConfigMap", "TrainJob", "Secret"] + ["NetworkPolicy"] * 3
     for obj in objs:
         validate_any(obj)
@@ -125,7 +126,7 @@ def test_runtime_plus_patches_give_todays_pods(gpu_config, gpu_settings, tj_sett
 def test_config_map_holds_todays_server_commands(gpu_config, tj_settings):
     import json
 
-    cm = build_run_objects(gpu_config, tj_settings, RUN)[0]
+    cm = build_objects_for_api(gpu_config, tj_settings, RUN)[0]
     vllm = json.loads(cm["data"][VLLM_ARGV_KEY])
     assert vllm[0] == "python3" and "--middleware" in vllm and "0.85" in vllm
     assert json.loads(cm["data"][REWARD_ARGV_KEY])[:3] == ["python", "-m", "async_grpo.rewards.server"]

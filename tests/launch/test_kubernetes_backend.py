@@ -429,3 +429,54 @@ def test_the_evaluate_steps_reward_service_lives_only_inside_the_block(gpu_confi
             if key[0] != "Deployment":
                 assert obj["metadata"]["ownerReferences"][0]["uid"] == dep_uid, key
     assert cluster.objects == {}
+
+
+# ------------------------------------------------------------------------------------------------ Trainer v2
+def test_trainjob_path_creates_waits_and_keeps_the_job_after_success(gpu_config, gpu_settings, caplog):
+    settings = gpu_settings.model_copy(update={"trainer_api": "trainjob"})
+    cluster = FakeCluster([{}, status(condition("Created")), status(condition("Created"), condition("Complete"))])
+    backend, clock, tracking = make_backend(cluster, settings)
+    with caplog.at_level(logging.INFO, logger="async_grpo.launch.kubernetes"):
+        result = backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert result.mlflow_run_id == "mlflow-run-1" and tracking.ended == []
+    creates = [c for c in cluster.calls if c.method.startswith("create_")]
+    assert [c.args[-1]["kind"] for c in creates] == ["TrainJob", "ConfigMap", "Secret"] + ["NetworkPolicy"] * 3
+    assert creates[0].args[:4] == ("trainer.kubeflow.org", "v1alpha1", "team-a", "trainjobs")
+    job = cluster.objects[("TrainJob", RUN)]
+    assert job["spec"]["runtimeRef"]["name"] == "async-grpo"
+    assert {"name": "MLFLOW_RUN_ID", "value": "mlflow-run-1"} in job["spec"]["trainer"]["env"]
+    for obj in (c.args[-1] for c in creates[1:]):
+        assert obj["metadata"]["ownerReferences"][0] == {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "name": RUN,
+            "uid": job["metadata"]["uid"],
+        }
+    assert not [c for c in cluster.calls if c.method.startswith("delete_")]  # kept after success, like PyTorchJob
+    assert kinds_left(cluster) == {"TrainJob", "ConfigMap", "Secret", "NetworkPolicy"}
+    assert "TrainJob agrpo-test-abc123: Complete" in caplog.text
+    assert ("trainer.kubeflow.org", "trainjobs", "get") in cluster.rbac_used()
+
+
+def test_trainjob_failure_deletes_it_and_its_objects_and_reports_the_trainer_logs(gpu_config, gpu_settings):
+    settings = gpu_settings.model_copy(update={"trainer_api": "trainjob"})
+    cluster = FakeCluster(
+        [{}, status(condition("Failed", "JobSetFailed", "node exited 1"))], logs={"node-0": "Traceback: boom"}
+    )
+    backend, _, tracking = make_backend(cluster, settings)
+    cluster.add_pod("node-0", {"jobset.sigs.k8s.io/jobset-name": RUN, "jobset.sigs.k8s.io/replicatedjob-name": "node"})
+    with pytest.raises(RuntimeError, match="TrainJob agrpo-test-abc123 failed: JobSetFailed") as info:
+        backend.launch(gpu_config, timeout_s=TIMEOUT_S)
+    assert "Traceback: boom" in str(info.value)
+    deletes = [(c.method, c.args[3], c.args[4]) for c in cluster.calls if c.method.startswith("delete_")]
+    assert deletes == [("delete_namespaced_custom_object", "trainjobs", RUN)]
+    assert cluster.objects == {} and tracking.ended == [("mlflow-run-1", "FAILED")]
+
+
+def test_trainjob_timeout_deletes_it(gpu_config, gpu_settings):
+    settings = gpu_settings.model_copy(update={"trainer_api": "trainjob"})
+    cluster = FakeCluster([status(condition("Created"))])
+    backend, _, _ = make_backend(cluster, settings)
+    with pytest.raises(TimeoutError, match="describe trainjob"):
+        backend.launch(gpu_config, timeout_s=3 * POLL_S)
+    assert cluster.objects == {}

@@ -8,7 +8,7 @@ from typing import Any
 
 from async_grpo.launch.k8s_pods import PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL
 
-TERMINAL_CONDITIONS = ("Succeeded", "Failed")
+TERMINAL_CONDITIONS = ("Succeeded", "Complete", "Failed")  # PyTorchJob; TrainJob (Trainer v2) says Complete
 
 # What the backend calls, as RBAC rules (apiGroup, resource) -> verbs. manifests/base/rbac.yaml grants
 # exactly this; tests check both that the Role matches and that the calls the backend makes match.

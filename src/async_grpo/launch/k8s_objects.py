@@ -502,8 +502,8 @@ def build_run_objects(
     policy: PlatformPolicy | None = None,
 ) -> list[Manifest]:
     """Every object of one run, in creation order: ConfigMap, PyTorchJob, tokens Secret, NetworkPolicies,
-    reward Deployment + Service, vLLM Service + Deployment (policies exist before the pods they guard); with
-    trainer_api trainjob, `k8s_trainjob.build_trainjob_run_objects` (ConfigMap, TrainJob, Secret, policies).
+    reward Deployment + Service, vLLM Service + Deployment (policies exist before the pods they guard). The
+    PyTorchJob path; `k8s_trainjob.build_objects_for_api` picks by `settings.trainer_api`.
 
     The images are taken from `settings` as given: resolve them and check the run with
     `k8s_policy.prepare_run` first (the backend and `render` do).
@@ -522,12 +522,6 @@ def build_run_objects(
         raise ValueError(
             f"run name {run_name!r} is not a DNS-1123 label of at most 40 characters "
             "(lowercase letters, digits, '-', starting with a letter). Fix: rename it."
-        )
-    if settings.trainer_api == "trainjob":  # imported here: k8s_trainjob builds on this module
-        from async_grpo.launch.k8s_trainjob import build_trainjob_run_objects
-
-        return build_trainjob_run_objects(
-            config, settings, run_name, mlflow_run_id=mlflow_run_id, owner=owner, tokens=tokens, policy=policy
         )
     objs = [
         build_config_map(config, settings, run_name, owner),

@@ -36,6 +36,7 @@ from async_grpo.launch.k8s_objects import (
     build_config_map,
     build_network_policies,
     build_reward_deployment,
+    build_run_objects,
     build_tokens_secret,
     build_vllm_deployment,
     container_security,
@@ -380,3 +381,13 @@ def build_trainjob_run_objects(
         build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner),
         *build_network_policies(settings, run_name, policy, owner),
     ]
+
+
+def build_objects_for_api(
+    config: GRPOConfig, settings: ClusterSettings, run_name: str, **kwargs: Any
+) -> list[Manifest]:
+    """A run's objects for `settings.trainer_api`: `build_trainjob_run_objects` for trainjob, else
+    `k8s_objects.build_run_objects` (keyword arguments as theirs)."""
+    if settings.trainer_api == "trainjob":
+        return build_trainjob_run_objects(config, settings, run_name, **kwargs)
+    return build_run_objects(config, settings, run_name, **kwargs)

@@ -35,7 +35,7 @@ from async_grpo.launch.k8s_objects import (
     Manifest,
     RunTokens,
     build_eval_reward_objects,
-    build_run_objects,
+    build_run_objects,  # noqa: F401 - re-exported
     owner_reference,
     reward_url,
     run_selector,
@@ -44,6 +44,15 @@ from async_grpo.launch.k8s_objects import (
 )
 from async_grpo.launch.k8s_policy import PlatformPolicy, check_namespace, load_policy, prepare_run
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.k8s_trainjob import (
+    JOBSET_NAME_LABEL,
+    NODE,
+    REPLICATED_JOB_LABEL,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    TRAINJOB_PLURAL,
+    build_objects_for_api,
+)
 from async_grpo.launch.naming import k8s_run_name, make_run_name, resolve_run_name  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
@@ -56,7 +65,14 @@ REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 
 # What `cleanup` deletes, in this order (vLLM's dev-mode endpoints first). Every other object of a run is owned by
 # one of these and goes with it (the launcher's Role cannot delete ConfigMaps, Secrets, Services or NetworkPolicies).
-_CLEANUP_KINDS = ("Deployment", "PyTorchJob")
+_CLEANUP_KINDS = ("Deployment", "PyTorchJob", "TrainJob")
+# The custom kinds the backend creates: kind -> (group, version, plural).
+CUSTOM_KINDS = {
+    "PyTorchJob": (PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL),
+    "TrainJob": (TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL),
+}
+JOB_KINDS = frozenset(CUSTOM_KINDS)
+SUCCEEDED_CONDITIONS = ("Succeeded", "Complete")  # PyTorchJob's, TrainJob's
 _DELETED_KINDS = frozenset(_CLEANUP_KINDS)
 EVAL_SERVICE_TIMEOUT_S = 600.0  # the evaluate step's reward service must be ready within this
 
@@ -195,12 +211,12 @@ class KubernetesBackend:
         s = self.check(config)  # refuses before anything exists
         run_name = self.run_name or resolve_run_name(config.tracking)
         trainer_cfg = trainer_config(config, s, run_name)
-        build_run_objects(config, s, run_name, policy=self.policy)
+        build_objects_for_api(config, s, run_name, policy=self.policy)
         uri = trainer_cfg.tracking.mlflow_tracking_uri
         mlflow_run_id = self.tracking.create_run(
             uri, config.tracking.mlflow_experiment_name, trainer_cfg.tracking.run_name
         )
-        objects = build_run_objects(
+        objects = build_objects_for_api(
             config, s, run_name, mlflow_run_id=mlflow_run_id, policy=self.policy, tokens=RunTokens.generate()
         )
         created: list[Manifest] = []
@@ -209,7 +225,7 @@ class KubernetesBackend:
         deadline = self.clock() + timeout_s
         logger.info("launching run %s in namespace %s (MLflow run %s)", run_name, s.namespace, mlflow_run_id)
         try:
-            job = next(o for o in objects if o["kind"] == "PyTorchJob")
+            job = next(o for o in objects if o["kind"] in JOB_KINDS)
             rest = [o for o in objects if o is not job]
             job_live = self._create(job)
             created.append(job)
@@ -218,7 +234,7 @@ class KubernetesBackend:
                 obj["metadata"]["ownerReferences"] = [owner]
                 self._create(obj)
                 created.append(obj)
-            self._wait(run_name, deadline, timeout_s)
+            self._wait(run_name, deadline, timeout_s, job["kind"])
             succeeded = True
             status = "FINISHED"
         except KeyboardInterrupt:
@@ -280,7 +296,8 @@ class KubernetesBackend:
         """
         name = self.run_name or k8s_run_name(run_name)
         removed = []
-        for kind in _CLEANUP_KINDS:
+        job_kind = "TrainJob" if self.settings.trainer_api == "trainjob" else "PyTorchJob"
+        for kind in [k for k in _CLEANUP_KINDS if k not in JOB_KINDS or k == job_kind]:
             for obj in self._list(kind, run_selector(name)):
                 meta = obj["metadata"]
                 if (meta.get("labels") or {}).get(RUN_LABEL) != name:
@@ -304,16 +321,9 @@ class KubernetesBackend:
     def _create_raw(self, obj: Manifest) -> Manifest:
         kind, ns = obj["kind"], self.settings.namespace
         logger.info("creating %s %s", kind, obj["metadata"]["name"])
-        if kind == "PyTorchJob":
-            return self._call(
-                "custom",
-                "create_namespaced_custom_object",
-                PYTORCHJOB_GROUP,
-                PYTORCHJOB_VERSION,
-                ns,
-                PYTORCHJOB_PLURAL,
-                obj,
-            )
+        if kind in CUSTOM_KINDS:
+            group, version, plural = CUSTOM_KINDS[kind]
+            return self._call("custom", "create_namespaced_custom_object", group, version, ns, plural, obj)
         api, suffix = KIND_API[kind]
         return self._call(api, f"create_namespaced_{suffix}", ns, obj)
 
@@ -335,17 +345,9 @@ class KubernetesBackend:
         kwargs: dict[str, Any] = {"propagation_policy": "Background"}
         if uid:  # delete exactly the object that was listed, not a namesake created since
             kwargs["body"] = {"preconditions": {"uid": uid}}
-        if kind == "PyTorchJob":
-            self._call(
-                "custom",
-                "delete_namespaced_custom_object",
-                PYTORCHJOB_GROUP,
-                PYTORCHJOB_VERSION,
-                ns,
-                PYTORCHJOB_PLURAL,
-                name,
-                **kwargs,
-            )
+        if kind in CUSTOM_KINDS:
+            group, version, plural = CUSTOM_KINDS[kind]
+            self._call("custom", "delete_namespaced_custom_object", group, version, ns, plural, name, **kwargs)
             return
         api, suffix = KIND_API[kind]
         self._call(api, f"delete_namespaced_{suffix}", name, ns, **kwargs)
@@ -353,15 +355,10 @@ class KubernetesBackend:
     def _list(self, kind: str, label_selector: str) -> list[dict[str, Any]]:
         """Objects of `kind` matching `label_selector`, as dicts with `metadata` (name, uid, labels)."""
         ns = self.settings.namespace
-        if kind == "PyTorchJob":
+        if kind in CUSTOM_KINDS:
+            group, version, plural = CUSTOM_KINDS[kind]
             out = self._call(
-                "custom",
-                "list_namespaced_custom_object",
-                PYTORCHJOB_GROUP,
-                PYTORCHJOB_VERSION,
-                ns,
-                PYTORCHJOB_PLURAL,
-                label_selector=label_selector,
+                "custom", "list_namespaced_custom_object", group, version, ns, plural, label_selector=label_selector
             )
         else:
             api, suffix = KIND_API[kind]
@@ -373,7 +370,7 @@ class KubernetesBackend:
         `keep_job`. Errors are logged, never raised, so they cannot hide the run's own error; an object already
         gone (404) is fine. Everything else is owned by one of these and left to the garbage collector."""
         for obj in reversed(created):
-            if obj["kind"] not in _DELETED_KINDS or (keep_job and obj["kind"] == "PyTorchJob"):
+            if obj["kind"] not in _DELETED_KINDS or (keep_job and obj["kind"] in JOB_KINDS):
                 continue
             try:
                 self._delete(obj)
@@ -390,24 +387,17 @@ class KubernetesBackend:
                     )
 
     # ------------------------------------------------------------------------------------------ waiting
-    def _wait(self, run_name: str, deadline: float, timeout_s: float) -> None:
-        """Poll the PyTorchJob until Succeeded (return), Failed (RuntimeError) or the deadline (TimeoutError),
-        logging each condition and replica-count change."""
+    def _wait(self, run_name: str, deadline: float, timeout_s: float, kind: str = "PyTorchJob") -> None:
+        """Poll the job (PyTorchJob or TrainJob) until Succeeded/Complete (return), Failed (RuntimeError) or the
+        deadline (TimeoutError), logging each condition and replica-count change."""
         ns, last_seen = self.settings.namespace, None
+        group, version, plural = CUSTOM_KINDS[kind]
         while True:
             try:
-                job = self._call(
-                    "custom",
-                    "get_namespaced_custom_object",
-                    PYTORCHJOB_GROUP,
-                    PYTORCHJOB_VERSION,
-                    ns,
-                    PYTORCHJOB_PLURAL,
-                    run_name,
-                )
+                job = self._call("custom", "get_namespaced_custom_object", group, version, ns, plural, run_name)
             except Exception as err:
                 if api_error_status(err) == 404:
-                    raise RuntimeError(f"PyTorchJob {run_name} was deleted while the run was in progress") from err
+                    raise RuntimeError(f"{kind} {run_name} was deleted while the run was in progress") from err
                 raise
             status = job.get("status") or {}
             current = latest_condition(status)
@@ -418,7 +408,8 @@ class KubernetesBackend:
             seen = (current.get("type"), current.get("reason"), repr(replicas))
             if seen != last_seen:
                 logger.info(
-                    "PyTorchJob %s: %s (%s) %s replicas=%s",
+                    "%s %s: %s (%s) %s replicas=%s",
+                    kind,
                     run_name,
                     current.get("type", "Pending"),
                     current.get("reason", "-"),
@@ -426,26 +417,31 @@ class KubernetesBackend:
                     replicas,
                 )
                 last_seen = seen
-            if current.get("type") == "Succeeded":
+            if current.get("type") in SUCCEEDED_CONDITIONS:
                 return
             if current.get("type") == "Failed":
                 raise RuntimeError(
-                    f"PyTorchJob {run_name} failed: {current.get('reason', 'unknown reason')}: "
-                    f"{current.get('message', '')}\n{self._log_tails(run_name)}"
+                    f"{kind} {run_name} failed: {current.get('reason', 'unknown reason')}: "
+                    f"{current.get('message', '')}\n{self._log_tails(run_name, kind)}"
                 )
             if self.clock() >= deadline:
                 raise TimeoutError(
-                    f"PyTorchJob {run_name} did not finish within {timeout_s:.0f} s (last "
+                    f"{kind} {run_name} did not finish within {timeout_s:.0f} s (last "
                     f"condition: {current.get('type', 'none')}). Raise the timeout, or look at "
-                    f"`kubectl -n {ns} describe pytorchjob {run_name}`.\n{self._log_tails(run_name)}"
+                    f"`kubectl -n {ns} describe {kind.lower()} {run_name}`.\n{self._log_tails(run_name, kind)}"
                 )
             self.sleep(min(self.poll_interval_s, max(deadline - self.clock(), 0.0)))
 
-    def _log_tails(self, run_name: str) -> str:
-        """The last LOG_TAIL_LINES lines of the trainer master pod and of the vLLM pod (best effort)."""
+    def _log_tails(self, run_name: str, kind: str = "PyTorchJob") -> str:
+        """The last LOG_TAIL_LINES lines of the trainer master pod (TrainJob: the first `node` pod) and of the
+        vLLM pod (best effort)."""
         parts = []
+        if kind == "TrainJob":
+            trainer = (f"{JOBSET_NAME_LABEL}={run_name},{REPLICATED_JOB_LABEL}={NODE}", NODE)
+        else:
+            trainer = (f"{JOB_NAME_LABEL}={run_name},{REPLICA_TYPE_LABEL}=master", PYTORCH_CONTAINER)
         for what, sel, container in (
-            ("trainer master", f"{JOB_NAME_LABEL}={run_name},{REPLICA_TYPE_LABEL}=master", PYTORCH_CONTAINER),
+            ("trainer master", *trainer),
             ("vLLM", ",".join(f"{k}={v}" for k, v in selector(run_name, "vllm").items()), "vllm"),
         ):
             try:
