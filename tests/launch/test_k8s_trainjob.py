@@ -93,7 +93,9 @@ def _merge(runtime_pod: dict, patch: dict, trainer: dict | None) -> dict:
 def test_runtime_plus_patches_give_todays_pods(gpu_config, gpu_settings, tj_settings):
     """Env, volumes, mounts, security, resources and labels of every pod equal the PyTorchJob path's."""
     job = build_trainjob(gpu_config, tj_settings, RUN, mlflow_run_id="0123abcd")
-    runtime = _jobs(build_cluster_training_runtime(tj_settings))
+    runtime = _jobs(
+        build_cluster_training_runtime(tj_settings, vllm_startup_timeout_s=gpu_config.inference.vllm_startup_timeout_s)
+    )
     patches = {
         p["name"]: p
         for p in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]

@@ -28,6 +28,13 @@ LAUNCHER_RBAC_RULES: dict[tuple[str, str], frozenset[str]] = {
     ("", "pods/log"): frozenset({"get"}),
 }
 
+# What the backend calls in addition with trainer_api trainjob (Kubeflow Trainer v2): granted by the kustomize
+# component manifests/components/trainer-v2 only, so namespaces without Trainer v2 do not grant it. No watch: the
+# backend polls with get, as for PyTorchJobs.
+TRAINJOB_RBAC_RULES: dict[tuple[str, str], frozenset[str]] = {
+    ("trainer.kubeflow.org", "trainjobs"): frozenset({"create", "get", "list", "delete"}),
+}
+
 # kind -> (API attribute of the backend, method suffix) for the built-in kinds.
 KIND_API = {
     "ConfigMap": ("core", "config_map"),

@@ -21,7 +21,6 @@ import json
 from typing import Any
 
 from async_grpo.config import GRPOConfig
-from async_grpo.config.sections.inference import InferenceConfig
 from async_grpo.launch.k8s_objects import (
     CACHE_DIR,
     CONFIG_DIR,
@@ -67,6 +66,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 PATCH_MANAGER = "async-grpo"  # runtimePatches[].manager of the launcher's patch
 VLLM_ARGV_KEY, REWARD_ARGV_KEY = "vllm-argv.json", "reward-argv.json"  # keys of the run's ConfigMap
+# The runtime's vLLM startup probe allows this long (s) to load a model; each run's own vllm_startup_timeout_s is
+# enforced by its trainer's wait-for-vllm container (v2.3.0 cannot patch probes), so this is only a ceiling.
+RUNTIME_VLLM_STARTUP_TIMEOUT_S = 3600.0
 VLLM_URL_ENV, VLLM_STARTUP_ENV = "ASYNC_GRPO_VLLM_URL", "ASYNC_GRPO_VLLM_STARTUP_TIMEOUT_S"  # wait-for-vllm's input
 
 # Replaces itself by the argv stored in a JSON file (argv: the file): the runtime's vLLM and reward containers run
@@ -174,7 +176,7 @@ def build_cluster_training_runtime(
     settings: ClusterSettings,
     *,
     name: str | None = None,
-    vllm_startup_timeout_s: float = InferenceConfig.model_fields["vllm_startup_timeout_s"].default,
+    vllm_startup_timeout_s: float = RUNTIME_VLLM_STARTUP_TIMEOUT_S,
 ) -> Manifest:
     """The cluster-scoped ClusterTrainingRuntime `settings.trainer_runtime` (default `async-grpo`).
 
@@ -190,8 +192,8 @@ def build_cluster_training_runtime(
     Args:
         settings: resolved by `k8s_policy.prepare_run` (its images are the runtime's images).
         name: the runtime's name; None: `settings.trainer_runtime`.
-        vllm_startup_timeout_s: what the vLLM startup probe allows (s); a run's own timeout only governs its
-            wait-for-vllm container, since v2.3.0 cannot patch probes.
+        vllm_startup_timeout_s: what the vLLM startup probe allows (s); a run's own timeout governs its
+            wait-for-vllm container (v2.3.0 cannot patch probes), so keep this at least the longest run's.
     """
     jobs = [
         _replicated_job(NODE, _node_pod(settings), 0, {ANCESTOR_LABEL: "trainer"}),
