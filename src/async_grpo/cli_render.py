@@ -256,7 +256,8 @@ def render(
     tokens: RunTokens | None = None,
 ) -> list[Path]:
     """Write the run's objects (as the backend would create them, minus ownerReferences and the MLflow run
-    id, which exist only at launch) into `out_dir`. Returns the written paths.
+    id, which exist only at launch) into `out_dir`; with trainer_api trainjob also the ClusterTrainingRuntime, in
+    `out_dir/cluster/` (cluster-scoped, outside the kustomization). Returns the written paths.
 
     Args:
         policy: the platform policy (None: the built-in defaults); images still carrying the placeholder
@@ -274,11 +275,13 @@ def render(
     objects = build_objects_for_api(
         config, settings, run_name or resolve_run_name(config.tracking, unique=False), policy=policy, tokens=tokens
     )
-    if settings.trainer_api == "trainjob":  # the cluster's runtime, for review (a cluster admin applies it once)
-        objects.append(
-            build_cluster_training_runtime(settings, vllm_startup_timeout_s=config.inference.vllm_startup_timeout_s)
-        )
-    return write_objects(objects, out_dir)
+    paths = write_objects(objects, out_dir)
+    if settings.trainer_api == "trainjob":  # cluster-scoped: kept out of the kustomization, a cluster admin applies it
+        runtime = build_cluster_training_runtime(settings)
+        paths.append(Path(out_dir) / "cluster" / f"clustertrainingruntime-{runtime['metadata']['name']}.yaml")
+        paths[-1].parent.mkdir(exist_ok=True)
+        paths[-1].write_text(GENERATED_HEADER + dump_yaml(runtime))
+    return paths
 
 
 def write_example_manifests(out_dir: str | Path) -> list[Path]:

@@ -137,3 +137,25 @@ def test_default_names_are_the_ones_a_launch_uses(tmp_path):
         out = tmp_path / expected
         assert run_cli(["render", str(REPO / "examples/tiny_cpu.yaml"), *overrides, "-o", str(out)]) == 0
         assert (out / f"01-pytorchjob-{expected}.yaml").is_file()
+
+
+def test_render_with_trainjob_writes_the_trainjob_and_the_runtime(tmp_path):
+    from async_grpo.cli_render import EXAMPLES
+
+    example = EXAMPLES["gpu-2x8"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(example["config"]))
+    sets = [a for k, v in example["settings"].items() if not isinstance(v, dict | list) for a in ("--set", f"{k}={v}")]
+    rc = run_cli(
+        ["render", str(tmp_path / "config.yaml"), "-o", str(tmp_path / "o"), *sets, "--set", "trainer_api=trainjob"]
+    )
+    assert rc == 0
+    objs = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "o").glob("[0-9][0-9]-*.yaml"))]
+    assert [o["kind"] for o in objs] == ["ConfigMap", "TrainJob", "Secret"] + ["NetworkPolicy"] * 3
+    (runtime,) = (tmp_path / "o" / "cluster").glob("*.yaml")  # cluster-scoped: not in the kustomization
+    objs.append(yaml.safe_load(runtime.read_text()))
+    assert (
+        objs[-1]["kind"] == "ClusterTrainingRuntime"
+        and runtime.name not in (tmp_path / "o/kustomization.yaml").read_text()
+    )
+    for obj in objs:
+        validate_any(obj)
