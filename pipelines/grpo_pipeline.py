@@ -259,7 +259,7 @@ def build_pipeline(
             extra_overrides: key=value overrides of any GRPOConfig field, applied last (values parsed as YAML).
             launch_backend: kubernetes (PyTorchJob trainer, vLLM and reward Deployments) on a cluster; local under kfp.local.
             launch_timeout_s: Seconds the training step may run before it gives up and cleans up.
-            kubernetes_options: ClusterSettings for the kubernetes backend (GPUs, nodes, images, resources); the platform policy bounds them.
+            kubernetes_options: ClusterSettings for the kubernetes backend (GPUs, nodes, images, resources); the platform policy bounds them. {"trainer_api": "trainjob"} launches a Kubeflow Trainer v2 TrainJob on the async-grpo ClusterTrainingRuntime instead of a PyTorchJob.
             run_name: Name of the run (MLflow run, folders, cluster objects); empty: the KFP run's name. A suffix of the KFP run id keeps names unique.
             work_dir: Shared folder for run outputs and staged data: the workspace volume's mount path or a folder under it (in a cluster pod the steps refuse any other).
             mlflow_tracking_uri: MLflow tracking URI; empty: the MLflow secret's MLFLOW_TRACKING_URI.
