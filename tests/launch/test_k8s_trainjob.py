@@ -177,3 +177,26 @@ def test_settings_validation_names_the_field_and_the_fix():
         ClusterSettings.from_mapping({"trainer_api": "trainjob", "kueue_queue_name": "team-a"}).trainer_api
         == "trainjob"
     )
+
+
+def test_wait_for_vllm_gets_todays_arguments_through_env(gpu_config, tj_settings):
+    job = build_trainjob(gpu_config, tj_settings, RUN)
+    (node,) = [
+        p
+        for p in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        if p["name"] == NODE
+    ]
+    env = {e["name"]: e["value"] for e in node["template"]["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+    runtime_wait = _jobs(build_cluster_training_runtime(tj_settings))[NODE]["template"]["spec"]["template"]["spec"]
+    cmd = runtime_wait["initContainers"][0]["command"]
+    expanded = [env.get(a[2:-1], a) if a.startswith("$(") else a for a in cmd]  # Kubernetes' $(VAR) expansion
+    today = trainer_pod(gpu_config, tj_settings, RUN, None)["spec"]["initContainers"][0]["command"]
+    assert expanded == today
+
+
+def test_priority_class_reaches_pytorchjob_pods_too(gpu_config, gpu_settings):
+    settings = gpu_settings.model_copy(update={"priority_class_name": "high"})
+    objs = build_run_objects(gpu_config, settings, RUN)
+    job = next(o for o in objs if o["kind"] == "PyTorchJob")
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["priorityClassName"] == "high"
+    validate_any(job)

@@ -49,6 +49,7 @@ from async_grpo.launch.k8s_objects import (
     scratch_volumes,
     trainer_pod,
     vllm_probes,
+    vllm_url,
 )
 from async_grpo.launch.k8s_pods import resources
 from async_grpo.launch.k8s_policy import PlatformPolicy
@@ -252,9 +253,23 @@ def _extra(full: list[dict], base: list[dict]) -> list[dict]:
     return [copy.deepcopy(e) for e in full if e not in base]
 
 
-def _patch(job: str, run_name: str, run_pod: dict, runtime_pod: dict, extra_env: dict[str, list] | None = None):
+def _patch(
+    job: str,
+    run_name: str,
+    run_pod: dict[str, Any],
+    runtime_pod: dict[str, Any],
+    *,
+    init_env: dict[str, list[dict[str, Any]]] | None = None,
+    mount_config: bool = False,
+) -> dict[str, Any]:
     """A replicatedJobs patch: the run label, and each container's env and mounts (and the pod's volumes)
-    that today's pod `run_pod` holds and the runtime's `runtime_pod` does not."""
+    that today's pod `run_pod` holds and the runtime's `runtime_pod` does not.
+
+    Args:
+        init_env: init container name -> env entries to add to it.
+        mount_config: also mount the run's ConfigMap at CONFIG_DIR (vLLM reads its command there; today's vLLM
+            pod has no ConfigMap).
+    """
     run_spec, rt_spec = run_pod["spec"], runtime_pod["spec"]
     rt_containers = {c["name"]: c for c in rt_spec["containers"]}
     containers = []
@@ -267,19 +282,19 @@ def _patch(job: str, run_name: str, run_pod: dict, runtime_pod: dict, extra_env:
             if env:
                 entry["env"] = env
         mounts = _extra(c.get("volumeMounts", []), rt.get("volumeMounts", []))
-        if c["name"] in ("vllm",):  # vLLM reads its command from the ConfigMap
+        if mount_config:
             mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
         if mounts:
             entry["volumeMounts"] = mounts
         containers.append(entry)
     spec: dict[str, Any] = {"containers": containers}
     volumes = _extra(run_spec.get("volumes", []), rt_spec.get("volumes", []))
-    if job == VLLM_JOB:
+    if mount_config:
         volumes.append({"name": "config", "configMap": {"name": f"{run_name}-config"}})
     if volumes:
         spec["volumes"] = volumes
-    if extra_env:
-        spec["initContainers"] = [{"name": n, "env": env} for n, env in extra_env.items()]
+    if init_env:
+        spec["initContainers"] = [{"name": n, "env": env} for n, env in init_env.items()]
     if "terminationGracePeriodSeconds" in run_spec:
         spec["terminationGracePeriodSeconds"] = run_spec["terminationGracePeriodSeconds"]
     return {
@@ -305,17 +320,19 @@ def build_trainjob(
         ValueError: what `check_trainjob_run` or `k8s_objects.trainer_config` refuse.
     """
     check_trainjob_run(config, settings)
-    runtime = build_cluster_training_runtime(settings, vllm_startup_timeout_s=config.inference.vllm_startup_timeout_s)
+    runtime = build_cluster_training_runtime(settings)  # what the patches complete (probes are not compared)
     rt_pods = {
         j["name"]: j["template"]["spec"]["template"] for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
     }
     trainer = trainer_pod(config, settings, run_name, mlflow_run_id)
     node = trainer["spec"]["containers"][0]
-    wait = trainer["spec"]["initContainers"][0]["command"]
-    wait_env = [{"name": VLLM_URL_ENV, "value": wait[3]}, {"name": VLLM_STARTUP_ENV, "value": wait[4]}]
-    patches = [_patch(NODE, run_name, trainer, rt_pods[NODE], {"wait-for-vllm": wait_env})]
+    wait_env = [  # the arguments today's wait-for-vllm container gets on its command line
+        {"name": VLLM_URL_ENV, "value": vllm_url(run_name, settings)},
+        {"name": VLLM_STARTUP_ENV, "value": f"{config.inference.vllm_startup_timeout_s:g}"},
+    ]
+    patches = [_patch(NODE, run_name, trainer, rt_pods[NODE], init_env={"wait-for-vllm": wait_env})]
     vllm = build_vllm_deployment(config, settings, run_name)["spec"]["template"]
-    patches.append(_patch(VLLM_JOB, run_name, vllm, rt_pods[VLLM_JOB]))
+    patches.append(_patch(VLLM_JOB, run_name, vllm, rt_pods[VLLM_JOB], mount_config=True))
     if settings.reward_replicas:
         reward = build_reward_deployment(config, settings, run_name)["spec"]["template"]
         patches.append(_patch(REWARD_JOB, run_name, reward, rt_pods[REWARD_JOB]))

@@ -193,6 +193,9 @@ class KubernetesBackend:
     def launch(self, config: GRPOConfig, *, timeout_s: float) -> LaunchResult:
         """Check the run against the platform policy, create its objects, wait for the PyTorchJob, clean up.
 
+        With `trainer_api: trainjob` the job is a TrainJob (`k8s_trainjob`; no Deployments, so nothing but the job
+        is ever deleted), waited on until Complete or Failed, kept and deleted exactly as the PyTorchJob.
+
         The PyTorchJob is created first; every other object is created with an ownerReference to it (its pods wait
         for their ConfigMap and Secret, and the base default-deny isolates them until their NetworkPolicies exist).
         The vLLM and reward Deployments are deleted in every case; the PyTorchJob is kept after success (for its
@@ -281,7 +284,8 @@ class KubernetesBackend:
             self._cleanup(created, keep_job=False)
 
     def cleanup(self, run_name: str) -> list[str]:
-        """Delete every object a launch of `run_name` left, selected by the run's label (`async-grpo/run`),
+        """Delete every object a launch of `run_name` left (Deployments and the PyTorchJob, or with trainer_api
+        trainjob the TrainJob), selected by the run's label (`async-grpo/run`),
         each by its uid, so nothing of another run is touched (the pipeline's exit handler calls this when
         the launching pod was killed before its own cleanup ran). Objects already gone are skipped.
 
