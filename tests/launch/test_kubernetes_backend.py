@@ -375,9 +375,10 @@ def test_mlflow_run_tracking_creates_the_run_the_trainer_resumes(tmp_path):
         ({"pvc_name": "mlflow-data"}, "pvc_name='mlflow-data' is not an allowed workspace volume"),
     ],
 )
-def test_the_policy_refuses_before_any_api_call(gpu_config, gpu_settings, option, message):
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_the_policy_refuses_before_any_api_call(gpu_config, gpu_settings, option, message, api):
     cluster = FakeCluster()
-    backend, _, tracking = make_backend(cluster, gpu_settings.model_copy(update=option))
+    backend, _, tracking = make_backend(cluster, gpu_settings.model_copy(update={**option, "trainer_api": api}))
     with pytest.raises(PolicyViolation, match=re.escape(message)):
         backend.launch(gpu_config, timeout_s=TIMEOUT_S)
     assert cluster.calls == [] and tracking.created == []
