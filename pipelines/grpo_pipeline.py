@@ -204,6 +204,7 @@ def build_pipeline(
         launch_backend: str = "kubernetes",
         launch_timeout_s: float = 86400.0,
         kubernetes_options: dict = {},
+        trainer_api: str = "",
         run_name: str = "",
         work_dir: str = WORKSPACE_MOUNT_PATH,
         mlflow_tracking_uri: str = "",
@@ -259,7 +260,8 @@ def build_pipeline(
             extra_overrides: key=value overrides of any GRPOConfig field, applied last (values parsed as YAML).
             launch_backend: kubernetes (PyTorchJob trainer, vLLM and reward Deployments) on a cluster; local under kfp.local.
             launch_timeout_s: Seconds the training step may run before it gives up and cleans up.
-            kubernetes_options: ClusterSettings for the kubernetes backend (GPUs, nodes, images, resources); the platform policy bounds them. {"trainer_api": "trainjob"} launches a Kubeflow Trainer v2 TrainJob on the async-grpo ClusterTrainingRuntime instead of a PyTorchJob.
+            kubernetes_options: ClusterSettings for the kubernetes backend (GPUs, nodes, images, resources); the platform policy bounds them.
+            trainer_api: How the kubernetes backend launches the trainer: pytorchjob (Training Operator v1), or trainjob (a Kubeflow Trainer v2 TrainJob on the async-grpo ClusterTrainingRuntime); empty: kubernetes_options decides (default pytorchjob).
             run_name: Name of the run (MLflow run, folders, cluster objects); empty: the KFP run's name. A suffix of the KFP run id keeps names unique.
             work_dir: Shared folder for run outputs and staged data: the workspace volume's mount path or a folder under it (in a cluster pod the steps refuse any other).
             mlflow_tracking_uri: MLflow tracking URI; empty: the MLflow secret's MLFLOW_TRACKING_URI.
@@ -279,6 +281,7 @@ def build_pipeline(
             pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             work_dir=work_dir,
             backend_options=kubernetes_options,
+            trainer_api=trainer_api,
         )
         flavour(exit_task).set_display_name("cleanup").set_caching_options(False)
         _workspace(exit_task, wiring.workspace_pvc)
@@ -317,7 +320,7 @@ def build_pipeline(
                 launch_backend=launch_backend, launch_timeout_s=launch_timeout_s, backend_options=kubernetes_options,
                 work_dir=work_dir, run_name=run_name, pipeline_job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                 pipeline_job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, mlflow_tracking_uri=mlflow_tracking_uri,
-                warm_start=warm_start, registered_model_name=registered_model_name,
+                warm_start=warm_start, registered_model_name=registered_model_name, trainer_api=trainer_api,
             )  # fmt: skip
             flavour(train).set_display_name("train (async GRPO)").set_caching_options(False)
             _mlflow_env(train, wiring.mlflow_secret)

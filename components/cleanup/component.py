@@ -23,6 +23,7 @@ def cleanup(
     pipeline_job_id: str = "",
     work_dir: str = "",
     backend_options: Optional[dict] = None,
+    trainer_api: str = "",
 ) -> str:
     """Delete the run's leftover cluster objects and its staging folder; report what was removed.
 
@@ -37,6 +38,8 @@ def cleanup(
         pipeline_job_id: the KFP run id (the pipeline passes its placeholder).
         work_dir: the `train_grpo` work_dir; `<work_dir>/<run name>/staging` is deleted.
         backend_options: `ClusterSettings` fields (kubernetes only).
+        trainer_api: the kubernetes backend's `trainer_api`, merged into `backend_options` as `train_grpo` does
+            (under `trainjob` the run's TrainJob is deleted too); "" leaves `backend_options` to decide.
 
     Returns:
         One line naming the pipeline state and everything removed ("nothing to remove" otherwise).
@@ -66,9 +69,11 @@ def cleanup(
 
     removed: list[str] = []
     if launch_backend == "kubernetes":
+        from async_grpo.launch.k8s_settings import with_trainer_api
         from async_grpo.launch.kubernetes import KubernetesBackend
 
-        removed += [str(obj) for obj in KubernetesBackend(settings=dict(backend_options or {})).cleanup(name)]
+        options = with_trainer_api(backend_options, trainer_api)
+        removed += [str(obj) for obj in KubernetesBackend(settings=options).cleanup(name)]
     elif launch_backend != "local":
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
     if work_dir:

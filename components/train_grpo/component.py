@@ -57,6 +57,7 @@ def train_grpo(
     warm_start: str = "none",
     registered_model_name: str = "",
     champion_alias: str = "champion",
+    trainer_api: str = "",
 ) -> NamedTuple(
     "TrainOutputs",
     [
@@ -104,6 +105,8 @@ def train_grpo(
             same way whatever this says.
         registered_model_name: the registry entry whose champion `warm_start: champion` starts from.
         champion_alias: the alias that marks the champion.
+        trainer_api: the kubernetes backend's `trainer_api` (`pytorchjob` or `trainjob`), merged into `backend_options`;
+            "" leaves `backend_options` to decide.
 
     Returns:
         mlflow_run_id, tracking_uri, resolved_config (YAML of every field), run_name and mlflow_parent_run_id: the
@@ -210,6 +213,9 @@ def train_grpo(
             "run's MLflow run. Fix: report_to: mlflow."
         )
 
+    from async_grpo.launch.k8s_settings import with_trainer_api
+
+    backend_options = with_trainer_api(backend_options, trainer_api)
     if warm_start not in ("none", "champion"):
         raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
     start_note = ""

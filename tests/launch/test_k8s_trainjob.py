@@ -200,3 +200,14 @@ def test_priority_class_reaches_pytorchjob_pods_too(gpu_config, gpu_settings):
     job = next(o for o in objs if o["kind"] == "PyTorchJob")
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["priorityClassName"] == "high"
     validate_any(job)
+
+
+def test_the_pipelines_trainer_api_parameter_merges_into_the_cluster_settings():
+    from async_grpo.config import ConfigError
+    from async_grpo.launch.k8s_settings import with_trainer_api
+
+    assert with_trainer_api({"namespace": "ml"}, "trainjob") == {"namespace": "ml", "trainer_api": "trainjob"}
+    assert with_trainer_api({"trainer_api": "trainjob"}, "") == {"trainer_api": "trainjob"}
+    assert with_trainer_api(None, "") == {}
+    with pytest.raises(ConfigError, match="set it in one place"):
+        with_trainer_api({"trainer_api": "trainjob"}, "pytorchjob")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -293,3 +294,22 @@ class ClusterSettings(BaseModel):
             return override
         name = "cpu" if self.device == "cpu" and role != "reward" else role
         return f"{self.image_registry or DEFAULT_REGISTRY}/{name}:{self.image_tag or __version__}"
+
+
+def with_trainer_api(options: Mapping[str, Any] | None, trainer_api: str) -> dict[str, Any]:
+    """`options` (ClusterSettings fields) with the pipeline's typed `trainer_api` parameter merged in; "" leaves them
+    as they are.
+
+    Raises:
+        ConfigError: `options` names another `trainer_api` than the parameter (set it in one place).
+    """
+    merged = dict(options or {})
+    if not trainer_api:
+        return merged
+    if merged.get("trainer_api", trainer_api) != trainer_api:
+        raise ConfigError(
+            f"trainer_api={trainer_api!r} but kubernetes_options sets trainer_api={merged['trainer_api']!r}. "
+            "Fix: set it in one place."
+        )
+    merged["trainer_api"] = trainer_api
+    return merged
