@@ -97,6 +97,54 @@ def _padded_vocab_size(n_tokens: int) -> int:
     return -(-n_tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
+def _tiny_config(
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    tie_word_embeddings: bool,
+    **extra: object,
+):
+    """The `Qwen2Config` of a tiny byte-level model (sizes checked; eos is pad). Raises ValueError on bad sizes."""
+    if hidden_size != num_heads * HEAD_DIM:
+        raise ValueError(
+            f"hidden_size={hidden_size} with num_heads={num_heads} gives head dim {hidden_size / num_heads:g}, "
+            f"but the tiny model needs head dim {HEAD_DIM} (vLLM's CPU attention supports 32/64/80/...). "
+            f"Fix: set hidden_size = num_heads x {HEAD_DIM}."
+        )
+    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}. Fix: use e.g. 1 or 2.")
+    for name, value in (
+        ("num_layers", num_layers),
+        ("intermediate_size", intermediate_size),
+        ("max_position_embeddings", max_position_embeddings),
+    ):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1. Fix: pass a positive value.")
+    from transformers import Qwen2Config
+
+    tokenizer = build_tiny_tokenizer()
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    return Qwen2Config(
+        vocab_size=_padded_vocab_size(len(tokenizer)),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        dtype="float32",
+        **extra,
+    )
+
+
 def build_tiny_model(
     out_dir: str | os.PathLike,
     seed: int = 0,
@@ -131,45 +179,24 @@ def build_tiny_model(
     Raises:
         ValueError: inconsistent sizes; the message names the argument and the fix.
     """
-    if hidden_size != num_heads * HEAD_DIM:
-        raise ValueError(
-            f"hidden_size={hidden_size} with num_heads={num_heads} gives head dim {hidden_size / num_heads:g}, "
-            f"but the tiny model needs head dim {HEAD_DIM} (vLLM's CPU attention supports 32/64/80/...). "
-            f"Fix: set hidden_size = num_heads x {HEAD_DIM}."
-        )
-    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}. Fix: use e.g. 1 or 2.")
-    for name, value in (
-        ("num_layers", num_layers),
-        ("intermediate_size", intermediate_size),
-        ("max_position_embeddings", max_position_embeddings),
-    ):
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1. Fix: pass a positive value.")
+    config = _tiny_config(
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        intermediate_size,
+        max_position_embeddings,
+        tie_word_embeddings,
+    )
 
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     im_end_id = tokenizer.convert_tokens_to_ids(IM_END_TOKEN)
-    config = Qwen2Config(
-        vocab_size=_padded_vocab_size(len(tokenizer)),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        use_sliding_window=False,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-        dtype="float32",
-    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)
@@ -189,6 +216,51 @@ def build_tiny_model(
     }
     # Written last: its presence means the folder is complete (see is_tiny_model_dir).
     (out / _MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    return out
+
+
+def build_tiny_reward_model(
+    out_dir: str | os.PathLike,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 1,
+    num_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Write a randomly initialised byte-level `Qwen2ForSequenceClassification` with one label (a reward model, as
+    TRL's RewardTrainer saves one) and the policy's tokenizer (eos as pad, the ChatML template) into `out_dir`.
+
+    The head reads the last non-pad token, so its single logit is the reward (`rewards.reward_model`). Train it
+    with `rewards.pairwise.train_reward_model_on_pairs`. Same seed and arguments -> identical weights.
+
+    Returns:
+        The output folder as a Path.
+
+    Raises:
+        ValueError: inconsistent sizes (as `build_tiny_model`).
+    """
+    config = _tiny_config(
+        hidden_size,
+        num_layers,
+        num_heads,
+        1,
+        intermediate_size,
+        max_position_embeddings,
+        False,
+        num_labels=1,
+        architectures=["Qwen2ForSequenceClassification"],
+    )
+    import torch
+    from transformers import Qwen2ForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config).to(torch.float32)
+    model.save_pretrained(out)
+    build_tiny_tokenizer().save_pretrained(out)
     return out
 
 

@@ -118,14 +118,23 @@ def call_reward(
 
 def bound_kwargs(config: Any) -> dict[str, dict[str, Any]]:
     """Per reward spec, the keyword arguments the run binds from its config: DAPO's soft overlong penalty gets
-    max_completion_length, overlong_buffer_len and overlong_penalty_factor."""
+    max_completion_length, overlong_buffer_len and overlong_penalty_factor; a reward model
+    (`rewards.reward_model`) its batch size, device and the run's chat_template_kwargs."""
+    from async_grpo.rewards.reward_model import is_reward_model_spec
+
     rewards = config.rewards
-    if OVERLONG_SPEC not in rewards.reward_funcs:
-        return {}
-    return {
-        OVERLONG_SPEC: {
+    bound: dict[str, dict[str, Any]] = {}
+    if OVERLONG_SPEC in rewards.reward_funcs:
+        bound[OVERLONG_SPEC] = {
             "max_completion_length": config.sampling.max_completion_length,
             "overlong_buffer_len": rewards.overlong_buffer_len,
             "overlong_penalty_factor": rewards.overlong_penalty_factor,
         }
-    }
+    for spec in rewards.reward_funcs:
+        if is_reward_model_spec(spec):
+            bound[spec] = {
+                "reward_model_batch_size": rewards.reward_model_batch_size,
+                "reward_model_device": rewards.reward_model_device,
+                "chat_template_kwargs": dict(config.data.chat_template_kwargs or {}),
+            }
+    return bound

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from pebble import ProcessExpired, ProcessPool
 
 from async_grpo.rewards.contract import RewardLog, RewardTrainerState, ScoredGroup, bound_kwargs, call_reward
-from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func, reward_func_name
+from async_grpo.rewards.loading import RewardSpecError, absolute_reward_spec, resolve_reward_func, reward_func_name
 from async_grpo.transports.drops import DropReason
 
 logger = logging.getLogger(__name__)
@@ -165,8 +165,8 @@ def _score_group(
 
 # ------------------------------------------------------------------ parent side
 def _absolute_spec(spec: str) -> str:
-    """File specs get an absolute path, so workers resolve them whatever their working directory."""
-    return parse_reward_spec(spec).absolute()
+    """File specs and model folders get an absolute path, so workers resolve them whatever their working directory."""
+    return absolute_reward_spec(spec)
 
 
 class RewardPool:

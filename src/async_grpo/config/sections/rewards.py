@@ -34,7 +34,20 @@ class RewardsConfig(Section):
         default_factory=lambda: ["builtin:reverse_exact_match", "builtin:reverse_format"],
         min_length=1,
         description="Reward functions: `builtin:<name>`, `pkg.module:function`, or `path/to/file.py:function`, "
-        "each with TRL's signature f(prompts, completions, completion_ids, **columns) -> list[float | None].",
+        "each with TRL's signature f(prompts, completions, completion_ids, **columns) -> list[float | None]; or a "
+        "sequence-classification reward model (TRL): `model:<folder or org/name>` or a bare model folder, scored "
+        "as its first logit on the reward workers (docs/rewards.md).",
+    )
+    reward_model_batch_size: int = Field(
+        16,
+        ge=1,
+        description="Texts per reward-model forward pass (TRL scores a whole batch at once and has no such "
+        "field); lower it when a large reward model runs out of memory.",
+    )
+    reward_model_device: Literal["auto", "cpu", "cuda"] = Field(
+        "cpu",
+        description="Where the reward workers run reward models: cpu (float32), cuda (the checkpoint's dtype; "
+        "a GPU reward pod), or auto (cuda when the worker sees one).",
     )
     reward_weights: list[float] | None = Field(
         None, description="One weight per reward function (TRL name); all 1.0 when None."
