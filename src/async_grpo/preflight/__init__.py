@@ -19,6 +19,9 @@ backend run it with target cluster.
   or unknown roles, reserved column names, no rows.
 - prompt_lengths (where the dataset was read and the tokenizer is at hand): conversational prompts without a chat
   template, no prompt short enough for max_prompt_length.
+- reward_models (all; hub ids when cached, paths when on this machine): a reward model in reward_funcs whose folder
+  is missing, has no *ForSequenceClassification head, num_labels != 1, an unknown dtype, no weights, a tokenizer that
+  does not load or has neither pad nor eos, or no chat template for a conversational dataset (`reward_models`).
 - reward_probe (where the dataset was read): a reward function whose signature cannot take TRL's call, or that
   raises, hangs or returns something other than G numbers or None on one group from the first row.
 - model (local): a model_name_or_path that is no local HF folder, no hub id and not builtin:tiny.
@@ -55,6 +58,7 @@ CHECKS = (
     "tools",
     "dataset",
     "prompt_lengths",
+    "reward_models",
     "reward_probe",
     "model",
     "lora_targets",
@@ -150,7 +154,7 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     funcs: dict = {}
     remote_rewards = local and services.reward_service_url(config) is not None
     if remote_rewards:
-        report.skipped.append("reward_funcs, reward_probe: the reward service resolves and runs them")
+        report.skipped.append("reward_funcs, reward_models, reward_probe: the reward service resolves and runs them")
     elif wanted("reward_funcs"):
         funcs, problems, notes = inputs.resolve_specs(config, local)
         add(problems)
@@ -168,6 +172,13 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
             report.skipped.append("prompt_lengths: the tokenizer is not available here")
         else:
             add(inputs.check_prompt_lengths(config, dataset, tokenizer))
+    if not remote_rewards and wanted("reward_models"):
+        from async_grpo.preflight.reward_models import check_reward_models
+
+        conversational = None if dataset is None else not isinstance(dataset[0]["prompt"], str)
+        problems, notes = check_reward_models(config, local, conversational)
+        add(problems)
+        report.skipped += notes
     if not remote_rewards and wanted("reward_probe"):
         if dataset is None:
             report.skipped.append("reward_probe: the dataset was not read here")

@@ -1,5 +1,5 @@
 """Preflight checks of the run's own inputs: the prompt datasets, the tokenizer, the reward functions and a user
-data producer.
+data producer (reward models: `preflight.reward_models`).
 
 The reward functions are resolved, their signatures bound to TRL's call, and each is called once on one group
 built from the dataset's first row with dummy completions, under a timeout, so a function that cannot score
@@ -120,8 +120,12 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
     from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func, reward_func_name
     from async_grpo.user_code import check_file_statically
 
+    from async_grpo.rewards.reward_model import is_reward_model_spec
+
     funcs, problems, skipped = {}, [], []
     for spec in config.rewards.reward_funcs:
+        if is_reward_model_spec(spec):
+            continue  # the reward_models check reads its folder (`preflight.reward_models`); no probe call
         try:
             parsed = parse_reward_spec(spec)
             if local or parsed.kind == "builtin":
@@ -146,7 +150,11 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
                     else "give builtin:<name>, pkg.module:function or path/to/file.py:function",
                 )
             )
-    names = [reward_func_name(s) for s in config.rewards.reward_funcs if isinstance(s, str) and ":" in s]
+    names = [
+        reward_func_name(s)
+        for s in config.rewards.reward_funcs
+        if isinstance(s, str) and (":" in s or is_reward_model_spec(s))
+    ]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         problems.append(
