@@ -118,9 +118,8 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
     none of its code runs, since this process may hold credentials) and a module is left to the trainer's image.
     Returns ({spec: function}, problems, skip notes)."""
     from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func, reward_func_name
-    from async_grpo.user_code import check_file_statically
-
     from async_grpo.rewards.reward_model import is_reward_model_spec
+    from async_grpo.user_code import check_file_statically
 
     funcs, problems, skipped = {}, [], []
     for spec in config.rewards.reward_funcs:

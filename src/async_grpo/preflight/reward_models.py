@@ -10,7 +10,6 @@ where it runs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
