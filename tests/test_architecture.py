@@ -28,7 +28,7 @@ ALLOWED = {
     "data": {"dataset_source", "tasks", "hub"},
     "transports": {"inference"},
     "tools": {"user_code"},
-    "rewards": {"__init__", "config", "tasks", "tools", "transports", "user_code"},
+    "rewards": {"__init__", "config", "hub", "tasks", "tools", "transports", "user_code"},
     "orchestrator": {"algorithms", "data", "errors", "inference", "rewards", "tasks", "tools", "transports"},
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
