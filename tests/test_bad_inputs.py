@@ -120,6 +120,25 @@ def test_every_problem_is_reported_at_once(case_env, launches, capsys):
     ]
 
 
+def test_a_missing_resume_checkpoint_override_exits_2_from_preflight(case_env, launches, capsys, tmp_path):
+    """Issue 28: the command a new user typed (the demo config, the checkpoint as an override) exited 1 with a
+    traceback from the recipe's setup after 11 s; preflight refuses it first (case 85 is the YAML form)."""
+    start = time.perf_counter()
+    code = cli.main(
+        [
+            "train",
+            "examples/tiny_cpu.yaml",
+            "resume_from_checkpoint=/nonexistent/checkpoint-7",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "error: checkpoint.resume_from_checkpoint: " in err and "Fix: point at a `checkpoint-<step>`" in err
+    assert "Traceback" not in err and launches == []
+    assert time.perf_counter() - start < MAX_CASE_S
+
+
 def _vllm_children(proc: psutil.Process) -> set[int]:
     found = set()
     try:

@@ -156,6 +156,37 @@ def test_dotted_and_section_overrides():
     assert "a section takes a mapping" in config_error("optim=5")
 
 
+SECTION_VALUES = ["{}", "null", "", "[builtin:calculator]", "builtin:calculator", "adamw_torch", "3"]
+
+
+def _load_or_error(path=None, overrides=()):
+    try:
+        return load_config(path, list(overrides))
+    except ConfigError:
+        return "refused"
+
+
+@pytest.mark.parametrize("raw", SECTION_VALUES)
+@pytest.mark.parametrize("section", list(SECTIONS))
+def test_a_section_name_override_reads_as_the_same_yaml_key(tmp_path, section, raw):
+    """Issue 28: `key=value` and `key: value` in a file read a section name the same way, whatever the value (a
+    mapping or nothing is the section; a list or string the field or TRL name of that name, else refused)."""
+    base = {"output_dir": str(tmp_path / "run")}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(base) + f"{section}: {raw}\n")
+    assert _load_or_error(None, [f"output_dir={tmp_path / 'run'}", f"{section}={raw}"]) == _load_or_error(path)
+
+
+def test_the_names_that_are_both_a_section_and_a_field_or_trl_name():
+    """`tools` (TRL's list of tools, in section tools) and `optim` (TRL's optimizer name) are read by their value;
+    a new such name must be checked the same way (the test above covers every section)."""
+    from async_grpo.config.io import TRL_ONLY
+
+    assert sorted(name for name in SECTIONS if name in FIELDS or name in TRL_ONLY) == ["optim", "tools"]
+    assert load_config(None, ["optim=adamw_torch", "optim={learning_rate: 2e-5}"]).optim.learning_rate == 2e-5
+    assert "a section takes a mapping" in config_error("loss=[grpo]")
+
+
 def test_keyword_construction_with_flat_trl_names():
     flat = {
         "learning_rate": 1e-5,

@@ -25,6 +25,27 @@ def test_tools_loads_flat_nested_dotted_and_round_trips(tmp_path):
     assert flat.model_copy(update={"tools": []}).tools.tools == []
 
 
+@pytest.mark.parametrize("raw", ["[builtin:calculator]", "[]", "{tools: [builtin:calculator]}", "null", ""])
+def test_a_tools_override_equals_the_same_yaml_key(tmp_path, raw):
+    """Issue 28: `tools=[builtin:calculator]` on the command line was refused ("a section takes a mapping") while
+    `tools: [builtin:calculator]` in YAML is TRL's list; a mapping (or nothing) still means the section."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"tools: {raw}\n")
+    assert load_config(None, [f"tools={raw}"]) == load_config(path)
+
+
+def test_a_tools_list_override_keeps_the_files_other_tools_fields(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("tools:\n  tools: [builtin:calculator]\n  tool_timeout_s: 3\n")
+    assert load_config(path, ["tools=[]"]).tools == load_config(None, ["tools=[]", "tool_timeout_s=3"]).tools
+    assert load_config(path, ["tools=null"]) == load_config(path)  # an empty section, as `tools:` in a file
+    path.write_text("tools: [builtin:calculator]\n")
+    assert load_config(path, ["tools={tool_timeout_s: 3}"]) == load_config(
+        None, ["tools=" + str(CALC), "tool_timeout_s=3"]
+    )
+    assert load_config(path, ["tools=[]"]).tools.tools == []
+
+
 @pytest.mark.parametrize(
     ("tools", "says"),
     [

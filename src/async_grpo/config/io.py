@@ -45,33 +45,35 @@ def _field(key: str) -> FieldRef:
 
 
 def _parse_override(item: str) -> list[tuple[FieldRef | str, Any]]:
-    """`key=value` -> [(field, value)]. The key is a flat name, a TRL alias or `section.name`; a bare
-    section name takes a YAML mapping of its fields (`optim={learning_rate: 1e-5, max_steps: 5}`); a TRL
-    name that is no field of ours (`use_vllm=true`) comes back as the name itself."""
+    """`key=value` -> [(field, value)], the key read as a YAML file reads it. The key is a flat name, a TRL alias or
+    `section.name`; a bare section name given a mapping (or nothing: `optim=`, `optim=null`, an empty section, as
+    `optim:` in a file) takes its fields (`optim={learning_rate: 1e-5, max_steps: 5}`); a name that is both a section
+    and a field or TRL name means that name when its value is no mapping (`tools=[builtin:calculator]` is TRL's
+    `tools` list, `optim=adamw_torch` TRL's optimizer name), as in a file; a TRL name that is no field of ours
+    (`use_vllm=true`) comes back as the name itself."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not key=value. Fix: write e.g. learning_rate=1e-5.")
     key, raw = item.split("=", 1)
     key = key.strip()
-    if key in TRL_ONLY and (key not in SECTIONS or isinstance(yaml.safe_load(raw), str)):
+    if key in SECTIONS:
+        value = yaml.safe_load(raw) if raw.strip() else None
+        if value is None or isinstance(value, Mapping):  # the section (`keys.flatten_mapping`'s rule for a file)
+            return [(_field(f"{key}.{sub}"), sub_value) for sub, sub_value in (value or {}).items()]
+        if lookup_field(key) is None and not (key in TRL_ONLY and isinstance(value, str)):
+            example = next(name for name, ref in FIELDS.items() if ref.section == key)
+            raise ConfigError(f"override {key!r}: a section takes a mapping. Fix: write e.g. {key}={{{example}: ...}}.")
+    if key in TRL_ONLY:
         return [(key, yaml.safe_load(raw) if raw != "" else None)]  # a TRL-only name (`optim=adamw_torch` too)
-    if key not in SECTIONS:
-        ref = _field(key)
-        return [(ref, _override_value(ref, raw))]
-    value = yaml.safe_load(raw) if raw.strip() else {}
-    if not isinstance(value, Mapping) and lookup_field(key) is not None:  # a field named like its section (`tools`)
-        ref = _field(key)
-        return [(ref, _override_value(ref, raw))]
-    if not isinstance(value, Mapping):
-        example = next(name for name, ref in FIELDS.items() if ref.section == key)
-        raise ConfigError(f"override {key!r}: a section takes a mapping. Fix: write e.g. {key}={{{example}: ...}}.")
-    return [(_field(f"{key}.{sub}"), sub_value) for sub, sub_value in value.items()]
+    ref = _field(key)
+    return [(ref, _override_value(ref, raw))]
 
 
 def _without(data: dict[str, Any], ref: FieldRef) -> dict[str, Any]:
     """`data` with every spelling of `ref` removed (flat, alias, dotted, inside its section mapping)."""
     names = {ref.name, *(alias for alias, target in ALIASES.items() if target == ref.name)}
     spellings = names | ({f"{ref.section}.{n}" for n in names} if ref.section else set())
-    out = {k: v for k, v in data.items() if k not in spellings}
+    # a field named like its section (`tools`): the section's mapping is kept, less that field
+    out = {k: v for k, v in data.items() if k not in spellings or (k == ref.section and isinstance(v, Mapping))}
     if ref.section and isinstance(out.get(ref.section), Mapping):
         out[ref.section] = {k: v for k, v in out[ref.section].items() if k not in names}
     return out
@@ -155,7 +157,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
                 data[ref] = value
                 continue
             data = _without(data, ref)
-            data[ref.name] = value  # flat (TRL) name: TRL values are converted on the way in (trl_names)
+            # flat (TRL) name: TRL values are converted on the way in (trl_names); a field named like its section
+            # (`tools`) goes dotted, beside the section's other fields from the file
+            data[ref.path if ref.name in SECTIONS else ref.name] = value
     try:
         return GRPOConfig.model_validate(data)
     except ValidationError as err:

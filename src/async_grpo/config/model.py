@@ -71,11 +71,15 @@ class GRPOConfig(RunFields):
 
         TRL-only names go through `trl_names.adapt_trl_keys` first (converted, refused with the reason, or
         accepted as no-ops). Input that is already in shape (only top-level fields and sections, as `validate_assignment`
-        passes it) goes through untouched, so section instances are kept as they are."""
+        passes it) goes through untouched, so section instances are kept as they are; an empty section there
+        (None: `peft:` in YAML) is its defaults, as the mapper reads it."""
         if isinstance(data, Mapping) and not all(
             key in cls.model_fields and _in_shape(key, value) for key, value in data.items()
         ):  # also TRL's `optim: adamw_torch`
             return nest_mapping(flatten_mapping(adapt_trl_keys(data, FIELDS)))
+        if isinstance(data, Mapping) and any(key in SECTIONS and value is None for key, value in data.items()):
+            # an empty section (`peft:` in YAML) is its defaults, as the flat-key mapper reads it beside other keys
+            return {key: {} if key in SECTIONS and value is None else value for key, value in data.items()}
         return data
 
     @model_validator(mode="after")
