@@ -230,18 +230,18 @@ def evaluate(
         final["final_eval/champion_reward"] = held_out.metrics["eval/reward"]
         final.update(head_to_head.as_metrics("final_eval/head_to_head/"))
     champion_version = str(champion.version) if champion is not None else ""
+    tags = {"final_eval.decision": decision.reason, "final_eval.champion_version": champion_version}
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=mlflow_run_id):
         mlflow.log_metrics(final, step=config.optim.max_steps)
         rows = challenger.rows
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file="final_eval/completions.json")
-        mlflow.set_tags({"final_eval.decision": decision.reason, "final_eval.champion_version": champion_version})
+        mlflow.set_tags(tags)
     if mlflow_parent_run_id:  # the pipeline's layout: a nested run for this step, the summary on the parent
         from async_grpo import pipeline_tracking
 
         client = mlflow.MlflowClient(tracking_uri=tracking_uri)
         step_run = pipeline_tracking.open_step_run(client, mlflow_parent_run_id, "evaluate")
-        tags = {"final_eval.decision": decision.reason, "final_eval.champion_version": champion_version}
         with mlflow.start_run(run_id=step_run):
             mlflow.log_metrics(final, step=config.optim.max_steps)
             mlflow.set_tags(tags)

@@ -187,6 +187,7 @@ def run_local_pipeline(
     if unknown:
         raise ValueError(f"unknown pipeline parameters {unknown}. Fix: use names from {package_path}.")
     experiment = str(args.get("mlflow_experiment_name", params["mlflow_experiment_name"].get("defaultValue")))
+    from async_grpo.pipeline_tracking import ensure_experiment
     from async_grpo.tracking import open_store
 
     tracking_uri = str(args["mlflow_tracking_uri"])
@@ -195,7 +196,7 @@ def run_local_pipeline(
         open_store(tracking_uri)  # ... and published whole, so an `mlflow ui` opened on it meanwhile cannot race it
         if tracking_uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
             # keep artifacts beside the store, not in ./mlruns of whatever folder the command ran from
-            _create_experiment(experiment, (out / "mlartifacts").as_uri())
+            ensure_experiment(mlflow.MlflowClient(tracking_uri), experiment, (out / "mlartifacts").as_uri())
 
     # one kfp.local root per invocation: the train step's outputs found there are this run's, whatever
     # other runs write into the same output folder at the same time
@@ -229,18 +230,6 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _create_experiment(name: str, artifact_location: str) -> None:
-    """Create the experiment; another run doing so at the same moment is fine."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    try:
-        mlflow.create_experiment(name, artifact_location=artifact_location)
-    except MlflowException as err:
-        if err.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
 
 
 def train_outputs(pipeline_root: str | Path) -> dict[str, Any]:

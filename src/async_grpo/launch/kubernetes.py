@@ -96,19 +96,11 @@ class MlflowRunTracking:
         """Create `run_name` in `experiment_name` (created if missing, also when another run creates it at
         the same moment). Raises MlflowException if unreachable."""
         from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
+
+        from async_grpo.pipeline_tracking import ensure_experiment
 
         client = MlflowClient(tracking_uri)
-        exp = client.get_experiment_by_name(experiment_name)
-        if exp is None:
-            try:
-                exp_id = client.create_experiment(experiment_name)
-            except MlflowException as err:
-                if err.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-                exp_id = client.get_experiment_by_name(experiment_name).experiment_id
-        else:
-            exp_id = exp.experiment_id
+        exp_id = ensure_experiment(client, experiment_name)
         return client.create_run(exp_id, run_name=run_name, tags={"async_grpo.backend": "kubernetes"}).info.run_id
 
     def end_run(self, tracking_uri: str, run_id: str, status: str) -> None:
