@@ -271,6 +271,7 @@ def test_an_alias_uri_resolves_to_a_folder_that_loads_with_the_logged_weights(st
 
 def test_a_version_registered_from_a_plain_checkpoint_folder_resolves_too(store, tmp_path, monkeypatch):
     store.register("plain", versions=1, source=store.plain_source)
+    mlflow.set_tracking_uri(None)  # forget a URI an earlier test module set, so the environment's is the default
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)  # tracking_uri=None: MLflow's default
     resolved = resolve_model_uri("models:/plain/1", tmp_path / "plain")
     assert (resolved.path / "config.json").is_file()
