@@ -8,7 +8,9 @@ and keeps its traceback."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 
 from async_grpo import __version__
@@ -35,6 +37,9 @@ def _field_help() -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: a hung run explains itself
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     overrides = list(args.overrides)
     if args.vllm_url:
         overrides.append(f"vllm_url={args.vllm_url}")

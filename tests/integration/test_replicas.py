@@ -126,7 +126,12 @@ def test_kill_9_of_one_replica_mid_run_finishes_on_the_other(vllm_server, second
             assert time.monotonic() < deadline, "run did not start in time"
             time.sleep(0.2)
         second_server.process.send_signal(signal.SIGKILL)  # the server this module started: its API process
-        code = proc.wait(timeout=300)
+        try:
+            code = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # `async-grpo train` prints every thread's stack
+            time.sleep(3)
+            pytest.fail("the run hung after the kill; its stacks:\n" + (tmp_path / "stderr.log").read_text()[-20000:])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
@@ -47,13 +47,16 @@ from async_grpo.transports.weights.cast import uncast
 from async_grpo.transports.weights.gloo_wire import (
     BACKEND_NAME,
     DEFAULT_BUCKET_BYTES,
+    DEFAULT_TIMEOUT_S,
     GlooTrainerInitInfo,
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,
     new_gloo_group,
     plan_buckets,
+    receiving_key,
     start_broadcast,
     wait_broadcast,
+    wait_for_receivers,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,6 +79,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         super().__init__(config, vllm_config, device, model)
         self.group: dist.ProcessGroup | None = None
         self.store: dist.Store | None = None
+        self.rank = 0  # this worker's rank in the transfer group (the trainer is 0)
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
         self.delta = False
         self.snapshot: dict[str, torch.Tensor] = {}  # name -> last pushed tensor (delta only)
@@ -91,6 +95,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
             init_info.master_address, init_info.master_port, init_info.world_size, is_master=False, timeout=timeout
         )
         self.group = new_gloo_group(self.store, rank, init_info.world_size, init_info.timeout_s)
+        self.rank = rank
         self.bucket_bytes = init_info.bucket_bytes
         self.delta = init_info.delta
         self.snapshot, self.snapshot_round = {}, None
@@ -132,6 +137,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 f"delta weight update against push {update_info.base_round}, but this worker holds "
                 f"{held if self.delta else 'no snapshot (delta off)'}; the trainer must send a full push"
             )
+        if update_info.push_id and self.store is not None:  # the trainer posts its first bucket only after this
+            self.store.set(receiving_key(update_info.push_id, self.rank), "1")
         try:
             self._receive(update_info)
         except BaseException:
@@ -255,6 +262,9 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.store: dist.Store | None = None
         self.snapshot: dict[str, torch.Tensor] = {}  # name -> last pushed tensor, pushed dtype, CPU (delta only)
         self.round = 0  # completed pushes the worker's snapshot can match; 0: the next push is full
+        self.pushes = 0  # pushes started on this group (`push_id` of the latest)
+        self.world_size = 1  # trainer + the server's workers
+        self.timeout_s = DEFAULT_TIMEOUT_S  # longest wait for the workers to start receiving a push (seconds)
         self.last_sent_bytes = 0
         self._buffers: list[torch.Tensor] = []  # two uint8 send buffers, reused push after push
 
@@ -301,6 +311,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             future = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
             engine.group = new_gloo_group(engine.store, 0, init_info.world_size, init_info.timeout_s)
             future.result(timeout=init_info.timeout_s)
+        engine.world_size, engine.timeout_s = init_info.world_size, init_info.timeout_s
         return engine
 
     def send_weights(self) -> None:
@@ -342,19 +353,32 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             escapes=[p.escapes for p in patches] if patches is not None else [],
             base_round=self.round if patches is not None else 0,
             round=self.round + 1,
+            push_id=self.pushes + 1,
         )
+        self.pushes += 1
         stream = iter(patches) if patches is not None else self._full_patches()
         self.client.start_weight_update()
         pool = ThreadPoolExecutor(max_workers=1)
         try:
             future = pool.submit(self.client.update_weights, asdict(update_info))
-            self.last_sent_bytes = self._broadcast_all(metas, update_info.payload_bytes(), stream, abort=future)
+            self.last_sent_bytes = self._broadcast_all(
+                metas,
+                update_info.payload_bytes(),
+                stream,
+                abort=future,
+                before_first=lambda: self._wait_for_receivers(update_info.push_id, future),
+            )
             future.result()
         finally:
             # If the broadcast failed the server-side RPC may never return; do not join it.
             pool.shutdown(wait=False)
         self.client.finish_weight_update()
         self.round += 1
+
+    def _wait_for_receivers(self, push_id: int, update_call: Future) -> None:
+        """Hold the first bucket until every worker has the `update_weights` call (`wait_for_receivers`)."""
+        assert self.store is not None
+        wait_for_receivers(self.store, push_id, self.world_size, update_call, self.timeout_s)
 
     def _full_patches(self) -> Iterator[delta.Patch]:
         """Every tensor whole, read from the source one at a time as the buckets are packed. A `CastSource`'s tensors
@@ -394,10 +418,12 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         payload_bytes: list[int],
         patches: Iterator[delta.Patch],
         abort: Future | None = None,
+        before_first: Callable[[], None] | None = None,
     ) -> int:
         """Pack the patches (one per parameter, in order) into buckets and broadcast them; bucket k + 1 is packed
         while bucket k is on the wire (two send buffers, reused). A uint8 piece is copied as bytes, any other is
-        copied (and cast) as a tensor of its parameter's pushed dtype. Returns the bytes broadcast."""
+        copied (and cast) as a tensor of its parameter's pushed dtype. `before_first` runs once, after bucket 0 is
+        packed and before it is posted (the wait for the receivers). Returns the bytes broadcast."""
         assert self.group is not None
         pending: dist.Work | None = None
         sent = 0
@@ -418,10 +444,14 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                         flat[at : at + nbytes].view(metas[i].dtype).copy_(piece)
                         at += nbytes
                 offset += payload_bytes[i]  # the padding after the payload is left as it was
+            if k == 0 and before_first is not None:
+                before_first()
             work = start_broadcast(self.group, flat)
             if pending is not None:
                 wait_broadcast(pending, abort)
             pending, sent = work, sent + flat.numel()
+        if pending is None and before_first is not None:  # nothing on the wire: the receivers still announce
+            before_first()
         for _ in patches:  # drain the source (it may hold per-round state), nothing left to send
             pass
         if pending is not None:

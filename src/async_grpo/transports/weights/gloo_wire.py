@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -29,6 +30,7 @@ from async_grpo.transports.weights import delta
 BACKEND_NAME = "gloo"
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024  # bytes per flat broadcast
 ABORT_POLL_S = 0.5  # the sender checks its update_weights call this often while a broadcast waits (seconds)
+RECEIVER_POLL_S = 0.005  # the sender checks the store for the workers' receiving announcements this often (seconds)
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -76,6 +78,37 @@ def start_broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> dist.Work
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     return group.broadcast([tensor], opts)
+
+
+def receiving_key(push_id: int, rank: int) -> str:
+    """The TCPStore key worker `rank` sets once it has the `update_weights` call of push `push_id` in hand."""
+    return f"receiving/{push_id}/{rank}"
+
+
+def wait_for_receivers(store: dist.Store, push_id: int, world_size: int, abort: Future, timeout_s: float) -> None:
+    """Block until every worker (ranks 1..world_size-1) announced it is receiving push `push_id`
+    (`receiving_key`), then delete the announcements.
+
+    The sender posts no broadcast before this returns. A worker that never got the call (its API server died first)
+    is thus never waited on inside a gloo collective: a collective that one peer never joins cannot be cancelled,
+    and tearing its group down blocks for the whole group timeout (measured: 19 s for a 20 s group timeout).
+
+    Raises:
+        RuntimeError: `abort` (the sender's `update_weights` call) failed first (cause chained), or `timeout_s`
+            seconds passed.
+    """
+    keys = [receiving_key(push_id, rank) for rank in range(1, world_size)]
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        if abort.done() and abort.exception() is not None:
+            raise RuntimeError("weight push abandoned before any byte moved: update_weights failed") from (
+                abort.exception()
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the vLLM workers did not start receiving push {push_id} within {timeout_s:.0f} s")
+        time.sleep(RECEIVER_POLL_S)
+    for key in keys:
+        store.delete_key(key)
 
 
 def wait_broadcast(work: dist.Work, abort: Future | None = None) -> None:
@@ -130,6 +163,8 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
         escapes: each `mask_steps` payload's elements sent whole (0 for the other encodings); empty: all 0.
         base_round: the push the patches are against (the worker must hold its snapshot); 0: no snapshot needed.
         round: this push's number on the trainer (the worker's snapshot takes it after a complete receive).
+        push_id: the trainer's count of pushes on this group; the worker announces it (`receiving_key`) before it
+            posts its first receive. 0: a sender that does not wait for the announcement.
 
     Raises:
         ValueError: lists of different lengths, an unknown encoding, or a count outside [0, numel].
@@ -143,6 +178,7 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     escapes: list[int] = field(default_factory=list)
     base_round: int = 0
     round: int = 0
+    push_id: int = 0
 
     def __post_init__(self) -> None:
         if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
