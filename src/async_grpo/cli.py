@@ -36,10 +36,19 @@ def _field_help() -> str:
     return "\n".join(lines)
 
 
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to stderr, so a hung run explains itself. Not where stderr is
+    no real file (the CLI called in-process under a capturing test runner)."""
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr.fileno(), all_threads=True)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        pass
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    # `kill -USR1 <pid>` prints every thread's stack to stderr: a hung run explains itself
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _dump_stacks_on_sigusr1()
     overrides = list(args.overrides)
     if args.vllm_url:
         overrides.append(f"vllm_url={args.vllm_url}")

@@ -15,9 +15,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient
-from async_grpo.orchestrator.batching import tool_metrics
+from async_grpo.orchestrator.batching import reward_correlations, tool_metrics
 from async_grpo.orchestrator.rollout import Rollout, SamplingSettings, completion_display
 from async_grpo.transports.messages import RolloutGroup
 
@@ -57,8 +59,8 @@ class HeldOutScores:
 
     Attributes:
         metrics: `eval/reward` (the weighted reward nansum, mean over every scored completion),
-            `eval/rewards/<func>/mean`, `eval/dropped_groups` (groups that failed, counted and logged) and, for a
-            multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`).
+            `eval/rewards/<func>/mean`, `eval/rewards/<a>/correlation/<b>` (`orchestrator.batching.reward_correlations`),
+            `eval/dropped_groups` (groups that failed, counted and logged) and, for a multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`).
         rows: (prompt, completion, reward) dicts, one per scored completion.
         per_prompt: (N,) mean weighted reward of each prompt's group, in the order of the items; NaN where the
             group failed. Two models scored with the same items, sampling and seed pair up prompt by prompt
@@ -128,6 +130,10 @@ def score_held_out(
     for name, vals in zip(reward_names, per_func, strict=True):
         if vals:
             metrics[f"eval/rewards/{name}/mean"] = sum(vals) / len(vals)
+    scored_rows = [scores for grp in groups for scores in grp.rewards_per_func]
+    if scored_rows:
+        matrix = torch.tensor(scored_rows, dtype=torch.float64)  # (completions, functions)
+        metrics.update({f"eval/{k}": v for k, v in reward_correlations(matrix, list(reward_names)).items()})
     return HeldOutScores(metrics, rows, per_prompt)
 
 

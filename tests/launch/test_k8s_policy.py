@@ -105,6 +105,20 @@ def test_an_external_reward_service_must_be_allowed(gpu_config):
     )
 
 
+def test_an_llm_judge_must_be_allowed(gpu_config, gpu_settings):
+    judged = {"reward_funcs": [*gpu_config.rewards.reward_funcs, "builtin:llm_judge"]}
+    config = gpu_config.model_copy(update={**judged, "judge_url": "http://collector.example.com/v1"})
+    msg = refused(config, gpu_settings)
+    assert "judge_url='http://collector.example.com/v1' is not an allowed LLM judge" in msg
+    allowed = POLICY.model_copy(update={"judge_urls": ["http://judge.ml.svc:8000"]})
+    check_run(
+        gpu_config.model_copy(update={**judged, "judge_url": "http://judge.ml.svc:8000/v1"}), gpu_settings, allowed
+    )
+    sneaky = gpu_config.model_copy(update={**judged, "judge_url": "http://judge.ml.svc:8000@evil.com/v1"})
+    with pytest.raises(PolicyViolation, match="judge_url"):
+        check_run(sneaky, gpu_settings, allowed)
+
+
 @pytest.mark.parametrize(
     "uri, ok",
     [

@@ -99,6 +99,31 @@ class GRPOConfig(RunFields):
                 f"reward_weights has {len(rewards.reward_weights)} entries but reward_funcs has "
                 f"{len(rewards.reward_funcs)}. Fix: give one weight per reward function, or drop reward_weights."
             )
+        judged = "builtin:llm_judge" in rewards.reward_funcs
+        if judged and not (rewards.judge_url or rewards.judge_model_name_or_path):
+            raise ValueError(
+                "reward_funcs has builtin:llm_judge but judge_url is not set. Fix: set judge_url to the judge's "
+                "OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1, or judge_model_name_or_path to a model "
+                "the launcher serves as the judge."
+            )
+        if rewards.judge_url and rewards.judge_model_name_or_path:
+            raise ValueError(
+                "judge_url and judge_model_name_or_path are both set. Fix: give judge_url for a judge that is "
+                "already served, or judge_model_name_or_path for one the launcher serves, not both."
+            )
+        if judged:
+            missing = [p for p in ("{prompt}", "{completion}") if p not in rewards.judge_rubric]
+            if missing:
+                raise ValueError(
+                    f"judge_rubric has no {' or '.join(missing)}. Fix: put both placeholders in the rubric."
+                )
+            if rewards.judge_guided_score and (
+                rewards.judge_max_score != int(rewards.judge_max_score) or rewards.judge_max_score > 100
+            ):
+                raise ValueError(
+                    f"judge_max_score={rewards.judge_max_score:g} with judge_guided_score: the scale must be whole "
+                    "numbers up to 100. Fix: set judge_max_score to an integer, or judge_guided_score: false."
+                )
         if off.vllm_importance_sampling_clip_min is not None and (
             off.vllm_importance_sampling_clip_min >= off.vllm_importance_sampling_cap
         ):

@@ -162,6 +162,9 @@ class PlatformPolicy(BaseModel):
         description="MLflow servers a run may log to (and send credentials).",
     )
     reward_urls: list[str] = Field(default_factory=list, description="External reward services (reward_url).")
+    judge_urls: list[str] = Field(
+        default_factory=list, description="LLM judges a run may send its completions to (judge_url)."
+    )
     vllm_flags: list[str] = Field(
         default_factory=lambda: list(DEFAULT_VLLM_FLAGS), description="Flags allowed in vllm_extra_args."
     )
@@ -216,7 +219,7 @@ class PlatformPolicy(BaseModel):
                 raise ValueError(f"image_prefixes entry {prefix!r} is not registry[/path][/]. Fix: e.g. ghcr.io/org/.")
         return value
 
-    @field_validator("mlflow_tracking_uris", "reward_urls")
+    @field_validator("mlflow_tracking_uris", "reward_urls", "judge_urls")
     @classmethod
     def _valid_uris(cls, value: list[str]) -> list[str]:
         """Each allowed server parses unambiguously (`uris.parse_http_uri`)."""
@@ -456,6 +459,14 @@ def check_run(
             policy.reward_urls,
             "reward service",
             "every rollout would be sent there",
+        )
+    if config.rewards.judge_url:
+        problems += _uri_problems(
+            "judge_url",
+            config.rewards.judge_url,
+            policy.judge_urls,
+            "LLM judge",
+            "every completion (and the judge token) would be sent there",
         )
     problems += _flag_problems(config.vllm_serve_args, policy)
     problems += path_problems(config, settings)

@@ -24,6 +24,7 @@ from async_grpo.inference.replicas import attached_endpoints
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.launch.base import LaunchResult
 from async_grpo.preflight import check_config
+from async_grpo.rewards.contract import JUDGE_SPEC
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
 from async_grpo.runner.checkpoints import StopGuard
@@ -89,13 +90,64 @@ def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterabl
     _INTERRUPTED.clear()
     _install_signal_handlers()
     info = init_distributed(collective_timeout_s(config))
+    judge: VLLMServer | None = None
     try:
         if not info.is_main:
             run_follower(config, info)
             return None
+        config, judge = start_judge_server(config)  # rank 0 scores every group: its reward workers ask the judge
         return _run_main(config, GRPORecipe(config, info, progress=progress))
     finally:
+        if judge is not None:
+            judge.close()
         close_distributed()
+
+
+def local_server_command(
+    config: GRPOConfig, model: str | Path, port: int, extra_args: list[str] | None = None
+) -> list[str]:
+    """The command of a vLLM server this launcher starts on 127.0.0.1:`port` for `model`, with the run's dtype,
+    length, weight-transfer backend and seed (`inference.server.build_server_command`)."""
+    inf = config.inference
+    return build_server_command(
+        str(model),
+        port=port,
+        dtype=inf.vllm_dtype,
+        max_model_len=inf.vllm_max_model_len,
+        weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+        seed=config.seed,
+        extra_args=extra_args,
+    )
+
+
+def start_judge_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | None]:
+    """Serve `judge_model_name_or_path` as the run's LLM judge (`builtin:llm_judge`) on a vLLM server of its own
+    (log: `<output_dir>/vllm-judge.log`), and return the config with `judge_url` pointing at it, with the server to
+    close after the run. Unchanged config and None when the run has no judge model to serve.
+
+    Raises:
+        VLLMStartupError: the judge's server did not answer /health within vllm_startup_timeout_s.
+    """
+    model = config.rewards.judge_model_name_or_path
+    if model is None or JUDGE_SPEC not in config.rewards.reward_funcs:
+        return config, None
+    inf = config.inference
+    port = free_port()
+    cmd = local_server_command(config, model, port)
+    env = {**server_env(inf.vllm_kv_cache_gib), **vllm_thread_env(config)}
+    log = Path(config.output_dir) / "vllm-judge.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = VLLMServer(cmd, env, log, f"http://127.0.0.1:{port}", inf.vllm_startup_timeout_s)
+    logger.info("starting the LLM judge's vLLM server (%s) on port %d; log: %s", model, port, log)
+    server.start()
+    try:
+        served = config.model_copy(
+            update={"judge_url": f"{server.url}/v1", "judge_model_name_or_path": None, "judge_model": str(model)}
+        )
+    except BaseException:
+        server.close()
+        raise
+    return served, server
 
 
 def vllm_thread_env(config: GRPOConfig) -> dict[str, str]:
@@ -123,15 +175,7 @@ def _run_main(config: GRPOConfig, recipe: GRPORecipe) -> RunSummary:
         for i in range(inf.vllm_replicas):  # all launched first: their start-ups overlap each other and the model load
             port = inf.vllm_port + i if inf.vllm_port else free_port()
             url = f"http://127.0.0.1:{port}"
-            cmd = build_server_command(
-                model_path,
-                port=port,
-                dtype=inf.vllm_dtype,
-                max_model_len=inf.vllm_max_model_len,
-                weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
-                seed=config.seed,
-                extra_args=lora_server_args(config) + config.vllm_serve_args,
-            )
+            cmd = local_server_command(config, model_path, port, lora_server_args(config) + config.vllm_serve_args)
             log = Path(config.output_dir) / ("vllm.log" if i == 0 else f"vllm-{i}.log")
             env = {**server_env(inf.vllm_kv_cache_gib, runtime_lora=config.peft.vllm_lora_sync), **thread_env}
             server = VLLMServer(cmd, env, log, url, inf.vllm_startup_timeout_s)

@@ -10,6 +10,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -42,7 +43,7 @@ def make_train_batch(
     """Compute advantages over `groups` (in place) and wrap them with rollout metrics.
 
     Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
-    `rewards/<func>/mean|std`, `completions/mean_length|max_length` (tokens the model generated: the loss mask's
+    `rewards/<func>/mean|std`, `rewards/<a>/correlation/<b>` (`reward_correlations`), `completions/mean_length|max_length` (tokens the model generated: the loss mask's
     ones, tool output excluded, as TRL), `completions/clipped_ratio`, and `tool_metrics` for multi-turn groups.
     """
     metrics = _advantages_and_metrics(
@@ -76,6 +77,7 @@ def _advantages_and_metrics(
         for idx, name in enumerate(reward_names):  # rewards/<i>/... -> rewards/<func name>/...
             key = key.replace(f"rewards/{idx}/", f"rewards/{name}/")
         metrics[key] = float(value)
+    metrics.update(reward_correlations(rewards_per_func, reward_names))
     lengths = [sum(mask) for grp in groups for mask in grp.loss_mask]  # the model's tokens: tool output excluded
     truncated = [t for grp in groups for t in grp.truncated]
     metrics["completions/mean_length"] = sum(lengths) / len(lengths)
@@ -87,6 +89,44 @@ def _advantages_and_metrics(
         logger.warning("%d sampled token(s) with a NaN/inf sampling logprob are left out of the loss", nonfinite)
     metrics.update(tool_metrics(groups))
     return {k: v for k, v in metrics.items() if not math.isnan(v)}
+
+
+def reward_correlations(rewards_per_func: torch.Tensor, reward_names: Sequence[str]) -> dict[str, float]:
+    """Pearson correlation between every pair of reward functions, over the completions both scored.
+
+    Args:
+        rewards_per_func: `(completions, functions)` raw rewards; NaN where a function did not score a completion.
+        reward_names: the functions' names, in `reward_funcs` order.
+
+    Returns:
+        `rewards/<a>/correlation/<b>` for each pair with `a` before `b` in `reward_funcs`. A pair with fewer than 3
+        completions scored by both, or with a constant function over them, gets no entry (the correlation is
+        undefined there). A learned reward (a reward model, a judge) that drifts away from a verifier shows as a
+        falling correlation while its own mean keeps rising: reward over-optimization (Gao et al. 2023, "Scaling
+        Laws for Reward Model Overoptimization").
+
+    Raises:
+        ValueError: `reward_names` does not have one name per column.
+    """
+    if rewards_per_func.dim() != 2 or rewards_per_func.shape[1] != len(reward_names):
+        raise ValueError(
+            f"reward_correlations: rewards_per_func has shape {tuple(rewards_per_func.shape)}, "
+            f"expected (completions, {len(reward_names)})"
+        )
+    out: dict[str, float] = {}
+    values = rewards_per_func.double()
+    for a in range(len(reward_names)):
+        for b in range(a + 1, len(reward_names)):
+            both = ~(values[:, a].isnan() | values[:, b].isnan())
+            if int(both.sum()) < 3:
+                continue
+            x = values[both, a] - values[both, a].mean()
+            y = values[both, b] - values[both, b].mean()
+            scale = math.sqrt(float((x * x).sum()) * float((y * y).sum()))
+            if scale <= 1e-12 * max(1.0, float(both.sum())):
+                continue  # a constant function over these completions: no correlation
+            out[f"rewards/{reward_names[a]}/correlation/{reward_names[b]}"] = float((x * y).sum()) / scale
+    return out
 
 
 def tool_metrics(groups: list[RolloutGroup]) -> dict[str, float]:

@@ -124,6 +124,17 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     ):
         if wanted(name):
             add(check(config))
+    if not local and config.rewards.judge_model_name_or_path and "builtin:llm_judge" in config.rewards.reward_funcs:
+        add(
+            [
+                Problem(
+                    "rewards.judge_model_name_or_path",
+                    "only the local launcher serves a judge model; on Kubernetes no judge server would be started",
+                    "serve the judge (e.g. a vLLM Deployment and Service) and set judge_url to it, allowed by the "
+                    "platform policy's judge_urls",
+                )
+            ]
+        )
     if wanted("model"):
         problems, note = static.check_model(config)
         add(problems)

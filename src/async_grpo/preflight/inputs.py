@@ -117,6 +117,7 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
     too. Off it, a file is only read (`user_code.check_file_statically`: it exists, parses and defines the function;
     none of its code runs, since this process may hold credentials) and a module is left to the trainer's image.
     Returns ({spec: function}, problems, skip notes)."""
+    from async_grpo.rewards.contract import JUDGE_SPEC
     from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func, reward_func_name
     from async_grpo.rewards.reward_model import is_reward_model_spec
     from async_grpo.user_code import check_file_statically
@@ -125,6 +126,12 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
     for spec in config.rewards.reward_funcs:
         if is_reward_model_spec(spec):
             continue  # the reward_models check reads its folder (`preflight.reward_models`); no probe call
+        if spec == JUDGE_SPEC and not (local and config.rewards.judge_url):
+            skipped.append(
+                "reward_funcs: builtin:llm_judge is asked where the run scores (its judge is served by the launcher, "
+                "or reached from the cluster)"
+            )
+            continue
         try:
             parsed = parse_reward_spec(spec)
             if local or parsed.kind == "builtin":

@@ -25,6 +25,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 OVERLONG_SPEC = "builtin:soft_overlong_penalty"
+JUDGE_SPEC = "builtin:llm_judge"
+JUDGE_FIELDS = (  # the rewards section's fields `builtin:llm_judge` is called with (rewards/judge.py)
+    "judge_url",
+    "judge_model",
+    "judge_rubric",
+    "judge_max_score",
+    "judge_max_tokens",
+    "judge_temperature",
+    "judge_max_retries",
+    "judge_timeout_s",
+    "judge_max_concurrency",
+    "judge_cache_size",
+    "judge_guided_score",
+)
 
 
 @dataclass
@@ -119,7 +133,8 @@ def call_reward(
 def bound_kwargs(config: Any) -> dict[str, dict[str, Any]]:
     """Per reward spec, the keyword arguments the run binds from its config: DAPO's soft overlong penalty gets
     max_completion_length, overlong_buffer_len and overlong_penalty_factor; a reward model
-    (`rewards.reward_model`) its batch size, device and the run's chat_template_kwargs."""
+    (`rewards.reward_model`) its batch size, device and the run's chat_template_kwargs; the LLM judge
+    (`rewards.judge`) the `judge_*` fields."""
     from async_grpo.rewards.reward_model import is_reward_model_spec
 
     rewards = config.rewards
@@ -130,6 +145,8 @@ def bound_kwargs(config: Any) -> dict[str, dict[str, Any]]:
             "overlong_buffer_len": rewards.overlong_buffer_len,
             "overlong_penalty_factor": rewards.overlong_penalty_factor,
         }
+    if JUDGE_SPEC in rewards.reward_funcs:
+        bound[JUDGE_SPEC] = {name: getattr(rewards, name) for name in JUDGE_FIELDS}
     for spec in rewards.reward_funcs:
         if is_reward_model_spec(spec):
             bound[spec] = {

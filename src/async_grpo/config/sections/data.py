@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
 
@@ -89,3 +89,9 @@ class DataConfig(Section):
         "unconverged for some seeds; the run logs `warmup/heldout_sequence_accuracy` (held-out reference turns "
         "reproduced exactly) and warns below 0.5.",
     )
+
+    @field_validator("eval_strategy", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        """`eval_strategy: no` (TRL's spelling) reads as the boolean False in YAML 1.1: take it as "no"."""
+        return "no" if value is False else value

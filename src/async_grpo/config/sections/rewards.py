@@ -10,6 +10,14 @@ from pydantic import Field
 
 from async_grpo.config.sections.base import Section
 
+DEFAULT_JUDGE_RUBRIC = (
+    "You grade an AI assistant's answer.\n\n"
+    "[Question]\n{prompt}\n\n"
+    "[Answer]\n{completion}\n\n"
+    "Rate how correct, helpful and clear the answer is, from 0 (useless) to 10 (perfect). "
+    "Reply with one line: Score: <number>"
+)
+
 
 class RewardsConfig(Section):
     """Reward functions, where they run, and how their scores become advantages."""
@@ -68,6 +76,51 @@ class RewardsConfig(Section):
         "(`python -m async_grpo.rewards.server`, e.g. http://reward:8080): groups are scored there instead of in "
         "a local process pool. None: the env ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher when "
         "reward_replicas > 0), else a local pool of reward_num_workers processes.",
+    )
+    # LLM judge (`builtin:llm_judge`, rewards/judge.py)
+    judge_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+",
+        description="OpenAI-compatible base URL of the LLM judge that `builtin:llm_judge` asks (e.g. a vLLM "
+        "server: http://127.0.0.1:8001/v1, or http://judge:8000/v1 on Kubernetes). builtin:llm_judge needs this "
+        "or judge_model_name_or_path. Its bearer token, if any, comes from the env ASYNC_GRPO_JUDGE_API_KEY.",
+    )
+    judge_model_name_or_path: str | None = Field(
+        None,
+        description="A model for the launcher to serve as the LLM judge on its own vLLM server (locally: a second "
+        "vLLM process, started before the run and stopped after it; judge_url then points at it). Give this or "
+        "judge_url, not both.",
+    )
+    judge_model: str | None = Field(
+        None, description="The judge's served model id; None: the server's first model (GET /models)."
+    )
+    judge_rubric: str = Field(
+        DEFAULT_JUDGE_RUBRIC,
+        description="The judge's instructions, with {prompt} and {completion} where the prompt and the completion "
+        "go; the answer's last `Score: <number>` is the score.",
+    )
+    judge_max_score: float = Field(
+        10.0, gt=0.0, description="Top of the rubric's scale: the reward is the score divided by it (in [0, 1])."
+    )
+    judge_max_tokens: int = Field(32, ge=1, description="Tokens the judge may write per answer.")
+    judge_temperature: float = Field(0.0, ge=0.0, description="The judge's sampling temperature (0: greedy).")
+    judge_max_retries: int = Field(
+        2, ge=0, description="Retries of a judge request after a connection error, timeout or 5xx (openai client)."
+    )
+    judge_timeout_s: float = Field(60.0, gt=0.0, description="Timeout of one judge request (seconds).")
+    judge_max_concurrency: int = Field(
+        16, ge=1, description="Judge requests in flight at once per reward worker (a group's completions at once)."
+    )
+    judge_cache_size: int = Field(
+        10_000,
+        ge=0,
+        description="Judge answers cached per reward worker, keyed by (model, rubric, prompt, completion, "
+        "sampling); 0: no cache.",
+    )
+    judge_guided_score: bool = Field(
+        False,
+        description="Constrain the judge's answer to `Score: <integer 0..judge_max_score>` with vLLM's structured "
+        "outputs (no parse failures; vLLM judges only, judge_max_score an integer up to 100).",
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="Advantage scaling: divide by the group std, the batch std, or not at all (TRL)."

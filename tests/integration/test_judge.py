@@ -1,0 +1,101 @@
+"""The LLM judge (`builtin:llm_judge`, issue 26) against a real vLLM CPU server: the session's tiny-model server
+plays the judge. Its answers are nonsense unless constrained, which makes it a good adversary for the parser: free
+answers are parse failures (None, counted), guided answers always parse; repeated completions come from the cache;
+a judge that is gone raises after its retries (the run's reward-failure rules take it from there); and a whole
+`async-grpo train` run scores every group with the judge and logs its metrics to MLflow."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+
+from async_grpo.inference.server import free_port
+from async_grpo.rewards import judge
+from async_grpo.rewards.contract import RewardLog
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = ["reverse: abc\n", "reverse: hello\n", "reverse: kiwi\n"]
+COMPLETIONS = ["cba", "olleh", "iwik"]
+
+
+def _vllm_servers() -> set[int]:
+    """PIDs of the vLLM API servers running on this machine."""
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        if "vllm.entrypoints.openai.api_server" in " ".join(proc.info["cmdline"] or []):
+            found.add(proc.pid)
+    return found
+
+
+def _judge(url: str, log: RewardLog, **kw):
+    return judge.llm_judge(
+        PROMPTS, COMPLETIONS, judge_url=f"{url}/v1", judge_max_tokens=8, log_metric=log.log_metric, **kw
+    )
+
+
+def test_guided_answers_parse_and_repeat_from_the_cache(vllm_server):
+    judge.clear_cache()
+    log = RewardLog()
+    scores = _judge(vllm_server.url, log, judge_guided_score=True)
+    assert all(s is not None and 0.0 <= s <= 1.0 for s in scores), scores
+    assert log.metrics["judge/parse_failures"] == [0.0]
+    assert log.metrics["judge/requests"] == [1.0] and log.metrics["judge/cache_hits"] == [0.0]
+    assert 0.0 < log.metrics["judge/seconds"][0] < 60.0
+    again = RewardLog()
+    assert _judge(vllm_server.url, again, judge_guided_score=True) == scores  # greedy answers, cached
+    assert again.metrics["judge/cache_hits"] == [1.0] and "judge/seconds" not in again.metrics
+
+
+def test_free_answers_without_a_score_are_counted_not_fatal(vllm_server):
+    judge.clear_cache()
+    log = RewardLog()
+    scores = _judge(vllm_server.url, log, judge_max_score=10.0)
+    parsed = [judge.parse_score(a, 10.0) for a in ("Score: 7", "score = **3**", "Score: 11", "no score")]
+    assert parsed == [0.7, 0.3, None, None]
+    failures = sum(s is None for s in scores)
+    assert log.metrics["judge/parse_failures"] == [failures / len(scores)]
+    assert failures >= 1  # the tiny byte model does not write "Score: <n>" by itself
+
+
+def test_a_judge_that_is_gone_raises_after_its_retries():
+    judge.clear_cache()
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(judge.JudgeUnavailable, match="did not answer after 1 retries.*Fix: check the judge"):
+        judge.llm_judge(PROMPTS, COMPLETIONS, judge_url=url, judge_model="m", judge_max_retries=1, judge_timeout_s=5)
+    assert time.monotonic() - t0 < 30.0
+
+
+def test_a_run_serves_its_judge_and_scores_every_group_with_it(vllm_server, tiny_model_dir, tmp_path):
+    """`judge_model_name_or_path`: the launcher starts the judge's own vLLM server before the run and stops it
+    after (no process left behind); every group is scored by it and the judge metrics reach MLflow."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(REPO / "examples" / "tiny_cpu.yaml"),
+           f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0",
+           f"vllm_url={vllm_server.url}", "max_steps=3", "eval_num_prompts=4", "eval_strategy=no",
+           "per_device_train_batch_size=16", "gradient_accumulation_steps=1", "max_inflight_groups=4",
+           "reward_funcs=[builtin:reverse_exact_match, builtin:llm_judge]", "reward_weights=[1.0, 0.5]",
+           f"judge_model_name_or_path={tiny_model_dir}", "judge_guided_score=true", "judge_max_tokens=10",
+           "skip_zero_advantage_batches=false", "vllm_sync_interval=100"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    before = _vllm_servers()
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])[0]
+    metrics = run.data.metrics
+    assert metrics["summary/prompts_lost"] == 0
+    assert 0.0 <= metrics["rewards/llm_judge/mean"] <= 1.0
+    assert metrics["judge/parse_failures"] == 0.0 and metrics["judge/requests"] > 0.0
+    assert "rewards/reverse_exact_match/correlation/llm_judge" in metrics or metrics["rewards/llm_judge/std"] == 0
+    assert "Application startup complete" in (out / "vllm-judge.log").read_text()
+    assert _vllm_servers() == before  # the judge's server was stopped with the run
