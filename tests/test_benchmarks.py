@@ -138,3 +138,11 @@ def test_time_to_reward_reduced(tmp_path):
     rows = (tmp_path / "time_to_reward.csv").read_text().splitlines()
     assert rows[0] == "system,seed,wall_s,step,heldout_reward" and len(rows) > 3
     assert (tmp_path / "time_to_reward.png").stat().st_size > 0
+
+
+@pytest.mark.integration
+def test_memory_reduced():
+    stdout = run("memory.py", "--steps", "15", "--warmup-sft-steps", "50")
+    assert "MB per 1,000 steps" in stdout
+    for role in ("trainer", "vllm", "workers"):
+        assert f'"{role}": {{"mb_after_warmup": ' in stdout

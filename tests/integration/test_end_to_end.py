@@ -15,6 +15,7 @@ pytestmark = pytest.mark.integration
 EXPECTED_METRICS = [
     # TRL names
     "reward", "reward_std", "rewards/reverse_exact_match/mean", "rewards/reverse_format/mean",
+    "memory/rss_mb/trainer", "memory/rss_mb/vllm", "memory/rss_mb/workers",  # runner.memory, every logged step
     "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
     "loss", "kl", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
     "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",

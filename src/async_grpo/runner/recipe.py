@@ -29,6 +29,7 @@ from async_grpo.inference.replicas import BalancedClient, ReplicaSet
 from async_grpo.orchestrator.rollout import Rollout
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, scheduling
+from async_grpo.runner.memory import memory_metrics
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -328,6 +329,7 @@ class GRPORecipe:
             drops=self.drops.snapshot(),
         ))  # fmt: skip
         if self.step % config.tracking.logging_steps == 0 or self.step == config.optim.max_steps:
+            metrics.update(memory_metrics())  # resident memory by role: a slow leak shows as a slope
             self.tracker.log_metrics(metrics, step=self.step)
         if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
             rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
