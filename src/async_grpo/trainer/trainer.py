@@ -431,8 +431,11 @@ class GRPOLearner:
                 self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
         else:
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
             model = _cpu_copy(self.model.state_dict())
-            optim = _cpu_copy(self.optimizer.state_dict())
+            # keyed by parameter name, as under FSDP, so a state saved at one world size loads at any other
+            optim = _cpu_copy(get_optimizer_state_dict(self.model, self.optimizer))
         return {
             "model": model,
             "optimizer": optim,
@@ -449,20 +452,25 @@ class GRPOLearner:
         Raises:
             KeyError / RuntimeError: the state does not fit this model or optimizer.
         """
-        if self.sharded:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
+        if self.sharded:
             state = state or {"model": {}, "optimizer": {}, "skipped_zero_adv_microbatches": 0}
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optimizer"],
-                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-            )
+            # model, then optimizer, in two calls: `set_state_dict` with the empty dicts ranks > 0 pass skips the
+            # model's broadcast there (it takes an empty model state for "optimizer only") while rank 0 sends it
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(self.model, state["model"], options=options)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
         else:
             self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            if _keyed_by_name(state["optimizer"]):  # any world size's state (`state_dict`): full tensors by name
+                set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=StateDictOptions())
+            else:  # a checkpoint from before the names (torch's own optimizer state: parameters by position)
+                self.optimizer.load_state_dict(state["optimizer"])
         self.skipped_zero_adv_microbatches = int(state["skipped_zero_adv_microbatches"])
         self.skipped_zero_adv_completions = int(state.get("skipped_zero_adv_completions", 0))
         self.skipped_nonfinite_steps = int(state.get("skipped_nonfinite_steps", 0))
@@ -529,6 +537,14 @@ class _ChunkCounts:
 
 
 _DUMMY = object()  # marks a placeholder micro-batch in `GRPOLearner.step` (see `_dummy_pass`)
+
+
+def _keyed_by_name(optimizer_state: dict) -> bool:
+    """True when an optimizer state dict names its parameters (torch.distributed.checkpoint's form) rather than
+    numbering them (torch.optim's own)."""
+    keys = list(optimizer_state.get("state", {}))
+    params = [p for group in optimizer_state.get("param_groups", []) for p in group.get("params", [])]
+    return any(isinstance(k, str) for k in keys + params)
 
 
 def _cpu_copy(obj):
