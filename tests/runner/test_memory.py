@@ -13,20 +13,34 @@ import pytest
 
 from async_grpo.runner.memory import memory_metrics, role_of, slope_per_1000_steps
 
+PARENT = """
+import subprocess, sys, time
+hog = "import time; x = bytearray(200 * 1024 * 1024); time.sleep(60)"  # 200 MB resident
+child = subprocess.Popen([sys.executable, "-c", hog])
+print(child.pid, flush=True)
+try:
+    time.sleep(60)
+finally:
+    child.kill()
+"""
+
 
 def test_children_are_counted_under_their_role():
-    hog = "import time; x = bytearray(200 * 1024 * 1024); time.sleep(30)"  # 200 MB resident
-    child = subprocess.Popen([sys.executable, "-c", hog])
+    """A stand-in trainer (a fresh process, so none of this test runner's own children count) with one 200 MB
+    child: the child is a worker, nothing is vLLM."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     try:
+        child = psutil.Process(int(parent.stdout.readline()))
         deadline = time.monotonic() + 20
-        while psutil.Process(child.pid).memory_info().rss < 200 * 1024 * 1024 and time.monotonic() < deadline:
+        while child.memory_info().rss < 200 * 1024 * 1024 and time.monotonic() < deadline:
             time.sleep(0.1)
-        metrics = memory_metrics()
+        metrics = memory_metrics(psutil.Process(parent.pid))
     finally:
+        parent.kill()
+        parent.wait(timeout=10)
         child.kill()
-        child.wait(timeout=10)
-    assert metrics["memory/rss_mb/workers"] >= 200.0
-    assert metrics["memory/rss_mb/trainer"] > 10.0 and metrics["memory/rss_mb/vllm"] == 0.0
+    assert 200.0 <= metrics["memory/rss_mb/workers"] < 400.0
+    assert 1.0 < metrics["memory/rss_mb/trainer"] < 200.0 and metrics["memory/rss_mb/vllm"] == 0.0
     assert role_of(["python", "-m", "vllm.entrypoints.openai.api_server"], "python") == "vllm"
     assert role_of([], "VLLM::EngineCore") == "vllm"
     assert role_of(["python", "-c", "from multiprocessing.spawn import spawn_main"], "python") == "workers"
