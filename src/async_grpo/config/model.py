@@ -32,6 +32,7 @@ from async_grpo.config.sections import (
     check_peft,
     check_tools,
 )
+from async_grpo.config.sections.rewards import MAX_GUIDED_JUDGE_SCORE
 from async_grpo.config.trl_names import adapt_trl_keys
 
 
@@ -118,11 +119,12 @@ class GRPOConfig(RunFields):
                     f"judge_rubric has no {' or '.join(missing)}. Fix: put both placeholders in the rubric."
                 )
             if rewards.judge_guided_score and (
-                rewards.judge_max_score != int(rewards.judge_max_score) or rewards.judge_max_score > 100
+                rewards.judge_max_score != int(rewards.judge_max_score)
+                or rewards.judge_max_score > MAX_GUIDED_JUDGE_SCORE
             ):
                 raise ValueError(
                     f"judge_max_score={rewards.judge_max_score:g} with judge_guided_score: the scale must be whole "
-                    "numbers up to 100. Fix: set judge_max_score to an integer, or judge_guided_score: false."
+                    f"numbers up to {MAX_GUIDED_JUDGE_SCORE}. Fix: set judge_max_score to an integer, or judge_guided_score: false."
                 )
         if off.vllm_importance_sampling_clip_min is not None and (
             off.vllm_importance_sampling_clip_min >= off.vllm_importance_sampling_cap

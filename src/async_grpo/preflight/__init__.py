@@ -47,6 +47,7 @@ from typing import Literal
 
 from async_grpo.config import GRPOConfig
 from async_grpo.preflight.report import PreflightError, PreflightReport, Problem
+from async_grpo.rewards.contract import JUDGE_SPEC
 
 Target = Literal["local", "cluster"]
 CHECKS = (
@@ -124,7 +125,7 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     ):
         if wanted(name):
             add(check(config))
-    if not local and config.rewards.judge_model_name_or_path and "builtin:llm_judge" in config.rewards.reward_funcs:
+    if not local and config.rewards.judge_model_name_or_path and JUDGE_SPEC in config.rewards.reward_funcs:
         add(
             [
                 Problem(

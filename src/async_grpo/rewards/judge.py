@@ -35,12 +35,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from async_grpo.config.sections.rewards import DEFAULT_JUDGE_RUBRIC
+from async_grpo.config.sections.rewards import DEFAULT_JUDGE_RUBRIC, MAX_GUIDED_JUDGE_SCORE
 
 API_KEY_ENV = "ASYNC_GRPO_JUDGE_API_KEY"  # the judge server's bearer token, when it needs one
 DEFAULT_RUBRIC = DEFAULT_JUDGE_RUBRIC
 SCORE_PATTERN = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-MAX_GUIDED_SCORE = 100  # `judge_guided_score` lists every integer score up to this in its regex
+MAX_GUIDED_SCORE = MAX_GUIDED_JUDGE_SCORE
 
 
 class JudgeUnavailable(RuntimeError):

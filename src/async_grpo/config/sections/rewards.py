@@ -10,6 +10,7 @@ from pydantic import Field
 
 from async_grpo.config.sections.base import Section
 
+MAX_GUIDED_JUDGE_SCORE = 100  # `judge_guided_score` lists every integer score up to this in its regex
 DEFAULT_JUDGE_RUBRIC = (
     "You grade an AI assistant's answer.\n\n"
     "[Question]\n{prompt}\n\n"
