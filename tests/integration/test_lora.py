@@ -29,6 +29,14 @@ LORA_R = 8
 PROMPT = [114, 101, 118, 101, 114, 115, 101, 58, 32, 97, 98, 99, 10]  # "reverse: abc\n" in the tiny byte vocab
 PAD = 256
 VLLM_STARTUP_TIMEOUT_S = 400.0
+# The adapter-sync run: its first ON_POLICY_STEPS steps sample strictly on-policy (importance ratio 1), the rest run
+# ahead asynchronously. Held-out reward gains measured with this config (64 prompts x 4 samples, per-prompt seeds;
+# 2 cores): seeds 0-3 gave +0.0315, +0.0339, +0.0371, +0.0209. With the old 20 on-policy steps and 32 prompts the
+# gain was +0.012 to +0.030 over seeds here and -0.0003 once in CI: no margin over the noise. The floor is a third of
+# the smallest gain above; a run whose adapter never reaches vLLM (gain 0) fails.
+LORA_RL_STEPS = 60
+ON_POLICY_STEPS = 20
+MIN_LORA_GAIN = 0.007
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +183,9 @@ def test_lora_run_with_merged_pushes_samples_with_the_trainer_policy(lora_server
 def test_lora_run_with_adapter_sync_raises_held_out_reward(lora_server, tiny_model_dir, tmp_path):
     config = GRPOConfig(
         model_name_or_path=str(tiny_model_dir), dataset="builtin:reverse", output_dir=str(tmp_path / "run"),
-        vllm_url=lora_server.url, warmup_sft_steps=50, max_steps=20, vllm_sync_interval=1,
-        sync_warmup_rollouts=20, per_device_train_batch_size=64, num_generations=8, max_completion_length=12,
-        eval_num_prompts=32, num_generations_eval=4, torch_num_threads=1, learning_rate=5e-3,
+        vllm_url=lora_server.url, warmup_sft_steps=50, max_steps=LORA_RL_STEPS, vllm_sync_interval=1,
+        sync_warmup_rollouts=ON_POLICY_STEPS, per_device_train_batch_size=64, num_generations=8,
+        max_completion_length=12, eval_num_prompts=64, num_generations_eval=4, torch_num_threads=1, learning_rate=5e-3,
         lr_scheduler_type="constant", reward_weights=[1.0, 0.5], epsilon_high=0.28, log_completions_steps=100,
         reward_num_workers=1, use_peft=True, lora_r=LORA_R, lora_alpha=16, lora_dropout=0.0,
         lora_target_modules="all-linear", vllm_lora_sync=True,
@@ -186,16 +194,18 @@ def test_lora_run_with_adapter_sync_raises_held_out_reward(lora_server, tiny_mod
     summary = run_local(config, progress=False)
     wall = time.perf_counter() - t0
     before, after = summary.eval_before["eval/reward"], summary.eval_after["eval/reward"]
-    assert summary.steps == 20
-    assert after > before  # LoRA on-policy GRPO (sync_warmup_rollouts) learns from the adapter-sampled rollouts
+    assert summary.steps == LORA_RL_STEPS
+    # LoRA GRPO learns from the adapter-sampled rollouts, by more than the spread between seeds (see MIN_LORA_GAIN)
+    assert after - before >= MIN_LORA_GAIN, (before, after)
 
     mlflow.set_tracking_uri(summary.tracking_uri)
     client = mlflow.tracking.MlflowClient()
     sent = [m.value for m in client.get_metric_history(summary.run_id, "weight_sync/bytes")]
     ratios = [m.value for m in client.get_metric_history(summary.run_id, "sampling/importance_sampling_ratio/mean")]
     full = _full_bytes(tiny_model_dir)
-    assert len(sent) == 20 and all(0 < b < 0.15 * full for b in sent)  # adapter files only, every step
-    assert all(abs(r - 1.0) < 1e-3 for r in ratios)  # on-policy: vLLM's adapter and the trainer agree
+    assert len(sent) == LORA_RL_STEPS and all(0 < b < 0.15 * full for b in sent)  # adapter files only, every step
+    on_policy = ratios[:ON_POLICY_STEPS]  # staleness 0: vLLM's adapter and the trainer's policy agree
+    assert len(on_policy) == ON_POLICY_STEPS and all(abs(r - 1.0) < 1e-3 for r in on_policy), on_policy
     model_dir = Path(summary.model_dir)
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # merged, loads without peft
     assert not any("lora" in n for n, _ in plain.named_parameters())
