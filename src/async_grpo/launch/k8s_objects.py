@@ -3,7 +3,8 @@
 The builders are pure functions (config + `ClusterSettings` in, manifests out), so the same code
 feeds the `kubernetes` launch backend, `async-grpo render` and the committed example manifests, and
 tests can validate the output against the Kubernetes and Training Operator schemas offline. Pod parts
-live in `k8s_pods.py`, NetworkPolicies in `k8s_network.py`, the platform's allow-list in `k8s_policy.py`.
+live in `k8s_pods.py`, NetworkPolicies in `k8s_network.py`, the platform's allow-list in `k8s_policy.py`, the
+LLM judge a run serves in `k8s_judge.py`.
 """
 
 from __future__ import annotations
