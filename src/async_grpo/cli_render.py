@@ -255,8 +255,9 @@ def render(
     policy: PlatformPolicy | None = None,
     tokens: RunTokens | None = None,
 ) -> list[Path]:
-    """Write the run's objects (as the backend would create them, minus ownerReferences and the MLflow run
-    id, which exist only at launch) into `out_dir`; with trainer_api trainjob also the ClusterTrainingRuntime, in
+    """Write the run's objects (as the backend would create them, minus ownerReferences, the MLflow run id and,
+    with a judge the run serves, the judge Service's cluster IP in the reward pods' hostAliases, which exist only
+    at launch) into `out_dir`; with trainer_api trainjob also the ClusterTrainingRuntime, in
     `out_dir/cluster/` (cluster-scoped, outside the kustomization). Returns the written paths.
 
     Args:

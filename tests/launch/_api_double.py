@@ -164,6 +164,8 @@ class FakeCluster:
             raise ApiException(status=409, reason="AlreadyExists")
         stored = copy.deepcopy(body)
         stored["metadata"]["uid"] = next(self._uids)
+        if kind == "Service" and "clusterIP" not in stored["spec"]:  # the API server allocates one
+            stored["spec"]["clusterIP"] = f"10.96.0.{len(self.objects) + 10}"
         self.objects[key] = stored
         return copy.deepcopy(stored)
 

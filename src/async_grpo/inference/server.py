@@ -60,7 +60,7 @@ def build_server_command(
     host: str = "127.0.0.1",
     dtype: str = "float32",
     max_model_len: int = 512,
-    weight_transfer_backend: str = "gloo",
+    weight_transfer_backend: str | None = "gloo",
     seed: int = 0,
     extra_args: list[str] | None = None,
     cpu: bool | None = None,
@@ -74,6 +74,8 @@ def build_server_command(
     with a token budget of max(2048, max_model_len) per engine step, because a split prefill of a seeded request
     crashes the CPU engine (see the comment below). `cpu`: whether the target runs the CPU build (None: this
     machine's vLLM, `is_cpu_build()`; the Kubernetes backend passes its target's). `extra_args` come last.
+    `weight_transfer_backend` None: a plain server whose weights never change (an LLM judge), without the
+    weight-transfer flags and the worker extension.
     """
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -84,9 +86,10 @@ def build_server_command(
         "--max-model-len", str(max_model_len),
         "--seed", str(seed),
         "--logprobs-mode", "processed_logprobs",
-        "--weight-transfer-config", json.dumps({"backend": weight_transfer_backend}),
-        "--disable-log-stats",
     ]  # fmt: skip
+    if weight_transfer_backend is not None:
+        cmd += ["--weight-transfer-config", json.dumps({"backend": weight_transfer_backend})]
+    cmd += ["--disable-log-stats"]
     if weight_transfer_backend == "gloo":
         cmd += ["--worker-extension-cls", GLOO_WORKER_EXTENSION]
     if is_cpu_build() if cpu is None else cpu:

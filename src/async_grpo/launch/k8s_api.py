@@ -76,6 +76,13 @@ def as_dict(obj: Any) -> dict[str, Any]:
     return {"metadata": {"name": meta.name, "uid": meta.uid, "labels": dict(meta.labels or {})}}
 
 
+def cluster_ip(service: Any) -> str | None:
+    """The `spec.clusterIP` of a created Service (a client model or a dict); None when it has none."""
+    if isinstance(service, dict):
+        return (service.get("spec") or {}).get("clusterIP")
+    return getattr(service.spec, "cluster_ip", None) if service.spec is not None else None
+
+
 def pod_name(pod: Any) -> str:
     """The name of a listed pod (a client model or a dict)."""
     return pod["metadata"]["name"] if isinstance(pod, dict) else pod.metadata.name

@@ -2,7 +2,8 @@
 
 One policy per component isolates its pods both ways. What is open is only what the run needs:
 the trainer reaches its own ranks, vLLM, the reward service, MLflow and DNS; vLLM reaches the
-trainer's weight-transfer ports and DNS; reward pods reach nothing unless the platform opens it.
+trainer's weight-transfer ports and DNS; reward pods reach nothing unless the platform opens it (and the
+run's LLM judge, when it serves one: the judge admits only the pods that ask it and reaches nothing).
 No rule names the Kubernetes API or any address outside the cluster, so neither is reachable (the
 platform's extra egress ranges always have the cloud metadata addresses carved out).
 """
@@ -70,18 +71,44 @@ def reward_policy(
     component: str = "reward",
     clients: dict[str, Any] | None = None,
     owner: dict[str, Any] | None = None,
+    judge: bool = False,
 ) -> Manifest:
     """The reward pods' policy: ingress from `clients` (a peer; default this run's trainer) on the reward
-    port only; egress to the platform's `reward_egress` ranges only (none by default, not even DNS)."""
+    port only; egress to the platform's `reward_egress` ranges only (none by default, not even DNS), and with
+    `judge` to the run's judge pods on the vLLM port."""
     clients = clients or {"podSelector": {"matchLabels": selector(run_name, "trainer")}}
     ingress = [{"from": [clients], "ports": [{"protocol": "TCP", "port": settings.reward_port}]}]
-    return _policy(settings, run_name, component, ingress, _extra(policy.reward_egress), owner)
+    egress = ([judge_egress(settings, run_name)] if judge else []) + _extra(policy.reward_egress)
+    return _policy(settings, run_name, component, ingress, egress, owner)
+
+
+def judge_egress(settings: ClusterSettings, run_name: str) -> dict[str, Any]:
+    """Egress rule to the run's judge pods on the vLLM port."""
+    return {
+        "to": [{"podSelector": {"matchLabels": selector(run_name, "judge")}}],
+        "ports": [{"protocol": "TCP", "port": settings.vllm_port}],
+    }
+
+
+def judge_policy(
+    settings: ClusterSettings, run_name: str, clients: str, owner: dict[str, Any] | None = None
+) -> Manifest:
+    """The judge pods' policy: ingress only from this run's `clients` component (the pods that ask the judge) on
+    the vLLM port; no egress at all (the judge loads its model from the volume and calls nothing)."""
+    peer = {"podSelector": {"matchLabels": selector(run_name, clients)}}
+    ingress = [{"from": [peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}]}]
+    return _policy(settings, run_name, "judge", ingress, [], owner)
 
 
 def build_network_policies(
-    settings: ClusterSettings, run_name: str, policy: PlatformPolicy | None = None, owner: dict[str, Any] | None = None
+    settings: ClusterSettings,
+    run_name: str,
+    policy: PlatformPolicy | None = None,
+    owner: dict[str, Any] | None = None,
+    *,
+    judge_clients: str | None = None,
 ) -> list[Manifest]:
-    """The run's policies: vllm, trainer and (with reward_replicas > 0) reward.
+    """The run's policies: vllm, trainer, (with reward_replicas > 0) reward and (with `judge_clients`) judge.
 
     vLLM's dev-mode endpoints load weights, so only this run's trainer pods reach vLLM (HTTP port +
     weight-transfer range); the reward service admits only the trainer; trainer pods admit each other
@@ -89,6 +116,8 @@ def build_network_policies(
 
     Args:
         policy: the platform policy (DNS pods, MLflow pods and port, extra egress); None: its defaults.
+        judge_clients: the component whose pods ask the run's LLM judge ("reward" or "trainer",
+            `k8s_judge.judge_clients`): the judge admits only them and only they reach it; None: no judge.
     """
     policy = policy or PlatformPolicy()
     lo, hi = settings.weight_transfer_ports
@@ -114,6 +143,8 @@ def build_network_policies(
                 "ports": [{"protocol": "TCP", "port": settings.reward_port}],
             },
         )
+    if judge_clients == "trainer":
+        trainer_egress.insert(len(trainer_egress) - len(policy.trainer_egress), judge_egress(settings, run_name))
     policies = [
         _policy(
             settings,
@@ -133,5 +164,7 @@ def build_network_policies(
         ),
     ]
     if settings.reward_replicas:
-        policies.append(reward_policy(settings, run_name, policy, owner=owner))
+        policies.append(reward_policy(settings, run_name, policy, owner=owner, judge=judge_clients == "reward"))
+    if judge_clients:
+        policies.append(judge_policy(settings, run_name, judge_clients, owner))
     return policies

@@ -3,7 +3,8 @@
 The builders are pure functions (config + `ClusterSettings` in, manifests out), so the same code
 feeds the `kubernetes` launch backend, `async-grpo render` and the committed example manifests, and
 tests can validate the output against the Kubernetes and Training Operator schemas offline. Pod parts
-live in `k8s_pods.py`, NetworkPolicies in `k8s_network.py`, the platform's allow-list in `k8s_policy.py`.
+live in `k8s_pods.py`, NetworkPolicies in `k8s_network.py`, the platform's allow-list in `k8s_policy.py`, the
+LLM judge a run serves in `k8s_judge.py`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,25 @@ import yaml
 from async_grpo.config import GRPOConfig, flat_dump
 from async_grpo.config.sections.peft import lora_server_args
 from async_grpo.inference.server import CPU_SERVER_ENV, RUNTIME_LORA_ENV, build_server_command
+from async_grpo.launch.k8s_judge import (
+    build_judge_deployment,
+    build_judge_service,
+    judge_clients,
+    judge_health_url,
+    judge_url,
+    serves_judge,
+)
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS, build_network_policies, reward_policy
 from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names other modules import from here
     CACHE_DIR,
+    COMPONENT_LABEL,
     CONFIG_DIR,
     CONFIG_FILE,
     DNS_LABEL,
+    JUDGE_API_KEY_ENV,
+    JUDGE_TOKEN_KEY,
     POD_IP_ENV,
+    PROBE_PERIOD_S,
     PYTORCH_CONTAINER,
     PYTORCHJOB_GROUP,
     PYTORCHJOB_PLURAL,
@@ -36,6 +49,7 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     RUN_LABEL,
     TINY_MODEL_DIR,
     VLLM_API_KEY_ENV,
+    VLLM_AUTH_MIDDLEWARE,
     VLLM_TOKEN_KEY,
     Manifest,
     RunTokens,
@@ -56,6 +70,7 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     template,
     token_env,
     tokens_secret_name,
+    vllm_probes,
     vllm_url,
 )
 from async_grpo.launch.k8s_pods import resources as _resources
@@ -64,9 +79,7 @@ from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.uris import canonical_http_uri
 from async_grpo.user_code import is_file_spec
 
-PROBE_PERIOD_S = 10
 TERMINATION_MARGIN_S = 30  # trainer pod: past checkpoint_signal_grace_s, for MLflow and process shutdown
-VLLM_AUTH_MIDDLEWARE = "async_grpo.inference.auth.BearerTokenMiddleware"  # guards vLLM's dev-mode routes
 
 # Polls vLLM's /health until it answers 200 or the deadline passes (argv: base URL, timeout s).
 WAIT_FOR_VLLM_PY = """\
@@ -106,11 +119,12 @@ def tracking_uri(config: GRPOConfig, settings: ClusterSettings) -> str:
 # ------------------------------------------------------------------------------------------------ trainer side
 def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str) -> GRPOConfig:
     """The run config as the trainer pod sees it: vLLM, MLflow and (with reward_replicas > 0) the reward service
-    in the cluster, outputs on the PVC.
+    in the cluster, outputs on the PVC; a judge the run serves (`k8s_judge.serves_judge`) as `judge_url` (its
+    Service) and `judge_model` (its path), with no `judge_model_name_or_path` left to serve.
 
     Raises:
         ValueError: a path is not on the PVC (`k8s_policy.path_problems`), `reward_url` points elsewhere while the run starts its
-            own reward service, or a URI is unsafe (`uris.UnsafeURI`).
+            own reward service or its own judge, or a URI is unsafe (`uris.UnsafeURI`).
     """
     problems = path_problems(config, settings)
     if problems:
@@ -127,6 +141,18 @@ def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str)
         data["reward_url"] = own
     elif config.rewards.reward_url:  # the run's own service (allowed by the policy), as the client will parse it
         data["reward_url"] = canonical_http_uri(config.rewards.reward_url)
+    if serves_judge(config):
+        if not settings.reward_replicas and config.rewards.reward_url:
+            raise ValueError(
+                f"judge_model_name_or_path with reward_url={config.rewards.reward_url!r} and reward_replicas=0: the "
+                "run's own judge would be asked by a reward service outside the run, which cannot reach it. Fix: "
+                "drop reward_url (the run then scores in its own pods), or give judge_url instead."
+            )
+        data.update(
+            judge_url=judge_url(run_name, settings),
+            judge_model_name_or_path=None,
+            judge_model=config.rewards.judge_model_name_or_path,
+        )
     data.update(
         vllm_url=vllm_url(run_name, settings),
         mlflow_tracking_uri=tracking_uri(config, settings),
@@ -188,6 +214,9 @@ def trainer_pod(
     if settings.reward_replicas:
         env.append({"name": REWARD_URL_ENV, "value": reward_url(run_name, settings)})
         env += token_env(secret, (REWARD_TOKEN_ENV, REWARD_TOKEN_KEY))
+    asks_judge = judge_clients(config, settings)
+    if asks_judge == "trainer":  # its reward process pool scores, so it asks the judge
+        env += token_env(secret, (JUDGE_API_KEY_ENV, JUDGE_TOKEN_KEY))
     if mlflow_run_id:
         env.append({"name": "MLFLOW_RUN_ID", "value": mlflow_run_id})  # the Tracker resumes this run
     gpus = settings.nproc_per_node if settings.device == "gpu" else 0
@@ -201,25 +230,34 @@ def trainer_pod(
         "volumeMounts": mounts,
         "securityContext": container_security(),
     }
-    wait = {
-        "name": "wait-for-vllm",
-        "image": settings.image("trainer"),
-        "command": [
-            "python",
-            "-c",
-            WAIT_FOR_VLLM_PY,
-            vllm_url(run_name, settings),
-            f"{config.inference.vllm_startup_timeout_s:g}",
-        ],
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": container_security(),
-    }
-    spec = pod_spec(settings, [container], vols, init_containers=[wait])
+    timeout_s = config.inference.vllm_startup_timeout_s
+    waits = [wait_container("wait-for-vllm", settings.image("trainer"), vllm_url(run_name, settings), timeout_s)]
+    if asks_judge == "trainer":
+        waits.append(
+            wait_container("wait-for-judge", settings.image("trainer"), judge_health_url(run_name, settings), timeout_s)
+        )
+    elif asks_judge == "reward":  # the reward pods become ready once the judge is (their own wait-for-judge)
+        waits.append(
+            wait_container("wait-for-rewards", settings.image("trainer"), reward_url(run_name, settings), timeout_s)
+        )
+    spec = pod_spec(settings, [container], vols, init_containers=waits)
     # SIGTERM -> the step ends, a checkpoint is written (checkpoint_signal_grace_s), then the pod is killed
     spec["terminationGracePeriodSeconds"] = (
         math.ceil(config.checkpoint.checkpoint_signal_grace_s) + TERMINATION_MARGIN_S
     )
     return template(run_name, "trainer", spec)
+
+
+def wait_container(name: str, image: str, url: str, timeout_s: float) -> dict[str, Any]:
+    """An init container that polls `url`/health until it answers 200, failing after `timeout_s` seconds
+    (WAIT_FOR_VLLM_PY)."""
+    return {
+        "name": name,
+        "image": image,
+        "command": ["python", "-c", WAIT_FOR_VLLM_PY, url, f"{timeout_s:g}"],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": container_security(),
+    }
 
 
 def build_pytorchjob(
@@ -274,18 +312,6 @@ def vllm_command(config: GRPOConfig, settings: ClusterSettings, model_path: str)
     if settings.device == "gpu" and settings.vllm_gpus > 1 and config.inference.vllm_tensor_parallel_size == 1:
         cmd += ["--tensor-parallel-size", str(settings.vllm_gpus)]  # unless the config sets it (vllm_serve_args)
     return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + lora_server_args(config) + config.vllm_serve_args
-
-
-def vllm_probes(startup_timeout_s: float) -> dict[str, Any]:
-    """The vLLM container's probes, all on /health (the one route answered without the token): readiness every
-    5 s, a startup probe allowing `startup_timeout_s` seconds to load the model, liveness once started."""
-    startup_failures = max(1, math.ceil(startup_timeout_s / PROBE_PERIOD_S))
-    health = {"httpGet": {"path": "/health", "port": "http"}}
-    return {
-        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
-        "startupProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": startup_failures},
-        "livenessProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 6},
-    }
 
 
 def build_vllm_deployment(
@@ -390,7 +416,8 @@ def build_reward_deployment(
     """Reward-worker Deployment serving the run's reward functions over HTTP (`REWARD_SERVER_MODULE`).
 
     Reward code is submitter code, so these pods hold no credentials: no MLflow secret, no HF token, no
-    ServiceAccount token; only the reward service's own bearer token. The shared volume is mounted,
+    ServiceAccount token; only the reward service's own bearer token, and the judge's when the run serves an LLM
+    judge (the reward pods ask it; they wait for it in an init container). The shared volume is mounted,
     read-only, only when a reward function or a tool is a file (`/workspace/rewards/x.py:fn`).
 
     Args:
@@ -428,7 +455,12 @@ def build_reward_deployment(
         "volumeMounts": mounts,
         "securityContext": container_security(),
     }
-    spec = pod_spec(settings, [container], vols, compute=False)
+    init = []
+    if component == "reward" and judge_clients(config, settings) == "reward":  # the run's judge: its token only
+        container["env"] += token_env(secret or tokens_secret_name(run_name), (JUDGE_API_KEY_ENV, JUDGE_TOKEN_KEY))
+        url, timeout_s = judge_health_url(run_name, settings), config.inference.vllm_startup_timeout_s
+        init.append(wait_container("wait-for-judge", settings.image("reward"), url, timeout_s))
+    spec = pod_spec(settings, [container], vols, init_containers=init, compute=False)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -501,8 +533,9 @@ def build_run_objects(
     tokens: RunTokens | None = None,
     policy: PlatformPolicy | None = None,
 ) -> list[Manifest]:
-    """Every object of one run, in creation order: ConfigMap, PyTorchJob, tokens Secret, NetworkPolicies,
-    reward Deployment + Service, vLLM Service + Deployment (policies exist before the pods they guard). The
+    """Every object of one run, in creation order: ConfigMap, PyTorchJob, tokens Secret, NetworkPolicies, (when
+    the run serves an LLM judge, `k8s_judge`) judge Service + Deployment, reward Deployment + Service, vLLM
+    Service + Deployment (policies exist before the pods they guard). The
     PyTorchJob path; `k8s_trainjob.build_objects_for_api` picks by `settings.trainer_api`.
 
     The images are taken from `settings` as given: resolve them and check the run with
@@ -523,12 +556,18 @@ def build_run_objects(
             f"run name {run_name!r} is not a DNS-1123 label of at most 40 characters "
             "(lowercase letters, digits, '-', starting with a letter). Fix: rename it."
         )
+    asks_judge = judge_clients(config, settings)
     objs = [
         build_config_map(config, settings, run_name, owner),
         build_pytorchjob(config, settings, run_name, mlflow_run_id),
-        build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner),
+        build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner, judge=bool(asks_judge)),
     ]
-    objs += build_network_policies(settings, run_name, policy, owner)
+    objs += build_network_policies(settings, run_name, policy, owner, judge_clients=asks_judge)
+    if asks_judge:  # the Service first: the launcher pins its address into the reward pods (`k8s_judge`)
+        objs += [
+            build_judge_service(settings, run_name, owner),
+            build_judge_deployment(config, settings, run_name, owner),
+        ]
     if settings.reward_replicas:
         objs += [
             build_reward_deployment(config, settings, run_name, owner),

@@ -7,12 +7,14 @@ decided in exactly one function here and every pod gets it the same way.
 
 from __future__ import annotations
 
+import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.naming import DNS_LABEL  # noqa: F401 - re-exported
+from async_grpo.rewards.judge import API_KEY_ENV as JUDGE_API_KEY_ENV  # noqa: F401 - re-exported
 from async_grpo.rewards.wire import AUTH_TOKEN_ENV, REWARD_URL_ENV  # noqa: F401 - REWARD_URL_ENV re-exported
 
 Manifest = dict[str, Any]
@@ -30,9 +32,12 @@ TINY_MODEL_DIR = "/models/tiny"
 REWARD_SERVER_MODULE = "async_grpo.rewards.server"
 REWARD_TOKEN_ENV = AUTH_TOKEN_ENV  # the reward service's bearer token (server checks it, client sends it)
 VLLM_API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable: its middleware guards /v1, ours the dev-mode routes
+VLLM_AUTH_MIDDLEWARE = "async_grpo.inference.auth.BearerTokenMiddleware"  # guards every vLLM route but /health
+PROBE_PERIOD_S = 10
 POD_IP_ENV = "POD_IP"  # the trainer's address for the weight-transfer rendezvous (vLLM workers dial it)
 TOKENS_SECRET_SUFFIX = "-tokens"
 VLLM_TOKEN_KEY, REWARD_TOKEN_KEY = "vllm-api-key", "reward-token"
+JUDGE_TOKEN_KEY = "judge-api-key"  # in the tokens Secret only when the run serves an LLM judge
 # Keys of the MLflow secret that reach the trainer (each optional); nothing else in that secret does.
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 
@@ -111,20 +116,23 @@ def meta(
 # ------------------------------------------------------------------------------------------------ tokens
 @dataclass(frozen=True)
 class RunTokens:
-    """The run's two bearer tokens, kept in Secret `<run>-tokens` (a second layer under the NetworkPolicies).
+    """The run's bearer tokens, kept in Secret `<run>-tokens` (a second layer under the NetworkPolicies).
 
     Attributes:
         vllm_api_key: guards every vLLM route but /health (vLLM's VLLM_API_KEY plus our dev-mode middleware).
         reward_token: guards the reward service's scoring routes.
+        judge_api_key: guards the LLM judge's vLLM server (only used when the run serves one); a fresh random
+            token unless given.
     """
 
     vllm_api_key: str
     reward_token: str
+    judge_api_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     @classmethod
     def generate(cls) -> RunTokens:
-        """Two fresh random tokens (256 bits each, URL-safe)."""
-        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        """Three fresh random tokens (256 bits each, URL-safe)."""
+        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32), secrets.token_urlsafe(32))
 
 
 def tokens_secret_name(run_name: str) -> str:
@@ -139,14 +147,19 @@ def build_tokens_secret(
     *,
     component: str = "tokens",
     owner: dict[str, Any] | None = None,
+    judge: bool = False,
 ) -> Manifest:
-    """Secret `<run>-<component>` (`<run>-tokens` for the run itself) holding the bearer tokens."""
+    """Secret `<run>-<component>` (`<run>-tokens` for the run itself) holding the bearer tokens; with `judge` also
+    the LLM judge's (key JUDGE_TOKEN_KEY)."""
+    data = {VLLM_TOKEN_KEY: tokens.vllm_api_key, REWARD_TOKEN_KEY: tokens.reward_token}
+    if judge:
+        data[JUDGE_TOKEN_KEY] = tokens.judge_api_key
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": meta(f"{run_name}-{component}", run_name, component, settings, owner),
-        "stringData": {VLLM_TOKEN_KEY: tokens.vllm_api_key, REWARD_TOKEN_KEY: tokens.reward_token},
+        "stringData": data,
     }
 
 
@@ -293,3 +306,15 @@ def mlflow_secret_env(settings: ClusterSettings) -> list[dict[str, Any]]:
         {"name": key, "valueFrom": {"secretKeyRef": {"name": settings.mlflow_secret, "key": key, "optional": True}}}
         for key in MLFLOW_SECRET_KEYS
     ]
+
+
+def vllm_probes(startup_timeout_s: float) -> dict[str, Any]:
+    """A vLLM container's probes, all on /health (the one route answered without the token): readiness every
+    5 s, a startup probe allowing `startup_timeout_s` seconds to load the model, liveness once started."""
+    startup_failures = max(1, math.ceil(startup_timeout_s / PROBE_PERIOD_S))
+    health = {"httpGet": {"path": "/health", "port": "http"}}
+    return {
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "startupProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "failureThreshold": startup_failures},
+        "livenessProbe": {**health, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 6},
+    }

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from async_grpo.config import ConfigError, GRPOConfig, format_validation_error
 from async_grpo.launch.image_refs import BadImageReference, parse_image_ref, prefix_covers
+from async_grpo.launch.k8s_judge import serves_judge
 from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH, NCCL_TUNING_ENV, ClusterSettings, check_mount_path
 from async_grpo.launch.uris import UnsafeURI, parse_http_uri, uri_allowed
 from async_grpo.user_code import is_file_spec
@@ -164,6 +165,11 @@ class PlatformPolicy(BaseModel):
     reward_urls: list[str] = Field(default_factory=list, description="External reward services (reward_url).")
     judge_urls: list[str] = Field(
         default_factory=list, description="LLM judges a run may send its completions to (judge_url)."
+    )
+    max_gpus_per_pod: int | None = Field(
+        None,
+        ge=1,
+        description="Most GPUs one run pod may ask for (trainer nproc_per_node, vllm_gpus, judge_gpus); None: no cap.",
     )
     vllm_flags: list[str] = Field(
         default_factory=lambda: list(DEFAULT_VLLM_FLAGS), description="Flags allowed in vllm_extra_args."
@@ -338,8 +344,8 @@ def on_volume(path: str, settings: ClusterSettings) -> bool:
 
 def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     """Every path the run reads on the cluster must lie on the workspace volume (`on_volume`): the model (or
-    builtin:tiny, or a `models:/` registry URI, downloaded onto the volume by the train step), the datasets (or builtin tasks), a checkpoint to resume from, and each submitter file named by
-    reward_funcs, tools and data_producer. Returns one problem per path that does not, naming the field and the fix.
+    builtin:tiny, or a `models:/` registry URI, downloaded onto the volume by the train step), the datasets (or builtin tasks), a checkpoint to resume from, each submitter file named by
+    reward_funcs, tools and data_producer, and the judge model the run serves (a path on the volume only). Returns one problem per path that does not, naming the field and the fix.
     """
     mount = settings.data_mount_path
     fix = f"Fix: copy it onto PVC {settings.pvc_name!r} and name it as {mount}/<path>, without '..' or '//'"
@@ -357,7 +363,8 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         ("data_producer", [config.producer.data_producer]),
     ):
         checked += [(field, spec.rsplit(":", 1)[0], f"the file of {spec!r}") for spec in specs if is_file_spec(spec)]
-    return [
+    problems = _judge_model_problems(config, settings, fix)
+    return problems + [
         f"{field}={value!r}: on Kubernetes {what} must be a builtin, a normalized path on the shared volume (run "
         f"pods reach no hub) or, for the model, an MLflow registry URI (models:/...). {fix}."
         for field, value, what in checked
@@ -367,6 +374,35 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         # the train step downloads a registry version from the run's (allowed) MLflow server onto the volume, into
         # the run's folder, before any pod starts (`warm_start.resolve_warm_start`); the pods see only that folder
         and not (field == "model_name_or_path" and value.startswith("models:/"))
+    ]
+
+
+def _judge_model_problems(config: GRPOConfig, settings: ClusterSettings, fix: str) -> list[str]:
+    """A judge model the run serves (builtin:llm_judge with judge_model_name_or_path) is read by the judge's vLLM pod
+    from the workspace volume: a normalized path there, never a builtin, a hub id or a registry URI (nothing
+    downloads it)."""
+    model = config.rewards.judge_model_name_or_path
+    if not serves_judge(config) or on_volume(model, settings):
+        return []
+    return [
+        f"judge_model_name_or_path={model!r}: on Kubernetes the judge's model folder must be a normalized path on "
+        f"the shared volume (the judge's pod reaches no hub and nothing downloads it). {fix}."
+    ]
+
+
+def _gpu_problems(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy) -> list[str]:
+    """Each GPU pod of the run asks for at most `max_gpus_per_pod` GPUs: trainer (nproc_per_node), vLLM (vllm_gpus)
+    and the judge it serves (judge_gpus)."""
+    cap = policy.max_gpus_per_pod
+    if cap is None or settings.device != "gpu":
+        return []
+    asked = {"nproc_per_node": settings.nproc_per_node, "vllm_gpus": settings.vllm_gpus}
+    if serves_judge(config):
+        asked["judge_gpus"] = settings.judge_gpus
+    return [
+        f"{field}={n} asks for more GPUs per pod than the platform allows ({cap}). {FIX} (max_gpus_per_pod)."
+        for field, n in asked.items()
+        if n > cap
     ]
 
 
@@ -407,7 +443,9 @@ def check_run(
     config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *, allow_placeholders: bool = False
 ) -> None:
     """Refuse a run that asks for anything the policy does not allow: images, the ServiceAccount, secrets,
-    the workspace PVC, the MLflow server, an external reward service, vLLM flags, user code in the trainer.
+    the workspace PVC, the MLflow server, an external reward service or LLM judge (`judge_url`; the judge a run
+    serves itself from `judge_model_name_or_path` runs the vLLM image and is checked as the policy's vLLM is), vLLM
+    flags, GPUs per pod, user code in the trainer.
 
     Args:
         settings: as resolved by `resolve_images` (the images the pods will run).
@@ -469,6 +507,7 @@ def check_run(
             "every completion (and the judge token) would be sent there",
         )
     problems += _flag_problems(config.vllm_serve_args, policy)
+    problems += _gpu_problems(config, settings, policy)
     problems += path_problems(config, settings)
     if not policy.user_code_with_credentials:
         in_trainer = (

@@ -142,6 +142,15 @@ class ClusterSettings(BaseModel):
     vllm_gpus: int = Field(1, ge=1, description="GPUs of the vLLM pod (its tensor-parallel size).")
     vllm_cpu: float = Field(8.0, gt=0, description="CPU cores requested by the vLLM pod.")
     vllm_memory_gib: int = Field(64, ge=1, description="Memory of the vLLM pod (GiB).")
+    judge_replicas: int = Field(
+        1,
+        ge=1,
+        description="Pods of the LLM judge's vLLM Deployment, behind the `<run>-judge` Service (only when the run "
+        "serves `judge_model_name_or_path` for builtin:llm_judge).",
+    )
+    judge_gpus: int = Field(1, ge=1, description="GPUs per judge pod (its tensor-parallel size).")
+    judge_cpu: float = Field(8.0, gt=0, description="CPU cores requested per judge pod.")
+    judge_memory_gib: int = Field(64, ge=1, description="Memory per judge pod (GiB).")
     reward_replicas: int = Field(
         1,
         ge=0,

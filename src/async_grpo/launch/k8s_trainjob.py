@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from async_grpo.config import GRPOConfig
+from async_grpo.launch.k8s_judge import serves_judge
 from async_grpo.launch.k8s_objects import (
     CACHE_DIR,
     CONFIG_DIR,
@@ -226,7 +227,7 @@ def build_cluster_training_runtime(
 # ------------------------------------------------------------------------------------------------ one run
 def check_trainjob_run(config: GRPOConfig, settings: ClusterSettings) -> None:
     """Refuse what the `async-grpo` runtime cannot hold (one vLLM pod and at most one reward pod, addressed by
-    their JobSet hostnames; models on the PVC).
+    their JobSet hostnames; models on the PVC; no judge job, so no `judge_model_name_or_path` to serve).
 
     Raises:
         ValueError: names the field and the fix.
@@ -240,6 +241,13 @@ def check_trainjob_run(config: GRPOConfig, settings: ClusterSettings) -> None:
         raise ValueError(
             f"reward_replicas={settings.reward_replicas} with trainer_api: trainjob: the runtime has one reward "
             "pod. Fix: set reward_replicas to 0 or 1 (raise reward_num_workers instead)."
+        )
+    if serves_judge(config):
+        raise ValueError(
+            f"judge_model_name_or_path={config.rewards.judge_model_name_or_path!r} with trainer_api: trainjob: the "
+            "runtime has no judge job, so no judge would be served. Fix: serve the judge yourself and give its "
+            "judge_url (allowed by the platform policy's judge_urls), or use trainer_api: pytorchjob, which serves "
+            "it as a Deployment."
         )
     if config.model_name_or_path == "builtin:tiny":
         raise ValueError(

@@ -21,12 +21,15 @@ from async_grpo.launch.k8s_api import (  # noqa: F401 - LAUNCHER_RBAC_RULES, lat
     LAUNCHER_RBAC_RULES,
     api_error_status,
     as_dict,
+    cluster_ip,
     default_apis,
     items,
     latest_condition,
     pod_name,
 )
+from async_grpo.launch.k8s_judge import add_judge_host_alias, is_judge_service
 from async_grpo.launch.k8s_objects import (
+    COMPONENT_LABEL,
     PYTORCH_CONTAINER,
     PYTORCHJOB_GROUP,
     PYTORCHJOB_PLURAL,
@@ -190,7 +193,9 @@ class KubernetesBackend:
 
         The PyTorchJob is created first; every other object is created with an ownerReference to it (its pods wait
         for their ConfigMap and Secret, and the base default-deny isolates them until their NetworkPolicies exist).
-        The vLLM and reward Deployments are deleted in every case; the PyTorchJob is kept after success (for its
+        When the run serves an LLM judge (`k8s_judge`), its Service's cluster IP, known once it is created, goes
+        into the reward pods' hostAliases (they resolve no DNS). The vLLM, judge and reward Deployments are deleted
+        in every case; the PyTorchJob is kept after success (for its
         logs; `ttlSecondsAfterFinished` or `cleanup` removes it, and the garbage collector everything it owns) and
         deleted otherwise.
 
@@ -227,8 +232,12 @@ class KubernetesBackend:
             owner = owner_reference(job_live)
             for obj in rest:
                 obj["metadata"]["ownerReferences"] = [owner]
-                self._create(obj)
+                live = self._create(obj)
                 created.append(obj)
+                if is_judge_service(obj, run_name):  # reward pods resolve no DNS: pin the judge's address
+                    for dep in rest:
+                        if dep["kind"] == "Deployment" and dep["metadata"]["labels"].get(COMPONENT_LABEL) == "reward":
+                            add_judge_host_alias(dep, run_name, s, cluster_ip(live) or "")
             self._wait(run_name, deadline, timeout_s, job["kind"])
             succeeded = True
             status = "FINISHED"

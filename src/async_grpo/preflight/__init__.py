@@ -47,7 +47,6 @@ from typing import Literal
 
 from async_grpo.config import GRPOConfig
 from async_grpo.preflight.report import PreflightError, PreflightReport, Problem
-from async_grpo.rewards.contract import JUDGE_SPEC
 
 Target = Literal["local", "cluster"]
 CHECKS = (
@@ -125,17 +124,6 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     ):
         if wanted(name):
             add(check(config))
-    if not local and config.rewards.judge_model_name_or_path and JUDGE_SPEC in config.rewards.reward_funcs:
-        add(
-            [
-                Problem(
-                    "rewards.judge_model_name_or_path",
-                    "only the local launcher serves a judge model; on Kubernetes no judge server would be started",
-                    "serve the judge (e.g. a vLLM Deployment and Service) and set judge_url to it, allowed by the "
-                    "platform policy's judge_urls",
-                )
-            ]
-        )
     if wanted("model"):
         problems, note = static.check_model(config)
         add(problems)

@@ -1,0 +1,181 @@
+"""The LLM judge a Kubernetes run serves for `builtin:llm_judge` when it names `judge_model_name_or_path`: a vLLM
+Deployment and a ClusterIP Service `<run>-judge`, cut from the same pod parts as the policy's vLLM server.
+
+The judge is a plain server (no dev-mode control plane, no weight transfer) behind a bearer token of its own
+(`JUDGE_TOKEN_KEY` of the run's tokens Secret). Only the pods that ask it get that token and reach it: the reward
+pods when the run has them, else the trainer pod, whose reward process pool then scores (`judge_clients`). The
+reward pods resolve no DNS (they reach nothing else), so the launcher pins the Service's cluster IP into their
+`/etc/hosts` (`add_judge_host_alias`) once the Service exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from async_grpo.config import GRPOConfig
+from async_grpo.inference.server import CPU_SERVER_ENV, build_server_command
+from async_grpo.launch.k8s_pods import (
+    CACHE_DIR,
+    JUDGE_TOKEN_KEY,
+    VLLM_API_KEY_ENV,
+    VLLM_AUTH_MIDDLEWARE,
+    Manifest,
+    base_env,
+    container_security,
+    data_volume,
+    meta,
+    pod_spec,
+    resources,
+    scratch_volumes,
+    selector,
+    template,
+    token_env,
+    tokens_secret_name,
+    vllm_probes,
+)
+from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.rewards.contract import JUDGE_SPEC
+
+JUDGE = "judge"  # component label, container name and object-name suffix
+
+
+def serves_judge(config: GRPOConfig) -> bool:
+    """True when the launcher serves the run's LLM judge: `builtin:llm_judge` is a reward function and
+    `judge_model_name_or_path` names its model (a `judge_url` judge is the submitter's own)."""
+    return config.rewards.judge_model_name_or_path is not None and JUDGE_SPEC in config.rewards.reward_funcs
+
+
+def judge_clients(config: GRPOConfig, settings: ClusterSettings) -> Literal["reward", "trainer"] | None:
+    """The component whose pods ask the served judge: "reward" (the run's reward pods score the groups), "trainer"
+    (reward_replicas 0: the trainer pod's reward process pool scores them), or None when no judge is served."""
+    if not serves_judge(config):
+        return None
+    return "reward" if settings.reward_replicas else "trainer"
+
+
+def judge_host(run_name: str, settings: ClusterSettings) -> str:
+    """The judge Service's in-cluster DNS name."""
+    return f"{run_name}-{JUDGE}.{settings.namespace}.svc.cluster.local"
+
+
+def judge_url(run_name: str, settings: ClusterSettings) -> str:
+    """The OpenAI-compatible base URL of the run's judge (`judge_url` in the run's config): its Service, /v1."""
+    return f"http://{judge_host(run_name, settings)}:{settings.vllm_port}/v1"
+
+
+def judge_health_url(run_name: str, settings: ClusterSettings) -> str:
+    """The judge's base URL without /v1 (its /health answers without the token)."""
+    return f"http://{judge_host(run_name, settings)}:{settings.vllm_port}"
+
+
+def judge_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
+    """The judge's server command in the vLLM image: `build_server_command` without weight transfer (the judge's
+    weights never change), the run's dtype, length and seed, the CPU flags on cpu, `--tensor-parallel-size` for
+    several `judge_gpus`, and the bearer-token middleware (every route but /health). The model is served under its
+    path, the `judge_model` the run's config names. The policy's `vllm_extra_args` are not passed (they size the
+    policy's server).
+
+    Raises:
+        ValueError: the run serves no judge.
+    """
+    model = config.rewards.judge_model_name_or_path
+    if model is None:
+        raise ValueError(
+            "judge_model_name_or_path is not set: the run serves no judge. Fix: set it, or drop the judge."
+        )
+    cmd = build_server_command(
+        model,
+        port=settings.vllm_port,
+        host="0.0.0.0",
+        dtype=config.inference.vllm_dtype,
+        max_model_len=config.inference.vllm_max_model_len,
+        weight_transfer_backend=None,
+        seed=config.seed,
+        cpu=settings.device == "cpu",
+    )
+    cmd = ["python3"] + cmd[1:]
+    if settings.device == "gpu" and settings.judge_gpus > 1:
+        cmd += ["--tensor-parallel-size", str(settings.judge_gpus)]
+    return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE]
+
+
+def build_judge_deployment(
+    config: GRPOConfig, settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None
+) -> Manifest:
+    """The judge's vLLM Deployment `<run>-judge` (`judge_replicas` pods, `judge_gpus` GPUs each, the vLLM image):
+    non-root with a read-only root, no ServiceAccount token, /dev/shm, probes on /health, the model read from the
+    workspace volume (read-only), and only the judge's own token (as VLLM_API_KEY, which vLLM and the middleware
+    check). No MLflow, hub or policy-vLLM credentials.
+
+    Raises:
+        ValueError: the run serves no judge.
+    """
+    vols, mounts = scratch_volumes(settings, shm=True)
+    data_vol, data_mount = data_volume(settings, read_only=True)
+    vols.append(data_vol)
+    mounts.append(data_mount)
+    env = (
+        base_env()
+        + [
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
+        ]
+        + token_env(tokens_secret_name(run_name), (VLLM_API_KEY_ENV, JUDGE_TOKEN_KEY))
+    )
+    if settings.device == "cpu":
+        env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(config.inference.vllm_kv_cache_gib)})
+        env += [{"name": k, "value": v} for k, v in CPU_SERVER_ENV.items()]
+    container = {
+        "name": JUDGE,
+        "image": settings.image("vllm"),
+        "command": judge_command(config, settings),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
+        **vllm_probes(config.inference.vllm_startup_timeout_s),
+        "resources": resources(settings.judge_cpu, settings.judge_memory_gib, settings.judge_gpus, settings),
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
+    }
+    spec = pod_spec(settings, [container], vols)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(f"{run_name}-{JUDGE}", run_name, JUDGE, settings, owner),
+        "spec": {
+            "replicas": settings.judge_replicas,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector(run_name, JUDGE)},
+            "template": template(run_name, JUDGE, spec),
+        },
+    }
+
+
+def build_judge_service(settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None) -> Manifest:
+    """ClusterIP Service `<run>-judge` in front of the judge pods (requests spread over `judge_replicas`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(f"{run_name}-{JUDGE}", run_name, JUDGE, settings, owner),
+        "spec": {
+            "selector": selector(run_name, JUDGE),
+            "ports": [{"name": "http", "port": settings.vllm_port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def is_judge_service(obj: Manifest, run_name: str) -> bool:
+    """True for the run's judge Service (`build_judge_service`)."""
+    return obj["kind"] == "Service" and obj["metadata"]["name"] == f"{run_name}-{JUDGE}"
+
+
+def add_judge_host_alias(deployment: Manifest, run_name: str, settings: ClusterSettings, cluster_ip: str) -> None:
+    """Map the judge Service's DNS name to `cluster_ip` in the pods of `deployment` (their `hostAliases`), so pods
+    that may not resolve DNS (the reward pods) reach the judge by the name in `judge_url`.
+
+    Raises:
+        ValueError: `cluster_ip` is empty (the Service has no cluster IP).
+    """
+    if not cluster_ip or cluster_ip == "None":
+        raise ValueError(f"the judge Service of run {run_name} has no cluster IP. Fix: it must not be headless.")
+    spec = deployment["spec"]["template"]["spec"]
+    spec["hostAliases"] = [{"ip": cluster_ip, "hostnames": [judge_host(run_name, settings)]}]
