@@ -13,6 +13,7 @@ import torch
 from async_grpo.config import GRPOConfig
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import ReplicaSet
+from async_grpo.runner import scheduling
 from async_grpo.runner.scheduling import ThreadGovernor, TimeSlice, resolve_resource_sharing, vllm_cpu_threads
 
 
@@ -166,3 +167,34 @@ def test_replica_set_measures_vllms_own_generation_speed():
     assert 0.05 <= metrics["inference/generating_s"] < 0.1
     assert metrics["generation/vllm_tokens_per_s"] == pytest.approx(100 / metrics["inference/generating_s"])
     assert replicas.metrics()["inference/generating_s"] == metrics["inference/generating_s"]  # nothing since
+
+
+@pytest.mark.parametrize(
+    ("trainer_threads", "launched_here", "local_ranks", "cuda", "expected"),
+    [
+        (1, True, 1, False, 4),  # held to 1 thread for vLLM's sake: the warm start takes every core
+        (1, True, 2, False, 2),  # two trainer ranks on the machine share the cores
+        (3, True, 2, False, None),  # already above its share
+        (None, True, 1, False, None),  # torch's default is every core already
+        (4, True, 1, False, None),
+        (1, False, 1, False, None),  # an attached server: torch_num_threads may be the pod's CPU limit
+        (1, True, 1, True, None),  # a GPU trainer
+        (1, True, 8, False, None),  # more ranks than cores: each keeps its one thread
+    ],
+)
+def test_warm_start_threads(trainer_threads, launched_here, local_ranks, cuda, expected):
+    got = scheduling.warm_start_threads(
+        trainer_threads, launched_here=launched_here, local_ranks=local_ranks, cores=4, cuda=cuda
+    )
+    assert got == expected
+
+
+def test_torch_threads_sets_and_restores_the_count_even_on_error():
+    before = torch.get_num_threads()
+    target = 1 if before != 1 else 2
+    with pytest.raises(RuntimeError), scheduling.torch_threads(target):
+        assert torch.get_num_threads() == target
+        raise RuntimeError("step failed")
+    assert torch.get_num_threads() == before
+    with scheduling.torch_threads(None):
+        assert torch.get_num_threads() == before

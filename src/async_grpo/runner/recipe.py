@@ -10,6 +10,7 @@ before anything expensive starts, and vLLM's start-up overlaps the model load an
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -117,9 +118,18 @@ class GRPORecipe:
         # ---- inference starts; the model loads and warm-starts meanwhile
         self.replicas = ReplicaSet.of(start_inference(model_path))
         model = builders.load_policy(config, model_path)
-        warm = (
-            None if self.resume_from else builders.warm_start(config, model, self.tokenizer, self.rollout.tool_schemas)
-        )
+        sft_threads = scheduling.warm_start_threads(
+            config.optim.torch_num_threads,
+            launched_here=all(r.endpoint.launched for r in self.replicas.replicas),
+            local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            cuda=self.info.device.type == "cuda",
+        )  # nothing generates yet: a trainer held below the cores for vLLM's sake takes them all meanwhile
+        with scheduling.torch_threads(sft_threads):
+            warm = (
+                None
+                if self.resume_from
+                else builders.warm_start(config, model, self.tokenizer, self.rollout.tool_schemas)
+            )
         model.to(self.info.device)
         broadcast_parameters(model)  # every rank starts from rank 0's (warm-started) weights
         self.learner: Learner = builders.build_learner(config, model, self.tokenizer.pad_token_id, self.info)

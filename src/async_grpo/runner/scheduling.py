@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import requests
 import torch
@@ -77,6 +78,52 @@ def resolve_for_config(config, launched_here: bool) -> str:
         cuda=torch.cuda.is_available(),
         on_policy=config.off_policy.max_staleness == 0,
     )
+
+
+def warm_start_threads(
+    trainer_threads: int | None,
+    *,
+    launched_here: bool,
+    local_ranks: int = 1,
+    cores: int | None = None,
+    cuda: bool = False,
+) -> int | None:
+    """Torch threads for the supervised warm start (`warmup_sft_steps`), or None to keep the trainer's own.
+
+    The warm start runs before any generation. A run that launched its vLLM servers on its own CPU machine and holds
+    the trainer to fewer threads than the cores (`torch_num_threads`, e.g. 1 on 2 cores, so that vLLM generates on
+    the others during GRPO) would leave those cores idle for the whole warm start; it takes every core instead,
+    shared among the trainer ranks on this machine (`local_ranks`, torchrun's LOCAL_WORLD_SIZE). An attached
+    server, a GPU, or a trainer already on every core keeps its threads (on Kubernetes `torch_num_threads` may
+    stand for the pod's CPU limit, which the affinity mask does not show). Measured on 2 cores: the tool-calling
+    warm start took 0.33 s per step on 1 thread and 0.20 s on 2.
+
+    Args:
+        trainer_threads: `torch_num_threads` (None: torch's default, every core already).
+        launched_here: every vLLM server of the run was launched by this process.
+        local_ranks: trainer processes on this machine.
+        cores: cores this process may run on (default: its affinity mask).
+        cuda: the trainer computes on a GPU.
+    """
+    if not launched_here or cuda or trainer_threads is None:
+        return None
+    cores = cores or len(os.sched_getaffinity(0))
+    threads = max(1, cores // max(1, local_ranks))
+    return threads if threads > trainer_threads else None
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on `threads` torch threads and restore the count after it; None leaves the count alone."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def vllm_cpu_threads(mode: str, trainer_threads: int | None = None, cores: int | None = None) -> int | None:
