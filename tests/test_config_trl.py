@@ -90,6 +90,18 @@ def test_refused_trl_values_name_the_field_and_the_reason(key, value, reason):
     assert key in str(info.value) and reason in str(info.value) and "Fix:" in str(info.value)
 
 
+@pytest.mark.parametrize("spelling", ["save_strategy=no", "save_strategy='no'", "save_strategy=NO"])
+def test_save_strategy_no_writes_no_checkpoints_as_trl_does(spelling):
+    assert load_config(None, [spelling, "save_steps=50"]).checkpoint.save_steps == 0  # TRL ignores save_steps then
+    assert load_config(None, ["save_strategy=steps", "save_steps=50"]).checkpoint.save_steps == 50
+
+
+def test_save_strategy_no_in_a_yaml_file(tmp_path):
+    path = tmp_path / "trl.yaml"
+    path.write_text("save_strategy: no\nsave_steps: 100\nmax_steps: 10\n")  # YAML 1.1 reads `no` as False
+    assert load_config(path).checkpoint.save_steps == 0
+
+
 def test_trl_names_as_overrides_and_did_you_mean():
     config = load_config(
         None,

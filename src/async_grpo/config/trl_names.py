@@ -211,7 +211,7 @@ REFUSED: dict[str, Refusal] = {
     ),
     **_refuse(
         "save_strategy",
-        ("steps",),
+        ("steps", "no"),  # "no" (or YAML's False) becomes save_steps: 0 before this check (`_save_strategy_no`)
         "checkpoints are written every save_steps optimizer steps; per-epoch "
         "or best-metric saving is " + _NOT_YET + ". Fix: remove it, and set save_steps (0: no checkpoints)",
     ),
@@ -416,6 +416,17 @@ def _from_resolved_trl_dump(data: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return out
 
 
+def _save_strategy_no(data: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """TRL's `save_strategy: "no"` (YAML 1.1 reads a bare `no` as False) writes no checkpoints: our `save_steps: 0`,
+    whatever `save_steps` says (TRL ignores it then). Other values go on to the REFUSED check ("steps" is ours)."""
+    value = data.get("save_strategy")
+    if value is None or not (value is False or (isinstance(value, str) and value.lower() == "no")):
+        return data
+    out = {k: v for k, v in data.items() if k != "save_strategy"}
+    out["save_steps"] = 0
+    return out
+
+
 def adapt_trl_keys(data: Mapping[Any, Any], fields: Mapping[str, Any]) -> dict[Any, Any]:
     """`data` (flat keys as a TRL user writes them, any others untouched) with TRL-only names removed and TRL
     values converted to ours.
@@ -433,7 +444,7 @@ def adapt_trl_keys(data: Mapping[Any, Any], fields: Mapping[str, Any]) -> dict[A
     """
     out: dict[Any, Any] = {}
     refused, ignored = [], []
-    data = _from_resolved_trl_dump(data)
+    data = _save_strategy_no(_from_resolved_trl_dump(data))
     for key, value in data.items():
         if (
             not isinstance(key, str)
