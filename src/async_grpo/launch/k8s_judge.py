@@ -13,16 +13,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from async_grpo.config import GRPOConfig
-from async_grpo.inference.server import CPU_SERVER_ENV, build_server_command
+from async_grpo.inference.server import CPU_SERVER_ENV
 from async_grpo.launch.k8s_pods import (
     CACHE_DIR,
     JUDGE_TOKEN_KEY,
     VLLM_API_KEY_ENV,
-    VLLM_AUTH_MIDDLEWARE,
     Manifest,
     base_env,
     container_security,
     data_volume,
+    image_server_command,
     meta,
     pod_spec,
     resources,
@@ -83,20 +83,9 @@ def judge_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         raise ValueError(
             "judge_model_name_or_path is not set: the run serves no judge. Fix: set it, or drop the judge."
         )
-    cmd = build_server_command(
-        model,
-        port=settings.vllm_port,
-        host="0.0.0.0",
-        dtype=config.inference.vllm_dtype,
-        max_model_len=config.inference.vllm_max_model_len,
-        weight_transfer_backend=None,
-        seed=config.seed,
-        cpu=settings.device == "cpu",
+    return image_server_command(
+        config, settings, model, weight_transfer_backend=None, tensor_parallel_size=settings.judge_gpus
     )
-    cmd = ["python3"] + cmd[1:]
-    if settings.device == "gpu" and settings.judge_gpus > 1:
-        cmd += ["--tensor-parallel-size", str(settings.judge_gpus)]
-    return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE]
 
 
 def build_judge_deployment(

@@ -18,7 +18,7 @@ import yaml
 
 from async_grpo.config import GRPOConfig, flat_dump
 from async_grpo.config.sections.peft import lora_server_args
-from async_grpo.inference.server import CPU_SERVER_ENV, RUNTIME_LORA_ENV, build_server_command
+from async_grpo.inference.server import CPU_SERVER_ENV, RUNTIME_LORA_ENV
 from async_grpo.launch.k8s_judge import (
     build_judge_deployment,
     build_judge_service,
@@ -57,6 +57,7 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     build_tokens_secret,
     container_security,
     data_volume,
+    image_server_command,
     labels,
     meta,
     mlflow_secret_env,
@@ -298,20 +299,10 @@ def vllm_command(config: GRPOConfig, settings: ClusterSettings, model_path: str)
     interpreter and CPU-build detection replaced by the target's (python3; the CPU flags on cpu), and
     the bearer-token middleware that guards the dev-mode routes (vLLM's own --api-key guards only /v1)."""
     backend = "nccl" if settings.device == "gpu" else "gloo"
-    cmd = build_server_command(
-        model_path,
-        port=settings.vllm_port,
-        host="0.0.0.0",
-        dtype=config.inference.vllm_dtype,
-        max_model_len=config.inference.vllm_max_model_len,
-        weight_transfer_backend=backend,
-        seed=config.seed,
-        cpu=settings.device == "cpu",
-    )
-    cmd = ["python3"] + cmd[1:]
-    if settings.device == "gpu" and settings.vllm_gpus > 1 and config.inference.vllm_tensor_parallel_size == 1:
-        cmd += ["--tensor-parallel-size", str(settings.vllm_gpus)]  # unless the config sets it (vllm_serve_args)
-    return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE] + lora_server_args(config) + config.vllm_serve_args
+    # --tensor-parallel-size from vllm_gpus unless the config sets it (vllm_serve_args)
+    tp = settings.vllm_gpus if config.inference.vllm_tensor_parallel_size == 1 else 1
+    cmd = image_server_command(config, settings, model_path, weight_transfer_backend=backend, tensor_parallel_size=tp)
+    return cmd + lora_server_args(config) + config.vllm_serve_args
 
 
 def build_vllm_deployment(

@@ -12,6 +12,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from async_grpo.config import GRPOConfig
+from async_grpo.inference.server import build_server_command
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.naming import DNS_LABEL  # noqa: F401 - re-exported
 from async_grpo.rewards.judge import API_KEY_ENV as JUDGE_API_KEY_ENV  # noqa: F401 - re-exported
@@ -33,6 +35,36 @@ REWARD_SERVER_MODULE = "async_grpo.rewards.server"
 REWARD_TOKEN_ENV = AUTH_TOKEN_ENV  # the reward service's bearer token (server checks it, client sends it)
 VLLM_API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable: its middleware guards /v1, ours the dev-mode routes
 VLLM_AUTH_MIDDLEWARE = "async_grpo.inference.auth.BearerTokenMiddleware"  # guards every vLLM route but /health
+
+
+def image_server_command(
+    config: GRPOConfig,
+    settings: ClusterSettings,
+    model: str,
+    *,
+    weight_transfer_backend: str | None,
+    tensor_parallel_size: int = 1,
+) -> list[str]:
+    """A vLLM server command inside the vLLM image: `build_server_command`'s flags with this machine's interpreter
+    and CPU-build detection replaced by the target's (python3; the CPU flags on cpu), `--tensor-parallel-size` when
+    above 1 on gpu, and the bearer-token middleware (vLLM's own --api-key guards only /v1). Shared by the policy's
+    server (`k8s_objects.vllm_command`) and the run's LLM judge (`k8s_judge.judge_command`)."""
+    cmd = build_server_command(
+        model,
+        port=settings.vllm_port,
+        host="0.0.0.0",
+        dtype=config.inference.vllm_dtype,
+        max_model_len=config.inference.vllm_max_model_len,
+        weight_transfer_backend=weight_transfer_backend,
+        seed=config.seed,
+        cpu=settings.device == "cpu",
+    )
+    cmd = ["python3"] + cmd[1:]
+    if settings.device == "gpu" and tensor_parallel_size > 1:
+        cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE]
+
+
 PROBE_PERIOD_S = 10
 POD_IP_ENV = "POD_IP"  # the trainer's address for the weight-transfer rendezvous (vLLM workers dial it)
 TOKENS_SECRET_SUFFIX = "-tokens"
