@@ -362,6 +362,62 @@ def test_inflight_groups_counted_as_shutdown_on_stop(idle_pool, started):
     assert orch.drops.snapshot().get("shutdown", 0) == 3
 
 
+class FailingOnStopClient(FakeClient):
+    """vLLM answers nothing until the orchestrator stops; then every pending request fails at the transport level
+    at once (as when the server goes away during shutdown), before the orchestrator gets to cancel them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop = None  # the orchestrator's stop event, set by the test
+
+    async def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p=1.0, top_k=-1, seed=None):
+        self.calls.append({"prompt_ids": list(prompt_ids)})
+        while not self.stop.is_set():
+            await asyncio.sleep(0.002)
+        raise httpx.ReadError("server gone")
+
+
+def ledger_gap(orch: Orchestrator) -> int:
+    """Launched groups neither enqueued nor counted as dropped (0 when the prompt ledger balances)."""
+    orch.queue.drain(reason="unconsumed_at_end")  # what the runner does once the orchestrator stopped
+    return orch.launched_total - sum(orch.drops.snapshot().values())
+
+
+def test_requests_failing_while_the_orchestrator_stops_are_counted_as_shutdown(idle_pool, started):
+    """A request that fails after stop was requested is not a generation error (and is not retried), but its group
+    must still reach the ledger: `shutdown`, never silently gone (the CI flake of `test_kill_9_of_vllm...`)."""
+    client = FailingOnStopClient()
+    orch = make_orchestrator(client, idle_pool, ["ok"], max_inflight=3)
+    client.stop = orch.stop_event
+    started.append(orch)
+    orch.start()
+    wait_until(lambda: len(client.calls) == 3, "max_inflight_groups requests")
+    stop_and_check(orch, client)
+    assert ledger_gap(orch) == 0
+    assert orch.launched_total == 3  # nothing launched once stop was requested
+    assert orch.drops.snapshot() == {"shutdown": 3}
+
+
+def test_groups_parked_for_a_lost_server_are_counted_as_shutdown_when_the_run_stops(pool, started):
+    """Groups waiting for a recovery that never comes before the run ends give up on the stop event by
+    themselves; each is counted once, as `shutdown`, however that races with the orchestrator's own cancel."""
+    from async_grpo.inference.health import InferenceHealth
+
+    for _ in range(3):  # the race between the parked tasks' poll and the main loop's differs run to run
+        version = PolicyVersion(0)
+        client = DyingClient(version, answers=2)
+        health = InferenceHealth()
+        orch = make_orchestrator(client, pool, ["ok"] * 8, version=version, max_inflight=2, queue_size=8)
+        orch.health, orch.recovery_timeout_s = health, WAIT_S
+        started.append(orch)
+        orch.start()
+        wait_until(lambda h=health: h.lost and h.parked_groups == 2, "both in-flight groups parked")
+        stop_and_check(orch, client)
+        drops = orch.drops.snapshot()
+        assert drops.get("shutdown", 0) >= 2 and set(drops) <= {"shutdown", "unconsumed_at_end"}, drops
+        assert ledger_gap(orch) == 0
+
+
 @pytest.mark.integration
 def test_every_requested_group_is_enqueued_or_counted_after_stop(pool, started):
     version = PolicyVersion()

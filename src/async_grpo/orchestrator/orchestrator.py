@@ -157,6 +157,7 @@ class Orchestrator:
         self._thread: threading.Thread | None = None
         self._pending: list[RolloutGroup] = []
         self._launched = 0  # groups launched that did not fail (event-loop thread only)
+        self._unsettled = 0  # launched groups neither handed to a batch nor dropped yet (event-loop thread only)
         self._generated_for_batch = 0  # scored groups seen while building the current batch
         self._step_groups: list[RolloutGroup] = []  # groups already emitted for the step being built
         self._emit_lock: asyncio.Lock | None = None  # created inside the event loop; keeps chunks in order
@@ -217,9 +218,13 @@ class Orchestrator:
                 ):
                     await asyncio.sleep(STOP_POLL_S)
                     continue
+                if self.stop_event.is_set():  # stop came while waiting for a slot: launch nothing more
+                    slots.release()
+                    break
                 item, rerolled = self._next_prompt()
                 self._launched += 1
                 self.launched_total += 1
+                self._unsettled += 1
                 task = asyncio.create_task(self._one_group(client, item, slots, rerolled))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
@@ -227,10 +232,10 @@ class Orchestrator:
             tasks = list(inflight)  # done-callbacks empty `inflight` while we wait
             for task in tasks:
                 task.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            cancelled = sum(isinstance(r, asyncio.CancelledError) for r in results)
-            if cancelled:
-                self.drops.add("shutdown", cancelled)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._unsettled:  # cancelled (even before they ran), or their request failed once stopping
+                self.drops.add("shutdown", self._unsettled)
+                self._unsettled = 0
             if self._pending:  # scored groups that never filled a batch
                 self.drops.add("shutdown", len(self._pending))
                 self._pending = []
@@ -266,8 +271,13 @@ class Orchestrator:
         self, client: GenerationClient, item: PromptItem, slots: asyncio.Semaphore, rerolled: bool = False
     ) -> None:
         """Run one rollout and batch its group. Every failure is counted under a reason and logged; none
-        escapes the task (a `DynamicSamplingError` stops the orchestrator through `error`)."""
-        batched = False
+        escapes the task (a `DynamicSamplingError` stops the orchestrator through `error`).
+
+        The prompt ledger (`runner.report.prompts_lost`): the group is settled exactly once, when it is handed to
+        the batch being built (`_pending`; from there the batches and the shutdown count it) or counted as dropped
+        here. A task cancelled or stopped before that leaves it unsettled, and `_main` counts it as `shutdown`
+        once every task ended, whether the task ran at all or not."""
+        batched = settled = False
         try:
             group = await self._generate_surviving_restarts(client, item)
             self.reward_watch.scored()
@@ -275,27 +285,36 @@ class Orchestrator:
             self.meter.add(sum(sum(mask) for mask in group.loss_mask))  # generated tokens: tool output excluded
             if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
                 self.reroll.offer(item, group.rewards_per_func, self.reward_weights)
-            batched = await self._add_to_batch(group)
+            settled = True  # from here the group is counted by the batch or dropped as zero_std
+            batched = self._accept(group)
+            if batched:
+                await self._emit()
         except DynamicSamplingError as err:
             self.error = err
             self.stop_event.set()
         except asyncio.CancelledError:
             raise
         except RolloutDropped as err:
+            settled = True
             self.drops.add(err.reason)
         except RewardError as err:
+            settled = True
             self.drops.add(err.reason)
             logger.warning("reward failed, group dropped: %s", err)
             self._count_reward_failure(err)
         except (httpx.HTTPError, GenerationError) as err:
-            if not self.stop_event.is_set():
+            if not self.stop_event.is_set():  # once stopping, left unsettled: `_main` counts it as shutdown
+                settled = True
                 self.drops.add("generation_error")
                 logger.warning("generation failed: %s", err)
                 await asyncio.sleep(GENERATION_ERROR_BACKOFF_S)  # no tight retry loop against a failing server
         except Exception as err:
+            settled = True
             self.drops.add("rollout_error")
             logger.error("rollout failed, group dropped: %r", err, exc_info=err)
         finally:
+            if settled:
+                self._unsettled -= 1
             if not batched:
                 self._launched -= 1
             slots.release()
@@ -330,9 +349,10 @@ class Orchestrator:
             self.error = failure
             self.stop_event.set()
 
-    async def _add_to_batch(self, group: RolloutGroup) -> bool:
-        """Add a scored group to the step being built and emit whatever became complete; returns False if
-        dynamic sampling dropped the group.
+    def _accept(self, group: RolloutGroup) -> bool:
+        """Hand a scored group to the step being built (`_pending`, emitted by `_emit`); returns False if dynamic
+        sampling dropped it (counted as `zero_std`). Synchronous, so a cancellation cannot fall between the
+        ledger's hand-over and the group's place in `_pending`.
 
         Raises:
             DynamicSamplingError: `max_gen_batches` generation batches did not yield a full batch.
@@ -349,12 +369,16 @@ class Orchestrator:
                 )
             return False
         self._pending.append(group)
+        return True
+
+    async def _emit(self) -> None:
+        """Enqueue every chunk that became complete, in order (one emitter at a time). A chunk the queue refuses
+        because the orchestrator is stopping is counted there (`RolloutQueue.put`: `shutdown`)."""
         async with self._emit_lock:  # one emitter at a time, so a step's chunks reach the queue in order
             while (chunk := self._take_chunk()) is not None:
                 if not await asyncio.to_thread(self.queue.put, chunk, self.stop_event):
                     logger.info("orchestrator stopping; batch not enqueued")
                     break
-        return True
 
     def _take_chunk(self) -> TrainBatch | None:
         """The next chunk (`chunk_groups` groups, or the whole step without streaming) when enough groups are
