@@ -291,3 +291,10 @@ def test_cispo_with_a_ratio_cap_below_one_is_refused_with_the_fix():
     ):
         load_config(None, ["loss_type=cispo", "epsilon_high=0.28"])
     assert load_config(None, ["loss_type=cispo", "epsilon_high=5.0"]).epsilon_high_value == 5.0
+
+
+@pytest.mark.parametrize("shaping", ["dynamic_sampling=true", "reroll_start_fraction=0.5"])
+def test_full_determinism_with_outcome_dependent_launches_is_refused_with_the_fix(shaping):
+    with pytest.raises(ConfigError, match=r"full_determinism with dynamic_sampling or reroll_start_fraction < 1.*Fix"):
+        load_config(None, ["full_determinism=true", shaping])
+    assert load_config(None, ["full_determinism=true"]).full_determinism is True  # TRL's name, accepted as is

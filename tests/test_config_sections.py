@@ -63,7 +63,7 @@ def config_error(*overrides: str, path=None) -> str:
 def test_every_old_flat_name_is_a_field_in_exactly_one_place():
     assert set(TINY_CPU_FLAT) <= set(FIELDS)  # every old name still loads (fields added since are new names)
     placed = [name for model in SECTIONS.values() for name in model.model_fields]
-    top = ("model_name_or_path", "seed", "output_dir", "trust_remote_code", "model_init_kwargs")
+    top = ("model_name_or_path", "seed", "full_determinism", "output_dir", "trust_remote_code", "model_init_kwargs")
     assert len(placed) == len(set(placed)) == len(FIELDS) - len(top)
     assert [FIELDS[n].section for n in top] == [None] * len(top)
     assert FIELDS["learning_rate"].path == "optim.learning_rate"

@@ -214,6 +214,7 @@ def make_orchestrator(
     queue_size=4,
     max_staleness=10**6,
     vllm_sync_interval=1,
+    **kwargs,
 ) -> Orchestrator:
     version = PolicyVersion() if version is None else version
     drops = DropCounter()
@@ -236,6 +237,7 @@ def make_orchestrator(
         queue=RolloutQueue(maxsize=queue_size, max_staleness=max_staleness, drops=drops),
         version=version,
         drops=drops,
+        **kwargs,
     )
 
 
@@ -612,3 +614,76 @@ def test_a_scorer_that_fails_every_group_for_reward_failure_timeout_s_stops_the_
     producer = VLLMProducer(orch, orch.queue, version, ProducerConfig())
     with pytest.raises(RewardServiceError, match="every group failed to score"):
         producer.produce(None, 0, timeout_s=5)
+
+
+# ------------------------------------------------------------------ full_determinism
+class TimedClient(ScriptedClient):
+    """Answers like ScriptedClient (no version bump), after a delay that depends on the request's number:
+    `pattern` "even" makes every other request slow, so groups finish out of launch order. Records seeds."""
+
+    def __init__(self, version: PolicyVersion, pattern: str) -> None:
+        super().__init__(version, bump=False)
+        self.pattern = pattern
+        self.seeds: list[int | None] = []  # in request order (= launch order: tasks start in the order created)
+
+    async def generate(self, prompt_ids, *, seed=None, **kwargs):
+        number = len(self.seeds)
+        self.seeds.append(seed)
+        await asyncio.sleep(0.04 if self.pattern == "even" and number % 2 == 0 else 0.002)
+        return await super().generate(prompt_ids, seed=seed, **kwargs)
+
+
+def train_on_schedule(orch: Orchestrator, version: PolicyVersion, steps: int) -> list[list[tuple]]:
+    """What the runner does under full_determinism, without a model: take each step batch, then wait for the
+    scheduled groups before pushing the next version. Returns, per step, (prompt ids, policy version) per group."""
+    trained = []
+    for _ in range(steps):
+        batch = orch.queue.get(current_version=version.value, timeout_s=WAIT_S)
+        trained.append([(tuple(g.prompt_ids), g.policy_version) for g in batch.groups])
+        if orch.full_determinism:
+            orch.wait_generated(version.value, WAIT_S)
+        version.bump()
+    return trained
+
+
+def scheduled_run(pool, started, pattern: str, full_determinism: bool) -> tuple[list[list[tuple]], Orchestrator]:
+    version = PolicyVersion(0)
+    client = TimedClient(version, pattern)
+    orch = make_orchestrator(
+        client, pool, ["ok"] * 16, version=version, groups_per_step=2, max_inflight=6, queue_size=2,
+        max_staleness=2, full_determinism=full_determinism, seed=3,
+    )  # fmt: skip
+    started.append(orch)
+    orch.start()
+    trained = train_on_schedule(orch, version, steps=8)
+    stop_and_check(orch, client)
+    return trained, orch
+
+
+def test_full_determinism_fixes_batches_versions_and_seeds_whatever_the_timing(pool, started):
+    """Groups finishing out of launch order (every other request slow) and in order give the same step batches:
+    the same prompts in the same order, each sampled at the version the schedule gives its launch index, with
+    the seed of its launch index; the trainer never pushes a version a scheduled group could still see."""
+    in_order, orch = scheduled_run(pool, started, "flat", full_determinism=True)
+    out_of_order, _ = scheduled_run(pool, started, "even", full_determinism=True)
+    assert in_order == out_of_order
+    flat = [group for step in in_order for group in step]
+    assert [v for _, v in flat] == [max(0, orch.required_version(i)) for i in range(len(flat))]  # exactly
+    assert max(v for _, v in flat) >= 4  # the window moved with the trainer
+    client = orch.client_factory()
+    seeds = client.seeds
+    assert seeds == [orch.group_seed(i) for i in range(len(seeds))]
+    assert len(set(seeds)) == len(seeds) and all(b - a == G for a, b in zip(seeds, seeds[1:], strict=False))
+
+
+def test_without_full_determinism_the_same_timings_give_other_batches(pool, started):
+    """The control: the same two timings without full_determinism batch groups as they finish (the test above
+    could fail)."""
+    in_order, _ = scheduled_run(pool, started, "flat", full_determinism=False)
+    out_of_order, _ = scheduled_run(pool, started, "even", full_determinism=False)
+    assert in_order != out_of_order
+
+
+def test_full_determinism_refuses_launches_that_depend_on_earlier_outcomes(idle_pool):
+    with pytest.raises(ValueError, match="full_determinism with dynamic_sampling"):
+        make_orchestrator(FakeClient(), idle_pool, ["ok"], dynamic_sampling=True, full_determinism=True)

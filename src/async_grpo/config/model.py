@@ -207,6 +207,12 @@ class GRPOConfig(RunFields):
                 "replay_buffer_size, reroll_start_fraction and streaming_min_groups live. Fix: turn those off or "
                 "implement them in your producer."
             )
+        if self.full_determinism and (shaping.dynamic_sampling or shaping.reroll_start_fraction < 1.0):
+            raise ValueError(
+                "full_determinism with dynamic_sampling or reroll_start_fraction < 1: which prompt is launched next "
+                "would depend on when earlier groups finished scoring. Fix: set dynamic_sampling=false and "
+                "reroll_start_fraction=1.0, or full_determinism=false."
+            )
         self._check_trl_fields()
         if sampling.max_completion_length + 8 > self.inference.vllm_max_model_len:
             raise ValueError(

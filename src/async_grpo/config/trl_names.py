@@ -154,11 +154,6 @@ REFUSED: dict[str, Refusal] = {
         "the pipeline's evaluate step keeps the final model and "
         "register_model keeps the best (champion alias). Fix: remove it",
     ),
-    **_refuse(
-        "full_determinism",
-        (False,),
-        "deterministic kernels are " + _NOT_YET + "; runs are seeded (seed). Fix: remove it",
-    ),
     **_refuse("data_seed", (None,), "the data order follows seed. Fix: remove it and set seed"),
     **_refuse(
         "parallelism_config",

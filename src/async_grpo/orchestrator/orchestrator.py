@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -34,6 +35,7 @@ from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 logger = logging.getLogger(__name__)
 
 STOP_POLL_S = 0.1
+GATE_POLL_S = 0.01  # the trainer's poll of `generated_through` before a push (full_determinism)
 THREAD_JOIN_TIMEOUT_S = 30.0
 GENERATION_ERROR_BACKOFF_S = 1.0
 
@@ -86,6 +88,13 @@ class Orchestrator:
             `inference_unavailable`; seconds).
         reward_failure_timeout_s: when every group has failed to score for this long (at least two in a row), the
             orchestrator stops with a `RewardServiceError` naming the scorer (seconds).
+        full_determinism: fix by the schedule, not by timing, what timing decides otherwise (TRL's name; issue 28):
+            the i-th launched group (launch index i, the i-th prompt of the seeded sampler) is sampled with
+            per-request seed `group_seed(seed, i, G)` at exactly policy version `required_version(i)` (the trainer
+            pushes the next version only once every group scheduled for this one finished generating:
+            `wait_generated`), and groups enter step batches in launch order, not in the order they finished.
+            Refuses dynamic sampling and deferred re-roll (their launches depend on earlier groups' outcomes).
+        seed: the run's seed (`seed`), the base of the per-group sampling seeds under full_determinism.
     """
 
     def __init__(
@@ -117,7 +126,14 @@ class Orchestrator:
         health: InferenceHealth | None = None,
         recovery_timeout_s: float = 600.0,
         reward_failure_timeout_s: float = 120.0,
+        full_determinism: bool = False,
+        seed: int = 0,
     ):
+        if full_determinism and (dynamic_sampling or reroll is not None):
+            raise ValueError(
+                "full_determinism with dynamic_sampling or reroll_start_fraction < 1: which prompt is launched next "
+                "would depend on when earlier groups finished. Fix: turn those off, or full_determinism off."
+            )
         self.client_factory = client_factory
         self.prompts = prompts
         self.rollout = rollout
@@ -161,6 +177,14 @@ class Orchestrator:
         self._generated_for_batch = 0  # scored groups seen while building the current batch
         self._step_groups: list[RolloutGroup] = []  # groups already emitted for the step being built
         self._emit_lock: asyncio.Lock | None = None  # created inside the event loop; keeps chunks in order
+        self.full_determinism = full_determinism
+        self.seed = seed
+        self._index = 0  # launch index of the next group (full_determinism's schedule)
+        self._in_order: dict[int, RolloutGroup | None] = {}  # settled groups waiting for earlier ones (None: dropped)
+        self._next_in_order = 0  # launch index of the next group to enter a batch (full_determinism)
+        self._generated: set[int] = set()  # launch indices done generating beyond `generated_through`
+        self.generated_through = 0  # every group with a launch index below this finished generating (or failed)
+        self._gate_index = 0  # `scheduled_before`'s cursor (versions only grow)
 
     # ------------------------------------------------------------------ lifecycle
     def restore_progress(self, *, rollouts: int, launched_before: int) -> None:
@@ -211,8 +235,8 @@ class Orchestrator:
         try:
             while not self.stop_event.is_set():
                 if (
-                    self.version.value < self.required_version(self._paced_launches())
-                    or self.queue.full()
+                    self.version.value < self.required_version(self._schedule_position())
+                    or (self.queue.full() and not self.full_determinism)  # its pacing alone bounds how far ahead
                     or (self.health is not None and self.health.lost)
                     or not await _acquire(slots)
                 ):
@@ -225,7 +249,8 @@ class Orchestrator:
                 self._launched += 1
                 self.launched_total += 1
                 self._unsettled += 1
-                task = asyncio.create_task(self._one_group(client, item, slots, rerolled))
+                task = asyncio.create_task(self._one_group(client, item, slots, rerolled, self._index))
+                self._index += 1
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
         finally:
@@ -239,7 +264,68 @@ class Orchestrator:
             if self._pending:  # scored groups that never filled a batch
                 self.drops.add("shutdown", len(self._pending))
                 self._pending = []
+            waiting = sum(group is not None for group in self._in_order.values())
+            if waiting:  # full_determinism: scored groups still waiting for an earlier launch index
+                self.drops.add("shutdown", waiting)
+                self._in_order = {}
             await client.aclose()
+
+    def _schedule_position(self) -> int:
+        """The launch count the next group's required version is computed from: its launch index under
+        full_determinism (the schedule alone), else `_paced_launches`."""
+        return self._index if self.full_determinism else self._paced_launches()
+
+    def group_seed(self, index: int) -> int:
+        """vLLM's per-request `seed` for the group of launch index `index` under full_determinism: vLLM seeds the
+        request's k-th sample with seed + k (`ParentRequest`), so groups are `num_generations` apart and never share
+        a sample's seed; the run's `seed` offsets the whole sequence. Below 2**31."""
+        return (self.seed * 1_000_003 + index * self.sampling.num_generations) % 2**31
+
+    def scheduled_before(self, version: int) -> int:
+        """The first launch index whose required version is above `version`: the groups `[0, scheduled_before)` are
+        exactly those the schedule samples at policy versions up to `version` (required_version never decreases
+        with the launch index)."""
+        while self.required_version(self._gate_index) <= version:
+            self._gate_index += self.groups_per_step
+        index = self._gate_index
+        while index > 0 and self.required_version(index - 1) > version:  # within a batch the version is constant
+            index -= 1
+        return index
+
+    def wait_generated(self, version: int, timeout_s: float) -> float:
+        """Block the trainer until every group the schedule samples at policy versions up to `version` finished
+        generating (full_determinism: then the next version may be pushed without any of them seeing it). Returns
+        the seconds waited. Called from the trainer's thread before each weight push.
+
+        Raises:
+            InferenceLost: the server was lost while waiting (the runner recovers it and asks again).
+            RuntimeError: the orchestrator failed (its error is chained) or stopped.
+            TimeoutError: not done within `timeout_s` seconds.
+        """
+        needed = self.scheduled_before(version)
+        t0 = time.monotonic()
+        while self.generated_through < needed:
+            if self.error is not None:
+                raise RuntimeError(f"orchestrator failed: {self.error!r}") from self.error
+            if self.stop_event.is_set():
+                raise RuntimeError("the orchestrator stopped before the scheduled groups were generated")
+            if self.health is not None:
+                self.health.check()
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(
+                    f"full_determinism: the groups scheduled for policy version {version} were not generated within "
+                    f"{timeout_s:.0f} s ({self.generated_through} of {needed}); check vllm.log, or raise "
+                    "rollout_timeout_s"
+                )
+            time.sleep(GATE_POLL_S)
+        return time.monotonic() - t0
+
+    def _mark_generated(self, index: int) -> None:
+        """Record that the group of launch index `index` finished generating (or failed); moves `generated_through`."""
+        self._generated.add(index)
+        while self.generated_through in self._generated:
+            self._generated.remove(self.generated_through)
+            self.generated_through += 1
 
     def _paced_launches(self) -> int:
         """Launches that will each feed a trainer step: `_launched` less the groups of step batches the queue
@@ -268,7 +354,7 @@ class Orchestrator:
         return next(self.prompts), False
 
     async def _one_group(
-        self, client: GenerationClient, item: PromptItem, slots: asyncio.Semaphore, rerolled: bool = False
+        self, client: GenerationClient, item: PromptItem, slots: asyncio.Semaphore, rerolled: bool, index: int
     ) -> None:
         """Run one rollout and batch its group. Every failure is counted under a reason and logged; none
         escapes the task (a `DynamicSamplingError` stops the orchestrator through `error`).
@@ -276,17 +362,25 @@ class Orchestrator:
         The prompt ledger (`runner.report.prompts_lost`): the group is settled exactly once, when it is handed to
         the batch being built (`_pending`; from there the batches and the shutdown count it) or counted as dropped
         here. A task cancelled or stopped before that leaves it unsettled, and `_main` counts it as `shutdown`
-        once every task ended, whether the task ran at all or not."""
-        batched = settled = False
+        once every task ended, whether the task ran at all or not.
+
+        Under full_determinism the slot is freed as soon as the group is generated (a scored group may wait for
+        earlier launch indices or for room in the queue while the trainer waits for later groups to be generated),
+        and the group enters batches in launch order (`_in_order`; a dropped one leaves a gap that is skipped)."""
+        batched = settled = released = False
         try:
-            group = await self._generate_surviving_restarts(client, item)
+            group = await self._generate_surviving_restarts(client, item, index)
+            if self.full_determinism:
+                slots.release()
+                released = True
+                self._mark_generated(index)
             self.reward_watch.scored()
             group.rerolled = rerolled
             self.meter.add(sum(sum(mask) for mask in group.loss_mask))  # generated tokens: tool output excluded
             if self.reroll is not None and not rerolled:  # a prompt is re-rolled at most once per fresh visit
                 self.reroll.offer(item, group.rewards_per_func, self.reward_weights)
             settled = True  # from here the group is counted by the batch or dropped as zero_std
-            batched = self._accept(group)
+            batched = self._accept(group, index)
             if batched:
                 await self._emit()
         except DynamicSamplingError as err:
@@ -317,20 +411,30 @@ class Orchestrator:
                 self._unsettled -= 1
             if not batched:
                 self._launched -= 1
-            slots.release()
+            if self.full_determinism:
+                self._mark_generated(index)
+                if not batched and settled:
+                    self._in_order[index] = None  # a gap the in-order hand-over skips
+                    self._release_in_order()
+            if not released:
+                slots.release()
 
-    async def _generate_surviving_restarts(self, client: GenerationClient, item: PromptItem) -> RolloutGroup:
+    async def _generate_surviving_restarts(
+        self, client: GenerationClient, item: PromptItem, index: int
+    ) -> RolloutGroup:
         """`self.rollout` on `item`; when its request fails because the server is gone (connection refused or
         reset), mark the server lost, wait for the recovery and generate the group again (counted in
-        `health.parked_groups`).
+        `health.parked_groups`). Under full_determinism every request of the group carries the seed of its launch
+        index `index` (`group_seed`), so a regenerated group samples as the lost one would have.
 
         Raises:
             RolloutDropped: reason `inference_unavailable`, the server was not back within recovery_timeout_s.
             whatever the rollout raises otherwise.
         """
+        seeded = {"seed": self.group_seed(index)} if self.full_determinism else {}
         while True:
             try:
-                return await self.rollout(client, item, self.sampling, version=lambda: self.version.value)
+                return await self.rollout(client, item, self.sampling, version=lambda: self.version.value, **seeded)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
                 if self.health is None or self.stop_event.is_set():
                     raise
@@ -349,10 +453,11 @@ class Orchestrator:
             self.error = failure
             self.stop_event.set()
 
-    def _accept(self, group: RolloutGroup) -> bool:
-        """Hand a scored group to the step being built (`_pending`, emitted by `_emit`); returns False if dynamic
-        sampling dropped it (counted as `zero_std`). Synchronous, so a cancellation cannot fall between the
-        ledger's hand-over and the group's place in `_pending`.
+    def _accept(self, group: RolloutGroup, index: int) -> bool:
+        """Hand a scored group (launch index `index`) to the step being built (`_pending`, emitted by `_emit`;
+        under full_determinism through `_in_order`, so in launch order); returns False if dynamic sampling dropped
+        it (counted as `zero_std`). Synchronous, so a cancellation cannot fall between the ledger's hand-over and
+        the group's place.
 
         Raises:
             DynamicSamplingError: `max_gen_batches` generation batches did not yield a full batch.
@@ -368,8 +473,21 @@ class Orchestrator:
                     "within a group, or set dynamic_sampling=false."
                 )
             return False
-        self._pending.append(group)
+        if self.full_determinism:
+            self._in_order[index] = group
+            self._release_in_order()
+        else:
+            self._pending.append(group)
         return True
+
+    def _release_in_order(self) -> None:
+        """Move the settled groups that follow the last one handed over, in launch order, into `_pending`, skipping
+        dropped ones (full_determinism)."""
+        while self._next_in_order in self._in_order:
+            group = self._in_order.pop(self._next_in_order)
+            self._next_in_order += 1
+            if group is not None:
+                self._pending.append(group)
 
     async def _emit(self) -> None:
         """Enqueue every chunk that became complete, in order (one emitter at a time). A chunk the queue refuses

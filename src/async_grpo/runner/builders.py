@@ -420,6 +420,7 @@ def build_producer(
         queue=queue, version=version, drops=drops, health=health,
         recovery_timeout_s=config.inference.vllm_recovery_timeout_s,
         reward_failure_timeout_s=config.rewards.reward_failure_timeout_s, **setup_batch_shaping(config),
+        full_determinism=config.full_determinism, seed=config.seed,
     )  # fmt: skip
     producer = VLLMProducer(
         orchestrator,

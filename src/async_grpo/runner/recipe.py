@@ -98,7 +98,12 @@ class GRPORecipe:
         config = self.config
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.resolved.yaml").write_text(dump_config(config))
-        torch.manual_seed(config.seed)
+        if config.full_determinism:
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(config.seed)  # TRL's full_determinism: seeds, deterministic torch algorithms
+        else:
+            torch.manual_seed(config.seed)
         # ---- cheap validation first
         builders.check_warm_start(config)
         model_path = builders.resolve_model_path(config)
@@ -319,6 +324,12 @@ class GRPORecipe:
         # replayed groups are old on purpose and exempt from max_staleness: they are counted by replayed_groups
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
+            orchestrator = self.orchestrator
+            if orchestrator is not None and orchestrator.full_determinism and self.step < config.optim.max_steps:
+                version = self.version.value  # every group the schedule samples at it is generated before the push
+                metrics["determinism/wait_seconds"] = self.recovery.surviving(
+                    lambda: orchestrator.wait_generated(version, config.producer.rollout_timeout_s)
+                )
             metrics["weight_sync/seconds"] = self.recovery.push()
             metrics.update(report.push_metrics(self.pusher))
         metrics.update(self.replicas.metrics(), **self.time_slice.metrics())  # resource_sharing

@@ -47,6 +47,19 @@ class RunFields(Section):
         "Qwen2-style model under `<output_dir>/tiny-model` (no hub access needed).",
     )
     seed: int = Field(0, description="Seed for data order, model init and sampling.")
+    full_determinism: bool = Field(
+        False,
+        description="Reproducible runs (TRL name): the trainer runs transformers' enable_full_determinism(seed) "
+        "(deterministic torch algorithms), and the builtin orchestrator fixes by the schedule what timing decides "
+        "otherwise: the i-th group is the i-th prompt of the seeded order, sampled with its own vLLM seed at exactly "
+        "the policy version the schedule gives it (the trainer pushes the next version only once every group "
+        "scheduled for this one is generated), and groups enter step batches in launch order. Two runs with the "
+        "same seed and settings then log the same metrics, at any max_inflight_groups and max_staleness, on "
+        "hardware whose kernels are deterministic (the CPU here; docs/reproducibility.md). Costs the trainer the "
+        "wait for the async window's last group before each push. Not with dynamic_sampling or "
+        "reroll_start_fraction < 1. A fault that regenerates groups (a vLLM recovery pushes a new version) or "
+        "drops them keeps the run going but not the equality.",
+    )
     output_dir: str = Field("runs/tiny", description="Run folder: model, logs, vLLM log, MLflow store.")
 
     @field_validator("model_init_kwargs")
