@@ -176,6 +176,20 @@ def eval_every(config: GRPOConfig) -> int | None:
     return int(data.eval_steps)
 
 
+def seed_trainer(config: GRPOConfig) -> None:
+    """Seed this trainer process from `seed`; with `full_determinism` through transformers'
+    `enable_full_determinism(seed)` (what TRL's option calls: seeds and `torch.use_deterministic_algorithms(True)`),
+    else `torch.manual_seed(seed)`. Every rank calls it before building its model."""
+    if config.full_determinism:
+        from transformers import enable_full_determinism
+
+        enable_full_determinism(config.seed)
+    else:
+        import torch
+
+        torch.manual_seed(config.seed)
+
+
 def check_warm_start(config: GRPOConfig) -> None:
     """Refuse a warm start the data cannot feed (before anything starts).
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from async_grpo.config import GRPOConfig
 from async_grpo.runner import builders
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters, follow
@@ -27,7 +25,7 @@ def run_follower(config: GRPOConfig, info: DistInfo) -> int:
 
     from async_grpo.data import load_prompt_dataset
 
-    torch.manual_seed(config.seed)
+    builders.seed_trainer(config)
     model_path = builders.follower_model_path(config)
     model = builders.load_policy(config, model_path, weights=False)
     model.to(info.device)

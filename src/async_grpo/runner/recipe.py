@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from async_grpo import dataset_source
@@ -98,12 +97,7 @@ class GRPORecipe:
         config = self.config
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.resolved.yaml").write_text(dump_config(config))
-        if config.full_determinism:
-            from transformers import enable_full_determinism
-
-            enable_full_determinism(config.seed)  # TRL's full_determinism: seeds, deterministic torch algorithms
-        else:
-            torch.manual_seed(config.seed)
+        builders.seed_trainer(config)
         # ---- cheap validation first
         builders.check_warm_start(config)
         model_path = builders.resolve_model_path(config)
