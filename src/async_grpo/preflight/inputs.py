@@ -225,7 +225,7 @@ def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[st
     try:
         if local:
             load_tools(specs)
-            return [], []
+            return check_python_sandbox(config), []
         for spec in specs:
             parsed = parse_tool_spec(spec)
             if parsed.is_file and not os.path.lexists(parsed.target):
@@ -244,6 +244,22 @@ def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[st
             )
         )
     return problems, notes
+
+
+def check_python_sandbox(config: GRPOConfig) -> list[Problem]:
+    """With `builtin:python` declared, its sandbox runs here (`tools.sandbox.check_sandbox`: one real sandboxed
+    print), as the run's set-up will require; no problem without it."""
+    from async_grpo.config.sections.tools import PYTHON_TOOL
+
+    if PYTHON_TOOL not in config.tools.tools:
+        return []
+    from async_grpo.tools.sandbox import SandboxSettings, SandboxUnavailable, check_sandbox
+
+    try:
+        check_sandbox(SandboxSettings.from_section(config.tools))
+    except SandboxUnavailable as err:
+        return [Problem("tools.python_tool_sandbox", str(err))]
+    return []
 
 
 def _name(spec: str, func: Callable) -> str:
