@@ -299,3 +299,13 @@ def test_the_schema_the_chat_template_renders():
     assert tool.name == "python" and tool.parameters["required"] == ["code"]
     assert tool.parameters["properties"]["code"]["type"] == "string"
     assert "sandbox" in tool.schema["function"]["description"]
+
+
+@needs_bwrap
+def test_the_configs_limits_reach_the_tool_workers():
+    """`tools: [builtin:python]` through the run's set-up path (`tool_executor`: the check, then the workers)."""
+    config = GRPOConfig(tools=["builtin:python"], python_tool_output_bytes=10, tool_num_workers=1)
+    with tool_executor(config) as executor:
+        assert call(executor, "print(6 * 7)").content == "42"
+        capped = call(executor, "print('z' * 100)")
+    assert capped.failure == "output_limit" and capped.content.startswith("error: output limit of 10 bytes exceeded")

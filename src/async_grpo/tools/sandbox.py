@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -472,9 +472,11 @@ def check_sandbox(settings: SandboxSettings) -> None:
             f"python_tool_sandbox='bwrap': builtin:python runs model-written code in a bubblewrap sandbox, but bwrap "
             f"was not found ({where}). {FIX}"
         )
-    probe = run_python("print('sandbox ok')", settings)
+    # the probe's own output must fit, whatever the cap; its other limits are the settings'
+    probe = run_python("print('sandbox ok')", replace(settings, output_bytes=max(settings.output_bytes, 64)))
     if probe.returncode != 0 or probe.output.strip() != "sandbox ok":
         reason = probe.sandbox_error or probe.output.strip()[-300:] or f"exit code {probe.returncode}"
+        reason += f" (timed out after {settings.timeout_s:g} s)" if probe.timed_out else ""
         raise SandboxUnavailable(
             f"python_tool_sandbox={settings.mode!r}: the builtin:python sandbox does not run here: {reason}. {FIX}"
         )
