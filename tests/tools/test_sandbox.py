@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from async_grpo.config import GRPOConfig
-from async_grpo.preflight.inputs import check_python_sandbox
+from async_grpo.preflight.inputs import check_python_sandbox, check_tools
 from async_grpo.rewards.tool_routes import tool_executor
 from async_grpo.tools.builtin import NO_OUTPUT, python_outcome
 from async_grpo.tools.executor import FAILURE_KINDS, ToolExecutor, ToolFailure, ToolOutcome
@@ -242,6 +242,9 @@ def test_a_missing_bwrap_is_refused_naming_the_field_and_the_fix(tmp_path):
         tool_executor(config)  # the run's set-up (and the reward service's start): before vLLM or any worker
     [problem] = check_python_sandbox(config)  # async-grpo validate, local target
     assert problem.field == "tools.python_tool_sandbox" and "Fix:" in problem.message
+    assert check_tools(config, local=True) == ([problem], [])
+    problems, notes = check_tools(config, local=False)  # a cluster run: checked where the calls run
+    assert problems == [] and any("reward service's start" in note for note in notes)
     with pytest.raises(ToolFailure) as err:  # should bwrap vanish after set-up, a call is an error, not a raise
         python_outcome(run_python("print(1)", SandboxSettings(bwrap=missing)), 5, 512, 8.0, 16384)
     assert err.value.kind == "sandbox" and "bwrap not found" in err.value.message
