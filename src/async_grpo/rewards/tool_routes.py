@@ -15,9 +15,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from async_grpo.config import GRPOConfig
+from async_grpo.config.sections.tools import PYTHON_TOOL
 from async_grpo.tools.executor import ToolExecutor
 from async_grpo.tools.loading import load_tools
 from async_grpo.tools.remote import REQUEST_MARGIN_S, TOOL_CALL_PATH, TOOLS_PATH, ToolCallRequest
+from async_grpo.tools.sandbox import SandboxSettings, check_sandbox
 
 
 def add_tool_routes(app: FastAPI, executor: ToolExecutor, request_margin_s: float = REQUEST_MARGIN_S) -> None:
@@ -66,13 +68,19 @@ def add_tool_routes(app: FastAPI, executor: ToolExecutor, request_margin_s: floa
 def tool_executor(config: GRPOConfig) -> ToolExecutor | None:
     """The tool executor for the run's `tools` section (`tool_num_workers` spawned workers with its timeout and
     limits), or None when it declares no tools: the reward service's, and the trainer's when no service is used.
+    With `builtin:python`, its sandbox is tried once here (`tools.sandbox.check_sandbox`), before any worker starts.
 
     Raises:
         ToolSpecError: a tool does not resolve or cannot be described (a ValueError: the server exits with 2).
+        SandboxUnavailable: builtin:python is declared and its sandbox cannot run here (a ValueError naming
+            python_tool_sandbox and the fix).
     """
     t = config.tools
     if not t.tools:
         return None
+    python_sandbox = SandboxSettings.from_section(t) if PYTHON_TOOL in t.tools else None
+    if python_sandbox is not None:
+        check_sandbox(python_sandbox)
     # the full schemas are built here, where submitter code may run; the trainer takes them from GET /v1/tools
     return ToolExecutor(
         load_tools(t.tools),
@@ -80,4 +88,5 @@ def tool_executor(config: GRPOConfig) -> ToolExecutor | None:
         timeout_s=t.tool_timeout_s,
         cpu_seconds=t.tool_cpu_seconds,
         memory_mb=t.tool_memory_mb,
+        python_sandbox=python_sandbox,
     )

@@ -2,7 +2,9 @@
 template's side (rendering, start-up checks, the tokens of tool messages).
 
     loading   tool specs -> functions and JSON schemas (transformers.utils.get_json_schema), refused early
-    builtin   builtin tools (`builtin:calculator`)
+    builtin   builtin tools (`builtin:calculator`, `builtin:python`)
+    sandbox   the bubblewrap sandbox `builtin:python` runs model-written code in, and its set-up check
+    failures  the failure kinds of a tool call, and `ToolFailure` (a tool failing with one of them)
     executor  spawned worker processes with per-call timeout, CPU-seconds and memory limits; `ToolOutcome`
     remote    the same calls on the reward service (Kubernetes)
     parsing   tool calls out of an assistant turn (the tokenizer's response parsing; Hermes/Qwen fallback)
@@ -13,6 +15,7 @@ in neither torch nor transformers (tool workers import it).
 """
 
 from async_grpo.tools.executor import FAILURE_KINDS, ToolBackend, ToolExecutor, ToolOutcome
+from async_grpo.tools.failures import ToolFailure
 from async_grpo.tools.loading import Tool, ToolSpecError, load_tools, resolve_tool
 
 __all__ = [
@@ -20,6 +23,7 @@ __all__ = [
     "Tool",
     "ToolBackend",
     "ToolExecutor",
+    "ToolFailure",
     "ToolOutcome",
     "ToolSpecError",
     "load_tools",

@@ -5,7 +5,9 @@ killed and replaced, and a worker that dies (a crash, `os._exit`, the CPU-second
 limit) costs that one call. Each worker caps its address space at `memory_mb` (`RLIMIT_AS`, set once when it
 starts) and each call's CPU time at `cpu_seconds` (`RLIMIT_CPU`, re-armed before every call). A call never
 raises: every failure becomes a `ToolOutcome` whose text the model reads as the tool's answer, and whose
-`failure` kind the rollout counts. Workers receive spec strings, not functions (user code is never pickled).
+`failure` kind the rollout counts; a tool may fail with a kind of its own by raising `tools.failures.ToolFailure`
+(`builtin:python` does). Workers receive spec strings, not functions (user code is never pickled), and the
+settings of `builtin:python`'s sandbox when they start.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from pebble import ProcessExpired, ProcessPool
 
+from async_grpo.tools.failures import FAILURE_KINDS, MAX_ERROR_CHARS, ToolFailure
 from async_grpo.tools.loading import Tool, resolve_tool
+from async_grpo.tools.sandbox import SandboxSettings
+from async_grpo.tools.sandbox import configure as configure_sandbox
 
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 10.0
-MAX_ERROR_CHARS = 300
-FAILURE_KINDS = ("malformed", "unknown_tool", "bad_arguments", "exception", "timeout", "crashed")
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -55,7 +58,9 @@ class ToolOutcome:
         failure: None on success, else one of FAILURE_KINDS: `malformed` (the call could not be parsed),
             `unknown_tool`, `bad_arguments` (not an object, or not matching the tool's JSON schema), `exception`
             (the tool raised), `timeout` (ran past `tool_timeout_s`; its worker was killed), `crashed` (its worker
-            died, e.g. past `tool_cpu_seconds` or `tool_memory_mb`).
+            died, e.g. past `tool_cpu_seconds` or `tool_memory_mb`; for `builtin:python`, its program was killed by
+            a signal or ran out of CPU time or memory), `output_limit` (`builtin:python` printed more than
+            `python_tool_output_bytes`), `sandbox` (the `builtin:python` sandbox failed to start).
         seconds: wall-clock seconds of the call (0 for calls refused before running).
     """
 
@@ -139,9 +144,10 @@ class ToolBackend(Protocol):
 
 
 # ------------------------------------------------------------------ worker side (runs in spawned processes)
-def _init_worker(memory_bytes: int | None) -> None:
+def _init_worker(memory_bytes: int | None, python_sandbox: SandboxSettings | None = None) -> None:
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    configure_sandbox(python_sandbox)
 
 
 @functools.cache
@@ -158,17 +164,20 @@ def _as_text(value: Any) -> str:
         return str(value)
 
 
-def _run_tool(spec: str, arguments: dict, cpu_seconds: float | None) -> tuple[bool, str]:
-    """Worker entry point: (True, result text) or (False, `<ExceptionType>: message`)."""
+def _run_tool(spec: str, arguments: dict, cpu_seconds: float | None) -> tuple[str | None, str, bool]:
+    """Worker entry point: (None, result text, False), (kind, message, False) for a `ToolFailure`, or
+    ("exception", `<ExceptionType>: message`, True) for any other exception (True: say which tool raised)."""
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     if cpu_seconds:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu_seconds)
         resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
     try:
-        return True, _as_text(_worker_tool(spec)(**arguments))
+        return None, _as_text(_worker_tool(spec)(**arguments)), False
+    except ToolFailure as err:
+        return err.kind, err.message, False
     except Exception as err:
-        return False, f"{type(err).__name__}: {err}"
+        return "exception", f"{type(err).__name__}: {err}", True
     finally:
         if cpu_seconds:
             resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
@@ -184,6 +193,8 @@ class ToolExecutor:
         timeout_s: per-call wall-clock limit in seconds (`tool_timeout_s`).
         cpu_seconds: per-call CPU-time limit in seconds (`tool_cpu_seconds`), None for none.
         memory_mb: per-worker address-space limit in MiB (`tool_memory_mb`), None for none.
+        python_sandbox: the settings of `builtin:python` in the workers (`tools.sandbox.SandboxSettings`, from the
+            `python_tool_*` fields); None: its defaults. Not checked here (see `tools.sandbox.check_sandbox`).
 
     Raises:
         ValueError: no tools, num_workers < 1, or a non-positive limit.
@@ -197,6 +208,7 @@ class ToolExecutor:
         timeout_s: float = 10.0,
         cpu_seconds: float | None = 10.0,
         memory_mb: int | None = 1024,
+        python_sandbox: SandboxSettings | None = None,
     ):
         if not tools:
             raise ValueError("ToolExecutor needs at least one tool. Fix: set tools: [builtin:calculator, ...].")
@@ -217,7 +229,7 @@ class ToolExecutor:
             max_workers=num_workers,
             context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(memory,),
+            initargs=(memory, python_sandbox),
         )
         self._lock = threading.Lock()
         self._closed = False
@@ -261,8 +273,11 @@ class ToolExecutor:
         seconds = time.monotonic() - t0
         error = CancelledError() if task.cancelled() else task.exception()
         if error is None:
-            ok, text = task.result()
-            outcome = ToolOutcome(text, None, seconds) if ok else failed("exception", f"{name} raised {text}", seconds)
+            kind, text, raised = task.result()
+            if kind is None:
+                outcome = ToolOutcome(text, None, seconds)
+            else:
+                outcome = failed(kind, f"{name} raised {text}" if raised else text, seconds)
         elif isinstance(error, TimeoutError):
             outcome = failed("timeout", f"{name} did not finish within {self.timeout_s:g} s and was stopped", seconds)
         elif isinstance(error, ProcessExpired):

