@@ -4,7 +4,8 @@ prompt each group is, the policy version that samples it, its sampling seed and 
 Two runs with the same seed, one with a single group in flight and one with eight (max_staleness 2, so up to three
 batches are generated ahead), log the same value for every per-step metric that is not a clock reading: losses, IS
 ratios, rewards, advantages, staleness, held-out reward. Without full_determinism the same pair differs (measured
-in docs/reproducibility.md), which is what makes this test able to fail.
+in docs/reproducibility.md), which is what makes this test able to fail. A third run, stopped after 4 steps with a
+checkpoint and resumed from it (item 2), logs the same values as the uninterrupted one at every step.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BASE = {
     "eval_strategy": "steps", "eval_steps": 5, "warmup_sft_steps": 60, "warmup_sft_learning_rate": 3e-3,
     "max_steps": 10, "seed": 11, "full_determinism": True, "vllm_dtype": "float32",
 }  # fmt: skip
+CUT = 4  # the interrupted run's checkpoint step
 # Clock readings and process sizes, which no schedule fixes.
 CLOCKS = ("seconds", "tokens_per_s", "memory/", "idle", "wall_s", "steps_per_s", "queue/depth", "generating_s",
           "paused_for_training_s", "weight_sync_s_mean")  # fmt: skip
@@ -49,7 +51,7 @@ def restores_torch_determinism():
     torch.use_deterministic_algorithms(before)
 
 
-def test_same_seed_runs_log_the_same_metrics_at_one_and_eight_groups_in_flight(
+def test_same_seed_runs_log_the_same_metrics_at_one_and_eight_groups_in_flight_and_across_a_resume(
     vllm_server, tiny_model_dir, tmp_path, restores_torch_determinism
 ):
     common = {**BASE, "model_name_or_path": str(tiny_model_dir), "vllm_url": vllm_server.url}
@@ -59,9 +61,23 @@ def test_same_seed_runs_log_the_same_metrics_at_one_and_eight_groups_in_flight(
         summary = run_local(GRPOConfig(**common, max_inflight_groups=depth, output_dir=str(out)), progress=False)
         assert summary.steps == BASE["max_steps"] and summary.prompts_lost == 0
         runs[depth] = logged_metrics(out / "mlflow.db")
+    # at eight in flight again: 4 steps and a checkpoint (at a push, the schedule's groups sampled ahead in it), then
+    # the same command resumed from it; the run continues in the same MLflow run
+    out = tmp_path / "resumed"
+    cut = GRPOConfig(**common, max_inflight_groups=8, output_dir=str(out), max_rollouts=CUT, save_steps=CUT)
+    assert run_local(cut, progress=False).steps == CUT
+    whole = GRPOConfig(**common, max_inflight_groups=8, output_dir=str(out), resume_from_checkpoint=True)
+    summary = run_local(whole, progress=False)
+    assert summary.steps == BASE["max_steps"] and summary.prompts_lost == 0
+    resumed = logged_metrics(out / "mlflow.db")
     deep, shallow = runs[8], runs[1]
     assert ("loss", BASE["max_steps"]) in deep and ("eval/reward", BASE["max_steps"]) in deep
     assert max(deep[("staleness/max", s)] for s in range(1, BASE["max_steps"] + 1)) >= 1  # it ran ahead
     assert any(deep[("loss", s)] != 0 for s in range(1, BASE["max_steps"] + 1))  # there was something to learn
     differ = {k: (deep.get(k), shallow.get(k)) for k in deep.keys() | shallow.keys() if deep.get(k) != shallow.get(k)}
+    assert not differ, sorted(differ.items())[:20]
+    # the cut run's own end (its final evaluation and summary at step CUT, checkpoint timings) is extra
+    differ = {
+        k: (deep.get(k), resumed.get(k)) for k in deep if not k[0].startswith("summary/") and deep[k] != resumed.get(k)
+    }
     assert not differ, sorted(differ.items())[:20]

@@ -668,7 +668,7 @@ def test_full_determinism_fixes_batches_versions_and_seeds_whatever_the_timing(p
     out_of_order, _ = scheduled_run(pool, started, "even", full_determinism=True)
     assert in_order == out_of_order
     flat = [group for step in in_order for group in step]
-    assert [v for _, v in flat] == [max(0, orch.required_version(i)) for i in range(len(flat))]  # exactly
+    assert [v for _, v in flat] == [orch.scheduled_version(i) for i in range(len(flat))]  # exactly, not at least
     assert max(v for _, v in flat) >= 4  # the window moved with the trainer
     client = orch.client_factory()
     seeds = client.seeds
@@ -687,3 +687,59 @@ def test_without_full_determinism_the_same_timings_give_other_batches(pool, star
 def test_full_determinism_refuses_launches_that_depend_on_earlier_outcomes(idle_pool):
     with pytest.raises(ValueError, match="full_determinism with dynamic_sampling"):
         make_orchestrator(FakeClient(), idle_pool, ["ok"], dynamic_sampling=True, full_determinism=True)
+
+
+def test_a_full_determinism_schedule_resumed_from_its_snapshot_continues_exactly(pool, started):
+    """Snapshot the schedule between steps (as a checkpoint does, at the policy version just pushed), stop, start a
+    new orchestrator from the snapshot with the trainer's version, and train on: the batches equal an uninterrupted
+    run's, with slow and fast requests interleaved (eight in flight, two versions of staleness). The snapshot goes
+    through torch.save / torch.load(weights_only=True), as in a checkpoint."""
+    import io
+
+    import torch
+
+    whole, _ = scheduled_run(pool, started, "even", full_determinism=True)
+
+    version = PolicyVersion(0)
+    client = TimedClient(version, "even")
+    kwargs = dict(groups_per_step=2, max_inflight=6, queue_size=2, max_staleness=2, full_determinism=True, seed=3)
+    orch = make_orchestrator(client, pool, ["ok"] * 16, version=version, **kwargs)
+    started.append(orch)
+    orch.start()
+    first = []
+    for _ in range(3):
+        batch = orch.queue.get(current_version=version.value, timeout_s=WAIT_S)
+        first.append([(tuple(g.prompt_ids), g.policy_version) for g in batch.groups])
+        orch.mark_trained(batch.groups)
+        orch.wait_generated(version.value, WAIT_S)
+        version.bump()
+    buffer = io.BytesIO()
+    torch.save(orch.schedule_state(version.value), buffer)
+    stop_and_check(orch, client)
+    state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    assert state["groups"], "groups sampled at older versions are kept"
+
+    version = PolicyVersion(version.value)  # the resumed trainer serves the checkpoint's weights at its version
+    client = TimedClient(version, "flat")  # other timings after the resume
+    resumed = make_orchestrator(client, pool, ["ok"] * 16, version=version, **kwargs)
+    resumed.restore_schedule(state)
+    started.append(resumed)
+    resumed.start()
+    rest = train_on_schedule(resumed, version, steps=5)
+    stop_and_check(resumed, client)
+    assert first + rest == whole
+
+
+def test_the_scheduled_version_never_decreases_across_the_on_policy_warm_up(idle_pool):
+    """required_version drops where the on-policy warm-up rollouts end (its slack starts); launches are in index
+    order, so the schedule holds the version the warm-up reached until the pacing passes it."""
+    orch = make_orchestrator(
+        FakeClient(), idle_pool, ["ok"], groups_per_step=2, max_staleness=2, sync_warmup_rollouts=3,
+        full_determinism=True,
+    )  # fmt: skip
+    required = [orch.required_version(i) for i in range(40)]
+    scheduled = [orch.scheduled_version(i) for i in range(40)]
+    assert required[5] == 2 and required[6] == 1  # the warm-up's last batch, then the first with slack
+    assert scheduled[:6] == [0, 0, 1, 1, 2, 2] and scheduled[6:10] == [2, 2, 2, 2]
+    assert scheduled == sorted(scheduled) and all(s >= max(r, 0) for s, r in zip(scheduled, required, strict=True))
+    assert [orch.scheduled_before(v) for v in range(4)] == [2, 4, 10, 12]

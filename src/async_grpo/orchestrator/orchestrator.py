@@ -28,6 +28,7 @@ from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_
 from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, rollout_metrics
 from async_grpo.orchestrator.failures import DynamicSamplingError, RewardFailureWatch, RewardServiceError  # noqa: F401 - the errors are re-exported
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
+from async_grpo.orchestrator.schedule import ScheduleState
 from async_grpo.rewards.pool import RewardError
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
@@ -90,7 +91,7 @@ class Orchestrator:
             orchestrator stops with a `RewardServiceError` naming the scorer (seconds).
         full_determinism: fix by the schedule, not by timing, what timing decides otherwise (TRL's name; issue 28):
             the i-th launched group (launch index i, the i-th prompt of the seeded sampler) is sampled with
-            per-request seed `group_seed(seed, i, G)` at exactly policy version `required_version(i)` (the trainer
+            per-request seed `group_seed(i)` at exactly policy version `scheduled_version(i)` (the trainer
             pushes the next version only once every group scheduled for this one finished generating:
             `wait_generated`), and groups enter step batches in launch order, not in the order they finished.
             Refuses dynamic sampling and deferred re-roll (their launches depend on earlier groups' outcomes).
@@ -179,11 +180,7 @@ class Orchestrator:
         self._emit_lock: asyncio.Lock | None = None  # created inside the event loop; keeps chunks in order
         self.full_determinism = full_determinism
         self.seed = seed
-        self._index = 0  # launch index of the next group (full_determinism's schedule)
-        self._in_order: dict[int, RolloutGroup | None] = {}  # settled groups waiting for earlier ones (None: dropped)
-        self._next_in_order = 0  # launch index of the next group to enter a batch (full_determinism)
-        self._generated: set[int] = set()  # launch indices done generating beyond `generated_through`
-        self.generated_through = 0  # every group with a launch index below this finished generating (or failed)
+        self.schedule = ScheduleState() if full_determinism else None  # launch-index bookkeeping
         self._gate_index = 0  # `scheduled_before`'s cursor (versions only grow)
 
     # ------------------------------------------------------------------ lifecycle
@@ -235,7 +232,7 @@ class Orchestrator:
         try:
             while not self.stop_event.is_set():
                 if (
-                    self.version.value < self.required_version(self._schedule_position())
+                    self.version.value < self._launch_version()
                     or (self.queue.full() and not self.full_determinism)  # its pacing alone bounds how far ahead
                     or (self.health is not None and self.health.lost)
                     or not await _acquire(slots)
@@ -245,12 +242,15 @@ class Orchestrator:
                 if self.stop_event.is_set():  # stop came while waiting for a slot: launch nothing more
                     slots.release()
                     break
-                item, rerolled = self._next_prompt()
+                if self.schedule is not None:
+                    index, item = self.schedule.draw(self.prompts)
+                    rerolled = False
+                else:
+                    index, (item, rerolled) = self.launched_total, self._next_prompt()
                 self._launched += 1
                 self.launched_total += 1
                 self._unsettled += 1
-                task = asyncio.create_task(self._one_group(client, item, slots, rerolled, self._index))
-                self._index += 1
+                task = asyncio.create_task(self._one_group(client, item, slots, rerolled, index))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
         finally:
@@ -264,16 +264,28 @@ class Orchestrator:
             if self._pending:  # scored groups that never filled a batch
                 self.drops.add("shutdown", len(self._pending))
                 self._pending = []
-            waiting = sum(group is not None for group in self._in_order.values())
+            waiting = self.schedule.waiting() if self.schedule is not None else 0
             if waiting:  # full_determinism: scored groups still waiting for an earlier launch index
                 self.drops.add("shutdown", waiting)
-                self._in_order = {}
             await client.aclose()
 
-    def _schedule_position(self) -> int:
-        """The launch count the next group's required version is computed from: its launch index under
-        full_determinism (the schedule alone), else `_paced_launches`."""
-        return self._index if self.full_determinism else self._paced_launches()
+    def _launch_version(self) -> int:
+        """The policy version the next launch waits for: `scheduled_version` of its launch index under
+        full_determinism, else `required_version` of `_paced_launches`."""
+        if self.schedule is not None:
+            return self.scheduled_version(self.schedule.next_index)
+        return self.required_version(self._paced_launches())
+
+    def scheduled_version(self, index: int) -> int:
+        """The policy version that samples launch index `index` under full_determinism: `required_version(index)`,
+        raised to the largest one before it (the on-policy warm-up rollouts can ask for a later version than the
+        first rollouts after them, and launches are in index order) and to 0. Never decreases with `index`."""
+        version = self.required_version(index)
+        warm = self.sync_warmup_rollouts
+        if warm and (index // self.groups_per_step) // self.steps_per_generation >= warm:
+            last_warm = warm * self.steps_per_generation * self.groups_per_step - 1
+            version = max(version, self.required_version(last_warm))
+        return max(version, 0)
 
     def group_seed(self, index: int) -> int:
         """vLLM's per-request `seed` for the group of launch index `index` under full_determinism: vLLM seeds the
@@ -282,13 +294,13 @@ class Orchestrator:
         return (self.seed * 1_000_003 + index * self.sampling.num_generations) % 2**31
 
     def scheduled_before(self, version: int) -> int:
-        """The first launch index whose required version is above `version`: the groups `[0, scheduled_before)` are
-        exactly those the schedule samples at policy versions up to `version` (required_version never decreases
+        """The first launch index whose scheduled version is above `version`: the groups `[0, scheduled_before)` are
+        exactly those the schedule samples at policy versions up to `version` (`scheduled_version` never decreases
         with the launch index)."""
-        while self.required_version(self._gate_index) <= version:
+        while self.scheduled_version(self._gate_index) <= version:
             self._gate_index += self.groups_per_step
         index = self._gate_index
-        while index > 0 and self.required_version(index - 1) > version:  # within a batch the version is constant
+        while index > 0 and self.scheduled_version(index - 1) > version:
             index -= 1
         return index
 
@@ -304,7 +316,7 @@ class Orchestrator:
         """
         needed = self.scheduled_before(version)
         t0 = time.monotonic()
-        while self.generated_through < needed:
+        while self.schedule.generated_through < needed:
             if self.error is not None:
                 raise RuntimeError(f"orchestrator failed: {self.error!r}") from self.error
             if self.stop_event.is_set():
@@ -314,18 +326,46 @@ class Orchestrator:
             if time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(
                     f"full_determinism: the groups scheduled for policy version {version} were not generated within "
-                    f"{timeout_s:.0f} s ({self.generated_through} of {needed}); check vllm.log, or raise "
+                    f"{timeout_s:.0f} s ({self.schedule.generated_through} of {needed}); check vllm.log, or raise "
                     "rollout_timeout_s"
                 )
             time.sleep(GATE_POLL_S)
         return time.monotonic() - t0
 
-    def _mark_generated(self, index: int) -> None:
-        """Record that the group of launch index `index` finished generating (or failed); moves `generated_through`."""
-        self._generated.add(index)
-        while self.generated_through in self._generated:
-            self._generated.remove(self.generated_through)
-            self.generated_through += 1
+    def mark_trained(self, groups: list[RolloutGroup]) -> None:
+        """The trainer finished its steps on `groups` (full_determinism's checkpoint keeps only untrained ones; a
+        no-op otherwise). Called from the trainer's thread."""
+        if self.schedule is not None:
+            self.schedule.mark_trained(groups)
+
+    def schedule_state(self, version: int) -> dict | None:
+        """What a checkpoint written at policy version `version` keeps of the schedule under full_determinism
+        (`ScheduleState.snapshot`: the untrained groups sampled at older versions, the prompts drawn since, the
+        sampler's position); None otherwise. Called from the trainer's thread, between steps.
+
+        Raises:
+            RuntimeError: see `ScheduleState.snapshot`.
+        """
+        if self.schedule is None:
+            return None
+        live = getattr(self.prompts, "live_state_dict", None) or self.prompts.state_dict
+        return self.schedule.snapshot(self.scheduled_before(version - 1), live)
+
+    def restore_schedule(self, state: dict) -> None:
+        """Continue the schedule of a checkpoint's `schedule_state` (call before `start`, after `restore_progress`):
+        its kept groups enter batches again in launch order and count as launched; later prompts are sampled again.
+
+        Raises:
+            ValueError: full_determinism is off in this run (the checkpoint's run had it on).
+        """
+        if self.schedule is None:
+            raise ValueError(
+                "this checkpoint was written with full_determinism: true and holds the groups it had sampled ahead. "
+                "Fix: resume with full_determinism: true (the run's own config)."
+            )
+        sampler, kept = self.schedule.restore(state)
+        self.prompts.load_state_dict(sampler)
+        self.launched_total += kept
 
     def _paced_launches(self) -> int:
         """Launches that will each feed a trainer step: `_launched` less the groups of step batches the queue
@@ -366,14 +406,13 @@ class Orchestrator:
 
         Under full_determinism the slot is freed as soon as the group is generated (a scored group may wait for
         earlier launch indices or for room in the queue while the trainer waits for later groups to be generated),
-        and the group enters batches in launch order (`_in_order`; a dropped one leaves a gap that is skipped)."""
+        and the group enters batches in launch order (`schedule`; a dropped one leaves a gap that is skipped)."""
         batched = settled = released = False
         try:
             group = await self._generate_surviving_restarts(client, item, index)
-            if self.full_determinism:
+            if self.schedule is not None:  # generated: the slot goes to the next launch at once
                 slots.release()
                 released = True
-                self._mark_generated(index)
             self.reward_watch.scored()
             group.rerolled = rerolled
             self.meter.add(sum(sum(mask) for mask in group.loss_mask))  # generated tokens: tool output excluded
@@ -411,11 +450,11 @@ class Orchestrator:
                 self._unsettled -= 1
             if not batched:
                 self._launched -= 1
-            if self.full_determinism:
-                self._mark_generated(index)
-                if not batched and settled:
-                    self._in_order[index] = None  # a gap the in-order hand-over skips
-                    self._release_in_order()
+            if self.schedule is not None and not batched:
+                if settled:  # a gap the in-order hand-over skips
+                    self._pending.extend(self.schedule.settle(index, None))
+                else:
+                    self.schedule.mark_generated(index)
             if not released:
                 slots.release()
 
@@ -455,7 +494,7 @@ class Orchestrator:
 
     def _accept(self, group: RolloutGroup, index: int) -> bool:
         """Hand a scored group (launch index `index`) to the step being built (`_pending`, emitted by `_emit`;
-        under full_determinism through `_in_order`, so in launch order); returns False if dynamic sampling dropped
+        under full_determinism through `schedule`, so in launch order); returns False if dynamic sampling dropped
         it (counted as `zero_std`). Synchronous, so a cancellation cannot fall between the ledger's hand-over and
         the group's place.
 
@@ -473,21 +512,11 @@ class Orchestrator:
                     "within a group, or set dynamic_sampling=false."
                 )
             return False
-        if self.full_determinism:
-            self._in_order[index] = group
-            self._release_in_order()
+        if self.schedule is not None:  # in launch order; settling also moves the generation watermark
+            self._pending.extend(self.schedule.settle(index, group))
         else:
             self._pending.append(group)
         return True
-
-    def _release_in_order(self) -> None:
-        """Move the settled groups that follow the last one handed over, in launch order, into `_pending`, skipping
-        dropped ones (full_determinism)."""
-        while self._next_in_order in self._in_order:
-            group = self._in_order.pop(self._next_in_order)
-            self._next_in_order += 1
-            if group is not None:
-                self._pending.append(group)
 
     async def _emit(self) -> None:
         """Enqueue every chunk that became complete, in order (one emitter at a time). A chunk the queue refuses

@@ -210,6 +210,12 @@ class TrainedPosition(Iterator):
         with self._lock:
             return self._drawn[0][1] if self._drawn else self.sampler.state_dict()
 
+    def live_state_dict(self) -> dict[str, Any]:
+        """The sampler's live position, after every draw so far (what `full_determinism`'s checkpoint keeps: it
+        saves the drawn prompts itself, `orchestrator.schedule`)."""
+        with self._lock:
+            return self.sampler.state_dict()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a `state_dict()` position (forgets the outstanding draws).
 

@@ -331,6 +331,8 @@ class GRPORecipe:
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
         self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
+        if self.orchestrator is not None:
+            self.orchestrator.mark_trained(item.groups)
         self.checkpointer.after_step(self.step, item.groups, metrics)  # the step is complete: save_steps checkpoint
         metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
         self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
@@ -417,6 +419,7 @@ class GRPORecipe:
             reroll=orch.reroll.state_dict() if orch is not None and orch.reroll is not None else None,
             drops=self.drops.snapshot(), mlflow_run_id=self.tracker.run_id if self.tracker else None,
             weight_syncs=len(self.sync_times), num_tokens=self.num_tokens,
+            schedule=orch.schedule_state(self.version.value) if orch is not None else None,
         )  # fmt: skip
 
     def restore(self, state: TrainState) -> None:
@@ -431,6 +434,13 @@ class GRPORecipe:
         if orch is not None:  # pace from the rollouts trained; the ledger counts the restored drops as launched
             orch.restore_progress(
                 rollouts=state.rollouts, launched_before=-report.prompts_lost(0, 0, self.drops.snapshot())
+            )
+        if orch is not None and state.schedule is not None:  # full_determinism: continue the schedule exactly
+            orch.restore_schedule(state.schedule)
+        elif orch is not None and orch.full_determinism:
+            logger.warning(
+                "full_determinism: the checkpoint holds no schedule (written without full_determinism); the resumed "
+                "run samples the untrained prompts again at its policy version and will not equal an uninterrupted one"
             )
         if orch is not None and orch.replay is not None and state.replay is not None:
             orch.replay.load_state_dict(state.replay)

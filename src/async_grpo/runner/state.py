@@ -48,6 +48,9 @@ class TrainState:
         mlflow_run_id: the MLflow run to continue, None before tracking started.
         weight_syncs: weight pushes so far.
         num_tokens: prompt + completion tokens trained on so far (TRL's cumulative `num_tokens` metric).
+        schedule: under `full_determinism`, the orchestrator's schedule (`Orchestrator.schedule_state`: the
+            untrained groups sampled at older policy versions, the prompts drawn since, the sampler's live
+            position), so a resumed run continues it exactly; None otherwise.
     """
 
     step: int = 0
@@ -62,6 +65,7 @@ class TrainState:
     mlflow_run_id: str | None = None
     weight_syncs: int = 0
     num_tokens: int = 0
+    schedule: dict[str, Any] | None = None
 
 
 def capture_rng() -> dict[str, Any]:

@@ -47,6 +47,8 @@ class RolloutGroup:
         rollout_stats: per-completion numbers the rollout recorded, name -> (G,) floats (the multi-turn rollout's
             `tools/calls`, `tools/failures`, `tools/turns`, `tools/seconds`, ...); the batcher turns them into step
             metrics. Empty for a single-turn rollout.
+        launch_index: the orchestrator's launch index of the group (its place in the schedule under
+            `full_determinism`, which batches, seeds and checkpoints by it); None otherwise.
 
     After construction `nonfinite_logprob_tokens` counts the trained tokens whose sampling logprob was NaN or
     infinite: their `loss_mask` is set to 0 (a NaN ratio would poison the step), and the batcher logs the count as
@@ -74,6 +76,7 @@ class RolloutGroup:
     reward_extra: dict[str, list] = field(default_factory=dict)
     reward_metrics: dict[str, list[float]] = field(default_factory=dict)
     rollout_stats: dict[str, list[float]] = field(default_factory=dict)
+    launch_index: int | None = None
 
     def __post_init__(self) -> None:
         g = len(self.completion_ids)
