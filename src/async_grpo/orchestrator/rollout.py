@@ -173,9 +173,11 @@ class SingleTurnRollout:
         return group
 
 
-async def score_group(scorer: Scorer, group: RolloutGroup) -> None:
+async def score_group(scorer: Scorer, group: RolloutGroup, sample_columns: dict[str, list] | None = None) -> None:
     """Fill `group.rewards_per_func` ((G, F), NaN for None) with one scoring call, TRL's reward contract: the
-    group's prompt repeated G times, its completions, completion ids, and each dataset column repeated G times.
+    group's prompt repeated G times, its completions, completion ids, and each dataset column repeated G times,
+    plus `sample_columns` (name -> G per-completion values, e.g. an environment's `env_reward`; JSON-safe values,
+    as they may travel to the reward service).
     For a conversational prompt (a list of messages) each text completion reaches the reward functions as TRL
     passes it, `[{"role": "assistant", "content": text}]`. What the functions logged (`log_extra`,
     `log_metric`) lands in `group.reward_extra` / `group.reward_metrics`.
@@ -185,6 +187,7 @@ async def score_group(scorer: Scorer, group: RolloutGroup) -> None:
     """
     g = group.size
     columns = {k: [v] * g for k, v in group.columns.items()}
+    columns.update(sample_columns or {})
     completions = group.completions
     if isinstance(group.prompt, list):  # conversational (TRL is_conversational)
         completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
