@@ -95,7 +95,9 @@ def test_unknown_check_names_and_targets_are_refused():
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_builtin_task_passes_with_its_own_rewards(task, tmp_path):
     rewards = [f"builtin:{name}" for name in TASKS[task].reward_funcs]
-    config = GRPOConfig(dataset=f"builtin:{task}", reward_funcs=rewards, output_dir=str(tmp_path))
+    config = GRPOConfig(
+        dataset=f"builtin:{task}", reward_funcs=rewards, output_dir=str(tmp_path), environment=TASKS[task].environment
+    )
     report = preflight(config)
     assert report.ok, report.problems
     assert "reward_probe" in report.checked

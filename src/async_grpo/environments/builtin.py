@@ -1,6 +1,6 @@
 """Builtin environments (`environment: builtin:<name>`).
 
-    guess   find a secret number from 1 to 16, told higher or lower (the rules: `tasks.guess`)
+guess   find a secret number from 1 to 16, told higher or lower (the rules: `tasks.guess`)
 """
 
 from __future__ import annotations

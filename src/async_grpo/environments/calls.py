@@ -49,7 +49,11 @@ def check_observation(obs: Any) -> str | None:
     if not isinstance(obs.messages, list):
         return f"Observation.messages is a {type(obs.messages).__name__}, not a list"
     for m in obs.messages:
-        if not isinstance(m, Mapping) or m.get("role") not in OBSERVATION_ROLES or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, Mapping)
+            or m.get("role") not in OBSERVATION_ROLES
+            or not isinstance(m.get("content"), str)
+        ):
             return f"Observation.messages holds {m!r}; each must be {{'role': 'user' or 'tool', 'content': str}}"
     if obs.reward is not None and (isinstance(obs.reward, bool) or not isinstance(obs.reward, (int, float))):
         return f"Observation.reward is {obs.reward!r}, not a number or None"
@@ -89,7 +93,7 @@ class EnvironmentCaller:
                 obs = await asyncio.wait_for(future, self.timeout_s)
                 if inspect.isawaitable(obs):  # a plain def returning a coroutine: await it on the loop
                     obs = await asyncio.wait_for(obs, self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return CallOutcome(None, f"{name}_timeout", f"{name} ran past env_timeout_s={self.timeout_s:g}")
         except asyncio.CancelledError:
             raise

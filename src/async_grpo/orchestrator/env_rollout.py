@@ -165,7 +165,9 @@ class EnvironmentRollout:
             else:
                 self._add_reward(ep, outcome.observation.reward)
         prompt = list(item.prompt) + list(opening)
-        prompt_ids = render_ids(self.tokenizer, prompt, None, add_generation_prompt=True) if opening else item.prompt_ids
+        prompt_ids = (
+            render_ids(self.tokenizer, prompt, None, add_generation_prompt=True) if opening else item.prompt_ids
+        )
         for ep in episodes:
             ep.state["messages"] = list(prompt)
         sent_at = version()

@@ -269,9 +269,7 @@ def check_python_sandbox(config: GRPOConfig) -> list[Problem]:
     return []
 
 
-def check_environment(
-    config: GRPOConfig, local: bool, row: dict[str, Any] | None
-) -> tuple[list[Problem], list[str]]:
+def check_environment(config: GRPOConfig, local: bool, row: dict[str, Any] | None) -> tuple[list[Problem], list[str]]:
     """The `environment` spec: on the local target (and for builtins anywhere) it resolves, its factory returns an
     object implementing the protocol (`environments.load_environment`), and, with the dataset's first `row` at
     hand, `reset` opens an episode on it within env_timeout_s (`environments.check_reset`). Off the local target a
@@ -297,6 +295,15 @@ def check_environment(
         env = load_environment(spec)
         if row is None:
             return [], ["environment: reset was not tried (the dataset was not read here)"]
+        if isinstance(row.get("prompt"), str):
+            return [
+                Problem(
+                    field,
+                    f"environment {spec!r} needs conversational prompts (its observations are chat messages), "
+                    f"but dataset {config.data.dataset!r} has string prompts",
+                    "use a dataset whose prompts are [{'role': 'user', 'content': ...}] lists (e.g. builtin:guess)",
+                )
+            ], []
         check_reset(env, spec, row, config.environments.env_timeout_s)
     except EnvironmentSpecError as err:
         message = str(err)
@@ -374,6 +381,8 @@ def probe_rewards(
 
     timeout_s = timeout_s or min(config.rewards.reward_timeout_s, PROBE_TIMEOUT_S)
     prompts, completions, ids, columns = probe_group(row)
+    if config.environments.environment is not None:  # what the environment rollout passes per completion
+        columns.update({"env_reward": [0.0] * len(completions), "env_state": [{} for _ in completions]})
     bound = bound_kwargs(config)
     problems = check_signatures(funcs, list(columns), bound)
     if problems:

@@ -101,5 +101,6 @@ TASK = Task(
     train_size=2000,
     eval_size=64,
     chat=True,
+    environment="builtin:guess",
     transcript=guess_transcript,
 )
