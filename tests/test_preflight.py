@@ -18,7 +18,14 @@ from async_grpo.preflight import CHECKS, LOCAL_ONLY, PreflightError, preflight
 from async_grpo.tasks import TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CPU_EXAMPLES = ["tiny_cpu.yaml", "tools_cpu.yaml", "trl_qwen_gsm8k.yaml", "lora_cpu.yaml", "reward_model_cpu.yaml"]
+CPU_EXAMPLES = [
+    "tiny_cpu.yaml",
+    "tools_cpu.yaml",
+    "guess_cpu.yaml",
+    "trl_qwen_gsm8k.yaml",
+    "lora_cpu.yaml",
+    "reward_model_cpu.yaml",
+]
 BAD = "tests/bad_inputs"
 
 
