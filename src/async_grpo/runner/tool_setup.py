@@ -59,8 +59,8 @@ def build_tool_backend(config: GRPOConfig, service: tuple[str, str | None] | Non
     return tool_executor(config)  # the same executor the reward service runs, here
 
 
-def check_conversational(items: Sequence[PromptItem], spec: str, what: str = "tools") -> None:
-    """Tools (and environments: `what`) need conversational prompts (as TRL's).
+def check_conversational(items: Sequence[PromptItem], spec: str, what: str = "tools", field: str = "tools") -> None:
+    """Tools (and environments: `what`, set by the config key `field`) need conversational prompts (as TRL's).
 
     Raises:
         ValueError: a prompt is a string; names the dataset and the fix.
@@ -70,7 +70,7 @@ def check_conversational(items: Sequence[PromptItem], spec: str, what: str = "to
             raise ValueError(
                 f"dataset {spec!r}: row {i} has a string prompt, but {what} need conversational prompts "
                 "(a list of {'role', 'content'} messages, rendered by the chat template). "
-                f"Fix: make each prompt [{{'role': 'user', 'content': prompt}}], or unset {what}."
+                f"Fix: make each prompt [{{'role': 'user', 'content': prompt}}], or unset {field}."
             )
 
 
@@ -96,7 +96,7 @@ def build_rollout(
     """
     env = config.environments
     if env.environment is not None:
-        check_conversational(items, config.data.dataset, "environments")
+        check_conversational(items, config.data.dataset, "environments", "environment")
         caller = EnvironmentCaller(
             load_environment(env.environment), timeout_s=env.env_timeout_s, num_threads=env.env_num_threads
         )
