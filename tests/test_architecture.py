@@ -28,8 +28,19 @@ ALLOWED = {
     "data": {"dataset_source", "tasks", "hub"},
     "transports": {"inference"},
     "tools": {"user_code"},
+    "environments": {"tasks", "user_code"},
     "rewards": {"__init__", "config", "hub", "tasks", "tools", "transports", "user_code"},
-    "orchestrator": {"algorithms", "data", "errors", "inference", "rewards", "tasks", "tools", "transports"},
+    "orchestrator": {
+        "algorithms",
+        "data",
+        "environments",
+        "errors",
+        "inference",
+        "rewards",
+        "tasks",
+        "tools",
+        "transports",
+    },
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config"},
@@ -42,6 +53,7 @@ ALLOWED = {
         "checkpoint_layout",
         "config",
         "data",
+        "environments",
         "hub",
         "registry",
         "rewards",
@@ -55,6 +67,7 @@ ALLOWED = {
         "config",
         "data",
         "dataset_source",
+        "environments",
         "errors",
         "evaluation",
         "hub",
@@ -165,7 +178,7 @@ def test_a_role_imports_only_the_roles_below_it(role):
 
 
 def test_no_lower_layer_imports_the_runner_trainer_or_launch():
-    lower = ("rewards", "algorithms", "transports", "inference", "tools", "orchestrator")
+    lower = ("rewards", "algorithms", "transports", "inference", "tools", "environments", "orchestrator")
     offenders = {
         str(p.relative_to(SRC)): sorted(_imported_roles(p) & {"launch", "runner", "trainer"})
         for role in lower

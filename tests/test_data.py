@@ -104,7 +104,8 @@ def test_bad_specs(tmp_path):
     with pytest.raises(ValueError, match=r"unsupported file type '.csv'. Fix: convert it"):
         load_prompt_dataset(str(tmp_path / "data.csv"), split="train")
     with pytest.raises(
-        ValueError, match=r"unknown builtin task. Fix: use one of \['builtin:add', 'builtin:calc', 'builtin:reverse'\]"
+        ValueError,
+        match=r"unknown builtin task. Fix: use one of \['builtin:add', 'builtin:calc', 'builtin:guess', 'builtin:reverse'\]",
     ):
         load_prompt_dataset("builtin:nope", split="train")
     (tmp_path / "empty_folder").mkdir()

@@ -18,7 +18,14 @@ from async_grpo.preflight import CHECKS, LOCAL_ONLY, PreflightError, preflight
 from async_grpo.tasks import TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CPU_EXAMPLES = ["tiny_cpu.yaml", "tools_cpu.yaml", "trl_qwen_gsm8k.yaml", "lora_cpu.yaml", "reward_model_cpu.yaml"]
+CPU_EXAMPLES = [
+    "tiny_cpu.yaml",
+    "tools_cpu.yaml",
+    "guess_cpu.yaml",
+    "trl_qwen_gsm8k.yaml",
+    "lora_cpu.yaml",
+    "reward_model_cpu.yaml",
+]
 BAD = "tests/bad_inputs"
 
 
@@ -95,7 +102,9 @@ def test_unknown_check_names_and_targets_are_refused():
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_builtin_task_passes_with_its_own_rewards(task, tmp_path):
     rewards = [f"builtin:{name}" for name in TASKS[task].reward_funcs]
-    config = GRPOConfig(dataset=f"builtin:{task}", reward_funcs=rewards, output_dir=str(tmp_path))
+    config = GRPOConfig(
+        dataset=f"builtin:{task}", reward_funcs=rewards, output_dir=str(tmp_path), environment=TASKS[task].environment
+    )
     report = preflight(config)
     assert report.ok, report.problems
     assert "reward_probe" in report.checked

@@ -25,7 +25,10 @@ logger = logging.getLogger(__name__)
 BUILTIN_PREFIX = "builtin:"
 FILE_LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 # Keyword arguments the reward call itself fills; a dataset column with one of these names would clash.
-RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+RESERVED_COLUMNS = (
+    "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+    "env_reward", "env_state",  # what an environment rollout passes (orchestrator.env_rollout)
+)  # fmt: skip
 # Roles a prompt's messages may have (the chat-template roles TRL's conversational format uses).
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 _SPLIT_NAMES = {"train": ("train",), "eval": ("eval", "validation", "test")}

@@ -19,7 +19,7 @@ import torch
 
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient
-from async_grpo.orchestrator.batching import reward_correlations, tool_metrics
+from async_grpo.orchestrator.batching import env_metrics, reward_correlations, tool_metrics
 from async_grpo.orchestrator.rollout import Rollout, SamplingSettings, completion_display
 from async_grpo.transports.messages import RolloutGroup
 
@@ -60,7 +60,7 @@ class HeldOutScores:
     Attributes:
         metrics: `eval/reward` (the weighted reward nansum, mean over every scored completion),
             `eval/rewards/<func>/mean`, `eval/rewards/<a>/correlation/<b>` (`orchestrator.batching.reward_correlations`),
-            `eval/dropped_groups` (groups that failed, counted and logged) and, for a multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`).
+            `eval/dropped_groups` (groups that failed, counted and logged) and, for a multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`) or `eval/env/*` (`env_metrics`).
         rows: (prompt, completion, reward) dicts, one per scored completion.
         per_prompt: (N,) mean weighted reward of each prompt's group, in the order of the items; NaN where the
             group failed. Two models scored with the same items, sampling and seed pair up prompt by prompt
@@ -127,6 +127,7 @@ def score_held_out(
         per_prompt.append(sum(group_totals) / len(group_totals) if group_totals else math.nan)
     metrics = {"eval/reward": sum(totals) / len(totals), "eval/dropped_groups": float(len(failures))}
     metrics.update({f"eval/{k}": v for k, v in tool_metrics(groups).items()})
+    metrics.update({f"eval/{k}": v for k, v in env_metrics(groups).items()})
     for name, vals in zip(reward_names, per_func, strict=True):
         if vals:
             metrics[f"eval/rewards/{name}/mean"] = sum(vals) / len(vals)

@@ -94,6 +94,15 @@ def test_a_data_producer_file_is_refused_a_module_is_not(gpu_config, gpu_setting
     check_run(gpu_config.model_copy(update={"data_producer": "mypkg.producer:make"}), gpu_settings, POLICY)
 
 
+def test_an_environment_file_is_refused_in_the_trainer_pod_a_module_or_builtin_is_not(gpu_config, gpu_settings):
+    msg = refused(gpu_config.model_copy(update={"environment": "/workspace/e.py:make"}), gpu_settings)
+    assert "environment='/workspace/e.py:make' is a file" in msg and "pkg.module:factory" in msg
+    msg = refused(gpu_config.model_copy(update={"environment": "envs/e.py:make"}), gpu_settings)
+    assert "environment='envs/e.py'" in msg and "shared volume" in msg  # a file off the volume
+    for spec in ("mypkg.envs:make", "builtin:guess"):
+        check_run(gpu_config.model_copy(update={"environment": spec}), gpu_settings, POLICY)
+
+
 def test_an_external_reward_service_must_be_allowed(gpu_config):
     config = gpu_config.model_copy(update={"reward_url": "http://collector.example.com:80"})
     assert "reward_url='http://collector.example.com:80'" in refused(config, ClusterSettings(reward_replicas=0))

@@ -92,3 +92,29 @@ def test_warm_start_pairs_are_one_per_assistant_turn_with_tool_results_as_contex
     assert tok.decode(turn1).startswith('<tool_call>{"name": "calculator"') and tok.decode(turn1).endswith("<|im_end|>")
     assert tok.decode(ctx2).endswith("<|im_end|>\n<|im_start|>assistant\n") and "<|im_start|>tool\n" in tok.decode(ctx2)
     assert tok.decode(turn2)[: -len("<|im_end|>")].isdigit()
+
+
+def test_an_environment_makes_the_rollout_an_environment_rollout_and_a_bad_one_is_refused_first(tmp_path):
+    from async_grpo.environments import EnvironmentSpecError
+    from async_grpo.orchestrator.env_rollout import EnvironmentRollout
+
+    def env_config(**kw) -> GRPOConfig:
+        return GRPOConfig(
+            output_dir=str(tmp_path / "run"), dataset="builtin:guess", reward_funcs=["builtin:env_reward"],
+            reward_num_workers=1, max_turns=3, **kw,
+        )  # fmt: skip
+
+    recipe = setup_until_inference(env_config(environment="builtin:guess"))
+    assert isinstance(recipe.rollout, EnvironmentRollout) and recipe.rollout.max_turns == 3
+    recipe.scorer.close()
+    recipe.rollout.close()
+    for spec, says in (
+        ("tests.environments.envs:WrongSignatureEnv", r"reset\(row, state\)"),
+        ("no_such_module_q7:make", "cannot import"),
+    ):
+        recipe = GRPORecipe(env_config(environment=spec), DistInfo(), progress=False)
+        started: list = []
+        with pytest.raises(EnvironmentSpecError, match=says):
+            recipe.setup(started.append)
+        assert not started
+        recipe.cleanup("FAILED")

@@ -27,6 +27,10 @@ def test_splits_are_deterministic_disjoint_and_well_formed(name):
     assert len(train) == task.train_size and len(ev) == task.eval_size
     text = (lambda p: p[0]["content"]) if task.chat else (lambda p: p)
     train_prompts, eval_prompts = [text(p) for p in train["prompt"]], {text(p) for p in ev["prompt"]}
+    if task.environment is not None:  # one prompt, the secret in the environment: rows differ by answer only
+        assert train["prompt"][:20] == ev["prompt"][:20] and len(set(train["answer"])) > 1
+        assert train["answer"][:20] != task.train_dataset(1)["answer"][:20]
+        return
     assert len(set(train_prompts)) == len(train)  # no duplicate items
     assert not set(train_prompts) & eval_prompts
     assert train[:5] == task.train_dataset(0)[:5] and ev[:] == task.eval_dataset()[:]
@@ -99,6 +103,7 @@ def test_registry():
         "calc_exact_match",
         "calc_format",
         "calc_call_match",
+        "env_reward",
         "math_accuracy",
         "think_answer_format",
         "soft_overlong_penalty",

@@ -18,6 +18,7 @@ from async_grpo.config.sections import (
     CheckpointConfig,
     DataConfig,
     DataProducerConfig,
+    EnvironmentsConfig,
     InferenceConfig,
     LossConfig,
     OffPolicyConfig,
@@ -29,6 +30,7 @@ from async_grpo.config.sections import (
     ToolsConfig,
     TrackingConfig,
     WeightSyncConfig,
+    check_environments,
     check_peft,
     check_tools,
 )
@@ -63,6 +65,7 @@ class GRPOConfig(RunFields):
     tracking: TrackingConfig = _section(TrackingConfig)
     checkpoint: CheckpointConfig = _section(CheckpointConfig)
     tools: ToolsConfig = _section(ToolsConfig)
+    environments: EnvironmentsConfig = _section(EnvironmentsConfig)
     peft: PeftConfig = _section(PeftConfig)
 
     @model_validator(mode="before")
@@ -220,6 +223,7 @@ class GRPOConfig(RunFields):
                 f"vllm_max_model_len={self.inference.vllm_max_model_len}. Fix: raise vllm_max_model_len."
             )
         check_tools(self)
+        check_environments(self)
         check_peft(self)
         return self
 

@@ -345,7 +345,7 @@ def on_volume(path: str, settings: ClusterSettings) -> bool:
 def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     """Every path the run reads on the cluster must lie on the workspace volume (`on_volume`): the model (or
     builtin:tiny, or a `models:/` registry URI, downloaded onto the volume by the train step), the datasets (or builtin tasks), a checkpoint to resume from, each submitter file named by
-    reward_funcs, tools and data_producer, and the judge model the run serves (a path on the volume only). Returns one problem per path that does not, naming the field and the fix.
+    reward_funcs, tools, data_producer and environment, and the judge model the run serves (a path on the volume only). Returns one problem per path that does not, naming the field and the fix.
     """
     mount = settings.data_mount_path
     fix = f"Fix: copy it onto PVC {settings.pvc_name!r} and name it as {mount}/<path>, without '..' or '//'"
@@ -361,6 +361,7 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         ("reward_funcs", config.rewards.reward_funcs),
         ("tools", config.tools.tools),
         ("data_producer", [config.producer.data_producer]),
+        ("environment", [config.environments.environment]),
     ):
         checked += [(field, spec.rsplit(":", 1)[0], f"the file of {spec!r}") for spec in specs if is_file_spec(spec)]
     problems = _judge_model_problems(config, settings, fix)
@@ -552,6 +553,13 @@ def check_run(
                 f"data_producer={config.producer.data_producer!r} is a file: it would run in the trainer pod, "
                 "which holds the MLflow credentials. Fix: install it in the trainer image and name it "
                 f"as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials."
+            )
+        environment = config.environments.environment
+        if environment and is_file_spec(environment):  # the environment rollout runs in the trainer pod
+            problems.append(
+                f"environment={environment!r} is a file: it would run in the trainer pod, which holds the MLflow "
+                "credentials. Fix: install it in the trainer image and name it as pkg.module:factory, or ask your "
+                "platform engineer to set user_code_with_credentials."
             )
     if problems:
         raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))

@@ -44,7 +44,7 @@ def make_train_batch(
 
     Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
     `rewards/<func>/mean|std`, `rewards/<a>/correlation/<b>` (`reward_correlations`), `completions/mean_length|max_length` (tokens the model generated: the loss mask's
-    ones, tool output excluded, as TRL), `completions/clipped_ratio`, and `tool_metrics` for multi-turn groups.
+    ones, tool output excluded, as TRL), `completions/clipped_ratio`, and `tool_metrics` / `env_metrics` for multi-turn groups.
     """
     metrics = _advantages_and_metrics(
         groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation, assign=True
@@ -88,6 +88,7 @@ def _advantages_and_metrics(
     if nonfinite and assign:
         logger.warning("%d sampled token(s) with a NaN/inf sampling logprob are left out of the loss", nonfinite)
     metrics.update(tool_metrics(groups))
+    metrics.update(env_metrics(groups))
     return {k: v for k, v in metrics.items() if not math.isnan(v)}
 
 
@@ -166,6 +167,37 @@ def tool_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
     out["tools/seconds"] = sum(values("tools/seconds")) / ran if ran else 0.0
     for key in sorted({k for st in stats for k in st if k.startswith("tools/failures/")}):
         out[key] = sum(values(key)) / total if total else 0.0
+    return out
+
+
+def env_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """Environment metrics over the completions of `groups` that an environment rollout produced ({} when none did;
+    `orchestrator.env_rollout`), in the style of `tool_metrics`.
+
+    `env/turns` (model turns per completion, mean; `env/turns_max` the most), `env/failures` (environment calls
+    that failed, per completion) and `env/failures/<kind>` (per completion, each kind of
+    `environments.FAILURE_KINDS`: reset_exception, reset_timeout, reset_mismatch, step_exception, step_timeout,
+    bad_observation), `env/template_drift` (turns whose chat-template re-render of the conversation differed from
+    the held token ids, per completion: the token mismatch that token-in/token-out avoids training on),
+    `env/done_frac` (episodes the environment ended), `env/max_turns_frac` (episodes stopped by max_turns) and
+    `env/reward` (the environment's reward per completion, 0 where it gave none).
+    """
+    stats = [grp.rollout_stats for grp in groups if "env/turns" in grp.rollout_stats]
+    if not stats:
+        return {}
+
+    def values(key: str) -> list[float]:
+        return [v for st in stats for v in st.get(key, [])]
+
+    turns = values("env/turns")
+    n = len(turns)
+    out = {
+        "env/turns": sum(turns) / n, "env/turns_max": max(turns), "env/failures": sum(values("env/failures")) / n,
+        "env/template_drift": sum(values("env/template_drift")) / n, "env/done_frac": sum(values("env/done")) / n,
+        "env/max_turns_frac": sum(values("env/max_turns_reached")) / n, "env/reward": sum(values("env/reward")) / n,
+    }  # fmt: skip
+    for key in sorted({k for st in stats for k in st if k.startswith("env/failures/")}):
+        out[key] = sum(values(key)) / n
     return out
 
 

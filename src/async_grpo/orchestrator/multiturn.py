@@ -96,9 +96,10 @@ class _Sample:
         return out
 
 
-async def _all_or_none(coros: list) -> list:
-    """Run `coros` concurrently; if one fails (or this is cancelled), cancel the others before re-raising, so no
-    sample of a dropped group keeps generating."""
+async def all_or_none(coros: list) -> list:
+    """Run `coros` concurrently and return their results in order; if one fails (or this is cancelled), cancel the
+    others before re-raising, so no sample of a dropped group keeps generating (also used by
+    `orchestrator.env_rollout`)."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         return await asyncio.gather(*tasks)
@@ -200,7 +201,7 @@ class MultiTurnRollout:
             prompt_ids, n=sampling.num_generations, max_tokens=sampling.max_completion_length,
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
         )  # fmt: skip
-        samples = await _all_or_none([
+        samples = await all_or_none([
             self._run_sample(client, item, prompt_ids, names, turn, sent_at, sampling, version,
                              None if seed is None else seed + _SEED_STRIDE * (i + 1))
             for i, turn in enumerate(first)])  # fmt: skip

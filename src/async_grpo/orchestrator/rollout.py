@@ -5,7 +5,8 @@ token ids, vLLM's sampling logprobs, a per-token loss mask and per-token policy 
 reward functions. The orchestrator (training) and `evaluation` (held-out reward) both call a `Rollout`, so what
 is trained on and what is measured are produced by the same code. `SingleTurnRollout` is the builtin one: one
 `/v1/completions` request for the whole group (token ids in, sampled ids and logprobs out), then one scoring
-call. A multi-turn rollout (tool calling) is a second implementation of the same protocol.
+call. The multi-turn rollouts are two more implementations of the same protocol: tool calling
+(`multiturn.MultiTurnRollout`) and an environment the model acts in (`env_rollout.EnvironmentRollout`).
 
 Failures propagate as exceptions, and the caller counts them: `RolloutDropped` (its `reason`), a
 `rewards.pool.RewardError` (its `reason`), `httpx.HTTPError` / `GenerationError` (vLLM unreachable or
@@ -173,9 +174,11 @@ class SingleTurnRollout:
         return group
 
 
-async def score_group(scorer: Scorer, group: RolloutGroup) -> None:
+async def score_group(scorer: Scorer, group: RolloutGroup, sample_columns: dict[str, list] | None = None) -> None:
     """Fill `group.rewards_per_func` ((G, F), NaN for None) with one scoring call, TRL's reward contract: the
-    group's prompt repeated G times, its completions, completion ids, and each dataset column repeated G times.
+    group's prompt repeated G times, its completions, completion ids, and each dataset column repeated G times,
+    plus `sample_columns` (name -> G per-completion values, e.g. an environment's `env_reward`; JSON-safe values,
+    as they may travel to the reward service).
     For a conversational prompt (a list of messages) each text completion reaches the reward functions as TRL
     passes it, `[{"role": "assistant", "content": text}]`. What the functions logged (`log_extra`,
     `log_metric`) lands in `group.reward_extra` / `group.reward_metrics`.
@@ -185,6 +188,7 @@ async def score_group(scorer: Scorer, group: RolloutGroup) -> None:
     """
     g = group.size
     columns = {k: [v] * g for k, v in group.columns.items()}
+    columns.update(sample_columns or {})
     completions = group.completions
     if isinstance(group.prompt, list):  # conversational (TRL is_conversational)
         completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]

@@ -15,6 +15,9 @@ backend run it with target cluster.
   (`user_code.check_file_statically`: it exists, parses and defines the function), and modules are left to the image.
 - data_producer (all; on a cluster files are read, never run): a spec that does not resolve.
 - tools (all; on a cluster files are read, never run): a tool that does not resolve or has no JSON schema.
+- environment (all; on a cluster files are read, never run): a spec that does not resolve, a factory that raises or
+  returns no environment (`reset(row, state)`, `step(action, state)`), a reset that raises, hangs or returns no
+  Observation on the dataset's first row (where the dataset was read here).
 - dataset (local; on a cluster builtin tasks): a missing or unreadable file, no `prompt` column, malformed messages
   or unknown roles, reserved column names, no rows.
 - prompt_lengths (where the dataset was read and the tokenizer is at hand): conversational prompts without a chat
@@ -57,6 +60,7 @@ CHECKS = (
     "data_producer",
     "tools",
     "dataset",
+    "environment",
     "prompt_lengths",
     "reward_models",
     "reward_probe",
@@ -162,6 +166,10 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
     dataset = None
     if wanted("dataset"):
         dataset = _check_datasets(config, local, report)
+    if wanted("environment"):
+        problems, notes = inputs.check_environment(config, local, None if dataset is None else dict(dataset[0]))
+        add(problems)
+        report.skipped += notes
     if (
         dataset is not None
         and wanted("prompt_lengths")

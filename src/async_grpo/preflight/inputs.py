@@ -269,6 +269,51 @@ def check_python_sandbox(config: GRPOConfig) -> list[Problem]:
     return []
 
 
+def check_environment(config: GRPOConfig, local: bool, row: dict[str, Any] | None) -> tuple[list[Problem], list[str]]:
+    """The `environment` spec: on the local target (and for builtins anywhere) it resolves, its factory returns an
+    object implementing the protocol (`environments.load_environment`), and, with the dataset's first `row` at
+    hand, `reset` opens an episode on it within env_timeout_s (`environments.check_reset`). Off the local target a
+    file is only read (`user_code.check_file_statically`), never imported, and a module is left to the image.
+    Returns (problems, skip notes)."""
+    spec = config.environments.environment
+    if spec is None:
+        return [], []
+    from async_grpo.environments import EnvironmentSpecError, check_reset, load_environment
+    from async_grpo.environments.loading import parse_environment_spec
+    from async_grpo.user_code import check_file_statically
+
+    field = "environments.environment"
+    try:
+        parsed = parse_environment_spec(spec)
+        if not local and parsed.is_file:
+            if not os.path.lexists(parsed.target):
+                return [], [f"environment: {spec!r} is not on this machine; it is read where it runs"]
+            problem = check_file_statically(parsed, what="environment spec")
+            return ([Problem(field, problem)] if problem else []), []
+        if not local and parsed.kind == "module":
+            return [], [f"environment: {spec!r} is resolved in the image that runs the rollouts"]
+        env = load_environment(spec)
+        if row is None:
+            return [], ["environment: reset was not tried (the dataset was not read here)"]
+        if isinstance(row.get("prompt"), str):
+            return [
+                Problem(
+                    field,
+                    f"environment {spec!r} needs conversational prompts (its observations are chat messages), "
+                    f"but dataset {config.data.dataset!r} has string prompts",
+                    "use a dataset whose prompts are [{'role': 'user', 'content': ...}] lists (e.g. builtin:guess)",
+                )
+            ], []
+        check_reset(env, spec, row, config.environments.env_timeout_s)
+    except EnvironmentSpecError as err:
+        message = str(err)
+        return [Problem(field, message, None if "Fix:" in message else f"give {_ENV_FORMS}")], []
+    return [], []
+
+
+_ENV_FORMS = "builtin:<name>, pkg.module:factory or path/to/file.py:factory returning an environment"
+
+
 def _name(spec: str, func: Callable) -> str:
     return f"{getattr(func, '__name__', spec.rsplit(':', 1)[-1])!s} ({spec})"
 
@@ -336,6 +381,8 @@ def probe_rewards(
 
     timeout_s = timeout_s or min(config.rewards.reward_timeout_s, PROBE_TIMEOUT_S)
     prompts, completions, ids, columns = probe_group(row)
+    if config.environments.environment is not None:  # what the environment rollout passes per completion
+        columns.update({"env_reward": [0.0] * len(completions), "env_state": [{} for _ in completions]})
     bound = bound_kwargs(config)
     problems = check_signatures(funcs, list(columns), bound)
     if problems:

@@ -1,6 +1,7 @@
-"""The rollout a run uses, and the tool-calling parts of its set-up.
+"""The rollout a run uses, and the tool-calling and environment parts of its set-up.
 
-With `tools` declared, the run's rollout is the multi-turn `MultiTurnRollout`, its tool calls running in a local
+With `environment` set, the run's rollout is `EnvironmentRollout`, driving the environment the spec names
+(`environments.load_environment`). With `tools` declared, the run's rollout is the multi-turn `MultiTurnRollout`, its tool calls running in a local
 `ToolExecutor` (spawned workers) or, when rewards are scored on the reward service, on that service. Everything
 here runs before vLLM or any worker starts, so bad tools, a chat template that cannot carry tool calls and
 non-conversational prompts are refused first.
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem
+from async_grpo.environments import EnvironmentCaller, load_environment
+from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.multiturn import MultiTurnRollout, ToolCallingSettings
 from async_grpo.orchestrator.rollout import Rollout, SingleTurnRollout
 from async_grpo.rewards.remote import reward_service_url
@@ -56,8 +59,8 @@ def build_tool_backend(config: GRPOConfig, service: tuple[str, str | None] | Non
     return tool_executor(config)  # the same executor the reward service runs, here
 
 
-def check_conversational(items: Sequence[PromptItem], spec: str) -> None:
-    """Tools need conversational prompts (as TRL's).
+def check_conversational(items: Sequence[PromptItem], spec: str, what: str = "tools", field: str = "tools") -> None:
+    """Tools (and environments: `what`, set by the config key `field`) need conversational prompts (as TRL's).
 
     Raises:
         ValueError: a prompt is a string; names the dataset and the fix.
@@ -65,9 +68,9 @@ def check_conversational(items: Sequence[PromptItem], spec: str) -> None:
     for i, item in enumerate(items):
         if not isinstance(item.prompt, list):
             raise ValueError(
-                f"dataset {spec!r}: row {i} has a string prompt, but tools need conversational prompts "
-                "(a list of {'role', 'content'} messages, rendered with the tools by the chat template). "
-                "Fix: make each prompt [{'role': 'user', 'content': prompt}], or unset tools."
+                f"dataset {spec!r}: row {i} has a string prompt, but {what} need conversational prompts "
+                "(a list of {'role', 'content'} messages, rendered by the chat template). "
+                f"Fix: make each prompt [{{'role': 'user', 'content': prompt}}], or unset {field}."
             )
 
 
@@ -79,16 +82,25 @@ def build_rollout(
     items: Sequence[PromptItem],
     tool_service: tuple[str, str | None] | None = None,
 ) -> Rollout:
-    """The run's rollout: `SingleTurnRollout`, or `MultiTurnRollout` when `tools` are declared.
+    """The run's rollout: `EnvironmentRollout` when `environment` is set, `MultiTurnRollout` when `tools` are
+    declared, else `SingleTurnRollout`.
 
     Args:
-        items: the training and held-out prompts (checked to be conversational when tools are declared).
+        items: the training and held-out prompts (checked to be conversational for tools or an environment).
         tool_service: (URL, bearer token) of a reward service to run the tool calls on (see `build_tool_backend`).
 
     Raises:
         ValueError: bad tools (ToolSpecError), string prompts, a tool format the tokenizer cannot parse
-            (ToolFormatError) or a chat template that cannot carry tool calls (ChatTemplateError); each names the fix.
+            (ToolFormatError) or a chat template that cannot carry tool calls (ChatTemplateError), a bad
+            `environment` (EnvironmentSpecError); each names the fix.
     """
+    env = config.environments
+    if env.environment is not None:
+        check_conversational(items, config.data.dataset, "environments", "environment")
+        caller = EnvironmentCaller(
+            load_environment(env.environment), timeout_s=env.env_timeout_s, num_threads=env.env_num_threads
+        )
+        return EnvironmentRollout(scorer, tokenizer, caller, max_turns=env.max_turns)
     if not config.tools.tools:
         return SingleTurnRollout(scorer, decode)
     check_conversational(items, config.data.dataset)

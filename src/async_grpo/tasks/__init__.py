@@ -6,10 +6,10 @@ neither torch nor datasets, so reward worker processes resolve builtin rewards c
 
 from __future__ import annotations
 
-from async_grpo.tasks import add, calc, math_reasoning, reverse
+from async_grpo.tasks import add, calc, guess, math_reasoning, reverse
 from async_grpo.tasks.base import RewardFunc, Task
 
-TASKS: dict[str, Task] = {t.name: t for t in (reverse.TASK, add.TASK, calc.TASK)}
+TASKS: dict[str, Task] = {t.name: t for t in (reverse.TASK, add.TASK, calc.TASK, guess.TASK)}
 
 
 def get_task(name: str) -> Task:

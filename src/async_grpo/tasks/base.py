@@ -41,6 +41,8 @@ class Task:
         chat: the dataset's prompts are conversational (one user message holding the sampled prompt text).
         tools: tool specs the task is meant to be solved with (`tools: [...]` in the config), e.g.
             ("builtin:calculator",); empty for tasks without tools.
+        environment: the environment spec the task is played in (`environment: ...` in the config), e.g.
+            "builtin:guess"; None for tasks without one.
         transcript: (prompt text, answer) -> the reference conversation in TRL's conversational form (tool calls and
             tool results included), for tasks whose warm start is multi-turn; None: the warm start trains the bare
             answer (`sft_examples`).
@@ -54,6 +56,7 @@ class Task:
     eval_size: int = 200
     chat: bool = False
     tools: tuple[str, ...] = ()
+    environment: str | None = None
     transcript: Callable[[str, str], list[dict]] | None = None
 
     def _draw(self, rng: random.Random, n: int, exclude: frozenset[str], unique: bool) -> list[Item]:

@@ -19,6 +19,7 @@ from async_grpo.config.sections.base import Section
 from async_grpo.config.sections.batch_shaping import BatchShapingConfig
 from async_grpo.config.sections.checkpoint import CheckpointConfig
 from async_grpo.config.sections.data import DataConfig
+from async_grpo.config.sections.environments import EnvironmentsConfig, check_environments
 from async_grpo.config.sections.inference import InferenceConfig, ResourceSharing
 from async_grpo.config.sections.loss import LossConfig, LossType
 from async_grpo.config.sections.off_policy import ISMode, OffPolicyConfig
@@ -54,6 +55,7 @@ SECTIONS: dict[str, type[Section]] = {
     "tracking": TrackingConfig,
     "checkpoint": CheckpointConfig,
     "tools": ToolsConfig,
+    "environments": EnvironmentsConfig,
     "peft": PeftConfig,
 }
 
@@ -67,6 +69,7 @@ __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "DataProducerConfig",
+    "EnvironmentsConfig",
     "ISMode",
     "InferenceConfig",
     "LossConfig",
@@ -82,6 +85,7 @@ __all__ = [
     "ToolsConfig",
     "TrackingConfig",
     "WeightSyncConfig",
+    "check_environments",
     "check_peft",
     "check_tools",
     "lora_server_args",

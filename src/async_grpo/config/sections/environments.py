@@ -1,0 +1,77 @@
+"""The `environments` section: a multi-turn environment the model acts in (issue 25; docs/environments.md), its
+turn limit (verifiers' `max_turns`) and how its calls are run, and the cross-field checks that involve it.
+
+Only the spec syntax is checked here (this package imports no user code); whether the spec resolves to an
+environment, implements the protocol and opens an episode on the dataset's first row is checked by preflight
+(`preflight.inputs.check_environment`), before vLLM starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from async_grpo.config.sections.base import Section
+from async_grpo.user_code import parse_spec
+
+
+class EnvironmentsConfig(Section):
+    """A multi-turn environment: which one, how many turns, and each call's limits."""
+
+    environment: str | None = Field(
+        None,
+        description="The environment the model acts in over several turns (docs/environments.md): "
+        "`builtin:<name>` (builtin:guess), `pkg.module:factory` or `path/to/file.py:factory`, a factory called "
+        "with no arguments returning an object with `async def reset(row, state)` and `async def step(action, "
+        "state)`, each returning an `environments.Observation` (verifiers' MultiTurnEnv / OpenEnv's reset and "
+        "step). Needs conversational prompts. None: single-turn rollouts (or tool calling with `tools`).",
+    )
+    max_turns: int = Field(
+        4,
+        ge=1,
+        description="Most model turns per episode (verifiers' name): after this many the episode ends (the last "
+        "turn is still answered by the environment, so its reward counts). max_completion_length bounds the "
+        "generated plus observation tokens of the whole episode.",
+    )
+    env_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="Wall-clock limit of one environment call, reset or step (seconds): past it the sample ends, "
+        "counted as env/failures/reset_timeout or step_timeout (a synchronous environment's thread is abandoned).",
+    )
+    env_num_threads: int = Field(
+        4,
+        ge=1,
+        description="Worker threads that run a synchronous environment's calls (an async one runs on the "
+        "rollout's event loop).",
+    )
+
+    @field_validator("environment")
+    @classmethod
+    def _spec_syntax(cls, spec: str | None) -> str | None:
+        """The spec looks like `builtin:<name>`, `pkg.module:factory` or `path/file.py:factory`."""
+        if spec is not None:
+            parse_spec(spec, what="environment spec", error=ValueError)
+        return spec
+
+
+def check_environments(config: Any) -> None:
+    """Cross-field checks for an environment (called by `GRPOConfig`'s validator); each error names the fix.
+
+    Raises:
+        ValueError: an environment with `tools` (not yet combined: tools run in their own rollout) or with a user
+            `data_producer` (it replaces the rollout that drives the environment).
+    """
+    if config.environments.environment is None:
+        return
+    if config.tools.tools:
+        raise ValueError(
+            "environment and tools are not combined yet: tools run in the tool-calling rollout, an environment in "
+            "the environment rollout. Fix: unset one of them (docs/environments.md, 'Not yet built')."
+        )
+    if config.producer.data_producer is not None:
+        raise ValueError(
+            "environment runs inside the builtin environment rollout, which data_producer replaces. Fix: unset "
+            "data_producer, or drive the environment in your own producer and unset environment."
+        )

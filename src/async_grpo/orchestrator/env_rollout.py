@@ -1,0 +1,267 @@
+"""The environment rollout: the model acts in an environment over several turns, token in and token out.
+
+A third implementation of the `Rollout` seam (`orchestrator.rollout`), driving an `environments.Environment`
+(docs/environments.md). For one prompt and its G samples:
+
+1. Each sample's episode is opened with `reset(row, state)` (one state dict per sample). The group shares one
+   prompt: the dataset prompt plus the first successful reset's messages (re-rendered by the chat template only
+   when there are any). A sample whose reset failed, or opened with other messages, is still generated once (the
+   group keeps G completions) and then ends, counted (`reset_*`).
+2. The first turn of all G samples is one `/v1/completions` request (n = G), as `SingleTurnRollout`'s.
+3. Each turn's text (its sampled ids decoded, special tokens skipped) is the action; `step(action, state)` answers
+   with observation messages (role user or tool), a reward (summed into state["env_reward"]) and done.
+4. The observation messages are rendered by the chat template and exactly their tokens are appended to the held
+   ids (`tools.render.tool_suffix`, the tool rollout's way): the held ids, every token vLLM sampled and every
+   observation token, in order, are never re-tokenized. Where a re-render of the conversation so far differs from
+   them (a tokenizer that would merge the sampled tokens otherwise, a template that rewrites content) they are
+   kept and the mismatch is counted (`env/template_drift`).
+5. The next turn is generated from the held ids with the remaining budget. A sample stops when the environment
+   says done, after `max_turns` model turns (verifiers' name; the last turn is still stepped, so its reward
+   counts), when a turn or the next observation does not fit in `max_completion_length` (truncated; a turn cut by
+   the budget is not stepped), or when an environment call fails (`env/failures/<kind>`).
+
+Observation tokens get `loss_mask` 0 and sampling logprob 0.0, and the policy version of the turn before them.
+Reward functions receive each completion in TRL's conversational form (the assistant turns and the observations,
+in order) and, per completion, `env_reward` (state["env_reward"]: the sum of the rewards given, None when none
+was) and `env_state` (the state's JSON-safe entries, without "messages"). Per-sample counters travel in
+`RolloutGroup.rollout_stats` and become the `env/*` metrics (`orchestrator.batching.env_metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from async_grpo.data import PromptItem
+from async_grpo.environments import FAILURE_KINDS, EnvironmentCaller
+from async_grpo.inference.client import Completion, GenerationClient
+from async_grpo.orchestrator.multiturn import all_or_none
+from async_grpo.orchestrator.rollout import RolloutDropped, SamplingSettings, score_group
+from async_grpo.tools.render import render_ids, tool_suffix
+from async_grpo.transports.messages import RolloutGroup
+from async_grpo.transports.scorer import Scorer
+
+_SEED_STRIDE = 7919  # per-sample seed offset for later turns when the caller seeds (evaluation), as multiturn's
+
+
+@dataclass
+class _Episode:
+    """One sample being built, turn by turn, and its episode's state."""
+
+    state: dict[str, Any]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    truncated: bool = False
+    turns: int = 0
+    drift: int = 0
+    done: bool = False
+    max_turns_reached: bool = False
+    failures: Counter = field(default_factory=Counter)
+
+    def append(self, ids: Sequence[int], logprobs: Sequence[float] | None, trained: int, version: int) -> None:
+        self.ids.extend(ids)
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.mask.extend([trained] * len(ids))
+        self.versions.extend([version] * len(ids))
+
+    def fail(self, kind: str, error: str) -> None:
+        self.failures[kind] += 1
+        self.state["env_failure"] = kind
+        self.state["env_error"] = error
+
+    def stats(self) -> dict[str, float]:
+        reward = self.state.get("env_reward")
+        out = {
+            "env/turns": float(self.turns),
+            "env/failures": float(sum(self.failures.values())),
+            "env/template_drift": float(self.drift),
+            "env/done": float(self.done),
+            "env/max_turns_reached": float(self.max_turns_reached),
+            "env/reward": 0.0 if reward is None else float(reward),
+        }
+        out.update({f"env/failures/{kind}": float(self.failures[kind]) for kind in FAILURE_KINDS})
+        return out
+
+
+def json_safe_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The entries of an episode's state that survive JSON (what reward functions receive as `env_state`; the
+    reward service gets them as JSON), without "messages" (the completion already carries the conversation)."""
+    out = {}
+    for key, value in state.items():
+        if key == "messages":
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[str(key)] = value
+    return out
+
+
+class EnvironmentRollout:
+    """The environment rollout (see the module docstring).
+
+    Args:
+        scorer: the run's reward backend.
+        tokenizer: the policy's tokenizer (chat template, decoding).
+        caller: the environment, wrapped with its timeout (`environments.EnvironmentCaller`).
+        max_turns: most model turns per episode (verifiers' name), >= 1.
+
+    Raises:
+        ValueError: max_turns < 1, or the tokenizer has no chat template (observations are chat messages).
+    """
+
+    def __init__(self, scorer: Scorer, tokenizer: Any, caller: EnvironmentCaller, *, max_turns: int):
+        if max_turns < 1:
+            raise ValueError(f"max_turns={max_turns} must be >= 1. Fix: allow the model at least one turn.")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "an environment's observations are chat messages rendered by the chat template, but the tokenizer "
+                "has none. Fix: use a chat model's tokenizer."
+            )
+        self.scorer, self.tokenizer, self.caller, self.max_turns = scorer, tokenizer, caller, max_turns
+        self.tool_schemas: list[dict] = []  # the `Rollout` seam's view: an environment offers no tools
+
+    def without_tools(self) -> None:
+        """None: an environment rollout offers no tools (`Rollout.without_tools`)."""
+        return None
+
+    def close(self) -> None:
+        """Stop the environment's worker threads and close it (`EnvironmentCaller.close`)."""
+        self.caller.close()
+
+    async def __call__(
+        self,
+        client: GenerationClient,
+        item: PromptItem,
+        sampling: SamplingSettings,
+        *,
+        version: Callable[[], int],
+        seed: int | None = None,
+    ) -> RolloutGroup:
+        """See `Rollout.__call__`. Raises `RolloutDropped("aborted")` when vLLM aborted a turn of any sample, and
+        ValueError for a string prompt (observations need conversational prompts)."""
+        if not isinstance(item.prompt, list):
+            raise ValueError(
+                "an environment needs conversational prompts (a list of {'role', 'content'} messages). "
+                "Fix: turn each prompt into [{'role': 'user', 'content': prompt}]."
+            )
+        g = sampling.num_generations
+        row = {"prompt": item.prompt, **item.columns}
+        episodes = [_Episode(self._new_state(item)) for _ in range(g)]
+        resets = await all_or_none([self.caller.reset(row, ep.state) for ep in episodes])
+        opening = next((r.observation.messages for r in resets if r.observation is not None), [])
+        for ep, outcome in zip(episodes, resets, strict=True):
+            if outcome.observation is None:
+                ep.fail(outcome.failure or "bad_observation", outcome.error)
+            elif outcome.observation.messages != opening:
+                ep.fail("reset_mismatch", "reset opened this episode with other messages than the group's first")
+            else:
+                self._add_reward(ep, outcome.observation.reward)
+        prompt = list(item.prompt) + list(opening)
+        prompt_ids = (
+            render_ids(self.tokenizer, prompt, None, add_generation_prompt=True) if opening else item.prompt_ids
+        )
+        for ep in episodes:
+            ep.state["messages"] = list(prompt)
+        sent_at = version()
+        extra = sampling.extra_body()
+        first = await client.generate(
+            prompt_ids, n=g, max_tokens=sampling.max_completion_length, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, **({"extra_body": extra} if extra else {}),
+        )  # fmt: skip
+        await all_or_none([
+            self._run_episode(client, ep, prompt, prompt_ids, turn, sent_at, sampling, version,
+                              None if seed is None else seed + _SEED_STRIDE * (i + 1))
+            for i, (ep, turn) in enumerate(zip(episodes, first, strict=True))])  # fmt: skip
+        stats = [ep.stats() for ep in episodes]
+        group = RolloutGroup(
+            prompt_ids=prompt_ids, completion_ids=[ep.ids for ep in episodes],
+            sampling_logprobs=[ep.logprobs for ep in episodes], truncated=[ep.truncated for ep in episodes],
+            completions=[ep.messages for ep in episodes], prompt=prompt, columns=item.columns,
+            policy_version=sent_at, loss_mask=[ep.mask for ep in episodes],
+            token_versions=[ep.versions for ep in episodes],
+            rollout_stats={k: [st[k] for st in stats] for k in stats[0]},
+        )  # fmt: skip
+        await score_group(
+            self.scorer,
+            group,
+            {
+                "env_reward": [ep.state.get("env_reward") for ep in episodes],
+                "env_state": [json_safe_state(ep.state) for ep in episodes],
+            },
+        )
+        return group
+
+    def _new_state(self, item: PromptItem) -> dict[str, Any]:
+        return {"prompt": item.prompt, "messages": [], "turn": 0, "max_turns": self.max_turns, "env_reward": None}
+
+    @staticmethod
+    def _add_reward(ep: _Episode, reward: float | None) -> None:
+        if reward is not None:
+            ep.state["env_reward"] = (ep.state.get("env_reward") or 0.0) + float(reward)
+
+    async def _run_episode(
+        self,
+        client: GenerationClient,
+        ep: _Episode,
+        prompt: list[dict],
+        prompt_ids: list[int],
+        turn: Completion,
+        turn_version: int,
+        sampling: SamplingSettings,
+        version: Callable[[], int],
+        seed: int | None,
+    ) -> None:
+        """Continue one episode from its first turn until it stops (see the module docstring)."""
+        budget = sampling.max_completion_length
+        extra = sampling.extra_body()
+        while True:
+            if turn.finish_reason == "abort":
+                raise RolloutDropped("aborted", "vLLM aborted a turn of an environment rollout")
+            ep.append(turn.token_ids, turn.logprobs, 1, turn_version)
+            ep.turns += 1
+            action = self.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
+            ep.messages.append({"role": "assistant", "content": action})
+            ep.state["turn"] = ep.turns
+            ep.state["messages"] = prompt + ep.messages
+            if ep.failures:  # its reset failed: one turn, not stepped
+                return
+            if turn.finish_reason == "length" or len(ep.ids) >= budget:
+                ep.truncated = True  # an action cut off by the budget is not stepped
+                return
+            outcome = await self.caller.step(action, ep.state)
+            if outcome.observation is None:
+                ep.fail(outcome.failure or "bad_observation", outcome.error)
+                return
+            obs = outcome.observation
+            self._add_reward(ep, obs.reward)
+            if obs.done:
+                ep.done = True
+                return
+            if ep.turns >= self.max_turns:
+                ep.max_turns_reached = True
+                return
+            if not obs.messages:
+                ep.fail("bad_observation", "step returned no messages and done=False (nothing for the model to read)")
+                return
+            suffix = tool_suffix(self.tokenizer, prompt + ep.messages, obs.messages, None, prompt_ids + ep.ids)
+            ep.drift += int(suffix.drift)
+            if len(ep.ids) + len(suffix.ids) >= budget:  # no room for the observation and one more token
+                ep.truncated = True
+                return
+            ep.append(suffix.ids, None, 0, turn_version)
+            ep.messages.extend(dict(m) for m in obs.messages)
+            ep.state["messages"] = prompt + ep.messages
+            turn_version = version()
+            (turn,) = await client.generate(
+                prompt_ids + ep.ids, n=1, max_tokens=budget - len(ep.ids), temperature=sampling.temperature,
+                top_p=sampling.top_p, top_k=sampling.top_k, seed=None if seed is None else seed + ep.turns,
+                **({"extra_body": extra} if extra else {}),
+            )  # fmt: skip
