@@ -200,3 +200,52 @@ def test_a_missing_openenv_package_is_named_with_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "openenv", None)  # import openenv raises ImportError
     with pytest.raises(EnvironmentSpecError, match="openenv-core.*Fix: install"):
         load_environment(f"{M}:GuessEnv")
+
+
+def test_a_sync_client_of_a_real_openenv_server_is_driven_too():
+    """OpenEnv's own server (create_app over uvicorn, in a thread) and its EnvClient, wrapped by `.sync()`."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.http_server import create_app
+
+    app = create_app(GuessEnv, GuessAction, GuessObservation, env_name="guess")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    class GuessClient(EnvClient[GuessAction, GuessObservation, types.State]):
+        def _step_payload(self, action):
+            return action.model_dump()
+
+        def _parse_result(self, payload):
+            obs = GuessObservation(**payload.get("observation", {}))
+            return StepResult(observation=obs, reward=payload.get("reward"), done=bool(payload.get("done")))
+
+        def _parse_state(self, payload):
+            return types.State(**payload)
+
+    module = sys.modules[__name__]
+    module.make_client = lambda: GuessClient(base_url=f"http://127.0.0.1:{port}").sync()
+    try:
+        env = load_environment(f"openenv:{__name__}:make_client")
+        assert env.action_field == "message"
+        outs, state = play(env, {"prompt": [], "seed": 2}, ["5", "3"])
+        assert [o.failure for o in outs] == [None] * 3, outs
+        assert outs[0].observation.messages[0]["content"] == "Guess a number from 1 to 8."
+        assert outs[1].observation.messages == [{"role": "user", "content": "lower"}]
+        assert outs[2].observation.reward == 1.0 and outs[2].observation.done
+        env.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

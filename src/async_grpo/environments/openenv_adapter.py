@@ -2,8 +2,10 @@
 
 Spec: `environment: openenv:<pkg.module:factory>` or `openenv:<path/to/file.py:factory>`. The factory is called
 with no arguments, once per episode (an OpenEnv `Environment` keeps its episode on `self`, one session per object),
-and must return an in-process `openenv.core.env_server.interfaces.Environment` (or any object with the same
-synchronous `reset(seed=..., ...)` / `step(action)` answering an OpenEnv `Observation` or a `StepResult`).
+and must return an in-process `openenv.core.env_server.interfaces.Environment`, or a `SyncEnvClient` of an OpenEnv
+server (`MyEnvClient(base_url=...).sync()`; its action and observation classes are the wrapped client's), or any
+object with the same synchronous `reset(seed=..., ...)` / `step(action)` answering an OpenEnv `Observation` or a
+`StepResult`.
 
     OpenEnv                                      this protocol
     factory()                                    one object per episode (state["openenv_env"], closed at done)
@@ -297,14 +299,17 @@ def load_openenv(factory: Callable[[], Any], spec: str) -> OpenEnvAdapter:
                     "Environment with synchronous reset/step (an async EnvClient is not driven). Fix: return the "
                     "Environment itself, or a SyncEnvClient (e.g. `MyEnvClient(base_url=...).sync()`)."
                 )
-        action_cls = _find_class(cls, "step", "action", action_base)
+        typed = type(getattr(probe, "_async", probe))  # a SyncEnvClient's types are its wrapped EnvClient's
+        action_cls = _find_class(cls, "step", "action", action_base) or _find_class(
+            typed, "step", "action", action_base
+        )
         if action_cls is None:
             raise EnvironmentSpecError(
                 f"`environment` {spec!r}: cannot tell {cls.__name__}'s action class. Fix: annotate `step(self, "
                 "action: MyAction)` or subclass `Environment[MyAction, MyObservation, MyState]`."
             )
         field = action_text_field(action_cls)
-        obs_cls = _find_class(cls, "step", "return", obs_base)
+        obs_cls = _find_class(cls, "step", "return", obs_base) or _find_class(typed, "step", "return", obs_base)
         if obs_cls is not None:
             observation_text_field(obs_cls)
     finally:
