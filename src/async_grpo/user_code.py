@@ -84,6 +84,39 @@ def parse_spec(spec: object, *, what: str, error: type[Exception]) -> CodeSpec:
     return CodeSpec(spec, "module", target, name)
 
 
+ENVIRONMENT_ADAPTERS = ("openenv", "verifiers")
+
+
+def split_adapter(spec: object) -> tuple[str | None, object]:
+    """Split an environment spec's adapter prefix: `openenv:pkg.module:factory` -> ("openenv", "pkg.module:factory"),
+    `verifiers:<env-id>` -> ("verifiers", "<env-id>"); any other value -> (None, spec). Imports nothing."""
+    if isinstance(spec, str):
+        head, sep, rest = spec.partition(":")
+        if sep and head in ENVIRONMENT_ADAPTERS:
+            return head, rest
+    return None, spec
+
+
+def check_adapter_spec(spec: str, *, error: type[Exception]) -> None:
+    """Check an adapter spec's syntax (imports nothing): `openenv:` takes a module or file spec, `verifiers:` an
+    environment id or a module or file spec.
+
+    Raises:
+        error: an empty remainder, or a remainder that is not a valid module or file spec; names the forms.
+    """
+    adapter, inner = split_adapter(spec)
+    forms = (
+        "openenv:pkg.module:factory, openenv:path/to/file.py:factory, verifiers:<env-id> or verifiers:pkg.module:Name"
+    )
+    if not inner:
+        raise error(f"environment spec {spec!r}: nothing after {adapter}:. Fix: write it as one of {forms}.")
+    if adapter == "verifiers" and ":" not in str(inner):
+        return
+    parsed = parse_spec(inner, what=f"environment spec {spec!r}: the part after {adapter}:", error=error)
+    if parsed.kind == "builtin":
+        raise error(f"environment spec {spec!r}: an adapter wraps user code, not a builtin. Fix: write {forms}.")
+
+
 def is_file_spec(spec: object) -> bool:
     """True when `spec` names a submitter's `.py` file (False for anything else, malformed included)."""
     return isinstance(spec, str) and ":" in spec and spec.rsplit(":", 1)[0].endswith(".py")

@@ -103,6 +103,14 @@ def test_an_environment_file_is_refused_in_the_trainer_pod_a_module_or_builtin_i
         check_run(gpu_config.model_copy(update={"environment": spec}), gpu_settings, POLICY)
 
 
+def test_an_adapters_file_is_judged_as_the_file_it_names(gpu_config, gpu_settings):
+    msg = refused(gpu_config.model_copy(update={"environment": "openenv:/workspace/e.py:make"}), gpu_settings)
+    assert "is a file" in msg and "environment='/workspace/e.py'" not in msg  # on the volume: only the pod rule
+    msg = refused(gpu_config.model_copy(update={"environment": "openenv:envs/e.py:make"}), gpu_settings)
+    assert "environment='envs/e.py'" in msg and "shared volume" in msg
+    check_run(gpu_config.model_copy(update={"environment": "openenv:mypkg.envs:make"}), gpu_settings, POLICY)
+
+
 def test_an_external_reward_service_must_be_allowed(gpu_config):
     config = gpu_config.model_copy(update={"reward_url": "http://collector.example.com:80"})
     assert "reward_url='http://collector.example.com:80'" in refused(config, ClusterSettings(reward_replicas=0))

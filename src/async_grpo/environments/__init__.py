@@ -4,6 +4,8 @@
     calls     `EnvironmentCaller`: async or sync environments, each call under a timeout, failures counted
     loading   the `environment` spec -> an environment, its protocol and a first reset checked before anything starts
     builtin   builtin environments (`builtin:guess`)
+    openenv_adapter    `openenv:<module:factory>`: OpenEnv environments (text action, text observations), lazily imported
+    verifiers_adapter  `verifiers:<env-id>`: verifiers 0.4 environments, resolved and refused (they sample the model)
 
 The rollout that drives an environment (token in, token out) is `orchestrator.env_rollout.EnvironmentRollout`;
 see docs/environments.md. Importing this package pulls in neither torch nor transformers.

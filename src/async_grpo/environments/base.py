@@ -13,14 +13,14 @@ Both return an `Observation` (OpenEnv's `reset()` / `step(action)` returning obs
 episode (verifiers' `is_completed`). The rollout, not the environment, enforces `max_turns` (verifiers' name),
 the length budget and a timeout on every call. How the two libraries map onto this:
 
-    verifiers MultiTurnEnv                 this protocol
+    verifiers MultiTurnEnv (before 0.4)    this protocol (verifiers 0.4 envs are refused: `verifiers_adapter`)
     setup_state(state)                     reset(row, state) (row: the dataset row, state["prompt"] its prompt)
     env_response(messages, state)          step(action, state): state["messages"] holds the conversation so far
     is_completed(messages, state)          Observation.done
     max_turns                              config `max_turns`
     rubric reward from state               state["env_reward"] -> reward kwarg `env_reward` / builtin:env_reward
 
-    OpenEnv Environment                    this protocol
+    OpenEnv Environment                    this protocol (adapted: `openenv_adapter`)
     reset() -> Observation                 reset(row, state) -> Observation (the row picks the episode)
     step(action) -> Observation            step(action, state) -> Observation
     observation.reward, observation.done   Observation.reward, Observation.done

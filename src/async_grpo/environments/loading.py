@@ -1,7 +1,8 @@
 """The `environment` spec -> an `Environment`, checked before anything starts.
 
 A spec names a factory: `builtin:<name>` (`environments.builtin`), `pkg.module:factory` or
-`path/to/file.py:factory`. The factory is called with no arguments and must return an object with `reset(row,
+`path/to/file.py:factory`, or an adapter's: `openenv:<module or file spec>` (`environments.openenv_adapter`) and
+`verifiers:<env-id or module or file spec>` (`environments.verifiers_adapter`, refused). The factory is called with no arguments and must return an object with `reset(row,
 state)` and `step(action, state)` (async or plain methods; `base.Environment`). A class with a no-argument
 constructor is a factory. `check_reset` then opens one episode on a dataset row, so an environment that cannot
 start is refused at preflight (before vLLM starts) with the field and the fix.
@@ -16,21 +17,32 @@ from typing import Any
 
 from async_grpo.environments.base import Environment, EnvironmentSpecError
 from async_grpo.environments.calls import EnvironmentCaller
-from async_grpo.user_code import CodeSpec, import_target, parse_spec
+from async_grpo.user_code import CodeSpec, check_adapter_spec, import_target, parse_spec, split_adapter
 
 WHAT = "environment spec"
 FIELD = "`environment`"
-_FORMS = "builtin:<name>, pkg.module:factory or path/to/file.py:factory"
+_FORMS = (
+    "builtin:<name>, pkg.module:factory, path/to/file.py:factory, openenv:pkg.module:factory or "
+    "openenv:path/to/file.py:factory"
+)
 _METHODS = {"reset": ("row", "state"), "step": ("action", "state")}
 
 
 def parse_environment_spec(spec: Any) -> CodeSpec:
-    """`user_code.parse_spec` with this module's error type (imports nothing).
+    """`user_code.parse_spec` with this module's error type (imports nothing). For an adapter spec
+    (`openenv:...`, `verifiers:...`) the part after the prefix is parsed; a verifiers environment id (no colon) parses
+    as a module spec whose target is the id and whose name is "".
 
     Raises:
         EnvironmentSpecError: the spec is malformed.
     """
-    return parse_spec(spec, what=f"{FIELD}: {WHAT}", error=EnvironmentSpecError)
+    adapter, inner = split_adapter(spec)
+    if adapter is None:
+        return parse_spec(spec, what=f"{FIELD}: {WHAT}", error=EnvironmentSpecError)
+    check_adapter_spec(spec, error=EnvironmentSpecError)
+    if ":" not in str(inner):  # verifiers:<env-id>
+        return CodeSpec(str(inner), "module", str(inner), "")
+    return parse_spec(inner, what=f"{FIELD}: {WHAT}", error=EnvironmentSpecError)
 
 
 def resolve_factory(spec: str) -> Any:
@@ -41,6 +53,8 @@ def resolve_factory(spec: str) -> Any:
             non-callable attribute; the message names `environment` and the fix.
     """
     parsed = parse_environment_spec(spec)
+    if split_adapter(spec)[0] is not None:
+        spec = parsed.text  # an adapter's factory: resolved like a plain spec
     if parsed.kind == "builtin":
         from async_grpo.environments.builtin import BUILTIN_ENVIRONMENTS
 
@@ -89,11 +103,24 @@ def check_protocol(env: Any, spec: str) -> None:
 
 
 def load_environment(spec: str) -> Environment:
-    """Resolve `spec`, call its factory with no arguments, check the result implements the protocol.
+    """Resolve `spec`, call its factory with no arguments, check the result implements the protocol. An
+    `openenv:` spec's factory is wrapped (`openenv_adapter.load_openenv`); a `verifiers:` spec is resolved and
+    refused (`verifiers_adapter.load_verifiers`).
 
     Raises:
-        EnvironmentSpecError: see `resolve_factory` and `check_protocol`; the factory raising is one too.
+        EnvironmentSpecError: see `resolve_factory` and `check_protocol`; the factory raising is one too; an
+            adapter's refusals (each names the package or feature and the fix).
     """
+    adapter, inner = split_adapter(spec)
+    if adapter == "verifiers":
+        from async_grpo.environments.verifiers_adapter import load_verifiers
+
+        parse_environment_spec(spec)
+        return load_verifiers(str(inner), spec)
+    if adapter == "openenv":
+        from async_grpo.environments.openenv_adapter import load_openenv
+
+        return load_openenv(resolve_factory(spec), spec)
     factory = resolve_factory(spec)
     try:
         env = factory()

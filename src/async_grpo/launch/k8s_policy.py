@@ -24,7 +24,7 @@ from async_grpo.launch.image_refs import BadImageReference, parse_image_ref, pre
 from async_grpo.launch.k8s_judge import serves_judge
 from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH, NCCL_TUNING_ENV, ClusterSettings, check_mount_path
 from async_grpo.launch.uris import UnsafeURI, parse_http_uri, uri_allowed
-from async_grpo.user_code import is_file_spec
+from async_grpo.user_code import is_file_spec, split_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         ("reward_funcs", config.rewards.reward_funcs),
         ("tools", config.tools.tools),
         ("data_producer", [config.producer.data_producer]),
-        ("environment", [config.environments.environment]),
+        ("environment", [split_adapter(config.environments.environment)[1]]),  # openenv:f.py:x -> f.py:x
     ):
         checked += [(field, spec.rsplit(":", 1)[0], f"the file of {spec!r}") for spec in specs if is_file_spec(spec)]
     problems = _judge_model_problems(config, settings, fix)

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
-from async_grpo.user_code import parse_spec
+from async_grpo.user_code import check_adapter_spec, parse_spec, split_adapter
 
 
 class EnvironmentsConfig(Section):
@@ -25,7 +25,9 @@ class EnvironmentsConfig(Section):
         "`builtin:<name>` (builtin:guess), `pkg.module:factory` or `path/to/file.py:factory`, a factory called "
         "with no arguments returning an object with `async def reset(row, state)` and `async def step(action, "
         "state)`, each returning an `environments.Observation` (verifiers' MultiTurnEnv / OpenEnv's reset and "
-        "step). Needs conversational prompts. None: single-turn rollouts (or tool calling with `tools`).",
+        "step); or an adapter: `openenv:pkg.module:factory` / `openenv:file.py:factory` (an OpenEnv environment with "
+        "a text action and text observations), `verifiers:<env-id>` (resolved, then refused: verifiers 0.4 envs "
+        "sample the model themselves). Needs conversational prompts. None: single-turn rollouts (or tool calling with `tools`).",
     )
     max_turns: int = Field(
         4,
@@ -51,7 +53,9 @@ class EnvironmentsConfig(Section):
     @classmethod
     def _spec_syntax(cls, spec: str | None) -> str | None:
         """The spec looks like `builtin:<name>`, `pkg.module:factory` or `path/file.py:factory`."""
-        if spec is not None:
+        if spec is not None and split_adapter(spec)[0] is not None:
+            check_adapter_spec(spec, error=ValueError)
+        elif spec is not None:
             parse_spec(spec, what="environment spec", error=ValueError)
         return spec
 
