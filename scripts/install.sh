@@ -11,6 +11,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -e ".[${EXTRAS}]"
+# OpenEnv (`environment: openenv:...`, its adapter tests): openenv-core 0.3.0 declares gradio and its CLI's
+# dependencies, which would downgrade pillow; the adapter imports only openenv.core.env_server, whose needs
+# (fastapi, pydantic, httpx, fastmcp from the dev extra) are installed above.
+if [[ ",${EXTRAS}," == *",dev,"* ]]; then
+  "$VENV/bin/python" -m pip install --no-deps "openenv-core==0.3.0"
+fi
 "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" - <<'PY'
 import torch, transformers, vllm  # noqa: F401  fails loudly if the environment is broken

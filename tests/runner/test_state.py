@@ -54,6 +54,8 @@ def recipe_with_roles(tiny_model, config: GRPOConfig, seed: int) -> GRPORecipe:
         reroll=RerollQueue(start_step=2, max_per_batch=1),
         restore_progress=lambda **progress: restored.append(progress),
         restored=restored,
+        full_determinism=False,
+        schedule_state=lambda version: None,  # no schedule without full_determinism
     )
     return recipe
 
