@@ -9,12 +9,7 @@ and the environment's reward reaching the reward function (`rewards/env_reward/m
 
 from __future__ import annotations
 
-import time
-
 import pytest
-
-from async_grpo.config import GRPOConfig
-from async_grpo.launch.local import run_local
 
 pytestmark = pytest.mark.integration
 
@@ -22,30 +17,8 @@ STEPS = 3
 MAX_RUN_S = 120.0  # measured: see the report in docs/environments.md
 
 
-def test_a_short_run_plays_the_guessing_game_over_several_turns(child_pids, vllm_server, tiny_model_dir, tmp_path):
-    import mlflow
-
-    config = GRPOConfig(
-        model_name_or_path=str(tiny_model_dir), dataset="builtin:guess", environment="builtin:guess", max_turns=4,
-        reward_funcs=["builtin:env_reward"], output_dir=str(tmp_path / "run"), vllm_url=vllm_server.url,
-        warmup_sft_steps=40, warmup_sft_learning_rate=3e-3, max_steps=STEPS, vllm_sync_interval=1,
-        per_device_train_batch_size=8, gradient_accumulation_steps=1, num_generations=4, max_completion_length=160,
-        eval_num_prompts=4, torch_num_threads=1, learning_rate=1e-4, save_model=False,
-    )  # fmt: skip
-    before = child_pids()
-    started = time.monotonic()
-    summary = run_local(config, progress=False)
-    elapsed = time.monotonic() - started
-    assert summary.steps == STEPS
-    assert not child_pids() - before, "processes left behind by the run"
-
-    mlflow.set_tracking_uri(summary.tracking_uri)
-    client = mlflow.tracking.MlflowClient()
-    metrics = client.get_run(summary.run_id).data.metrics
-
-    def history(name: str) -> list[float]:
-        return [m.value for m in client.get_metric_history(summary.run_id, name)]
-
+def test_a_short_run_plays_the_guessing_game_over_several_turns(environment_run):
+    _, metrics, history, elapsed = environment_run("builtin:guess", STEPS)
     turns = history("env/turns")
     assert len(turns) == STEPS and sum(turns) / len(turns) > 1.0, (turns, metrics)  # episodes of several turns
     assert metrics["eval/env/turns"] > 1.0, metrics

@@ -9,13 +9,10 @@ reward function (`rewards/env_reward/mean`, `env/reward`).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from async_grpo.config import GRPOConfig
-from async_grpo.launch.local import run_local
 from async_grpo.tasks import guess
 
 interfaces = pytest.importorskip("openenv.core.env_server.interfaces", reason="openenv-core is not installed")
@@ -58,31 +55,9 @@ class GuessOpenEnv(interfaces.Environment[GuessAction, GuessObservation, types.S
         return self._state
 
 
-def test_a_short_run_plays_an_openenv_environment_over_several_turns(child_pids, vllm_server, tiny_model_dir, tmp_path):
-    import mlflow
-
+def test_a_short_run_plays_an_openenv_environment_over_several_turns(environment_run):
     spec = f"openenv:{Path(__file__).resolve()}:GuessOpenEnv"
-    config = GRPOConfig(
-        model_name_or_path=str(tiny_model_dir), dataset="builtin:guess", environment=spec, max_turns=4,
-        reward_funcs=["builtin:env_reward"], output_dir=str(tmp_path / "run"), vllm_url=vllm_server.url,
-        warmup_sft_steps=40, warmup_sft_learning_rate=3e-3, max_steps=STEPS, vllm_sync_interval=1,
-        per_device_train_batch_size=8, gradient_accumulation_steps=1, num_generations=4, max_completion_length=160,
-        eval_num_prompts=4, torch_num_threads=1, learning_rate=1e-4, save_model=False,
-    )  # fmt: skip
-    before = child_pids()
-    started = time.monotonic()
-    summary = run_local(config, progress=False)
-    elapsed = time.monotonic() - started
-    assert summary.steps == STEPS
-    assert not child_pids() - before, "processes left behind by the run"
-
-    mlflow.set_tracking_uri(summary.tracking_uri)
-    client = mlflow.tracking.MlflowClient()
-    metrics = client.get_run(summary.run_id).data.metrics
-
-    def history(name: str) -> list[float]:
-        return [m.value for m in client.get_metric_history(summary.run_id, name)]
-
+    _, metrics, history, elapsed = environment_run(spec, STEPS)
     turns = history("env/turns")
     assert len(turns) == STEPS and sum(turns) / len(turns) > 1.0, (turns, metrics)
     assert all(f == 0.0 for f in history("env/failures")), metrics
