@@ -160,6 +160,17 @@ def test_stop_guard_lets_a_step_finish_and_a_second_signal_stops_at_once():
     assert guard.consistent
 
 
+def test_a_settled_step_is_checkpointable_but_holds_a_signal_until_its_metrics_are_logged():
+    guard = StopGuard(max_wait_s=None)
+    guard.begin()
+    guard.settle()  # learner, version and counters agree; evaluation and logging still run
+    assert guard.consistent
+    assert guard.on_signal(signal.SIGTERM) is False  # waits: the step's loss must reach MLflow first
+    guard.end()
+    with pytest.raises(KeyboardInterrupt):
+        guard.check()
+
+
 def test_stop_guard_abandons_a_step_that_outlives_the_grace():
     guard = StopGuard(max_wait_s=0.2)
     guard.begin()

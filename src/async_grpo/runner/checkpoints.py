@@ -113,19 +113,35 @@ class Checkpointer:
         self.save = save
         self.guard = guard
         self.prompts = prompts
+        self.failed_writes = 0  # periodic checkpoints that raised OSError (metric checkpoint/failed_writes)
 
     def after_step(self, step: int, groups: list, metrics: dict[str, float]) -> None:
-        """Step `step` (and its weight push) is complete: forget the trained prompts' draws, end the guarded section,
-        and every `save_steps` steps write a checkpoint (its seconds go to `metrics["checkpoint/seconds"]`).
+        """Step `step` (and its weight push) is complete: forget the trained prompts' draws, settle the guarded
+        section (`StopGuard.settle`; the caller ends it once the step's metrics are logged), and every `save_steps`
+        steps write a checkpoint (its seconds go to `metrics["checkpoint/seconds"]`).
 
-        Raises:
-            OSError: the checkpoint could not be written (no older one has been deleted).
+        A checkpoint that cannot be written (a full or failing disk: `OSError`) does not end the run: the error is
+        logged, its temporary folder removed, no older checkpoint deleted (the newest complete one stays the resume
+        point), and `metrics["checkpoint/failed_writes"]` counts the failures so far; the next `save_steps` tries
+        again.
         """
         if self.prompts is not None:
             self.prompts.mark_trained(groups)
-        self.guard.end()
+        self.guard.settle()
         if self.every and step % self.every == 0:
-            metrics["checkpoint/seconds"] = self.write(step)
+            try:
+                metrics["checkpoint/seconds"] = self.write(step)
+            except OSError as err:
+                self.failed_writes += 1
+                logger.error(
+                    "checkpoint of step %d not written (%s); training goes on, the resume point stays the newest "
+                    "complete checkpoint. Fix: free space in %s (the next save_steps tries again)",
+                    step,
+                    err,
+                    self.out_dir,
+                )
+            if self.failed_writes:
+                metrics["checkpoint/failed_writes"] = float(self.failed_writes)
 
     def write(self, step: int) -> float:
         """Write `<out_dir>/checkpoint-<step>` (between steps), then delete the oldest beyond `save_total_limit`
@@ -234,8 +250,11 @@ class StopGuard:
     The launch backend's signal handler calls `on_signal()`: outside a step it returns True (stop now: raise
     KeyboardInterrupt), inside one it returns False, records the signal and arms a timer of `max_wait_s`
     (SIGALRM) after which the step is abandoned; the step loop calls `check()` at the step's end, which raises
-    KeyboardInterrupt then. A second signal always stops at once. `consistent` is True between steps, False
-    from a step's start until its end (an exception in between leaves it False: no checkpoint of a half step).
+    KeyboardInterrupt then. A second signal always stops at once. `consistent` is True between steps and once a
+    step's state is settled (`settle()`: learner, version and counters agree), False from a step's start until
+    then (an exception in between leaves it False: no checkpoint of a half step). A settled step still holds a
+    signal back until `end()`, so the step's evaluation and metrics are logged before the run stops: a
+    checkpoint on stop never names a step whose metrics were lost.
 
     Args:
         max_wait_s: seconds a signal waits for the running step (None: no limit).
@@ -252,8 +271,13 @@ class StopGuard:
         self.consistent = False
         self.in_step = True
 
+    def settle(self) -> None:
+        """The step's state is complete (the learner, version and counters agree again: a checkpoint of it may be
+        written), while its reporting still runs; a signal keeps waiting for `end()`."""
+        self.consistent = True
+
     def end(self) -> None:
-        """The step ended: the learner, version and counters agree again."""
+        """The step ended, its metrics included: a signal now stops the run at once."""
         self.in_step = False
         self.consistent = True
 

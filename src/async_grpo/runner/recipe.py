@@ -351,6 +351,7 @@ class GRPORecipe:
         if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
             rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
             self.tracker.log_completions(rows, step=self.step)
+        self.guard.end()  # the step's metrics are logged: a checkpoint on stop names a step MLflow has
         self.guard.check()  # a stop signal that came during the step: stop now, between steps
         return 0.0
 
@@ -472,6 +473,16 @@ class GRPORecipe:
         self.learner.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
 
+    def _log_ledger_at_stop(self) -> None:
+        """A run that stops before `finish` (a signal, a failure) logs its prompt ledger too, once the orchestrator
+        has stopped and counted its unsettled groups under `shutdown`: `summary/prompts_lost` at the last step, 0
+        unless a launched group was neither trained nor dropped with a reason (a resumed run draws the untrained
+        prompts again from the checkpoint's position)."""
+        if self.orchestrator is None or self.tracker is None:
+            return
+        lost = report.prompts_lost(self.orchestrator.launched_total, self.trained_groups, self.drops.snapshot())
+        self.tracker.log_metrics({"summary/prompts_lost": float(lost)}, step=self.step)
+
     def cleanup(self, status: str) -> None:
         """End what setup started, in reverse order, whatever happened; close the MLflow run with `status`
         (FINISHED, FAILED or KILLED). Never raises for a role that failed to stop (it is logged). After an
@@ -479,6 +490,7 @@ class GRPORecipe:
         release_ranks = status != "KILLED"
         for name, stop in (
             ("orchestrator", lambda: self.orchestrator and self.orchestrator.stop()),
+            ("prompt ledger", lambda: status != "FINISHED" and self._log_ledger_at_stop()),
             ("trainer ranks", lambda: self.learner and release_ranks and self.learner.close()),
             ("weight transfer", lambda: self.pusher and self.pusher.close()),
             ("reward workers", lambda: self.scorer and self.scorer.close()),
