@@ -146,3 +146,17 @@ def test_memory_reduced():
     assert "MB per 1,000 steps" in stdout
     for role in ("trainer", "vllm", "workers"):
         assert f'"{role}": {{"mb_after_warmup": ' in stdout
+
+
+@pytest.mark.integration
+def test_chaos_reduced(tmp_path):
+    """The chaos soak's CI form: six faults (vLLM, a reward worker and the trainer killed, the trainer stopped, MLflow
+    down, the checkpoint disk full) in one run: each survived, no prompt, step metric or process lost."""
+    import re
+
+    stdout = run(
+        "chaos.py", "--reduced", "--warmup-sft-steps", "50", "--no-baseline", "--out", str(tmp_path), timeout_s=1200
+    )
+    injected, survived = map(int, re.search(r"faults injected (\d+), survived (\d+)", stdout).groups())
+    assert injected >= 5 and survived == injected, stdout[-4000:]  # disk_full needs bwrap's tmpfs
+    assert "prompts lost 0 " in stdout and "steps without their metrics in MLflow: 0" in stdout, stdout[-4000:]

@@ -44,22 +44,60 @@ def test_environment_wins_over_defaults_and_an_injected_run_id_is_continued(tmp_
     assert experiment_name(explicit) == "mine"  # a name the user chose wins over the environment
 
 
-def test_a_tracking_outage_never_blocks_a_step_and_is_counted(tmp_path, store):
+def test_a_tracking_outage_never_blocks_a_step_and_loses_no_record_once_the_server_is_back(tmp_path, store):
     tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store))
-    release = threading.Event()
+    back = threading.Event()
+    real = tracker._client.log_batch
+    calls = []
 
-    def stalled_then_down(*args):
-        release.wait(30)
-        raise ConnectionError("tracking server down")
+    def down_until_back(*args, **kwargs):
+        calls.append(back.is_set())
+        if not back.is_set():
+            raise ConnectionError("tracking server down")
+        return real(*args, **kwargs)
 
-    tracker._client.log_batch = stalled_then_down  # the server hangs, then fails
+    tracker._client.log_batch = down_until_back
     t0 = time.perf_counter()
     for step in range(50):
         tracker.log_metrics({"loss": float(step)}, step=step)
     assert time.perf_counter() - t0 < 0.5  # never waited for MLflow
-    release.set()
-    tracker.end(timeout_s=30)
-    assert tracker.stats["failed"] == 50 and tracker.stats["pending"] == 0
+    time.sleep(2.5)  # the server stays down: the write (the 50 records, merged) is tried again
+    assert calls.count(False) >= 2 and not mlflow.MlflowClient(store).get_metric_history(tracker.run_id, "loss")
+    back.set()
+    tracker.end(timeout_s=60)
+    history = mlflow.MlflowClient(store).get_metric_history(tracker.run_id, "loss")
+    assert [m.step for m in history] == list(range(50))  # every record, in order
+    assert calls.count(True) == 1  # the backlog went in one log_batch, not one per step
+    assert tracker.stats["failed"] == 0 and tracker.stats["dropped"] == 0 and tracker.stats["retries"] >= 2
+
+
+def test_a_refused_record_is_counted_not_retried_and_a_dead_server_is_given_up_at_end(tmp_path, store):
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store))
+
+    def refused(*args, **kwargs):
+        raise MlflowException("bad metric", error_code=INVALID_PARAMETER_VALUE)
+
+    tracker._client.log_batch = refused
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    deadline = time.monotonic() + 10
+    while tracker.stats["failed"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tracker.stats["failed"] == 1 and tracker.stats["retries"] == 0
+
+    def down(*args, **kwargs):
+        raise ConnectionError("tracking server down for good")
+
+    tracker._client.log_batch = down
+    for step in range(2, 5):
+        tracker.log_metrics({"loss": 1.0}, step=step)
+    t0 = time.perf_counter()
+    tracker.end(timeout_s=2)
+    assert time.perf_counter() - t0 < 10  # end gives the outage its timeout, no more
+    stats = tracker.stats
+    assert stats["failed"] + stats["dropped"] == 1 + 3 and stats["retries"] >= 1
 
 
 def test_the_dataset_is_a_run_input_and_tables_keep_logged_columns(tmp_path, store):
@@ -70,7 +108,7 @@ def test_the_dataset_is_a_run_input_and_tables_keep_logged_columns(tmp_path, sto
     run = mlflow.MlflowClient(store).get_run(tracker.run_id)
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.name == "openai/gsm8k" and dataset_input.tags[0].value == "training"
-    assert tracker.stats == {"failed": 0, "dropped": 0, "pending": 0}
+    assert tracker.stats == {"failed": 0, "dropped": 0, "pending": 0, "retries": 0}
 
 
 def test_a_prepared_dataset_is_logged_with_its_resolved_source_and_content_digest(tmp_path, store):
@@ -85,7 +123,7 @@ def test_a_prepared_dataset_is_logged_with_its_resolved_source_and_content_diges
     assert "/w/data/2026-11-26.jsonl" in dataset_input.dataset.source
     assert dataset_input.dataset.digest == digest[:36]  # MLflow's limit; the whole digest is a tag
     assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training", DIGEST_TAG: digest}
-    assert tracker.stats == {"failed": 0, "dropped": 0, "pending": 0}
+    assert tracker.stats == {"failed": 0, "dropped": 0, "pending": 0, "retries": 0}
 
 
 def test_report_to_none_tracks_nothing(tmp_path, store):

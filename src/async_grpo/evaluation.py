@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -58,7 +59,8 @@ class HeldOutScores:
     """One held-out evaluation.
 
     Attributes:
-        metrics: `eval/reward` (the weighted reward nansum, mean over every scored completion),
+        metrics: `eval/reward` (the weighted reward nansum, mean over every scored completion), `eval/reward_se`
+            (its noise: the standard error of the mean over the scored prompts' group means, with two or more),
             `eval/rewards/<func>/mean`, `eval/rewards/<a>/correlation/<b>` (`orchestrator.batching.reward_correlations`),
             `eval/dropped_groups` (groups that failed, counted and logged) and, for a multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`) or `eval/env/*` (`env_metrics`).
         rows: (prompt, completion, reward) dicts, one per scored completion.
@@ -126,6 +128,9 @@ def score_held_out(
         totals.extend(group_totals)
         per_prompt.append(sum(group_totals) / len(group_totals) if group_totals else math.nan)
     metrics = {"eval/reward": sum(totals) / len(totals), "eval/dropped_groups": float(len(failures))}
+    scored = [p for p in per_prompt if not math.isnan(p)]
+    if len(scored) > 1:  # the noise of eval/reward: standard error of the mean over prompts (groups are equal-sized)
+        metrics["eval/reward_se"] = statistics.stdev(scored) / math.sqrt(len(scored))
     metrics.update({f"eval/{k}": v for k, v in tool_metrics(groups).items()})
     metrics.update({f"eval/{k}": v for k, v in env_metrics(groups).items()})
     for name, vals in zip(reward_names, per_func, strict=True):

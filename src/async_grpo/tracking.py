@@ -7,8 +7,11 @@ A thin layer over `mlflow`, with the behaviour MLflow users expect:
   MLflow integration opens a nested run per task and injects `MLFLOW_TRACKING_URI` and `MLFLOW_RUN_ID` into the
   task's container, so the trainer logs into that task's run (and the PyTorchJob it launches inherits both).
 - Nothing blocks a training step: metrics, tables and text artifacts go through a bounded queue to one
-  background thread that writes them with `MlflowClient`. A tracking outage costs log records, never the run:
-  failed and dropped records (queue full) are counted, reported as warnings, and given in `stats`.
+  background thread that writes them with `MlflowClient`, in order. A tracking server that is down or restarting
+  costs no record: a write that fails for want of the server (`is_transient`: a transport error, or a 5xx, after
+  MLflow's own retries) is tried again with a capped backoff until it succeeds, while training goes on and the queue
+  holds the later records; `end` gives it `FLUSH_TIMEOUT_S`. Records the server refuses (4xx), and records dropped
+  because the queue was full, are counted, reported as warnings, and given in `stats`.
 - The final model is logged with the `transformers` flavour (task `llm/v1/completions`, so the signature is
   MLflow's completions schema, the tokenizer is saved with it), which `mlflow.transformers.load_model` loads and
   `mlflow models serve` serves; the run gets the tag `async_grpo.model_uri` naming it (register_model uses it).
@@ -46,6 +49,25 @@ MAX_DIGEST_CHARS = 36  # MLflow's limit on a dataset digest (mlflow.utils.valida
 _DEFAULT_EXPERIMENT = "async-grpo"
 STORE_OPEN_ATTEMPTS = 3  # an existing sqlite store is opened this often before its set-up error is raised
 STORE_RETRY_S = 2.0  # seconds between the attempts (another process finishing its migration)
+WRITE_RETRY_MIN_S = 1.0  # first wait before a failed write is tried again (doubles each time)
+WRITE_RETRY_MAX_S = 10.0  # longest wait between two tries of one write, once the server is back
+MAX_METRICS_PER_BATCH = 1000  # MLflow's limit on the metrics of one log_batch (mlflow.utils.validation)
+ABANDON_JOIN_S = 5.0  # after the flush timeout, how long `end` lets the writer finish its last try
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether a failed MLflow write may succeed later: a transport error (the server is down, restarting or
+    unreachable: `requests`' exceptions, which MLflow's REST client re-raises as the context of an MlflowException)
+    or an HTTP 5xx; a 4xx (a refused record) is not."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(err, requests.RequestException | ConnectionError | TimeoutError):
+        return True
+    cause = err.__cause__ or err.__context__
+    if cause is not None and isinstance(cause, requests.RequestException):
+        return True
+    return isinstance(err, MlflowException) and err.get_http_status_code() >= 500
 
 
 def open_store(tracking_uri: str, *, attempts: int = STORE_OPEN_ATTEMPTS, retry_s: float = STORE_RETRY_S) -> None:
@@ -123,6 +145,9 @@ class Tracker:
         self.tracking_uri = ""
         self.failed = 0  # records the server refused or that raised
         self.dropped = 0  # records dropped because the queue was full, or still pending at `end`
+        self._failed_writes = 0  # writes (of one or more records) that failed for good: their warnings are sparse
+        self.retries = 0  # tries again of writes that failed for want of the server (`is_transient`)
+        self._abandon = threading.Event()  # set by `end` once its flush timeout passed: stop retrying
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_PENDING)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -179,20 +204,71 @@ class Tracker:
                 )
 
     def _write_loop(self) -> None:
-        """Write queued records until `end` sets the stop event and the queue is empty; failures are counted."""
-        while not (self._stop.is_set() and self._queue.empty()):
+        """Write queued records in order until `end` sets the stop event and the queue is empty, or gives up on them
+        (`_abandon`: `end` counts what is left as dropped); failures are counted. Consecutive metric records are
+        written as one `log_batch` (`_take_metrics`), so a backlog (after an outage, or a slow store) drains faster
+        than steps add to it."""
+        while not self._abandon.is_set() and not (self._stop.is_set() and self._queue.empty()):
             try:
                 fn, args = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
+            records, held = [(fn, args)], None
+            if fn == self._client.log_batch:
+                args, records, held = self._take_metrics(args)
+            try:
+                self._write(fn, args, len(records))
+                if held is not None:
+                    self._write(*held, 1)
+            finally:
+                for _ in range(len(records) + (held is not None)):
+                    self._queue.task_done()
+
+    def _take_metrics(self, args: tuple) -> tuple[tuple, list, tuple | None]:
+        """The metric record `args` = (run_id, metrics) merged with the metric records queued right after it, up to
+        MLflow's MAX_METRICS_PER_BATCH metrics per `log_batch`; returns (merged args, the records taken, the first
+        other record taken from the queue or None: it is written next, so the order holds)."""
+        run_id, metrics = args[0], list(args[1])
+        records: list = [args]
+        while True:
+            try:
+                fn, nxt = self._queue.get_nowait()
+            except queue.Empty:
+                return (run_id, metrics), records, None
+            if fn != self._client.log_batch or nxt[0] != run_id or len(metrics) + len(nxt[1]) > MAX_METRICS_PER_BATCH:
+                return (run_id, metrics), records, (fn, nxt)
+            metrics.extend(nxt[1])
+            records.append(nxt)
+
+    def _write(self, fn: Callable[..., Any], args: tuple, records: int) -> None:
+        """One write of `records` queued records: tried again after a transient failure (WRITE_RETRY_MIN_S doubling
+        up to WRITE_RETRY_MAX_S) until it succeeds or `end` abandons it; any other failure counts its records in
+        `failed`."""
+        delay = WRITE_RETRY_MIN_S
+        while True:
             try:
                 fn(*args)
+                return
             except Exception as err:
-                self.failed += 1
-                if self.failed == 1 or self.failed % 100 == 0:
-                    logger.warning("MLflow write failed (%d so far; training goes on): %r", self.failed, err)
-            finally:
-                self._queue.task_done()
+                if not is_transient(err) or self._abandon.is_set():
+                    self.failed += records
+                    self._failed_writes += 1
+                    if self._failed_writes == 1 or self._failed_writes % 100 == 0:
+                        logger.warning(
+                            "MLflow write failed (%d record(s) so far; training goes on): %r", self.failed, err
+                        )
+                    return
+                self.retries += 1
+                if self.retries == 1 or self.retries % 100 == 0:
+                    logger.warning(
+                        "MLflow is unreachable (%s); its records wait (%d pending) and are written once it is back; "
+                        "training goes on",
+                        str(err).splitlines()[0][:200],
+                        self._queue.qsize(),
+                    )
+                if self._abandon.wait(delay):
+                    continue  # `end` gave up: one last try, then counted
+                delay = min(2 * delay, WRITE_RETRY_MAX_S)
 
     # ------------------------------------------------------------------ what the run logs
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -268,8 +344,9 @@ class Tracker:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Records that failed (`failed`) or were dropped (`dropped`) so far, and still pending (`pending`)."""
-        return {"failed": self.failed, "dropped": self.dropped, "pending": self._queue.qsize()}
+        """Records that failed (`failed`) or were dropped (`dropped`) so far, still pending (`pending`), and the tries
+        again of writes that failed for want of the server (`retries`)."""
+        return {"failed": self.failed, "dropped": self.dropped, "pending": self._queue.qsize(), "retries": self.retries}
 
     def end(self, status: str = "FINISHED", timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Write what is pending (up to `timeout_s` seconds; the rest is counted as dropped), then close the run
@@ -280,6 +357,8 @@ class Tracker:
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
+                self._abandon.set()  # a write still retrying fails now (counted); the writer takes no more
+                self._thread.join(ABANDON_JOIN_S)
                 self.dropped += self._queue.qsize()
                 logger.warning(
                     "MLflow did not take the last %d record(s) within %.0f s; they are dropped",

@@ -1,9 +1,12 @@
 """RewardPool with real spawned workers: scoring, async functions, failures, timeouts, clean shutdown."""
 
 import math
+import os
+import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from async_grpo.rewards.loading import RewardSpecError
@@ -150,3 +153,26 @@ def test_close_leaves_no_child_processes_and_fails_pending_groups(child_pids):
     assert child_pids() - before == set()
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit(**GROUP)
+
+
+@pytest.mark.integration
+def test_an_idle_worker_killed_costs_no_more_than_its_groups(child_pids):
+    """pebble declares the whole pool broken when a worker dies outside a task (the OOM killer, kill -9 while idle);
+    the pool replaces it, so later groups score again (the chaos soak's reward_worker_kill9 found this)."""
+    before = child_pids()
+    with RewardPool([spec("length_reward"), spec("flaky_reward")], num_workers=2, timeout_s=10) as pool:
+        assert_pool_works(pool)  # the workers are up and idle
+        workers = [p for p in child_pids() - before if "spawn_main" in " ".join(psutil.Process(p).cmdline())]
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        time.sleep(2)  # no group runs: pebble notices the dead worker and gives up on its pool
+        deadline = time.monotonic() + RESULT_TIMEOUT_S
+        while True:  # a group scheduled before pebble noticed fails (a counted reward_error drop); later ones score
+            try:
+                assert_pool_works(pool)
+                break
+            except RewardError as err:
+                assert err.reason == "reward_error"
+                assert time.monotonic() < deadline, "the pool never scored again"
+        assert pool.restarts == 1
+    assert child_pids() - before == set()

@@ -59,6 +59,30 @@ def test_a_failed_write_deletes_nothing(tmp_path):
     assert not list(tmp_path.glob(".checkpoint-3*"))
 
 
+def test_a_periodic_checkpoint_on_a_full_disk_is_counted_and_the_run_trains_on(tmp_path):
+    write(tmp_path, 2)
+    full = {"disk": True}
+
+    def save(path):
+        def write_model(folder):
+            if full["disk"]:
+                raise OSError(28, "No space left on device")
+
+        return save_checkpoint(TrainState(step=int(path.name.split("-")[1])), path, write_model=write_model)
+
+    ckpt = checkpointer(tmp_path, save, save_steps=2, save_total_limit=1)
+    metrics: dict[str, float] = {}
+    ckpt.after_step(4, [], metrics)  # does not raise: training goes on
+    assert metrics == {"checkpoint/failed_writes": 1.0} and "checkpoint/seconds" not in metrics
+    assert [s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)] == [2]  # the resume point stays
+    assert not list(tmp_path.glob(".checkpoint-4*"))
+    full["disk"] = False  # space freed: the next save_steps writes and rotates
+    metrics = {}
+    ckpt.after_step(6, [], metrics)
+    assert metrics["checkpoint/failed_writes"] == 1.0 and metrics["checkpoint/seconds"] >= 0.0
+    assert [s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)] == [6]
+
+
 def test_checkpoint_now_rotates_after_the_new_one_is_complete(tmp_path):
     for step in (1, 2):
         write(tmp_path, step)
@@ -189,3 +213,23 @@ def test_a_disarmed_guard_never_interrupts_later():
     guard.disarm()  # the step failed instead of ending: cleanup must not be interrupted
     time.sleep(0.3)
     assert not guard.consistent
+
+
+def test_a_full_disk_is_an_oserror_with_its_errno_from_the_state_and_the_model_writers(tmp_path, monkeypatch):
+    from async_grpo.runner import state as state_module
+
+    with monkeypatch.context() as patch:  # the state file on a full disk: /dev/full answers every write with ENOSPC
+        patch.setattr(state_module, "open", lambda path, mode: open("/dev/full", mode), raising=False)  # noqa: SIM115
+        with pytest.raises(OSError) as info:  # torch.save to a path would raise a bare RuntimeError
+            save_checkpoint(TrainState(step=1), tmp_path / "checkpoint-1")
+    assert info.value.errno == 28
+
+    def safetensors_full(folder):  # what save_pretrained raises on a full disk (a SafetensorError)
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(OSError) as info:
+        save_checkpoint(TrainState(step=2), tmp_path / "checkpoint-2", write_model=safetensors_full)
+    assert info.value.errno == 28 and "serializing" in str(info.value)
+    assert not list(tmp_path.iterdir())  # both temporary folders removed
+    with pytest.raises(ValueError, match="bug"):  # anything else is not taken for a disk problem
+        save_checkpoint(TrainState(step=3), tmp_path / "checkpoint-3", write_model=lambda f: int("bug"))

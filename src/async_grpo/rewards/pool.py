@@ -27,6 +27,7 @@ from async_grpo.transports.drops import DropReason
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 10.0
+WATCHDOG_INTERVAL_S = 0.5  # how often the pool checks that pebble's pool is not broken (seconds)
 _TRACEBACK_LINES = 12  # tail of the reward function's traceback kept in the error message
 
 
@@ -230,10 +231,61 @@ class RewardPool:
         self._worker_specs = tuple(_absolute_spec(s) for s in self.specs)
         self._bound = {_absolute_spec(k): dict(v) for k, v in (bound_kwargs or {}).items()}
         self._trainer_state = RewardTrainerState()
-        self._pool = ProcessPool(max_workers=num_workers, context=multiprocessing.get_context("spawn"))
+        self._num_workers = num_workers
+        self._pool = self._new_pool()
+        self._generation = 0  # the pool's number: +1 at each replacement of a broken one
+        self.restarts = 0  # broken pools replaced (`_usable_pool`)
         self._lock = threading.Lock()
-        self._pending: set[Future] = set()
+        self._pending: dict[Future, int] = {}  # a group's future -> the generation of the pool scoring it
         self._closed = False
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None  # started with the workers, at the first submit
+
+    def _new_pool(self) -> ProcessPool:
+        return ProcessPool(max_workers=self._num_workers, context=multiprocessing.get_context("spawn"))
+
+    def _usable_pool(self) -> ProcessPool:
+        """The pebble pool, replaced by a fresh one when it is broken (call with the lock held).
+
+        pebble gives up on the whole pool when a worker dies while it runs no task (killed by the OOM killer or
+        `kill -9` while idle: pebble cannot tell which task it was taking, `BrokenProcessPool`): every later
+        `schedule` raises, and a group scheduled as it broke may never settle (its timeout was the dead pool's
+        to enforce). Here the broken pool is stopped, a new one started, and the groups the broken one held fail
+        with RewardError (each dropped and counted as reward_error), so one lost worker costs those groups, never
+        the run.
+        """
+        if self._pool.active:
+            return self._pool
+        self.restarts += 1
+        self._generation += 1
+        logger.warning(
+            "the reward worker pool broke (a worker died outside a task); starting a new one (restart %d)",
+            self.restarts,
+        )
+        broken, self._pool = self._pool, self._new_pool()
+        broken.stop()
+        try:
+            broken.join(CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("the broken reward pool's workers did not exit within %.1f s", CLOSE_TIMEOUT_S)
+        for out in [f for f, generation in self._pending.items() if generation < self._generation]:
+            del self._pending[out]
+            try:
+                out.set_exception(
+                    RewardError("a reward worker died and its pool was replaced before this group was scored.")
+                )
+            except InvalidStateError:  # settled meanwhile
+                pass
+        return self._pool
+
+    def _watch(self) -> None:
+        """The watchdog thread: every WATCHDOG_INTERVAL_S seconds, replace a broken pool (`_usable_pool`) even when
+        no new group comes to notice it; ends with `close()`."""
+        while not self._stop.wait(WATCHDOG_INTERVAL_S):
+            with self._lock:
+                if self._closed:
+                    return
+                self._usable_pool()
 
     @classmethod
     def from_config(cls, config: Any, num_workers: int | None = None) -> RewardPool:
@@ -290,7 +342,10 @@ class RewardPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("RewardPool.submit: the pool is closed. Fix: create a new RewardPool.")
-            task = self._pool.schedule(
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch, name="reward-pool-watchdog", daemon=True)
+                self._watchdog.start()
+            task = self._usable_pool().schedule(
                 _score_group,
                 args=(
                     self._worker_specs,
@@ -303,14 +358,14 @@ class RewardPool:
                 ),
                 timeout=self.timeout_s,
             )
-            self._pending.add(out)
+            self._pending[out] = self._generation
         task.add_done_callback(functools.partial(self._settle, out))
         return out
 
     def _settle(self, out: Future, task: Future) -> None:
         """Copy the pebble task's outcome onto `out`, translating failures into RewardError types."""
         with self._lock:
-            self._pending.discard(out)
+            self._pending.pop(out, None)
         error = CancelledError() if task.cancelled() else task.exception()  # task is done: never blocks
         try:
             if error is None:
@@ -352,7 +407,10 @@ class RewardPool:
             if self._closed:
                 return
             self._closed = True
-            pending, self._pending = list(self._pending), set()
+            pending, self._pending = list(self._pending), {}
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout_s)
         self._pool.stop()
         try:
             self._pool.join(timeout_s)

@@ -287,20 +287,26 @@ class GRPORecipe:
         reuse = pconf.mini_epochs * pconf.num_iterations
         cache = [self.learner.old_logps(item) for item in rollout] if reuse * len(rollout) > 1 else None
         trained: set[int] = set()
-        for _epoch in range(pconf.mini_epochs):
+        completed = False
+        try:
+            for _epoch in range(pconf.mini_epochs):
+                for index, item in enumerate(rollout):
+                    for _ in range(pconf.num_iterations):
+                        if self.step >= self.config.optim.max_steps:
+                            break
+                        waited = self._one_step(item, cache[index] if cache else None, depth, waited)
+                        if index not in trained:  # the prompt ledger counts a batch's groups once, when first trained
+                            trained.add(index)
+                            self.trained_groups += len(item.groups)
+                        bar.update(1)
+                        self.guard.end()  # the step, its metrics and the ledger are complete
+                        self.guard.check()  # a stop signal that came during the step: stop now, between steps
+            completed = True
+        finally:  # batches of this rollout never trained: max_steps reached inside it, or the run stops
             for index, item in enumerate(rollout):
-                for _ in range(pconf.num_iterations):
-                    if self.step >= self.config.optim.max_steps:
-                        break
-                    waited = self._one_step(item, cache[index] if cache else None, depth, waited)
-                    trained.add(index)
-                    bar.update(1)
-        for index, item in enumerate(rollout):
-            self.learner.forget(item)
-            if index in trained:
-                self.trained_groups += len(item.groups)
-            elif item.groups:  # max_steps reached inside the rollout
-                self.drops.add("unconsumed_at_end", len(item.groups))
+                self.learner.forget(item)
+                if index not in trained and item.groups:
+                    self.drops.add("unconsumed_at_end" if completed else "shutdown", len(item.groups))
 
     def _one_step(self, item: StepBatch, old_logps: list | None, depth: int, waited: float) -> float:
         """One optimizer step on `item` (a step batch or a stream of its chunks), its weight push and its
@@ -351,8 +357,6 @@ class GRPORecipe:
         if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
             rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
             self.tracker.log_completions(rows, step=self.step)
-        self.guard.end()  # the step's metrics are logged: a checkpoint on stop names a step MLflow has
-        self.guard.check()  # a stop signal that came during the step: stop now, between steps
         return 0.0
 
     def push_weights(self) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field, fields
@@ -98,13 +99,17 @@ def save_checkpoint(state: TrainState, path: str | os.PathLike, write_model=None
         write_model: optional callable(folder) that writes the Hugging Face model into `folder/model`.
 
     Raises:
-        OSError: the parent folder is not writable (nothing is left behind but the temporary folder's removal).
+        OSError: the folder could not be written (not writable, disk full: the errno is kept); the temporary folder
+            is removed and nothing else is touched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        torch.save({f.name: getattr(state, f.name) for f in fields(state)}, tmp / STATE_FILE)  # no deep copy
+        # through a Python file: a failed write raises OSError with its errno (torch.save to a path raises a bare
+        # RuntimeError from its C++ stream, e.g. "basic_ios::clear: iostream error" on a full disk)
+        with open(tmp / STATE_FILE, "wb") as out:
+            torch.save({f.name: getattr(state, f.name) for f in fields(state)}, out)  # no deep copy
         meta = {"step": state.step, "policy_version": state.policy_version, "mlflow_run_id": state.mlflow_run_id}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if write_model is not None:
@@ -112,10 +117,23 @@ def save_checkpoint(state: TrainState, path: str | os.PathLike, write_model=None
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        io_error = as_os_error(err)
+        if io_error is not None and io_error is not err:
+            raise io_error from err
         raise
     return path
+
+
+def as_os_error(err: BaseException) -> OSError | None:
+    """`err` as an OSError when it reports a failed read or write: itself if it is one, else an OSError with the errno
+    that safetensors' Rust writer puts in its message (`SafetensorError("... I/O error: No space left on device
+    (os error 28)")`, raised by `save_pretrained`); None for anything else."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"\(os error (\d+)\)", str(err))
+    return OSError(int(found.group(1)), str(err)) if found else None
 
 
 def load_checkpoint(path: str | os.PathLike) -> TrainState:
