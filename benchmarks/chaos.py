@@ -653,8 +653,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the soak failed: {err}", file=sys.stderr)
         print(json.dumps({"faults": [asdict(f) for f in soak.faults], "segments": soak.segments}), file=sys.stderr)
         return 1
-    report["fault_free"] = None if args.no_baseline else baseline(args, out / "fault-free", report["steps"])
-    return print_report(report, args)
+    code = print_report(report, args)  # the faulted run's findings first: the fault-free run takes as long again
+    if not args.no_baseline:
+        report["fault_free"] = baseline(args, out / "fault-free", report["steps"])
+        code = max(code, print_comparison(report, args))
+    print(json.dumps(report))
+    return code
 
 
 def print_report(report: dict[str, Any], args: argparse.Namespace) -> int:
@@ -671,21 +675,23 @@ def print_report(report: dict[str, Any], args: argparse.Namespace) -> int:
     print(f"prompts lost {report['prompts_lost']:g} (ledgers of {report['ledgers_logged']} trainer stop(s))")
     missing = report["steps_without_loss"]
     print(f"steps without their metrics in MLflow: {len(missing)}" + (f" {missing[:10]}" if missing else ""))
-    final, free = report["final"], report["fault_free"]
-    line = f"final held-out reward {final['reward']:.3f} +- {final['reward_se']:.3f}"
-    within = True
-    if free is not None:
-        bar = 2 * math.hypot(final["reward_se"], free["reward_se"])
-        within = abs(final["reward"] - free["reward"]) <= bar
-        line += (f"; fault-free run {free['reward']:.3f} +- {free['reward_se']:.3f}: difference "
-                 f"{final['reward'] - free['reward']:+.3f}, {'within' if within else 'OUTSIDE'} 2 SE ({bar:.3f})")  # fmt: skip
-    print(line)
-    print(json.dumps(report))
+    final = report["final"]
+    print(f"final held-out reward {final['reward']:.3f} +- {final['reward_se']:.3f} (standard error)", flush=True)
     if report["left_running"]:
         print(f"left running by the last trainer: {report['left_running']}")
     bad = len(survived) < len(injected) or report["prompts_lost"] or missing or report["left_running"]
-    bad = bad or (args.reward_check and not within)
     return 1 if bad else 0
+
+
+def print_comparison(report: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print the final held-out rewards of the faulted and the fault-free run; 1 when `--reward-check` is on and
+    they differ by more than twice the standard error of their difference."""
+    final, free = report["final"], report["fault_free"]
+    bar = 2 * math.hypot(final["reward_se"], free["reward_se"])
+    within = abs(final["reward"] - free["reward"]) <= bar
+    print(f"fault-free run {free['reward']:.3f} +- {free['reward_se']:.3f}: difference "
+          f"{final['reward'] - free['reward']:+.3f}, {'within' if within else 'OUTSIDE'} 2 SE ({bar:.3f})")  # fmt: skip
+    return 1 if args.reward_check and not within else 0
 
 
 if __name__ == "__main__":
