@@ -48,7 +48,6 @@ import json
 import math
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -62,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from time_to_reward import Child, child_env  # noqa: E402  (the benchmarks' process handling, shared)
+from time_to_reward import Child, child_env, metric_history  # noqa: E402  (the benchmarks' process handling, shared)
 
 DEMO_CONFIG = ROOT / "examples" / "tiny_cpu.yaml"
 FAULTS = ("vllm_kill9", "reward_worker_kill9", "trainer_kill9", "trainer_sigterm", "mlflow_outage", "disk_full")
@@ -147,16 +146,9 @@ class MlflowServer:
 
 
 def metric_rows(db: Path, key: str) -> list[tuple[int, float]]:
-    """(step, value) of metric `key` in the sqlite store `db`, read-only (never creates or migrates it); [] while it
-    does not exist yet. The store holds this soak's one run."""
-    if not db.is_file():
-        return []
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            rows = conn.execute("SELECT step, value FROM metrics WHERE key = ?", (key,)).fetchall()
-    except sqlite3.Error:
-        return []
-    return sorted((int(s), float(v)) for s, v in rows)
+    """(step, value) of metric `key` in the sqlite store `db`, read-only (`time_to_reward.metric_history`); [] while
+    it does not exist yet. The store holds this soak's one run."""
+    return [(step, value) for step, _, value in metric_history(db, key)]
 
 
 def newest_logged_step(db: Path) -> int:

@@ -238,7 +238,7 @@ def child_env(threads: int | None = None) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------- ours
-def _metric_rows(db: Path, key: str) -> list[tuple[int, float, float]]:
+def metric_history(db: Path, key: str) -> list[tuple[int, float, float]]:
     """(step, timestamp s, value) of metric `key` in the one run of an MLflow sqlite store, read-only (never creates
     or migrates the store the child is writing); [] while the store or its table does not exist yet."""
     if not db.is_file():
@@ -286,13 +286,13 @@ def run_ours(system: str, seed: int, model: Path, args: argparse.Namespace, out:
             time.sleep(POLL_S)
             child.remember_descendants()
             if t0 is None:
-                start = _metric_rows(db, "eval/reward")
+                start = metric_history(db, "eval/reward")
                 if start:
                     t0 = start[0][1]
                 elif time.time() - started > SETUP_TIMEOUT_S:
                     raise RuntimeError(f"{system} seed {seed}: no training start within {SETUP_TIMEOUT_S:.0f} s")
                 continue
-            saved = sum(v for _, _, v in _metric_rows(db, "checkpoint/seconds"))
+            saved = sum(v for _, _, v in metric_history(db, "checkpoint/seconds"))
             if time.time() - t0 - saved >= args.budget_s:
                 child.signal(signal.SIGTERM)  # the step ends, a last checkpoint is written, every process stops
                 stopped = True
@@ -316,8 +316,8 @@ def ours_checkpoints(out: Path, t0: float) -> list[Checkpoint]:
     from async_grpo.checkpoint_layout import MODEL_DIR, complete_checkpoints
 
     db = out / "mlflow.db"
-    stamps = {step: t for step, t, _ in _metric_rows(db, "loss")}
-    saves = [(t, v) for _, t, v in _metric_rows(db, "checkpoint/seconds")]
+    stamps = {step: t for step, t, _ in metric_history(db, "loss")}
+    saves = [(t, v) for _, t, v in metric_history(db, "checkpoint/seconds")]
     found = []
     for step, path in complete_checkpoints(out):
         if step not in stamps:
