@@ -114,7 +114,7 @@ def split(opts: dict) -> tuple[LossSettings, dict]:
     return settings, {k: v for k, v in opts.items() if k not in SETTING_NAMES}
 
 
-def reference_and_fused(inputs: dict, opts: dict, old: bool, chunk_size: int, compiled: bool = False):
+def reference_and_fused(inputs: dict, opts: dict, old: bool, chunk_size: int | None, compiled: bool = False):
     """(loss, metrics, grads) of grpo_loss on full logits and of fused_grpo_loss, from identical leaves."""
     settings, call = split(opts)
     results = []
@@ -175,7 +175,7 @@ def test_fused_matches_grpo_loss(liger, loss_type, level, beta, bias_corr, extra
             assert results[0][1]["clip_ratio/low_mean"] > 0 and results[0][1]["clip_ratio/high_mean"] > 0
 
 
-@pytest.mark.parametrize("chunk_size", [1, 3, 5, 64])
+@pytest.mark.parametrize("chunk_size", [1, 3, 5, 64, None])  # None: the whole micro-batch (the default)
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo"])
 def test_liger_chunking_does_not_change_the_result(liger, loss_type, chunk_size):
     inputs = make_inputs(bias=False, seed=1)

@@ -112,7 +112,7 @@ def fused_grpo_loss(
     settings: LossSettings,
     *,
     current_logps: Tensor | None = None,
-    chunk_size: int = 1,
+    chunk_size: int | None = None,
     compiled: bool = False,
 ) -> LossOutput:
     """`grpo_loss` on `lm_head(hidden)` through liger-kernel's fused linear GRPO loss (no (N, T, V) logits).
@@ -133,9 +133,15 @@ def fused_grpo_loss(
             `temperature`), as it divides the trainer's and vLLM's.
         current_logps: (N, T) detached logprobs of the current policy (from `detached_completion_logps`),
             used for OPSM, the padding guards and the metrics; computed here when None.
-        chunk_size: about this many completions per liger chunk (liger's `chunk_size`; >= 1). Whatever
-            the chunk, liger streams the logits in blocks of at most 2048 positions x 4096 vocabulary entries.
-        compiled: let liger `torch.compile` its loss math (faster on GPU, compiles per new shape).
+        chunk_size: about this many completions per liger chunk (liger's `chunk_size`; >= 1), or None (the
+            default) for the whole micro-batch in one chunk. Whatever the chunk, liger streams the logits in
+            blocks of at most 2048 positions x 4096 vocabulary entries, so a larger chunk costs no memory and
+            saves Python loop turns and kernel launches: on an H200 (bf16 hidden (8, ~480, 896), vocabulary
+            151,936, eight micro-batches) one chunk per micro-batch took 1.12 s against liger's default of one
+            completion per chunk, 2.26 s, both at 1.6 GiB peak (the unfused path: 0.17 s, 7.5 GiB).
+        compiled: let liger `torch.compile` its loss math (compiles per new shape; off by default: with
+            torch 2.11 on an H200, liger 0.8.5's compiled loss failed on the second micro-batch length with
+            dynamo's `IndexError` in `produce_guards_verbose`).
 
     Returns:
         `LossOutput`: the loss (0-d, already divided for gradient accumulation; backward reaches `hidden`,
@@ -169,8 +175,10 @@ def fused_grpo_loss(
             f"lm_head.weight {tuple(weight.shape)} must be (V, H) with H = {hidden.shape[2]}. "
             "Fix: pass model.get_output_embeddings()."
         )
+    if chunk_size is None:
+        chunk_size = max(1, hidden.shape[0])
     if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1 (completions per liger chunk).")
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1 (completions per liger chunk), or None.")
     if inputs.kl_ratio_logps is not None:
         raise ValueError(
             "LossInputs.kl_ratio_logps is not available with the fused loss: liger-kernel "

@@ -54,6 +54,7 @@ class LossConfig(Section):
         description="Compute the GRPO loss with liger-kernel's fused linear GRPO loss (LigerFusedLinearGRPOLoss, "
         "the `gpu` extra): the LM head, log-softmax and loss run chunk by chunk, so (batch, seq, vocab) logits "
         "never exist; OPSM, the entropy mask and the vLLM IS weights enter as its per-token weight. Same loss as the "
-        "unfused path (tests/trainer/test_liger_loss.py). Not with importance_sampling_level=sequence for cispo/sapo "
-        "(axolotl / TRL name).",
+        "unfused path (tests/trainer/test_liger_loss.py). It saves memory, not time: on an H200 a Qwen2.5-0.5B-shaped bf16 "
+        "step took 2.03 s with it against 0.99 s without, at 2.3 GiB less peak memory (docs/performance.md). Not with "
+        "importance_sampling_level=sequence for cispo/sapo (axolotl / TRL name).",
     )
