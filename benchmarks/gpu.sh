@@ -4,7 +4,8 @@
 # GPU mode (nvidia-smi lists a GPU and no --reduced), a Qwen2.5-0.5B-shaped Qwen2 built from its config with random
 # weights (speed only, no hub access):
 #   1. trainer_precision.py: trainer step time, float32 vs bf16 (+ liger where installed) and the micro-batch
-#      layouts (batch_flattening, max_tokens_per_microbatch), as ratios measured in one run;
+#      layouts (batch_flattening, max_tokens_per_microbatch), as ratios measured in one run (needs no vLLM: where
+#      vLLM cannot be imported, as on a machine with torch alone, it runs this one and skips 2-4);
 #   2. overlap.py with vLLM and the trainer on the same GPU (vLLM capped at 35% of its memory, gloo weight push);
 #   3. overlap.py with vLLM on GPU 0 and the trainer on GPU 1 (NCCL weight push), where 2 GPUs exist;
 #   4. weight_sync.py: the Qwen2.5-0.5B-shaped weight push (bfloat16, NCCL) against a raw collective for the same bytes
@@ -65,6 +66,11 @@ if [ "$REDUCED" -eq 1 ]; then
   bench overlap benchmarks/overlap.py --reduced --device cpu
 else
   bench trainer_precision benchmarks/trainer_precision.py --steps 3
+  if ! "$PYTHON" -c "import vllm" >/dev/null 2>&1; then
+    echo "=== overlap and weight_sync: skipped (vLLM is not importable by $PYTHON; they serve the policy with it)"
+    echo "gpu.sh: done (exit $STATUS), results in $OUT"
+    exit $STATUS
+  fi
   bench overlap_same_gpu benchmarks/overlap.py --device cuda --shape qwen0.5b --vllm-gpu 0 --trainer-gpu 0 \
     --max-completion 256 --prompts 16 --micro 16
   if [ "$GPUS" -ge 2 ]; then

@@ -255,7 +255,10 @@ def main() -> None:
             variants.append("bf16+liger")
     except ImportError:
         pass
-    variants += ["float32+sorted", "float32+flat", "float32+budget", "float32+flat+budget"]
+    if cuda:  # what a GPU run would use: bf16 with the layouts, and float32 with both for the precision's share
+        variants += ["bf16+flat", "bf16+budget", "bf16+flat+budget", "float32+flat+budget"]
+    else:
+        variants += ["float32+sorted", "float32+flat", "float32+budget", "float32+flat+budget"]
     variants = args.variants or variants
     interleave = (not cuda) if args.interleave is None else args.interleave
     results = (run_interleaved if interleave else run_sequential)(variants, base, batch, args, max_tokens)
