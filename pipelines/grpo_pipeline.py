@@ -26,6 +26,7 @@ from async_grpo.config import FIELDS, flatten_mapping
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS
 from async_grpo.launch.k8s_policy import POLICY_CONFIG_MAP, POLICY_MOUNT_DIR
 from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
+from async_grpo.step_secrets import HF_SECRET_DIR, MLFLOW_SECRET_DIR
 from components import ASYNC_GRPO_CPU_IMAGE
 from components.cleanup.component import cleanup
 from components.evaluate.component import evaluate
@@ -100,26 +101,17 @@ class PipelineWiring:
 
 
 def _mlflow_env(task: dsl.PipelineTask, secret_name: str) -> None:
-    """MLFLOW_TRACKING_URI (required) and optional basic-auth credentials from one secret."""
-    kubernetes.use_secret_as_env(
-        task, secret_name=secret_name, secret_key_to_env={"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"}
-    )
-    kubernetes.use_secret_as_env(
-        task,
-        secret_name=secret_name,
-        optional=True,
-        secret_key_to_env={
-            "MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
-            "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD",
-        },
-    )
+    """The MLflow Secret (MLFLOW_TRACKING_URI required; optional basic-auth credentials) as files at
+    MLFLOW_SECRET_DIR, which the step loads into its own environment (`async_grpo.step_secrets`). Never as
+    environment variables: the kubelet would expand a submitter's `$(MLFLOW_TRACKING_PASSWORD)` in the step's
+    command, which carries the run's config. The volume is required, as the URI is: no Secret, no run."""
+    kubernetes.use_secret_as_volume(task, secret_name=secret_name, mount_path=MLFLOW_SECRET_DIR)
 
 
 def _hf_env(task: dsl.PipelineTask, secret_name: str) -> None:
-    """HF_TOKEN for gated hub models; optional, public models need none."""
-    kubernetes.use_secret_as_env(
-        task, secret_name=secret_name, optional=True, secret_key_to_env={"HF_TOKEN": "HF_TOKEN"}
-    )
+    """HF_TOKEN for gated hub models, as a file at HF_SECRET_DIR (optional: public models need none); loaded by the
+    step itself, for the reason `_mlflow_env` gives."""
+    kubernetes.use_secret_as_volume(task, secret_name=secret_name, mount_path=HF_SECRET_DIR, optional=True)
 
 
 def _workspace(task: dsl.PipelineTask, pvc_name: str) -> None:

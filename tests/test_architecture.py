@@ -49,6 +49,7 @@ ALLOWED = {
     "lineage": {"__init__"},
     "warm_start": {"config", "registry"},
     "pipeline_tracking": set(),
+    "step_secrets": set(),  # a KFP step's mounted Secret files -> its environment (stdlib only)
     "preflight": {
         "checkpoint_layout",
         "config",

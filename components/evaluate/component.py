@@ -89,6 +89,9 @@ def evaluate(
         EvaluationError: every held-out group failed (generation or reward functions; the first error is chained).
         mlflow.exceptions.MlflowException: the run does not exist, or the registry is unreachable.
     """
+    from async_grpo.step_secrets import load_step_secrets
+
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     import contextlib
     import logging
     import math

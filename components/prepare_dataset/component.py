@@ -80,6 +80,9 @@ def prepare_dataset(
         ValueError: unsupported spec, bad `prompt` column, no chat template for conversational
             prompts, an impossible split, or every prompt too long; each message names the fix.
     """
+    from async_grpo.step_secrets import load_step_secrets
+
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     import logging
     from collections import namedtuple
 

@@ -65,6 +65,9 @@ def register_model(
         RuntimeError: the registry reported FAILED_REGISTRATION.
         mlflow.exceptions.MlflowException: the run does not exist, or the registry is unreachable.
     """
+    from async_grpo.step_secrets import load_step_secrets
+
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     import getpass
     import logging
     import time

@@ -128,6 +128,9 @@ def train_grpo(
         TimeoutError: the backend ran past `launch_timeout_s` (it cleans up first).
         RuntimeError: the run failed, or finished without a checkpoint.
     """
+    from async_grpo.step_secrets import load_step_secrets
+
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     import logging
     import os
     import shutil

@@ -574,3 +574,88 @@ def test_the_argparse_namespace_of_render_and_validate_is_the_same():
     parser = argparse.ArgumentParser()
     cli_render.add_cluster_arguments(parser)
     assert {a.dest for a in parser._actions} >= {"settings", "set", "policy"}
+
+
+# ---------------------------------------------------------------------------- 11: kubelet variable expansion
+def _references(value: str) -> list[str]:
+    """The variable names the kubelet would expand in `value` (`$(NAME)`; `$$` is a literal `$`), as in Kubernetes'
+    `third_party/forked/golang/expansion`."""
+    names, i = [], 0
+    while i < len(value):
+        if value.startswith("$$", i):
+            i += 2
+        elif value.startswith("$(", i) and ")" in value[i:]:
+            end = value.index(")", i)
+            names.append(value[i + 2 : end])
+            i = end + 1
+        else:
+            i += 1
+    return names
+
+
+def _expanded_strings(node, where: str = "") -> list[tuple[str, str]]:
+    """(container, string) for every command, args and env value of every container in `node` (any object)."""
+    found = []
+    if isinstance(node, dict):
+        for key in ("containers", "initContainers"):
+            for container in node.get(key) or []:
+                strings = [*container.get("command", []), *container.get("args", [])]
+                strings += [e["value"] for e in container.get("env", []) if "value" in e]
+                found += [(container["name"], s) for s in strings]
+        for value in node.values():
+            found += _expanded_strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _expanded_strings(value)
+    return found
+
+
+HOSTILE = "$(VLLM_API_KEY)-$(MLFLOW_TRACKING_PASSWORD)-$(JUDGE_API_KEY)"
+
+
+@pytest.mark.parametrize("trainer_api", ["pytorchjob", "trainjob"])
+def test_11_a_submitters_variable_reference_reaches_the_process_as_written(trainer_api):
+    """The kubelet expands `$(NAME)` in a container's command, args and env values to the container's variable NAME:
+    `--kv-cache-dtype=$(VLLM_API_KEY)` would put the run's token in vLLM's error message and the pod log. Every
+    submitter string there is escaped (`$$`), the launcher's own references stay, and the argv a TrainJob runtime
+    execs from its ConfigMap (a file: never expanded) is the submitter's string exactly."""
+    from async_grpo.launch.k8s_trainjob import VLLM_ARGV_KEY, VLLM_STARTUP_ENV, VLLM_URL_ENV, build_objects_for_api
+
+    config = GRPOConfig(
+        model_name_or_path=f"/workspace/models/{HOSTILE}",
+        dataset="/workspace/datasets/math.jsonl",
+        vllm_extra_args=[f"--kv-cache-dtype={HOSTILE}", "--max-num-seqs", HOSTILE],
+        mlflow_tracking_uri=f"http://mlflow:5000/{HOSTILE}",
+        **(
+            {"reward_funcs": ["builtin:llm_judge"], "judge_model_name_or_path": f"/workspace/models/{HOSTILE}"}
+            if trainer_api == "pytorchjob"  # the TrainJob runtime serves no judge (refused there)
+            else {}
+        ),
+    )
+    settings = ClusterSettings(
+        namespace="team-a",
+        device="gpu",
+        vllm_gpus=1,
+        reward_replicas=1,
+        trainer_api=trainer_api,
+        nccl_env={"NCCL_DEBUG_SUBSYS": HOSTILE},
+        nccl_socket_ifname="$(VLLM_API_KEY)",
+    )
+    check_run(config, settings, PlatformPolicy(mlflow_tracking_uris=["http://mlflow:5000"]))  # the policy admits all
+    objects = build_objects_for_api(config, settings, "agrpo-x")
+
+    strings = _expanded_strings(objects)
+    hostile = [(name, s) for name, s in strings if "VLLM_API_KEY" in s or "MLFLOW_TRACKING_PASSWORD" in s]
+    if trainer_api == "pytorchjob":  # vLLM's and the judge's commands, the NCCL variables, the tracking URI
+        assert {name for name, _ in hostile} >= {"vllm", "judge", "pytorch"}, strings
+    launcher_own = {VLLM_URL_ENV, VLLM_STARTUP_ENV}  # the TrainJob's wait-for-vllm reads its own variables
+    expanded = [(name, s, _references(s)) for name, s in strings if set(_references(s)) - launcher_own]
+    assert expanded == [], expanded
+    if trainer_api == "trainjob":
+        (config_map,) = [o for o in objects if o["kind"] == "ConfigMap" and VLLM_ARGV_KEY in o.get("data", {})]
+        argv = yaml.safe_load(config_map["data"][VLLM_ARGV_KEY])
+        assert f"--kv-cache-dtype={HOSTILE}" in argv and HOSTILE in argv, argv
+
+
+def test_11_references_are_read_as_the_kubelet_reads_them():
+    assert _references("a$(X)b$$(Y)c$$$(Z)$(") == ["X", "Z"]

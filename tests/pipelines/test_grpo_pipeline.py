@@ -8,6 +8,7 @@ import yaml
 
 from async_grpo.config import FIELDS, GRPOConfig, flat_dump, load_config
 from async_grpo.pipeline_local import find_repo_root, import_pipeline_module
+from async_grpo.step_secrets import HF_SECRET_DIR, MLFLOW_SECRET_DIR
 
 REPO = find_repo_root()
 module = import_pipeline_module()
@@ -126,21 +127,22 @@ def test_kubernetes_wiring_lives_in_the_pipeline(compiled):
     _, platform = compiled["grpo_pipeline.yaml"]
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
 
-    def secret_envs(executor):
+    def secret_volumes(executor):
         out = {}
-        for entry in executors[executor].get("secretAsEnv", []):
+        for entry in executors[executor].get("secretAsVolume", []):
             # a constant compiled into the pipeline, never a run parameter (a run cannot mount another Secret)
             assert "componentInputParameter" not in entry["secretNameParameter"], entry
-            for kv in entry["keyToEnv"]:
-                out[kv["envVar"]] = entry["secretNameParameter"]["runtimeValue"]["constant"]
+            out[entry["mountPath"]] = (entry["secretNameParameter"]["runtimeValue"]["constant"], entry["optional"])
         return out
 
+    # no credential is an environment variable of any step: KFP passes the run's config in the step's command,
+    # where the kubelet would expand a submitter's $(MLFLOW_TRACKING_PASSWORD) (async_grpo.step_secrets)
+    assert not any(executor.get("secretAsEnv") for executor in executors.values())
     for executor in ("exec-train-grpo", "exec-evaluate", "exec-register-model"):
-        assert secret_envs(executor)["MLFLOW_TRACKING_URI"] == "mlflow-tracking", executor
+        assert secret_volumes(executor) == {MLFLOW_SECRET_DIR: ("mlflow-tracking", False)}, executor
     # the HF token reaches only the dataset step; no step that can run submitter code holds it
-    assert secret_envs("exec-prepare-dataset")["HF_TOKEN"] == "hf-token"
-    for executor in ("exec-train-grpo", "exec-evaluate", "exec-register-model", "exec-cleanup"):
-        assert "HF_TOKEN" not in secret_envs(executor), executor
+    assert secret_volumes("exec-prepare-dataset") == {HF_SECRET_DIR: ("hf-token", True)}
+    assert not secret_volumes("exec-cleanup")
     for executor in ("exec-prepare-dataset", "exec-train-grpo", "exec-evaluate", "exec-cleanup"):
         (mount,) = executors[executor]["pvcMount"]
         assert mount["mountPath"] == module.WORKSPACE_MOUNT_PATH, executor

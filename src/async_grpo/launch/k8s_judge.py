@@ -23,6 +23,7 @@ from async_grpo.launch.k8s_pods import (
     container_security,
     data_volume,
     image_server_command,
+    literal,
     meta,
     pod_spec,
     resources,
@@ -117,7 +118,7 @@ def build_judge_deployment(
     container = {
         "name": JUDGE,
         "image": settings.image("vllm"),
-        "command": judge_command(config, settings),
+        "command": literal(judge_command(config, settings)),  # the config's strings, unexpanded
         "env": env,
         "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
         **vllm_probes(config.inference.vllm_startup_timeout_s),

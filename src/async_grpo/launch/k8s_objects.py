@@ -59,6 +59,7 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     data_volume,
     image_server_command,
     labels,
+    literal,
     meta,
     mlflow_secret_env,
     nccl_env,
@@ -209,7 +210,7 @@ def trainer_pod(
         + token_env(secret, (VLLM_API_KEY_ENV, VLLM_TOKEN_KEY))
         + [
             {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "MLFLOW_TRACKING_URI", "value": tracking_uri(config, settings)},
+            {"name": "MLFLOW_TRACKING_URI", "value": literal([tracking_uri(config, settings)])[0]},
         ]
     )
     if settings.reward_replicas:
@@ -351,7 +352,7 @@ def build_vllm_deployment(
     container = {
         "name": "vllm",
         "image": settings.image("vllm"),
-        "command": vllm_command(config, settings, model_path),
+        "command": literal(vllm_command(config, settings, model_path)),  # the config's strings, unexpanded
         "env": env,
         "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
         **vllm_probes(config.inference.vllm_startup_timeout_s),

@@ -65,6 +65,30 @@ def image_server_command(
     return cmd + ["--middleware", VLLM_AUTH_MIDDLEWARE]
 
 
+def literal(values: list[str]) -> list[str]:
+    """`values` escaped for a container's `command`, `args` or an env `value`, so Kubernetes passes them as written.
+
+    The kubelet expands `$(NAME)` there to the container's variable NAME (`VLLM_API_KEY` from the run's Secret, say)
+    and reduces `$$` to `$` ("Define Dependent Environment Variables", Kubernetes docs; `third_party/forked/golang/
+    expansion`). A submitter's string that reaches one of those fields (`vllm_extra_args`, a model path, an
+    `nccl_env` value) would otherwise pull a credential into a process's arguments, and from there into its error
+    messages and the pod log: `--kv-cache-dtype=$(VLLM_API_KEY)`. Every `$` is doubled, so the process receives
+    exactly `values`. Not for files (a ConfigMap key is never expanded): `from_literal` undoes it.
+
+    Args:
+        values: the strings as the process must receive them.
+
+    Returns:
+        The strings to write into the manifest, one per value.
+    """
+    return [value.replace("$", "$$") for value in values]
+
+
+def from_literal(values: list[str]) -> list[str]:
+    """The strings a process receives from manifest fields written by `literal` (every `$$` back to `$`)."""
+    return [value.replace("$$", "$") for value in values]
+
+
 PROBE_PERIOD_S = 10
 POD_IP_ENV = "POD_IP"  # the trainer's address for the weight-transfer rendezvous (vLLM workers dial it)
 TOKENS_SECRET_SUFFIX = "-tokens"
@@ -259,14 +283,14 @@ def base_env() -> list[dict[str, Any]]:
 
 
 def nccl_env(settings: ClusterSettings) -> list[dict[str, Any]]:
-    """The NCCL/gloo socket interface and the settings' extra NCCL_* variables."""
+    """The NCCL/gloo socket interface and the settings' extra NCCL_* variables (values `literal`: the submitter's)."""
     env = {
         "NCCL_SOCKET_IFNAME": settings.nccl_socket_ifname,
         "GLOO_SOCKET_IFNAME": settings.nccl_socket_ifname,
         "NCCL_DEBUG": "WARN",
         **settings.nccl_env,
     }
-    return [{"name": k, "value": v} for k, v in env.items()]
+    return [{"name": k, "value": v} for k, v in zip(env, literal(list(env.values())), strict=True)]
 
 
 def resources(cpu: float, memory_gib: int, gpus: int, settings: ClusterSettings) -> dict[str, Any]:

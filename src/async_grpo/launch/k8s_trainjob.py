@@ -52,7 +52,7 @@ from async_grpo.launch.k8s_objects import (
     vllm_probes,
     vllm_url,
 )
-from async_grpo.launch.k8s_pods import resources
+from async_grpo.launch.k8s_pods import from_literal, resources
 from async_grpo.launch.k8s_policy import PlatformPolicy
 from async_grpo.launch.k8s_settings import ClusterSettings
 
@@ -382,10 +382,11 @@ def build_trainjob_config_map(
     ones today's Deployments run), which the runtime's containers exec."""
     cm = build_config_map(config, settings, run_name, owner)
     vllm = build_vllm_deployment(config, settings, run_name)["spec"]["template"]["spec"]["containers"][0]
-    cm["data"][VLLM_ARGV_KEY] = json.dumps(vllm["command"])
+    # a file is not expanded by the kubelet: the argv the process must receive, not the manifest's escaped form
+    cm["data"][VLLM_ARGV_KEY] = json.dumps(from_literal(vllm["command"]))
     if settings.reward_replicas:
         reward = build_reward_deployment(config, settings, run_name)["spec"]["template"]["spec"]["containers"][0]
-        cm["data"][REWARD_ARGV_KEY] = json.dumps(reward["command"])
+        cm["data"][REWARD_ARGV_KEY] = json.dumps(from_literal(reward["command"]))
     return cm
 
 

@@ -1,0 +1,63 @@
+"""The credentials of a KFP pipeline step, mounted as Secret files instead of environment variables.
+
+KFP's driver passes each step's inputs, the submitter's `config_yaml` and overrides included, inside the main
+container's command (`--executor_input <JSON>`, `backend/src/v2/driver`), and the kubelet expands every `$(NAME)` in
+a container's command to the value of the container's variable NAME ("Define Dependent Environment Variables",
+Kubernetes docs). A step that held `MLFLOW_TRACKING_PASSWORD` or `HF_TOKEN` as an environment variable would so
+hand it to any submitter who writes `run_name: $(MLFLOW_TRACKING_PASSWORD)`: the step receives the password as
+the run's name and logs it to MLflow, where every reader of the experiment sees it. The pipeline therefore mounts
+its Secrets as files (`kfp.kubernetes.use_secret_as_volume`, `pipelines/grpo_pipeline.py`), no credential is in
+any step's container spec, and each step that needs one calls `load_step_secrets` first, which puts the files'
+contents into its own process environment, where the MLflow client and huggingface_hub read them as before.
+Nothing is expanded inside a running process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["HF_SECRET_DIR", "HF_SECRET_KEYS", "MLFLOW_SECRET_DIR", "MLFLOW_SECRET_KEYS", "load_step_secrets"]
+
+MLFLOW_SECRET_DIR = "/etc/async-grpo/secrets/mlflow"  # the pipeline's MLflow Secret (`--mlflow-secret`)
+HF_SECRET_DIR = "/etc/async-grpo/secrets/hf"  # the pipeline's hub token Secret (`--hf-token-secret`), dataset step
+# The keys read from each Secret; a Secret's other keys stay files nobody reads.
+MLFLOW_SECRET_KEYS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+)
+HF_SECRET_KEYS = ("HF_TOKEN",)
+
+
+def load_step_secrets(
+    mounts: tuple[tuple[str, tuple[str, ...]], ...] = (
+        (MLFLOW_SECRET_DIR, MLFLOW_SECRET_KEYS),
+        (HF_SECRET_DIR, HF_SECRET_KEYS),
+    ),
+) -> list[str]:
+    """Put the mounted Secret files of this step into `os.environ`, each under its key's name.
+
+    A key whose file is missing (the Secret or the key is absent: outside a cluster, in `kfp.local`, or an optional
+    key) is skipped, and a variable already set in this process is kept. A file's bytes become the value exactly
+    (as `secretKeyRef` would have set them), decoded as UTF-8.
+
+    Args:
+        mounts: (directory, keys) pairs: where a Secret is mounted and which of its keys to read.
+
+    Returns:
+        The names of the variables set, in order (never their values).
+
+    Raises:
+        UnicodeDecodeError: a file is not UTF-8 (an environment variable holds text).
+    """
+    loaded = []
+    for directory, keys in mounts:
+        for key in keys:
+            path = Path(directory) / key
+            if key in os.environ or not path.is_file():
+                continue
+            os.environ[key] = path.read_bytes().decode("utf-8")
+            loaded.append(key)
+    return loaded

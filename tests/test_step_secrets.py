@@ -1,0 +1,55 @@
+"""A pipeline step's credentials come from its mounted Secret files into its own environment (async_grpo.step_secrets),
+and every step that needs one loads them before anything else."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+
+import pytest
+
+from async_grpo.step_secrets import HF_SECRET_KEYS, MLFLOW_SECRET_KEYS, load_step_secrets
+
+
+def test_mounted_files_become_variables_byte_for_byte(tmp_path, monkeypatch):
+    mlflow_dir, hf_dir = tmp_path / "mlflow", tmp_path / "hf"
+    mlflow_dir.mkdir()
+    hf_dir.mkdir()
+    (mlflow_dir / "MLFLOW_TRACKING_URI").write_text("https://mlflow.example:5000")
+    (mlflow_dir / "MLFLOW_TRACKING_PASSWORD").write_bytes(b"p\xc3\xa4ss word\n")  # exact bytes, as secretKeyRef
+    (mlflow_dir / "OTHER_KEY").write_text("never read")
+    (hf_dir / "HF_TOKEN").write_text("hf_abc")
+    for key in (*MLFLOW_SECRET_KEYS, *HF_SECRET_KEYS, "OTHER_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "set-before")
+
+    loaded = load_step_secrets(((str(mlflow_dir), MLFLOW_SECRET_KEYS), (str(hf_dir), HF_SECRET_KEYS)))
+
+    assert loaded == ["MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_PASSWORD", "HF_TOKEN"]
+    assert os.environ["MLFLOW_TRACKING_URI"] == "https://mlflow.example:5000"
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "päss word\n"
+    assert os.environ["HF_TOKEN"] == "hf_abc"
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "set-before"  # no file, and a set variable is kept anyway
+    assert "OTHER_KEY" not in os.environ
+
+
+def test_no_mount_no_change(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert load_step_secrets(((str(tmp_path / "absent"), HF_SECRET_KEYS),)) == []
+    assert "HF_TOKEN" not in os.environ
+
+
+@pytest.mark.parametrize(
+    "module", ["train_grpo", "evaluate", "register_model", "prepare_dataset"], ids=lambda m: m.replace("_", "-")
+)
+def test_each_step_with_a_secret_loads_it_first(module):
+    import importlib
+
+    component = getattr(importlib.import_module(f"components.{module}.component"), module)
+    body = ast.parse(inspect.getsource(component.python_func)).body[0].body
+    statements = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # docstring
+    first_call = next(s for s in statements if isinstance(s, ast.Expr))
+    assert ast.unparse(first_call) == "load_step_secrets()", module
+    before = statements[: statements.index(first_call)]
+    assert all(isinstance(s, ast.ImportFrom) and s.module == "async_grpo.step_secrets" for s in before), module
