@@ -413,10 +413,18 @@ def test_groups_parked_for_a_lost_server_are_counted_as_shutdown_when_the_run_st
         orch.health, orch.recovery_timeout_s = health, WAIT_S
         started.append(orch)
         orch.start()
-        wait_until(lambda h=health: h.lost and h.parked_groups == 2, "both in-flight groups parked")
+        # one or both of the groups in flight fail, depending on whether the second was launched before the first
+        # failure closed the health gate (a slow machine finishes the first answered group early); each is parked
+        wait_until(
+            lambda h=health, c=client: (
+                h.lost and 1 <= h.parked_groups == sum(1 for call in c.calls if call.get("refused"))
+            ),
+            "every refused group parked",
+        )
+        parked = health.parked_groups
         stop_and_check(orch, client)
         drops = orch.drops.snapshot()
-        assert drops.get("shutdown", 0) >= 2 and set(drops) <= {"shutdown", "unconsumed_at_end"}, drops
+        assert drops.get("shutdown", 0) >= parked and set(drops) <= {"shutdown", "unconsumed_at_end"}, drops
         assert ledger_gap(orch) == 0
 
 
