@@ -48,6 +48,8 @@ def test_the_rubric_takes_the_texts_verbatim_and_conversations_render_as_text():
     rubric = 'Q: {prompt}\nA: {completion}\nJSON like {"score": 1} is left alone.'
     out = judge.render_rubric(rubric, "what is {x}?", "{completion} literally")
     assert out == 'Q: what is {x}?\nA: {completion} literally\nJSON like {"score": 1} is left alone.'
+    # a prompt that holds a placeholder keeps it: the texts are inserted in one pass, never searched again
+    assert judge.render_rubric(rubric, "say {completion}", "hi").startswith("Q: say {completion}\nA: hi\n")
     conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
     assert judge.text_of(conversation) == "system: be brief\nuser: 2+2?"
     assert judge.text_of([{"role": "assistant", "content": "4"}]) == "4"

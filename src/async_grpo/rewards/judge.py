@@ -90,10 +90,15 @@ def guided_regex(max_score: float) -> str:
     return "Score: (" + "|".join(str(v) for v in range(int(max_score), -1, -1)) + ")"
 
 
+_RUBRIC_PLACEHOLDER = re.compile(r"\{(prompt|completion)\}")
+
+
 def render_rubric(rubric: str, prompt: str, completion: str) -> str:
-    """The rubric with `{prompt}` and `{completion}` replaced (plain replacement: braces elsewhere in the rubric, the
-    prompt or the completion are kept as they are)."""
-    return rubric.replace("{prompt}", prompt).replace("{completion}", completion)
+    """The rubric with `{prompt}` and `{completion}` replaced in one pass over the rubric: braces elsewhere in the
+    rubric are kept, and the inserted texts are never searched again (a prompt holding "{completion}" stays as
+    written; two chained replacements would put the completion inside it)."""
+    texts = {"prompt": prompt, "completion": completion}
+    return _RUBRIC_PLACEHOLDER.sub(lambda match: texts[match.group(1)], rubric)
 
 
 def check_rubric(rubric: str) -> None:
