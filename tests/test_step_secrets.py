@@ -40,6 +40,13 @@ def test_no_mount_no_change(tmp_path, monkeypatch):
     assert "HF_TOKEN" not in os.environ
 
 
+def test_a_mounted_mlflow_secret_without_its_uri_stops_the_step_naming_the_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "MLFLOW_TRACKING_PASSWORD").write_text("x")
+    with pytest.raises(RuntimeError, match="has no key MLFLOW_TRACKING_URI. Fix: add it"):
+        load_step_secrets(((str(tmp_path), MLFLOW_SECRET_KEYS),))
+
+
 @pytest.mark.parametrize(
     "module", ["train_grpo", "evaluate", "register_model", "prepare_dataset"], ids=lambda m: m.replace("_", "-")
 )

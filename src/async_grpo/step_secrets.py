@@ -17,7 +17,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["HF_SECRET_DIR", "HF_SECRET_KEYS", "MLFLOW_SECRET_DIR", "MLFLOW_SECRET_KEYS", "load_step_secrets"]
+__all__ = [
+    "HF_SECRET_DIR",
+    "HF_SECRET_KEYS",
+    "MLFLOW_SECRET_DIR",
+    "MLFLOW_SECRET_KEYS",
+    "REQUIRED_KEYS",
+    "load_step_secrets",
+]
 
 MLFLOW_SECRET_DIR = "/etc/async-grpo/secrets/mlflow"  # the pipeline's MLflow Secret (`--mlflow-secret`)
 HF_SECRET_DIR = "/etc/async-grpo/secrets/hf"  # the pipeline's hub token Secret (`--hf-token-secret`), dataset step
@@ -29,6 +36,8 @@ MLFLOW_SECRET_KEYS = (
     "MLFLOW_TRACKING_TOKEN",
 )
 HF_SECRET_KEYS = ("HF_TOKEN",)
+# Keys a mounted Secret must hold: as `secretKeyRef` without `optional`, whose absence kept the pod from starting
+REQUIRED_KEYS = frozenset({"MLFLOW_TRACKING_URI"})
 
 
 def load_step_secrets(
@@ -39,9 +48,9 @@ def load_step_secrets(
 ) -> list[str]:
     """Put the mounted Secret files of this step into `os.environ`, each under its key's name.
 
-    A key whose file is missing (the Secret or the key is absent: outside a cluster, in `kfp.local`, or an optional
-    key) is skipped, and a variable already set in this process is kept. A file's bytes become the value exactly
-    (as `secretKeyRef` would have set them), decoded as UTF-8.
+    A directory that does not exist (outside a cluster, in `kfp.local`, an optional Secret that is absent) is
+    skipped, and so is an optional key without its file; a variable already set in this process is kept. A file's
+    bytes become the value exactly (as `secretKeyRef` would have set them), decoded as UTF-8.
 
     Args:
         mounts: (directory, keys) pairs: where a Secret is mounted and which of its keys to read.
@@ -50,13 +59,24 @@ def load_step_secrets(
         The names of the variables set, in order (never their values).
 
     Raises:
+        RuntimeError: a mounted Secret lacks a key of REQUIRED_KEYS (the message names the key and the fix); before
+            this module, the kubelet refused to start such a step.
         UnicodeDecodeError: a file is not UTF-8 (an environment variable holds text).
     """
     loaded = []
     for directory, keys in mounts:
+        if not Path(directory).is_dir():
+            continue
         for key in keys:
             path = Path(directory) / key
-            if key in os.environ or not path.is_file():
+            if key in os.environ:
+                continue
+            if not path.is_file():
+                if key in REQUIRED_KEYS:
+                    raise RuntimeError(
+                        f"the Secret mounted at {directory} has no key {key}. Fix: add it, e.g. kubectl create "
+                        f"secret generic <name> --from-literal={key}=... (docs/deploy.md, the Secrets table)."
+                    )
                 continue
             os.environ[key] = path.read_bytes().decode("utf-8")
             loaded.append(key)
