@@ -87,6 +87,7 @@ ALLOWED = {
         "__init__",
         "config",
         "errors",
+        "step_secrets",
         "inference",
         "pipeline_tracking",
         "preflight",

@@ -20,6 +20,7 @@ from pathlib import Path
 __all__ = [
     "HF_SECRET_DIR",
     "HF_SECRET_KEYS",
+    "MLFLOW_CREDENTIAL_KEYS",
     "MLFLOW_SECRET_DIR",
     "MLFLOW_SECRET_KEYS",
     "REQUIRED_KEYS",
@@ -29,12 +30,9 @@ __all__ = [
 MLFLOW_SECRET_DIR = "/etc/async-grpo/secrets/mlflow"  # the pipeline's MLflow Secret (`--mlflow-secret`)
 HF_SECRET_DIR = "/etc/async-grpo/secrets/hf"  # the pipeline's hub token Secret (`--hf-token-secret`), dataset step
 # The keys read from each Secret; a Secret's other keys stay files nobody reads.
-MLFLOW_SECRET_KEYS = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    "MLFLOW_TRACKING_TOKEN",
-)
+# The credentials of the MLflow Secret (also what the launcher passes to trainer pods, by key: `k8s_pods`)
+MLFLOW_CREDENTIAL_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_URI", *MLFLOW_CREDENTIAL_KEYS)
 HF_SECRET_KEYS = ("HF_TOKEN",)
 # Keys a mounted Secret must hold: as `secretKeyRef` without `optional`, whose absence kept the pod from starting
 REQUIRED_KEYS = frozenset({"MLFLOW_TRACKING_URI"})

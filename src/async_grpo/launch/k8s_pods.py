@@ -18,6 +18,7 @@ from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.naming import DNS_LABEL  # noqa: F401 - re-exported
 from async_grpo.rewards.judge import API_KEY_ENV as JUDGE_API_KEY_ENV  # noqa: F401 - re-exported
 from async_grpo.rewards.wire import AUTH_TOKEN_ENV, REWARD_URL_ENV  # noqa: F401 - REWARD_URL_ENV re-exported
+from async_grpo.step_secrets import MLFLOW_CREDENTIAL_KEYS
 
 Manifest = dict[str, Any]
 
@@ -95,7 +96,7 @@ TOKENS_SECRET_SUFFIX = "-tokens"
 VLLM_TOKEN_KEY, REWARD_TOKEN_KEY = "vllm-api-key", "reward-token"
 JUDGE_TOKEN_KEY = "judge-api-key"  # in the tokens Secret only when the run serves an LLM judge
 # Keys of the MLflow secret that reach the trainer (each optional); nothing else in that secret does.
-MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+MLFLOW_SECRET_KEYS = MLFLOW_CREDENTIAL_KEYS  # the pipeline steps read the same keys (`async_grpo.step_secrets`)
 
 
 # ------------------------------------------------------------------------------------------------ naming
