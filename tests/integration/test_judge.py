@@ -99,3 +99,53 @@ def test_a_run_scores_every_group_with_the_judge(vllm_server, tiny_model_dir, tm
     assert metrics["judge/parse_failures"] == 0.0 and metrics["judge/requests"] > 0.0
     assert "rewards/reverse_exact_match/correlation/llm_judge" in metrics or metrics["rewards/llm_judge/std"] == 0
     assert _vllm_servers() == before  # nothing started for the judge, nothing left behind
+
+
+def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_server, tiny_model_dir, tmp_path):
+    """Issue 26: the judge the launcher serves (`judge_model_name_or_path`, its own vLLM server) gets `kill -9`
+    after its first answers. The launcher's watchdog starts it again; groups that could not be scored meanwhile are
+    dropped and counted (`dropped_groups/reward_error`, the reward-failure rules); the run finishes every step with
+    no prompt lost and leaves no vLLM process behind."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(REPO / "examples" / "tiny_cpu.yaml"),
+           f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0",
+           f"vllm_url={vllm_server.url}", "max_steps=12", "eval_strategy=no",
+           "per_device_train_batch_size=16", "gradient_accumulation_steps=1", "max_inflight_groups=4",
+           "reward_funcs=[builtin:reverse_exact_match, builtin:llm_judge]", "reward_weights=[1.0, 0.5]",
+           f"judge_model_name_or_path={tiny_model_dir}", "judge_guided_score=true", "judge_max_tokens=10",
+           "judge_max_retries=1", "judge_timeout_s=10", "reward_failure_timeout_s=300",
+           "skip_zero_advantage_batches=false", "vllm_sync_interval=100"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    before = _vllm_servers()
+    judge_log = out / "vllm-judge.log"
+    with open(tmp_path / "run.log", "wb") as run_log:
+        run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=run_log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while '"POST /v1/chat/completions' not in (
+                judge_log.read_text(errors="replace") if judge_log.exists() else ""
+            ):
+                assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the launched judge never answered"
+                time.sleep(0.5)
+            (judge_pid,) = _vllm_servers() - before  # the judge's API server: the policy's server is the session's
+            os.kill(judge_pid, 9)
+            code = run.wait(timeout=600)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=60)
+    text = (tmp_path / "run.log").read_text(errors="replace")
+    assert code == 0, text[-3000:]
+    assert "the LLM judge's vLLM server is back (restart 1)" in text
+    assert judge_log.read_text(errors="replace").count("Application startup complete") == 2
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run_info = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])[0]
+    metrics = run_info.data.metrics
+    assert metrics["summary/prompts_lost"] == 0
+    assert metrics["dropped_groups/reward_error"] >= 1  # groups that met the dead judge: dropped, counted
+    assert [m.step for m in client.get_metric_history(run_info.info.run_id, "loss")] == list(range(1, 13))
+    judged = client.get_metric_history(run_info.info.run_id, "rewards/llm_judge/mean")
+    assert max(m.step for m in judged) == 12  # scored by the judge's second life
+    assert all(0.0 <= m.value <= 1.0 for m in judged)
+    assert _vllm_servers() == before  # the judge (both of its lives) stopped with the run

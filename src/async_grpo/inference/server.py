@@ -301,6 +301,12 @@ class VLLMServer:
         except requests.RequestException:
             return False
 
+    def exited(self) -> bool:
+        """True when the server was launched and its process has exited since (a crash, an OOM kill, `kill -9`);
+        False while it runs, before its first launch and after `stop` (which forgets the process)."""
+        process = self.process
+        return process is not None and process.poll() is not None
+
     def restart_if_down(self) -> bool:
         """Restart the server (same command, port and log) unless it is healthy; blocks until it is. Returns
         whether it restarted.
@@ -321,6 +327,68 @@ class VLLMServer:
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+class ServerWatchdog:
+    """Restarts a `VLLMServer` this launcher started whenever its process exits, for a server nothing else restarts
+    (the LLM judge: its clients are reward worker processes that cannot reach the server object, unlike the
+    policy's servers, which the rollout restarts through `InferenceEndpoint.restart`). A Kubernetes Deployment does
+    the same for the servers a cluster run serves.
+
+    A background thread checks `server.exited()` every `interval_s` seconds and, when it has, restarts the server
+    (same command, port and log; `VLLMServer.restart_if_down`, which blocks up to its startup timeout). A server
+    that is alive but slow to answer is left alone. Requests that fail while it is down are the clients' to handle
+    (for the judge: the reward-failure rules, `reward_failure_timeout_s`).
+
+    Args:
+        server: the started server to watch.
+        name: what the server is, for log lines (e.g. "the LLM judge").
+        interval_s: seconds between checks.
+
+    Attributes:
+        restarts: servers started again so far.
+        failed_restarts: restarts whose server did not come up (tried again at the next check).
+    """
+
+    def __init__(self, server: VLLMServer, name: str, interval_s: float = 2.0):
+        self.server = server
+        self.name = name
+        self.interval_s = interval_s
+        self.restarts = 0
+        self.failed_restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"watchdog-{name}", daemon=True)
+
+    def start(self) -> ServerWatchdog:
+        """Start watching; returns self."""
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = STOP_GRACE_S) -> None:
+        """Stop watching and wait up to `timeout_s` seconds for the thread (a restart in progress ends when the
+        server is closed: close the watchdog, then the server)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+
+    def _watch(self) -> None:
+        down = False  # a failed restart stops the server (its process is forgotten): try again regardless
+        while not self._stop.wait(self.interval_s):
+            if self.server.closed or not (down or self.server.exited()):
+                continue
+            logger.warning("%s's vLLM server is down (log: %s); restarting it", self.name, self.server.log_path)
+            try:
+                self.server.restart_if_down()
+            except Exception as err:  # closed mid-restart, or it did not come up: checked again next time
+                if self._stop.is_set() or self.server.closed:
+                    return
+                down = True
+                self.failed_restarts += 1
+                logger.error("%s's vLLM server did not come back (%s); trying again", self.name, err)
+                continue
+            down = False
+            self.restarts += 1
+            logger.warning("%s's vLLM server is back (restart %d)", self.name, self.restarts)
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -21,7 +21,7 @@ from async_grpo.config.sections.peft import lora_server_args
 from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import attached_endpoints
-from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+from async_grpo.inference.server import ServerWatchdog, VLLMServer, build_server_command, free_port, server_env
 from async_grpo.launch.base import LaunchResult
 from async_grpo.preflight import check_config
 from async_grpo.rewards.contract import JUDGE_SPEC
@@ -91,13 +91,18 @@ def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterabl
     _install_signal_handlers()
     info = init_distributed(collective_timeout_s(config))
     judge: VLLMServer | None = None
+    watchdog: ServerWatchdog | None = None  # restarts the judge's server if it dies mid-run
     try:
         if not info.is_main:
             run_follower(config, info)
             return None
         config, judge = start_judge_server(config)  # rank 0 scores every group: its reward workers ask the judge
+        if judge is not None:
+            watchdog = ServerWatchdog(judge, "the LLM judge").start()
         return _run_main(config, GRPORecipe(config, info, progress=progress))
     finally:
+        if watchdog is not None:
+            watchdog.close()
         if judge is not None:
             judge.close()
         close_distributed()
@@ -123,7 +128,7 @@ def local_server_command(
 def start_judge_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | None]:
     """Serve `judge_model_name_or_path` as the run's LLM judge (`builtin:llm_judge`) on a vLLM server of its own
     (log: `<output_dir>/vllm-judge.log`), and return the config with `judge_url` pointing at it, with the server to
-    close after the run. Unchanged config and None when the run has no judge model to serve.
+    close after the run (`run_local` watches it with a `ServerWatchdog`, which starts it again if it dies). Unchanged config and None when the run has no judge model to serve.
 
     Raises:
         VLLMStartupError: the judge's server did not answer /health within vllm_startup_timeout_s.
