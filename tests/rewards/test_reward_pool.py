@@ -176,3 +176,45 @@ def test_an_idle_worker_killed_costs_no_more_than_its_groups(child_pids):
                 assert time.monotonic() < deadline, "the pool never scored again"
         assert pool.restarts == 1
     assert child_pids() - before == set()
+
+
+@pytest.mark.integration
+def test_workers_killed_while_groups_finish_never_stall_the_pool(child_pids):
+    """Workers killed six times while groups keep flowing: every group settles (scored, or dropped as
+    reward_error) and the pool scores again afterwards. The deadlock the chaos soak hit in CI (a broken pool
+    stopped under the lock while pebble's thread waited for it to fail the pool's queued groups) needs that
+    thread to be mid-abort when the pool is replaced; this run exercises the path but does not force the race
+    (against the old code 1 run in 15 failed here, not diagnosed). The fix is structural: `_retire` runs without
+    the lock."""
+    import threading
+
+    before = child_pids()
+    with RewardPool([spec("length_reward")], num_workers=2, timeout_s=10) as pool:
+        stop = threading.Event()
+        outcomes: list[str] = []
+
+        def keep_scoring() -> None:
+            while not stop.is_set():
+                futures = [pool.submit(**GROUP) for _ in range(40)]  # many queued: pebble aborts them all
+                for fut in futures:
+                    try:
+                        fut.result(timeout=RESULT_TIMEOUT_S)
+                        outcomes.append("scored")
+                    except RewardError as err:
+                        assert err.reason == "reward_error", err
+                        outcomes.append("dropped")
+
+        feeder = threading.Thread(target=keep_scoring, daemon=True)
+        feeder.start()
+        for _ in range(6):
+            time.sleep(0.7)
+            workers = [p for p in child_pids() - before if "spawn_main" in " ".join(psutil.Process(p).cmdline())]
+            if workers:
+                os.kill(workers[-1], signal.SIGKILL)
+        stop.set()
+        feeder.join(timeout=3 * RESULT_TIMEOUT_S)
+        assert not feeder.is_alive(), "a group never settled: the pool stalled"
+        scores = pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
+        assert [row[0] for row in scores] == [1.0, 2.0, 3.0, 1.0]
+        assert outcomes.count("scored") > 0 and pool.restarts + outcomes.count("dropped") >= 1
+    assert child_pids() - before == set()

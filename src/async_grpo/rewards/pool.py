@@ -16,7 +16,7 @@ import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pebble import ProcessExpired, ProcessPool
 
@@ -170,6 +170,13 @@ def _absolute_spec(spec: str) -> str:
     return absolute_reward_spec(spec)
 
 
+class _Retired(NamedTuple):
+    """A broken pebble pool taken out of service, and the groups it held (each still to fail)."""
+
+    pool: ProcessPool
+    orphans: list[Future]
+
+
 class RewardPool:
     """A pool of spawned reward workers that scores one group of G completions per `submit`.
 
@@ -244,18 +251,25 @@ class RewardPool:
     def _new_pool(self) -> ProcessPool:
         return ProcessPool(max_workers=self._num_workers, context=multiprocessing.get_context("spawn"))
 
-    def _usable_pool(self) -> ProcessPool:
-        """The pebble pool, replaced by a fresh one when it is broken (call with the lock held).
+    def _usable_pool(self) -> tuple[ProcessPool, _Retired | None]:
+        """The pebble pool, swapped for a fresh one when it is broken (call with the lock held), and the broken pool
+        to retire (`_retire`) once the lock is released, or None.
 
         pebble gives up on the whole pool when a worker dies while it runs no task (killed by the OOM killer or
         `kill -9` while idle: pebble cannot tell which task it was taking, `BrokenProcessPool`): every later
         `schedule` raises, and a group scheduled as it broke may never settle (its timeout was the dead pool's
-        to enforce). Here the broken pool is stopped, a new one started, and the groups the broken one held fail
-        with RewardError (each dropped and counted as reward_error), so one lost worker costs those groups, never
-        the run.
+        to enforce). Here a new pool is started, and the groups the broken one held are taken off `_pending`; the
+        caller then stops the broken pool and fails those groups with RewardError (each dropped and counted as
+        reward_error), so one lost worker costs those groups, never the run.
+
+        The broken pool is never stopped with the lock held: pebble marks a pool broken (`active` False) and then,
+        in its own loop thread, fails every task it held (`handle_broken_pool` -> `tasks_abort`), whose callbacks
+        (`_settle`) take the lock; `join` waits for that thread. Stopping the pool under the lock in that window
+        deadlocked the pool and stalled the run (the chaos soak's reward_worker_kill9 in CI, with many groups
+        queued just after a trainer restart: no step for 300 s).
         """
         if self._pool.active:
-            return self._pool
+            return self._pool, None
         self.restarts += 1
         self._generation += 1
         logger.warning(
@@ -263,20 +277,26 @@ class RewardPool:
             self.restarts,
         )
         broken, self._pool = self._pool, self._new_pool()
-        broken.stop()
+        orphans = [f for f, generation in self._pending.items() if generation < self._generation]
+        for out in orphans:
+            del self._pending[out]
+        return self._pool, _Retired(broken, orphans)
+
+    @staticmethod
+    def _retire(retired: _Retired) -> None:
+        """Stop a broken pool and fail the groups it held (call without the lock)."""
+        retired.pool.stop()
         try:
-            broken.join(CLOSE_TIMEOUT_S)
+            retired.pool.join(CLOSE_TIMEOUT_S)
         except TimeoutError:
             logger.warning("the broken reward pool's workers did not exit within %.1f s", CLOSE_TIMEOUT_S)
-        for out in [f for f, generation in self._pending.items() if generation < self._generation]:
-            del self._pending[out]
+        for out in retired.orphans:
             try:
                 out.set_exception(
                     RewardError("a reward worker died and its pool was replaced before this group was scored.")
                 )
             except InvalidStateError:  # settled meanwhile
                 pass
-        return self._pool
 
     def _watch(self) -> None:
         """The watchdog thread: every WATCHDOG_INTERVAL_S seconds, replace a broken pool (`_usable_pool`) even when
@@ -285,7 +305,9 @@ class RewardPool:
             with self._lock:
                 if self._closed:
                     return
-                self._usable_pool()
+                _, retired = self._usable_pool()
+            if retired is not None:
+                self._retire(retired)
 
     @classmethod
     def from_config(cls, config: Any, num_workers: int | None = None) -> RewardPool:
@@ -339,26 +361,32 @@ class RewardPool:
         columns = check_group("RewardPool.submit", prompts, completions, completion_ids, columns)
         out: Future = Future()
         out.set_running_or_notify_cancel()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("RewardPool.submit: the pool is closed. Fix: create a new RewardPool.")
-            if self._watchdog is None:
-                self._watchdog = threading.Thread(target=self._watch, name="reward-pool-watchdog", daemon=True)
-                self._watchdog.start()
-            task = self._usable_pool().schedule(
-                _score_group,
-                args=(
-                    self._worker_specs,
-                    list(prompts),
-                    list(completions),
-                    [list(c) for c in completion_ids],
-                    columns,
-                    dict(trainer_state) if trainer_state is not None else self._trainer_state.to_dict(),
-                    self._bound,
-                ),
-                timeout=self.timeout_s,
-            )
-            self._pending[out] = self._generation
+        retired: _Retired | None = None
+        try:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("RewardPool.submit: the pool is closed. Fix: create a new RewardPool.")
+                if self._watchdog is None:
+                    self._watchdog = threading.Thread(target=self._watch, name="reward-pool-watchdog", daemon=True)
+                    self._watchdog.start()
+                pool, retired = self._usable_pool()
+                task = pool.schedule(
+                    _score_group,
+                    args=(
+                        self._worker_specs,
+                        list(prompts),
+                        list(completions),
+                        [list(c) for c in completion_ids],
+                        columns,
+                        dict(trainer_state) if trainer_state is not None else self._trainer_state.to_dict(),
+                        self._bound,
+                    ),
+                    timeout=self.timeout_s,
+                )
+                self._pending[out] = self._generation
+        finally:
+            if retired is not None:  # outside the lock (`_usable_pool`)
+                self._retire(retired)
         task.add_done_callback(functools.partial(self._settle, out))
         return out
 
