@@ -55,8 +55,3 @@ def crashing_reward(prompts, completions, completion_ids, **kwargs):
 
 
 NOT_CALLABLE = 3
-
-
-def slow_length_reward(prompts, completions, completion_ids, **kwargs):
-    time.sleep(0.2)
-    return [float(len(c)) for c in completions]

@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import numbers
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 10.0
 WATCHDOG_INTERVAL_S = 0.5  # how often the pool checks that pebble's pool is not broken (seconds)
+STALL_GRACE_S = 60.0  # no group settled for reward_timeout_s + this while groups wait: the pool is stuck (seconds)
 _TRACEBACK_LINES = 12  # tail of the reward function's traceback kept in the error message
 
 
@@ -244,6 +246,8 @@ class RewardPool:
         self.restarts = 0  # broken pools replaced (`_usable_pool`)
         self._lock = threading.Lock()
         self._pending: dict[Future, int] = {}  # a group's future -> the generation of the pool scoring it
+        self._last_progress = time.monotonic()  # when a group last settled (or the first waiting one came)
+        self._retiring: list[threading.Thread] = []  # broken pools being stopped (`_retire`)
         self._closed = False
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None  # started with the workers, at the first submit
@@ -251,7 +255,7 @@ class RewardPool:
     def _new_pool(self) -> ProcessPool:
         return ProcessPool(max_workers=self._num_workers, context=multiprocessing.get_context("spawn"))
 
-    def _usable_pool(self) -> tuple[ProcessPool, _Retired | None]:
+    def _usable_pool(self, stuck: bool = False) -> tuple[ProcessPool, _Retired | None]:
         """The pebble pool, swapped for a fresh one when it is broken (call with the lock held), and the broken pool
         to retire (`_retire`) once the lock is released, or None.
 
@@ -268,12 +272,14 @@ class RewardPool:
         deadlocked the pool and stalled the run (the chaos soak's reward_worker_kill9 in CI, with many groups
         queued just after a trainer restart: no step for 300 s).
         """
-        if self._pool.active:
+        if self._pool.active and not stuck:
             return self._pool, None
         self.restarts += 1
         self._generation += 1
+        self._last_progress = time.monotonic()
         logger.warning(
-            "the reward worker pool broke (a worker died outside a task); starting a new one (restart %d)",
+            "the reward worker pool %s; starting a new one (restart %d)",
+            "is stuck (no group settled)" if stuck else "broke (a worker died outside a task)",
             self.restarts,
         )
         broken, self._pool = self._pool, self._new_pool()
@@ -282,9 +288,16 @@ class RewardPool:
             del self._pending[out]
         return self._pool, _Retired(broken, orphans)
 
+    def _retire(self, retired: _Retired) -> None:
+        """Stop a broken pool and fail the groups it held, in a thread of its own (call without the lock): pebble's
+        join can take minutes when the pool broke mid-transfer, and neither `submit` nor the watchdog may wait on
+        it. `close` joins these threads."""
+        thread = threading.Thread(target=self._stop_retired, args=(retired,), name="reward-pool-retire", daemon=True)
+        self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
+        thread.start()
+
     @staticmethod
-    def _retire(retired: _Retired) -> None:
-        """Stop a broken pool and fail the groups it held (call without the lock)."""
+    def _stop_retired(retired: _Retired) -> None:
         retired.pool.stop()
         try:
             retired.pool.join(CLOSE_TIMEOUT_S)
@@ -305,9 +318,16 @@ class RewardPool:
             with self._lock:
                 if self._closed:
                     return
-                _, retired = self._usable_pool()
+                _, retired = self._usable_pool(stuck=self._stuck())
             if retired is not None:
                 self._retire(retired)
+
+    def _stuck(self) -> bool:
+        """True when groups wait and none has settled for reward_timeout_s + STALL_GRACE_S seconds (call with the
+        lock held). pebble kills a task that runs past its timeout, so a pool that makes no progress that long is
+        not slow but stuck: a worker SIGKILLed while holding pebble's channel lock leaves the others unable to take
+        tasks, and the queued groups would never start (nor time out, which only started tasks do)."""
+        return bool(self._pending) and time.monotonic() - self._last_progress > self.timeout_s + STALL_GRACE_S
 
     @classmethod
     def from_config(cls, config: Any, num_workers: int | None = None) -> RewardPool:
@@ -369,6 +389,8 @@ class RewardPool:
                 if self._watchdog is None:
                     self._watchdog = threading.Thread(target=self._watch, name="reward-pool-watchdog", daemon=True)
                     self._watchdog.start()
+                if not self._pending:  # the wait for progress starts with the first waiting group
+                    self._last_progress = time.monotonic()
                 pool, retired = self._usable_pool()
                 task = pool.schedule(
                     _score_group,
@@ -394,6 +416,7 @@ class RewardPool:
         """Copy the pebble task's outcome onto `out`, translating failures into RewardError types."""
         with self._lock:
             self._pending.pop(out, None)
+            self._last_progress = time.monotonic()
         error = CancelledError() if task.cancelled() else task.exception()  # task is done: never blocks
         try:
             if error is None:
@@ -444,6 +467,8 @@ class RewardPool:
             self._pool.join(timeout_s)
         except TimeoutError:
             logger.warning("reward workers did not exit within %.1f s of close()", timeout_s)
+        for thread in self._retiring:
+            thread.join(timeout_s)
         for out in pending:
             try:
                 out.set_exception(RewardError("the reward pool was closed before this group was scored."))
