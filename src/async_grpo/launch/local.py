@@ -128,7 +128,8 @@ def local_server_command(
 def start_judge_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | None]:
     """Serve `judge_model_name_or_path` as the run's LLM judge (`builtin:llm_judge`) on a vLLM server of its own
     (log: `<output_dir>/vllm-judge.log`), and return the config with `judge_url` pointing at it, with the server to
-    close after the run (`run_local` watches it with a `ServerWatchdog`, which starts it again if it dies). Unchanged config and None when the run has no judge model to serve.
+    close after the run (`run_local` watches it with a `ServerWatchdog`, which starts it again if it dies).
+    Unchanged config and None when the run has no judge model to serve.
 
     Raises:
         VLLMStartupError: the judge's server did not answer /health within vllm_startup_timeout_s.

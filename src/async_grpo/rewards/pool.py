@@ -293,7 +293,8 @@ class RewardPool:
         join can take minutes when the pool broke mid-transfer, and neither `submit` nor the watchdog may wait on
         it. `close` joins these threads."""
         thread = threading.Thread(target=self._stop_retired, args=(retired,), name="reward-pool-retire", daemon=True)
-        self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
+        with self._lock:  # submit and the watchdog may both retire a pool
+            self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
         thread.start()
 
     @staticmethod
@@ -467,7 +468,9 @@ class RewardPool:
             self._pool.join(timeout_s)
         except TimeoutError:
             logger.warning("reward workers did not exit within %.1f s of close()", timeout_s)
-        for thread in self._retiring:
+        with self._lock:
+            retiring = list(self._retiring)
+        for thread in retiring:
             thread.join(timeout_s)
         for out in pending:
             try:
