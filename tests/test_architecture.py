@@ -28,7 +28,7 @@ ALLOWED = {
     "data": {"dataset_source", "tasks", "hub"},
     "transports": {"inference"},
     "tools": {"user_code"},
-    "environments": {"tasks", "user_code"},
+    "environments": {"tasks", "tools", "user_code"},
     "rewards": {"__init__", "config", "hub", "tasks", "tools", "transports", "user_code"},
     "orchestrator": {
         "algorithms",

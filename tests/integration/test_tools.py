@@ -23,7 +23,7 @@ from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import AsyncVLLMClient
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
-from async_grpo.orchestrator.multiturn import MultiTurnRollout
+from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.rollout import SamplingSettings
 from async_grpo.runner.tool_setup import warm_start_pairs
 from async_grpo.tasks import get_task
@@ -33,7 +33,7 @@ from async_grpo.tools.loading import load_tools
 from async_grpo.tools.render import render_ids, tool_suffix
 from async_grpo.trainer.sft import supervised_warm_start
 from async_grpo.transports.weights.sync import WeightPusher
-from tests.orchestrator.test_multiturn import ExactScorer
+from tests.orchestrator.test_tool_rollout import ExactScorer
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def rollout_group(server, tool_model_dir, tok, backend, expr="347*912", g=4, see
     async def go():
         client = AsyncVLLMClient(server.url, str(tool_model_dir))
         try:
-            rollout = MultiTurnRollout(ExactScorer(), tok, backend)
+            rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, backend)
             item = PromptItem([{"role": "user", "content": expr}], [], {"answer": str(eval(expr))})
             return await rollout(client, item, SamplingSettings(g, 160, TEMPERATURE), version=version, seed=seed)
         finally:
@@ -144,7 +144,7 @@ def test_turn_by_turn_against_the_chat_template_and_the_trainer(server, tool_mod
                 assert ids[start:end] == expected
                 assert all(lp == 0.0 for lp in lps[start:end])
             held += ids[start:end]
-        if group.rollout_stats["tools/template_drift"][i] == 0:  # the model wrote the template's own format
+        if group.rollout_stats["env/template_drift"][i] == 0:  # the model wrote the template's own format
             rendered = render_ids(tok, group.prompt + conv, schemas, add_generation_prompt=False)
             assert group.prompt_ids + ids == rendered[: len(group.prompt_ids) + len(ids)]
         logps = trainer_logps(model, group.prompt_ids, ids)  # what the trainer sees is what vLLM sampled from
@@ -218,7 +218,7 @@ def test_weights_pushed_between_turns_give_tokens_of_both_versions(server, tool_
             )
     finally:
         pusher.close()
-    assert version == [1] and group.rollout_stats["tools/turns"][0] >= 2, group.completions
+    assert version == [1] and group.rollout_stats["env/turns"][0] >= 2, group.completions
     ids, mask, lps, versions = (
         group.completion_ids[0],
         group.loss_mask[0],

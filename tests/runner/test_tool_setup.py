@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from async_grpo.config import GRPOConfig
-from async_grpo.orchestrator.multiturn import MultiTurnRollout
+from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.rollout import SingleTurnRollout
 from async_grpo.runner.recipe import GRPORecipe
 from async_grpo.runner.tool_setup import warm_start_pairs
@@ -44,12 +44,12 @@ def base(tmp_path, **kw) -> GRPOConfig:
 
 def test_tools_make_the_rollout_multi_turn_and_cleanup_stops_the_tool_workers(tmp_path):
     recipe = setup_until_inference(base(tmp_path, tools=["builtin:calculator"]))
-    assert isinstance(recipe.rollout, MultiTurnRollout) and recipe.rollout.offered(recipe.train_items[0]) == [
-        "calculator"
-    ]
+    rollout = recipe.rollout
+    assert isinstance(rollout, EnvironmentRollout) and rollout.tools is not None
+    assert rollout.tools.offered(recipe.train_items[0].columns) == ["calculator"] and rollout.max_turns is None
     recipe.scorer.close()
-    recipe.rollout.close()
-    assert recipe.rollout.backend.closed
+    rollout.close()
+    assert rollout.tools.backend.closed
     plain = setup_until_inference(base(tmp_path))
     assert isinstance(plain.rollout, SingleTurnRollout)
     plain.scorer.close()

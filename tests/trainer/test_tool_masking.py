@@ -12,7 +12,7 @@ import torch
 
 from async_grpo.algorithms import LossSettings
 from async_grpo.algorithms.objective import GRPOObjective, MicroBatchInputs
-from async_grpo.orchestrator.multiturn import MultiTurnRollout
+from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.tiny_model import build_tiny_tokenizer
 from async_grpo.tools.executor import ToolExecutor
@@ -20,7 +20,7 @@ from async_grpo.tools.loading import load_tools
 from async_grpo.trainer.packing import completion_logps, pack_batch
 from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import TrainBatch
-from tests.orchestrator.test_multiturn import ExactScorer, Scripted, calculator_agent, item
+from tests.orchestrator.test_tool_rollout import ExactScorer, Scripted, calculator_agent, item
 
 PAD = 256
 SETTINGS = [
@@ -56,7 +56,7 @@ def tool_group(tok):
     """One group of 2: sample 0 calls the calculator (tool tokens in the middle), sample 1 answers at once."""
     with ToolExecutor(load_tools(["builtin:calculator"]), num_workers=1) as ex:
         group = asyncio.run(
-            MultiTurnRollout(ExactScorer(), tok, ex)(
+            EnvironmentRollout.for_tools(ExactScorer(), tok, ex)(
                 Scripted(tok, calculator_agent), item("12*34"), SamplingSettings(2, 200, 1.0), version=lambda: 0
             )
         )
@@ -94,7 +94,9 @@ def test_without_a_tool_call_the_step_is_the_single_turn_step(tiny_model, tok):
     sampling = SamplingSettings(4, 200, 1.0)
     with ToolExecutor(load_tools(["builtin:calculator"]), num_workers=1) as ex:
         multi = asyncio.run(
-            MultiTurnRollout(ExactScorer(), tok, ex)(Scripted(tok, answer), item(), sampling, version=lambda: 0)
+            EnvironmentRollout.for_tools(ExactScorer(), tok, ex)(
+                Scripted(tok, answer), item(), sampling, version=lambda: 0
+            )
         )
     it = item()
     it.prompt_ids = multi.prompt_ids

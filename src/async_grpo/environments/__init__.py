@@ -4,6 +4,7 @@
     calls     `EnvironmentCaller`: async or sync environments, each call under a timeout, failures counted
     loading   the `environment` spec -> an environment, its protocol and a first reset checked before anything starts
     builtin   builtin environments (`builtin:guess`)
+    tools     `ToolEnvironment`: tool calling as an environment (the run's `tools`), imported on use
     openenv_adapter    `openenv:<module:factory>`: OpenEnv environments (text action, text observations), lazily imported
     verifiers_adapter  `verifiers:<env-id>`: verifiers 0.4 environments, resolved and refused (they sample the model)
 
@@ -11,7 +12,13 @@ The rollout that drives an environment (token in, token out) is `orchestrator.en
 see docs/environments.md. Importing this package pulls in neither torch nor transformers.
 """
 
-from async_grpo.environments.base import FAILURE_KINDS, Environment, EnvironmentSpecError, Observation
+from async_grpo.environments.base import (
+    FAILURE_KINDS,
+    Environment,
+    EnvironmentSpecError,
+    GroupDropped,
+    Observation,
+)
 from async_grpo.environments.calls import CallOutcome, EnvironmentCaller, check_observation
 from async_grpo.environments.loading import check_protocol, check_reset, load_environment
 
@@ -21,6 +28,7 @@ __all__ = [
     "Environment",
     "EnvironmentCaller",
     "EnvironmentSpecError",
+    "GroupDropped",
     "Observation",
     "check_observation",
     "check_protocol",

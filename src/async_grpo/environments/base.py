@@ -106,3 +106,19 @@ class Environment(Protocol):
 
 class EnvironmentSpecError(ValueError):
     """The `environment` spec does not resolve to an environment (the message names the field and the fix)."""
+
+
+class GroupDropped(Exception):
+    """Raised by an environment call when something shared failed, not the episode (e.g. the tool service cannot
+    be reached): the rollout drops the whole group with `reason` (a drop-counter key of
+    `transports.drops.DropReason`, e.g. "tool_service_error") instead of counting an environment failure, and no
+    model is trained on the episode. `EnvironmentCaller` lets it through.
+
+    Args:
+        reason: the drop-counter key.
+        message: the exception message; `reason` when empty.
+    """
+
+    def __init__(self, reason: str, message: str = ""):
+        super().__init__(message or reason)
+        self.reason = reason

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from async_grpo.environments.base import OBSERVATION_ROLES, Environment, Observation
+from async_grpo.environments.base import OBSERVATION_ROLES, Environment, GroupDropped, Observation
 
 logger = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 300
@@ -67,11 +67,12 @@ class EnvironmentCaller:
 
     Args:
         env: the environment (async or sync methods).
-        timeout_s: wall-clock limit of one call (seconds).
+        timeout_s: wall-clock limit of one call (seconds); None: no limit here, for an environment that bounds its
+            own calls (`environments.tools.ToolEnvironment`: each tool call under `tool_timeout_s` in its workers).
         num_threads: worker threads for a synchronous environment's calls.
     """
 
-    def __init__(self, env: Environment, *, timeout_s: float, num_threads: int = 4):
+    def __init__(self, env: Environment, *, timeout_s: float | None, num_threads: int = 4):
         self.env, self.timeout_s = env, timeout_s
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="async-grpo-env")
 
@@ -95,8 +96,8 @@ class EnvironmentCaller:
                     obs = await asyncio.wait_for(obs, self.timeout_s)
         except TimeoutError:
             return CallOutcome(None, f"{name}_timeout", f"{name} ran past env_timeout_s={self.timeout_s:g}")
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, GroupDropped):
+            raise  # cancelled, or the environment drops the whole group (a shared service failed)
         except Exception as err:  # the environment's own bug: this sample ends, the run goes on
             logger.debug("environment %s raised", name, exc_info=True)
             return CallOutcome(None, f"{name}_exception", f"{name} raised {err!r}"[:MAX_ERROR_CHARS])

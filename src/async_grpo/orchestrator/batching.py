@@ -131,7 +131,8 @@ def reward_correlations(rewards_per_func: torch.Tensor, reward_names: Sequence[s
 
 
 def tool_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
-    """Tool-calling metrics over the completions of `groups` that a multi-turn rollout produced ({} when none did).
+    """Tool-calling metrics over the completions of `groups` that a tool environment produced ({} when none did;
+    `environments.tools.ToolEnvironment`, whose turns and template drift are the environment rollout's `env/*`).
 
     TRL's names and meanings where TRL has them: `tools/call_frequency` (tool calls per completion) and
     `tools/failure_frequency` (failed calls per call, 0 without calls). Also `tools/success_frequency` (calls that ran
@@ -148,14 +149,14 @@ def tool_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
     def values(key: str) -> list[float]:
         return [v for st in stats for v in st.get(key, [])]
 
-    calls, failures, turns = values("tools/calls"), values("tools/failures"), values("tools/turns")
+    calls, failures, turns = values("tools/calls"), values("tools/failures"), values("env/turns")
     n, total, failed = len(calls), sum(calls), sum(failures)
     out = {
         "tools/call_frequency": total / n, "tools/failure_frequency": failed / total if total else 0.0,
         "tools/success_frequency": (total - failed) / n,
         "tools/calls_per_rollout/mean": total / n, "tools/calls_per_rollout/max": max(calls),
         "tools/turns_per_rollout/mean": sum(turns) / n, "tools/turns_per_rollout/max": max(turns),
-        "tools/template_drift": sum(values("tools/template_drift")) / n,
+        "tools/template_drift": sum(values("env/template_drift")) / n,
         "tools/loop_exhausted_frac": sum(values("tools/loop_exhausted")) / n,
     }  # fmt: skip
     ran = (

@@ -5,8 +5,8 @@ token ids, vLLM's sampling logprobs, a per-token loss mask and per-token policy 
 reward functions. The orchestrator (training) and `evaluation` (held-out reward) both call a `Rollout`, so what
 is trained on and what is measured are produced by the same code. `SingleTurnRollout` is the builtin one: one
 `/v1/completions` request for the whole group (token ids in, sampled ids and logprobs out), then one scoring
-call. The multi-turn rollouts are two more implementations of the same protocol: tool calling
-(`multiturn.MultiTurnRollout`) and an environment the model acts in (`env_rollout.EnvironmentRollout`).
+call. The multi-turn rollout is one more implementation of the same protocol: an environment the model acts in
+(`env_rollout.EnvironmentRollout`), of which tool calling is one kind (`environments.tools.ToolEnvironment`).
 
 Failures propagate as exceptions, and the caller counts them: `RolloutDropped` (its `reason`), a
 `rewards.pool.RewardError` (its `reason`), `httpx.HTTPError` / `GenerationError` (vLLM unreachable or

@@ -281,9 +281,9 @@ def build_rollout(
     items: list[PromptItem],
     tool_service: tuple[str, str | None] | None = None,
 ) -> Rollout:
-    """The run's rollout: `SingleTurnRollout`, or the multi-turn `MultiTurnRollout` when `tools` are declared
-    (`tool_setup.build_rollout`: tools, prompts and chat template checked here, before anything starts; tool calls
-    run on `tool_service` = (URL, token) when given)."""
+    """The run's rollout: `SingleTurnRollout`, or the multi-turn `EnvironmentRollout` when `tools` are declared
+    or an `environment` is set (`tool_setup.build_rollout`: tools, prompts and chat template checked here, before
+    anything starts; tool calls run on `tool_service` = (URL, token) when given)."""
     return tool_setup.build_rollout(config, scorer, tokenizer, decode, items, tool_service)
 
 

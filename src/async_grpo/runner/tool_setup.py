@@ -1,8 +1,9 @@
 """The rollout a run uses, and the tool-calling and environment parts of its set-up.
 
 With `environment` set, the run's rollout is `EnvironmentRollout`, driving the environment the spec names
-(`environments.load_environment`). With `tools` declared, the run's rollout is the multi-turn `MultiTurnRollout`, its tool calls running in a local
-`ToolExecutor` (spawned workers) or, when rewards are scored on the reward service, on that service. Everything
+(`environments.load_environment`). With `tools` declared, the run's rollout is the same `EnvironmentRollout` driving
+the tool environment (`environments.tools.ToolEnvironment`), its tool calls running in a local `ToolExecutor`
+(spawned workers) or, when rewards are scored on the reward service, on that service. Everything
 here runs before vLLM or any worker starts, so bad tools, a chat template that cannot carry tool calls and
 non-conversational prompts are refused first.
 """
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem
 from async_grpo.environments import EnvironmentCaller, load_environment
+from async_grpo.environments.tools import ToolCallingSettings
 from async_grpo.orchestrator.env_rollout import EnvironmentRollout
-from async_grpo.orchestrator.multiturn import MultiTurnRollout, ToolCallingSettings
 from async_grpo.orchestrator.rollout import Rollout, SingleTurnRollout
 from async_grpo.rewards.remote import reward_service_url
 from async_grpo.rewards.tool_routes import tool_executor
@@ -82,8 +83,8 @@ def build_rollout(
     items: Sequence[PromptItem],
     tool_service: tuple[str, str | None] | None = None,
 ) -> Rollout:
-    """The run's rollout: `EnvironmentRollout` when `environment` is set, `MultiTurnRollout` when `tools` are
-    declared, else `SingleTurnRollout`.
+    """The run's rollout: `EnvironmentRollout` when `environment` is set or `tools` are declared (tools as an
+    environment, `EnvironmentRollout.for_tools`), else `SingleTurnRollout`.
 
     Args:
         items: the training and held-out prompts (checked to be conversational for tools or an environment).
@@ -110,7 +111,7 @@ def build_rollout(
         max_tool_response_length=config.tools.max_tool_response_length,
     )
     try:
-        return MultiTurnRollout(scorer, tokenizer, backend, settings=settings)
+        return EnvironmentRollout.for_tools(scorer, tokenizer, backend, settings=settings)
     except Exception:
         backend.close()
         raise

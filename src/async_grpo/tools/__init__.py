@@ -10,8 +10,9 @@ template's side (rendering, start-up checks, the tokens of tool messages).
     parsing   tool calls out of an assistant turn (the tokenizer's response parsing; Hermes/Qwen fallback)
     render    chat-template rendering, the prefix-preserving check, tool-message tokens, warm-start turns
 
-The multi-turn rollout that uses them is `orchestrator.multiturn.MultiTurnRollout`. Importing this package pulls
-in neither torch nor transformers (tool workers import it).
+Tool calling is one kind of environment (`environments.tools.ToolEnvironment`), driven by the environment rollout
+(`orchestrator.env_rollout.EnvironmentRollout`). Importing this package pulls in neither torch nor transformers
+(tool workers import it).
 """
 
 from async_grpo.tools.executor import FAILURE_KINDS, ToolBackend, ToolExecutor, ToolOutcome

@@ -25,7 +25,7 @@ DropReason = Literal[
     "unconsumed_at_end",  # still queued (or handed over but not trained) when the run ended
     # the dataset (runner, at load time: never launched)
     "prompt_too_long",  # the tokenized prompt is longer than max_prompt_length (left out of the dataset)
-    # generation (orchestrator/rollout.py, multiturn.py, orchestrator.py)
+    # generation (orchestrator/rollout.py, env_rollout.py, orchestrator.py)
     "aborted",  # vLLM aborted a request (or a turn) of the group
     "tool_service_error",  # the tool service failed (not the tool): the conversation cannot go on
     "inference_unavailable",  # the vLLM server was not back within recovery_timeout_s

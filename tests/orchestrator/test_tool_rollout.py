@@ -1,4 +1,4 @@
-"""The multi-turn rollout against a scripted generation client (no vLLM here; tests/integration/test_tools.py runs
+"""The tool-calling rollout (the environment rollout driving `ToolEnvironment`) against a scripted generation client (no vLLM here; tests/integration/test_tools.py runs
 it on a real server): token ids, loss mask, logprobs and versions turn by turn against the chat template's rendering
 of the same conversation; the stop rules; errors the model reads; the metrics."""
 
@@ -11,14 +11,17 @@ from concurrent.futures import Future
 import pytest
 
 from async_grpo.data import PromptItem
+from async_grpo.environments import Environment, check_protocol
+from async_grpo.environments.tools import TRUNCATION_MARK, ToolCallingSettings
 from async_grpo.inference.client import Completion
 from async_grpo.orchestrator.batching import make_train_batch, tool_metrics
-from async_grpo.orchestrator.multiturn import TRUNCATION_MARK, MultiTurnRollout, ToolCallingSettings
+from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.rollout import RolloutDropped, SamplingSettings, SingleTurnRollout, completion_display
 from async_grpo.tasks.calc import calc_exact_match
 from async_grpo.tiny_model import build_tiny_tokenizer
 from async_grpo.tools.executor import ToolExecutor
 from async_grpo.tools.loading import load_tools
+from async_grpo.tools.remote import ToolServiceError
 from async_grpo.tools.render import render_ids
 
 IM_END = 258
@@ -91,10 +94,10 @@ def run(rollout, client, it, g=2, max_len=200, versions=None, seed=None):
 
 
 def test_tokens_mask_logprobs_and_versions_turn_by_turn(tok, backend):
-    rollout = MultiTurnRollout(ExactScorer(), tok, backend)
+    rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, backend)
     client = Scripted(tok, calculator_agent)
     group = run(rollout, client, item("12*34"), versions=[5, 6, 7])
-    schemas = [rollout.schemas["calculator"]]
+    schemas = [rollout.tools.schemas["calculator"]]
     conv = group.prompt + group.completions[0]
     assert [m["role"] for m in group.completions[0]] == ["assistant", "tool", "assistant"]
     assert group.completions[0][0]["tool_calls"][0]["function"] == {
@@ -120,14 +123,16 @@ def test_tokens_mask_logprobs_and_versions_turn_by_turn(tok, backend):
     # sample 1 answered without a tool: one turn, all trained
     assert group.completions[1] == [{"role": "assistant", "content": "7"}] and group.loss_mask[1] == [1, 1]
     assert group.rewards_per_func == [[1.0], [0.0]]  # rewards saw the conversation's final answer
-    assert group.rollout_stats["tools/calls"] == [1.0, 0.0] and group.rollout_stats["tools/turns"] == [2.0, 1.0]
-    assert group.rollout_stats["tools/failures"] == [0.0, 0.0] and group.rollout_stats["tools/template_drift"] == [0, 0]
+    assert group.rollout_stats["tools/calls"] == [1.0, 0.0] and group.rollout_stats["env/turns"] == [2.0, 1.0]
+    assert group.rollout_stats["tools/failures"] == [0.0, 0.0] and group.rollout_stats["env/template_drift"] == [0, 0]
     assert "tool calculator: 408" in completion_display(group.completions[0])
 
 
 def test_without_a_tool_call_it_equals_the_single_turn_rollout(tok, backend):
     answer = lambda prompt, call, sample: str(sample)  # noqa: E731
-    multi = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, answer), item("0*9"), g=3, seed=3)
+    multi = run(
+        EnvironmentRollout.for_tools(ExactScorer(), tok, backend), Scripted(tok, answer), item("0*9"), g=3, seed=3
+    )
     it = item("0*9")
     it.prompt_ids = multi.prompt_ids
     single = asyncio.run(
@@ -155,7 +160,9 @@ def test_malformed_calls_unknown_tools_and_long_results_become_counted_error_mes
         2: CALL % "(10**60)*(10**60)*(10**50)",
         3: "done",
     }
-    rollout = MultiTurnRollout(ExactScorer(), tok, backend, settings=ToolCallingSettings(max_tool_response_length=40))
+    rollout = EnvironmentRollout.for_tools(
+        ExactScorer(), tok, backend, settings=ToolCallingSettings(max_tool_response_length=40)
+    )
     group = run(rollout, Scripted(tok, lambda p, c, s: replies[c]), item(), g=1, max_len=1000)
     tools = [m for m in group.completions[0] if m["role"] == "tool"]
     assert tools[0]["name"] == "error" and tools[0]["content"].startswith("error: could not parse the tool call")
@@ -163,9 +170,9 @@ def test_malformed_calls_unknown_tools_and_long_results_become_counted_error_mes
     assert tools[2]["content"] == "1" + "0" * 39 + TRUNCATION_MARK  # verl: cut to max_tool_response_length chars
     assert group.completions[0][0]["content"].startswith("<tool_call>")  # the unparsed turn is kept as text
     stats = {k: v[0] for k, v in group.rollout_stats.items()}
-    assert stats["tools/calls"] == 3 and stats["tools/failures"] == 2 and stats["tools/turns"] == 4
+    assert stats["tools/calls"] == 3 and stats["tools/failures"] == 2 and stats["env/turns"] == 4
     assert stats["tools/failures/malformed"] == 1 and stats["tools/failures/unknown_tool"] == 1
-    assert stats["tools/template_drift"] == 0  # the unparsed turn is kept as text, so it re-renders as sampled
+    assert stats["env/template_drift"] == 0  # the unparsed turn is kept as text, so it re-renders as sampled
     metrics = tool_metrics([group])
     assert metrics["tools/call_frequency"] == 3 and metrics["tools/failure_frequency"] == pytest.approx(2 / 3)
     assert metrics["tools/success_frequency"] == 1 and metrics["tools/turns_per_rollout/max"] == 4
@@ -174,25 +181,35 @@ def test_malformed_calls_unknown_tools_and_long_results_become_counted_error_mes
 
 def test_stops_at_max_iterations_and_at_the_length_budget(tok, backend):
     always = lambda p, c, s: CALL % "2*2"  # noqa: E731
-    rollout = MultiTurnRollout(ExactScorer(), tok, backend, settings=ToolCallingSettings(max_tool_calling_iterations=2))
+    rollout = EnvironmentRollout.for_tools(
+        ExactScorer(), tok, backend, settings=ToolCallingSettings(max_tool_calling_iterations=2)
+    )
     group = run(rollout, Scripted(tok, always), item(), g=1, max_len=400)
-    assert group.rollout_stats["tools/calls"] == [2.0] and group.rollout_stats["tools/turns"] == [3.0]
+    assert group.rollout_stats["tools/calls"] == [2.0] and group.rollout_stats["env/turns"] == [3.0]
     assert group.rollout_stats["tools/loop_exhausted"] == [1.0] and group.truncated == [False]
     assert tool_metrics([group])["tools/loop_exhausted_frac"] == 1.0
     # budget: the first call fits, its result does not -> stop before appending it, truncated
     call_len = len(tok.encode(CALL % "2*2")) + 1
-    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, always), item(), g=1, max_len=call_len + 5)
+    group = run(
+        EnvironmentRollout.for_tools(ExactScorer(), tok, backend),
+        Scripted(tok, always),
+        item(),
+        g=1,
+        max_len=call_len + 5,
+    )
     assert group.completion_ids[0] == tok.encode(CALL % "2*2") + [IM_END] and group.truncated == [True]
     assert [m["role"] for m in group.completions[0]] == ["assistant"]
     # a turn cut by the budget: its call is not run
-    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, always), item(), g=1, max_len=20)
+    group = run(
+        EnvironmentRollout.for_tools(ExactScorer(), tok, backend), Scripted(tok, always), item(), g=1, max_len=20
+    )
     assert len(group.completion_ids[0]) == 20 and group.truncated == [True]
     assert group.rollout_stats["tools/calls"] == [0.0]
     assert sum(m for m in group.loss_mask[0]) == 20
 
 
 def test_without_tools_offers_none_and_answers_every_call_with_an_error(tok, backend):
-    rollout = MultiTurnRollout(ExactScorer(), tok, backend).without_tools()
+    rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, backend).without_tools()
     client = Scripted(tok, calculator_agent)
     group = run(rollout, client, item(), g=1)
     assert "tools:" not in tok.decode(group.prompt_ids)
@@ -202,17 +219,17 @@ def test_without_tools_offers_none_and_answers_every_call_with_an_error(tok, bac
 
 def test_a_row_offers_the_tools_its_tools_column_names(tok):
     with ToolExecutor(load_tools(["builtin:calculator", "tests/tools/tool_fns.py:add"]), num_workers=1) as ex:
-        rollout = MultiTurnRollout(ExactScorer(), tok, ex)
-        assert rollout.offered(item()) == ["calculator", "add"]
+        rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, ex)
+        assert rollout.tools.offered(item().columns) == ["calculator", "add"]
         group = run(rollout, Scripted(tok, calculator_agent), item(tools=["add"]), g=1)
         assert "calculator(" not in tok.decode(group.prompt_ids) and "add(a, b)" in tok.decode(group.prompt_ids)
         assert group.completions[0][1]["content"].startswith("error: there is no tool 'calculator'")
         with pytest.raises(ValueError, match="not declared"):
-            rollout.offered(item(tools=["abacus"]))
+            rollout.tools.offered(item(tools=["abacus"]).columns)
 
 
 def test_an_aborted_turn_drops_the_group_and_string_prompts_are_refused(tok, backend):
-    rollout = MultiTurnRollout(ExactScorer(), tok, backend)
+    rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, backend)
     with pytest.raises(RolloutDropped) as err:
         run(rollout, Scripted(tok, calculator_agent, finish="abort"), item())
     assert err.value.reason == "aborted"
@@ -221,7 +238,7 @@ def test_an_aborted_turn_drops_the_group_and_string_prompts_are_refused(tok, bac
 
 
 def test_batch_metrics_count_the_models_tokens_only(tok, backend):
-    group = run(MultiTurnRollout(ExactScorer(), tok, backend), Scripted(tok, calculator_agent), item())
+    group = run(EnvironmentRollout.for_tools(ExactScorer(), tok, backend), Scripted(tok, calculator_agent), item())
     batch = make_train_batch([group], ["calc_exact_match"], [1.0], "group")
     generated = [sum(m) for m in group.loss_mask]
     assert batch.metrics["completions/mean_length"] == sum(generated) / 2 < sum(map(len, group.completion_ids)) / 2
@@ -229,3 +246,26 @@ def test_batch_metrics_count_the_models_tokens_only(tok, backend):
     assert batch.metrics["tools/call_frequency"] == 0.5 and batch.metrics["tools/failure_frequency"] == 0.0
     assert batch.metrics["tools/turns_per_rollout/mean"] == 1.5 and batch.metrics["tools/calls_per_rollout/max"] == 1
     assert not math.isnan(batch.metrics["tools/seconds"])
+
+
+class _UnreachableService:
+    """A tool backend whose service cannot be reached (`RemoteToolExecutor` raising `ToolServiceError`)."""
+
+    tools = load_tools(["builtin:calculator"])
+
+    async def call(self, name, arguments, *, allowed=None):
+        raise ToolServiceError("the reward service at http://rewards:8000 refused the connection")
+
+    def close(self) -> None:
+        pass
+
+
+def test_tools_are_an_environment_and_an_unreachable_tool_service_drops_the_group(tok):
+    rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, _UnreachableService())
+    assert isinstance(rollout.tools, Environment)
+    check_protocol(rollout.tools, "tools")
+    with pytest.raises(RolloutDropped) as err:
+        run(rollout, Scripted(tok, calculator_agent), item())
+    assert err.value.reason == "tool_service_error" and "refused the connection" in str(err.value)
+    group = run(rollout, Scripted(tok, lambda p, c, s: "408"), item())  # no call: the service is never needed
+    assert group.rollout_stats["env/done"] == [1.0, 1.0] and group.rewards_per_func == [[1.0], [1.0]]

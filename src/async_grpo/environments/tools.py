@@ -1,0 +1,194 @@
+"""Tool calling as an environment: the model calls tools, the environment runs them and answers with their results.
+
+`ToolEnvironment` implements the `Environment` protocol (`environments.base`), so the tool-calling rollout is the
+environment rollout (`orchestrator.env_rollout.EnvironmentRollout`) driving this environment, not a second
+mechanism. It follows verifiers' `ToolEnv` (before 0.4): the episode goes on while the model calls tools, and a turn
+without a tool call ends it (verifiers' `is_completed`).
+
+What the rollout does for an environment that offers tools (it recognises this class): it renders the prompt with
+the offered tools' JSON schemas (`tool_schemas_for(row)`), parses each turn with the tokenizer's own response parsing
+(`tools.parsing.parse_turn`) into TRL's assistant message with `tool_calls`, and before `step` puts that turn's
+calls in the episode's state:
+
+    state["tool_calls"]           the well-formed calls of the last turn, in order, as (name, arguments)
+    state["malformed_tool_calls"] one description per call that could not be used (unparseable JSON, no name, ...)
+
+`step` then runs the well-formed calls concurrently in the tool backend (`tools.ToolBackend`: local worker
+processes or the reward service, each call under `tool_timeout_s` and resource limits). Every failing call (a
+malformed call, an unknown tool, bad arguments, a raising, hanging or crashing tool) becomes an `error: ...` tool
+message the model reads, counted by kind (`tools.FAILURE_KINDS`); the run never sees an exception from a tool. A
+tool service that cannot be reached is not the model's fault: the call raises `GroupDropped("tool_service_error")`
+and the rollout drops the group, counted. Each result is cut to `max_tool_response_length` characters (verl's
+rule). After `max_tool_calling_iterations` rounds (TRL's name) a turn that still calls tools ends the episode,
+counted as `tools/loop_exhausted`.
+
+The per-episode counters live in the state (`state["tool_counts"]`) and come back through `episode_stats` as the
+`tools/*` rollout stats (`orchestrator.batching.tool_metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from async_grpo.environments.base import GroupDropped, Observation
+from async_grpo.tools.executor import FAILURE_KINDS, ToolBackend, ToolOutcome, failed
+from async_grpo.tools.remote import ToolServiceError
+
+TRUNCATION_MARK = "...(truncated)"
+
+
+@dataclass(frozen=True)
+class ToolCallingSettings:
+    """Tool-calling limits (TRL / verl names).
+
+    Attributes:
+        max_tool_calling_iterations: most tool-calling rounds per episode (TRL's `max_tool_calling_iterations`);
+            None: bounded only by the length budget.
+        max_tool_response_length: a tool result longer than this many characters is cut to it, with
+            TRUNCATION_MARK appended (verl's `max_tool_response_length`, right-side truncation).
+    """
+
+    max_tool_calling_iterations: int | None = None
+    max_tool_response_length: int = 256
+
+
+def truncate_response(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters with TRUNCATION_MARK appended when longer (verl's right-side truncation)."""
+    return text if len(text) <= limit else text[:limit] + TRUNCATION_MARK
+
+
+class ToolEnvironment:
+    """Tools as an environment (see the module docstring).
+
+    One object serves every episode of the run, concurrently; per-episode counters live in the episode's state.
+
+    Args:
+        backend: where the calls run (`tools.ToolExecutor` or `tools.remote.RemoteToolExecutor`); closed by `close`.
+        settings: the tool-calling limits.
+        offer_tools: False renders prompts without tools and answers every call with `error: no tools are
+            available` (counted as `unknown_tool`): the same model "without tools", for comparison.
+    """
+
+    def __init__(self, backend: ToolBackend, settings: ToolCallingSettings = ToolCallingSettings(), *,
+                 offer_tools: bool = True):  # fmt: skip
+        self.backend, self.settings, self.offer_tools = backend, settings, offer_tools
+        self.schemas: dict[str, dict] = {t.name: t.schema for t in backend.tools}
+
+    def without_tools(self) -> ToolEnvironment:
+        """The same environment offering no tools (`offer_tools=False`), on the same backend."""
+        return ToolEnvironment(self.backend, self.settings, offer_tools=False)
+
+    def offered(self, row: Mapping[str, Any]) -> list[str]:
+        """The tool names offered to a dataset row: its `tools` column when present (a list of names), else all
+        declared tools; [] when tools are not offered.
+
+        Raises:
+            ValueError: the column names a tool that is not declared.
+        """
+        if not self.offer_tools:
+            return []
+        names = row.get("tools")
+        if names is None:
+            return list(self.schemas)
+        unknown = [n for n in names if n not in self.schemas]
+        if unknown:
+            raise ValueError(
+                f"dataset column 'tools' names {unknown}, which are not declared in `tools` "
+                f"({sorted(self.schemas)}). Fix: declare them, or fix the column."
+            )
+        return list(names)
+
+    def tool_schemas_for(self, row: Mapping[str, Any]) -> list[dict]:
+        """The JSON schemas the prompt of `row` is rendered with (those of `offered(row)`, in order).
+
+        Raises:
+            ValueError: see `offered`.
+        """
+        return [self.schemas[n] for n in self.offered(row)]
+
+    async def reset(self, row: Mapping[str, Any], state: dict[str, Any]) -> Observation:
+        """Open an episode: no messages after the prompt; the offered names and zeroed counters in `state`.
+
+        Raises:
+            ValueError: see `offered` (the caller counts it as `reset_exception`).
+        """
+        state["tools_offered"] = self.offered(row)
+        state["tool_rounds"] = 0
+        state["tool_counts"] = {"calls": 0, "seconds": 0.0, "exhausted": 0, "failures": Counter()}
+        return Observation([])
+
+    async def step(self, action: str, state: dict[str, Any]) -> Observation:
+        """Answer one turn: done when it called no tool (or the round limit is reached), else the tool messages.
+
+        Args:
+            action: the turn's text (unused: the calls come from state["tool_calls"] / ["malformed_tool_calls"],
+                which the rollout parsed from the sampled tokens).
+            state: the episode's state.
+
+        Raises:
+            GroupDropped: the tool service failed (not a tool): the rollout drops the group as tool_service_error.
+        """
+        calls: list[tuple[str, Any]] = list(state.get("tool_calls") or [])
+        malformed: list[str] = list(state.get("malformed_tool_calls") or [])
+        if not calls and not malformed:
+            return Observation([], done=True)
+        limit = self.settings.max_tool_calling_iterations
+        if limit is not None and state["tool_rounds"] >= limit:
+            state["tool_counts"]["exhausted"] = 1
+            return Observation([], done=True)
+        state["tool_rounds"] += 1
+        return Observation(await self._run_calls(calls, malformed, state))
+
+    async def _run_calls(self, calls: list[tuple[str, Any]], malformed: list[str], state: dict[str, Any]) -> list[dict]:
+        """Run one turn's calls concurrently; returns their tool messages (well-formed calls first, in order, then
+        one error message per malformed call) and counts calls, failures and seconds in the state."""
+        allowed = state["tools_offered"]
+
+        async def one(name: str, arguments: Any) -> ToolOutcome:
+            if not self.offer_tools:
+                return failed("unknown_tool", "no tools are available")
+            try:
+                return await self.backend.call(name, arguments, allowed=allowed)
+            except ToolServiceError as err:  # the service, not the tool, failed: drop the group, tell no model
+                raise GroupDropped("tool_service_error", str(err)) from err
+
+        outcomes = list(await asyncio.gather(*(one(n, a) for n, a in calls)))
+        labels = [n for n, _ in calls]
+        for reason in malformed:
+            outcomes.append(failed("malformed", reason))
+            labels.append("error")
+        counts = state["tool_counts"]
+        messages = []
+        for label, outcome in zip(labels, outcomes, strict=True):
+            counts["calls"] += 1
+            counts["seconds"] += outcome.seconds
+            if outcome.failure is not None:
+                counts["failures"][outcome.failure] += 1
+            content = truncate_response(outcome.content, self.settings.max_tool_response_length)
+            messages.append({"role": "tool", "name": label, "content": content})
+        return messages
+
+    @staticmethod
+    def episode_stats(state: Mapping[str, Any]) -> dict[str, float]:
+        """The episode's `tools/*` counters (the same keys for every episode; zeros when the episode never reset):
+        `tools/calls`, `tools/failures`, `tools/failures/<kind>` for each of `tools.FAILURE_KINDS`, `tools/seconds`
+        (wall-clock seconds of the calls) and `tools/loop_exhausted` (1 when max_tool_calling_iterations ended it).
+        """
+        counts = state.get("tool_counts") or {"calls": 0, "seconds": 0.0, "exhausted": 0, "failures": Counter()}
+        failures: Counter = counts["failures"]
+        out = {
+            "tools/calls": float(counts["calls"]),
+            "tools/failures": float(sum(failures.values())),
+            "tools/seconds": float(counts["seconds"]),
+            "tools/loop_exhausted": float(counts["exhausted"]),
+        }
+        out.update({f"tools/failures/{kind}": float(failures[kind]) for kind in FAILURE_KINDS})
+        return out
+
+    def close(self) -> None:
+        """Stop the tool backend (its workers or connections)."""
+        self.backend.close()
