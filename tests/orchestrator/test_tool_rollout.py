@@ -11,8 +11,8 @@ from concurrent.futures import Future
 import pytest
 
 from async_grpo.data import PromptItem
-from async_grpo.environments import Environment, check_protocol
-from async_grpo.environments.tools import TRUNCATION_MARK, ToolCallingSettings
+from async_grpo.environments import Environment, EnvironmentCaller, Observation, check_protocol
+from async_grpo.environments.tools import TRUNCATION_MARK, ToolCallingSettings, ToolEnvironment
 from async_grpo.inference.client import Completion
 from async_grpo.orchestrator.batching import make_train_batch, tool_metrics
 from async_grpo.orchestrator.env_rollout import EnvironmentRollout
@@ -269,3 +269,64 @@ def test_tools_are_an_environment_and_an_unreachable_tool_service_drops_the_grou
     assert err.value.reason == "tool_service_error" and "refused the connection" in str(err.value)
     group = run(rollout, Scripted(tok, lambda p, c, s: "408"), item())  # no call: the service is never needed
     assert group.rollout_stats["env/done"] == [1.0, 1.0] and group.rewards_per_func == [[1.0], [1.0]]
+
+
+class _AnswerEnv:
+    """An environment that wants the row's answer: reward 1 and done when the turn is the answer, else `wrong`."""
+
+    async def reset(self, row, state):
+        state["target"] = row["answer"]
+        return Observation([])
+
+    async def step(self, action, state):
+        if action.strip() == state["target"]:
+            return Observation([], reward=1.0, done=True)
+        return Observation([{"role": "user", "content": "wrong"}])
+
+
+class _EnvRewardScorer(ExactScorer):
+    """Scores each completion with the environment's reward (`env_reward`, 0 when None)."""
+
+    names = ["env_reward"]
+
+    def submit(self, prompts, completions, completion_ids, columns=None) -> Future:
+        out: Future = Future()
+        out.set_result([[float(r or 0.0)] for r in columns["env_reward"]])
+        return out
+
+
+def _with_tools(backend, inner_env, max_turns=3) -> EnvironmentRollout:
+    inner = EnvironmentCaller(inner_env, timeout_s=5.0, num_threads=1)
+    env = ToolEnvironment(backend, ToolCallingSettings(), inner=inner)
+    return EnvironmentRollout(_EnvRewardScorer(), build_tiny_tokenizer(), EnvironmentCaller(env, timeout_s=None),
+                              max_turns=max_turns)  # fmt: skip
+
+
+def test_an_environment_with_tools_answers_tool_turns_with_tools_and_other_turns_with_the_environment(tok, backend):
+    def agent(prompt: str, call: int, sample: int) -> str:  # sample 0 calls the calculator, then answers
+        return "7" if "wrong" in prompt or (call, sample) == (0, 1) else calculator_agent(prompt, call, sample)
+
+    group = run(_with_tools(backend, _AnswerEnv()), Scripted(tok, agent), item("12*34"), g=2)
+    solved, guessed = group.completions  # sample 1 guesses "7" three times
+    assert [m["role"] for m in solved] == ["assistant", "tool", "assistant"] and solved[1]["content"] == "408"
+    assert [m["role"] for m in guessed] == ["assistant", "user", "assistant", "user", "assistant"]
+    assert guessed[1]["content"] == "wrong" and "calculator(" in tok.decode(group.prompt_ids)
+    assert group.rewards_per_func == [[1.0], [0.0]]
+    stats = group.rollout_stats
+    assert stats["tools/calls"] == [1.0, 0.0] and stats["env/turns"] == [2.0, 3.0]
+    assert stats["env/done"] == [1.0, 0.0] and stats["env/max_turns_reached"] == [0.0, 1.0]
+    assert stats["env/reward"] == [1.0, 0.0] and stats["env/template_drift"] == [0.0, 0.0]
+    masked = [tok.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+              for ids, mask in zip(group.completion_ids, group.loss_mask, strict=True)]  # fmt: skip
+    assert masked[0] == "\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"  # observations: never trained
+    assert masked[1] == "\n<|im_start|>user\nwrong<|im_end|>\n<|im_start|>assistant\n" * 2
+
+
+def test_the_inner_environments_failures_keep_their_kind(tok, backend):
+    class _RaisingReset(_AnswerEnv):
+        async def reset(self, row, state):
+            raise RuntimeError("no episode today")
+
+    group = run(_with_tools(backend, _RaisingReset()), Scripted(tok, calculator_agent), item(), g=2)
+    assert group.rollout_stats["env/failures/reset_exception"] == [1.0, 1.0]
+    assert group.rollout_stats["env/turns"] == [1.0, 1.0] and group.rollout_stats["tools/calls"] == [0.0, 0.0]

@@ -106,8 +106,16 @@ def test_an_environment_makes_the_rollout_an_environment_rollout_and_a_bad_one_i
 
     recipe = setup_until_inference(env_config(environment="builtin:guess"))
     assert isinstance(recipe.rollout, EnvironmentRollout) and recipe.rollout.max_turns == 3
+    assert recipe.rollout.tools is None
     recipe.scorer.close()
     recipe.rollout.close()
+    recipe = setup_until_inference(env_config(environment="builtin:guess", tools=["builtin:calculator"]))
+    tools = recipe.rollout.tools  # the environment with tools: one rollout, the game inside the tool environment
+    assert tools is not None and tools.inner is not None and recipe.rollout.max_turns == 3
+    assert recipe.rollout.tool_schemas == [tools.schemas["calculator"]]
+    recipe.scorer.close()
+    recipe.rollout.close()
+    assert tools.backend.closed
     for spec, says in (
         ("tests.environments.envs:WrongSignatureEnv", r"reset\(row, state\)"),
         ("no_such_module_q7:make", "cannot import"),

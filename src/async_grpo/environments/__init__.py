@@ -15,6 +15,7 @@ see docs/environments.md. Importing this package pulls in neither torch nor tran
 from async_grpo.environments.base import (
     FAILURE_KINDS,
     Environment,
+    EnvironmentCallFailed,
     EnvironmentSpecError,
     GroupDropped,
     Observation,
@@ -26,6 +27,7 @@ __all__ = [
     "FAILURE_KINDS",
     "CallOutcome",
     "Environment",
+    "EnvironmentCallFailed",
     "EnvironmentCaller",
     "EnvironmentSpecError",
     "GroupDropped",

@@ -122,3 +122,18 @@ class GroupDropped(Exception):
     def __init__(self, reason: str, message: str = ""):
         super().__init__(message or reason)
         self.reason = reason
+
+
+class EnvironmentCallFailed(Exception):
+    """Raised by an environment that wraps another (`environments.tools.ToolEnvironment` around the run's
+    `environment`) when the wrapped one's call failed: `EnvironmentCaller` turns it into that failure, kind and
+    message unchanged, so the wrapped environment's failures are counted as its own.
+
+    Args:
+        kind: one of `FAILURE_KINDS`.
+        error: what went wrong.
+    """
+
+    def __init__(self, kind: str, error: str):
+        super().__init__(error or kind)
+        self.kind, self.error = kind, error

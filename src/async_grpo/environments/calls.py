@@ -19,7 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from async_grpo.environments.base import OBSERVATION_ROLES, Environment, GroupDropped, Observation
+from async_grpo.environments.base import (
+    OBSERVATION_ROLES,
+    Environment,
+    EnvironmentCallFailed,
+    GroupDropped,
+    Observation,
+)
 
 logger = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 300
@@ -98,6 +104,8 @@ class EnvironmentCaller:
             return CallOutcome(None, f"{name}_timeout", f"{name} ran past env_timeout_s={self.timeout_s:g}")
         except (asyncio.CancelledError, GroupDropped):
             raise  # cancelled, or the environment drops the whole group (a shared service failed)
+        except EnvironmentCallFailed as err:  # a wrapped environment's failure, counted as its own kind
+            return CallOutcome(None, err.kind, err.error[:MAX_ERROR_CHARS])
         except Exception as err:  # the environment's own bug: this sample ends, the run goes on
             logger.debug("environment %s raised", name, exc_info=True)
             return CallOutcome(None, f"{name}_exception", f"{name} raised {err!r}"[:MAX_ERROR_CHARS])

@@ -3,7 +3,10 @@
 `ToolEnvironment` implements the `Environment` protocol (`environments.base`), so the tool-calling rollout is the
 environment rollout (`orchestrator.env_rollout.EnvironmentRollout`) driving this environment, not a second
 mechanism. It follows verifiers' `ToolEnv` (before 0.4): the episode goes on while the model calls tools, and a turn
-without a tool call ends it (verifiers' `is_completed`).
+without a tool call ends it (verifiers' `is_completed`). Given the run's `environment` as `inner`, it is that
+environment with tools (verifiers' `StatefulToolEnv`): a turn that calls tools is answered by the tools, a turn
+without a call is the environment's action (its `step` answers, rewards and ends the episode), and the episode opens
+with the environment's `reset`. The inner environment's failures keep their kinds (`EnvironmentCallFailed`).
 
 What the rollout does for an environment that offers tools (it recognises this class): it renders the prompt with
 the offered tools' JSON schemas (`tool_schemas_for(row)`), parses each turn with the tokenizer's own response parsing
@@ -34,7 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from async_grpo.environments.base import GroupDropped, Observation
+from async_grpo.environments.base import EnvironmentCallFailed, GroupDropped, Observation
+from async_grpo.environments.calls import CallOutcome, EnvironmentCaller
 from async_grpo.tools.executor import FAILURE_KINDS, ToolBackend, ToolOutcome, failed
 from async_grpo.tools.remote import ToolServiceError
 
@@ -71,16 +75,18 @@ class ToolEnvironment:
         settings: the tool-calling limits.
         offer_tools: False renders prompts without tools and answers every call with `error: no tools are
             available` (counted as `unknown_tool`): the same model "without tools", for comparison.
+        inner: the run's `environment` (wrapped with its own timeout), or None for tool calling alone.
     """
 
     def __init__(self, backend: ToolBackend, settings: ToolCallingSettings = ToolCallingSettings(), *,
-                 offer_tools: bool = True):  # fmt: skip
-        self.backend, self.settings, self.offer_tools = backend, settings, offer_tools
+                 offer_tools: bool = True, inner: EnvironmentCaller | None = None):  # fmt: skip
+        self.backend, self.settings, self.offer_tools, self.inner = backend, settings, offer_tools, inner
         self.schemas: dict[str, dict] = {t.name: t.schema for t in backend.tools}
 
     def without_tools(self) -> ToolEnvironment:
-        """The same environment offering no tools (`offer_tools=False`), on the same backend."""
-        return ToolEnvironment(self.backend, self.settings, offer_tools=False)
+        """The same environment offering no tools (`offer_tools=False`), on the same backend and inner environment
+        (close this one, not it)."""
+        return ToolEnvironment(self.backend, self.settings, offer_tools=False, inner=self.inner)
 
     def offered(self, row: Mapping[str, Any]) -> list[str]:
         """The tool names offered to a dataset row: its `tools` column when present (a list of names), else all
@@ -111,15 +117,19 @@ class ToolEnvironment:
         return [self.schemas[n] for n in self.offered(row)]
 
     async def reset(self, row: Mapping[str, Any], state: dict[str, Any]) -> Observation:
-        """Open an episode: no messages after the prompt; the offered names and zeroed counters in `state`.
+        """Open an episode: the offered names and zeroed counters in `state`; then the inner environment's `reset`
+        (its observation), or no messages after the prompt.
 
         Raises:
             ValueError: see `offered` (the caller counts it as `reset_exception`).
+            EnvironmentCallFailed: the inner environment's reset failed (counted as its kind).
         """
         state["tools_offered"] = self.offered(row)
         state["tool_rounds"] = 0
         state["tool_counts"] = {"calls": 0, "seconds": 0.0, "exhausted": 0, "failures": Counter()}
-        return Observation([])
+        if self.inner is None:
+            return Observation([])
+        return _observation(await self.inner.reset(row, state))
 
     async def step(self, action: str, state: dict[str, Any]) -> Observation:
         """Answer one turn: done when it called no tool (or the round limit is reached), else the tool messages.
@@ -131,11 +141,14 @@ class ToolEnvironment:
 
         Raises:
             GroupDropped: the tool service failed (not a tool): the rollout drops the group as tool_service_error.
+            EnvironmentCallFailed: the inner environment's step failed (counted as its kind).
         """
         calls: list[tuple[str, Any]] = list(state.get("tool_calls") or [])
         malformed: list[str] = list(state.get("malformed_tool_calls") or [])
-        if not calls and not malformed:
-            return Observation([], done=True)
+        if not calls and not malformed:  # not a tool turn: the environment's action, or the end of tool calling
+            return (
+                Observation([], done=True) if self.inner is None else _observation(await self.inner.step(action, state))
+            )
         limit = self.settings.max_tool_calling_iterations
         if limit is not None and state["tool_rounds"] >= limit:
             state["tool_counts"]["exhausted"] = 1
@@ -190,5 +203,14 @@ class ToolEnvironment:
         return out
 
     def close(self) -> None:
-        """Stop the tool backend (its workers or connections)."""
+        """Close the inner environment (when there is one), then stop the tool backend (workers or connections)."""
+        if self.inner is not None:
+            self.inner.close()
         self.backend.close()
+
+
+def _observation(outcome: CallOutcome) -> Observation:
+    """The inner environment's observation, or its failure raised with its kind (`EnvironmentCallFailed`)."""
+    if outcome.observation is None:
+        raise EnvironmentCallFailed(outcome.failure or "bad_observation", outcome.error)
+    return outcome.observation

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem
 from async_grpo.environments import EnvironmentCaller, load_environment
-from async_grpo.environments.tools import ToolCallingSettings
+from async_grpo.environments.tools import ToolCallingSettings, ToolEnvironment
 from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.rollout import Rollout, SingleTurnRollout
 from async_grpo.rewards.remote import reward_service_url
@@ -84,7 +84,8 @@ def build_rollout(
     tool_service: tuple[str, str | None] | None = None,
 ) -> Rollout:
     """The run's rollout: `EnvironmentRollout` when `environment` is set or `tools` are declared (tools as an
-    environment, `EnvironmentRollout.for_tools`), else `SingleTurnRollout`.
+    environment, `EnvironmentRollout.for_tools`; both: the environment with tools, `ToolEnvironment(inner=...)`,
+    under `max_turns`), else `SingleTurnRollout`.
 
     Args:
         items: the training and held-out prompts (checked to be conversational for tools or an environment).
@@ -96,24 +97,34 @@ def build_rollout(
             `environment` (EnvironmentSpecError); each names the fix.
     """
     env = config.environments
+    inner = None
     if env.environment is not None:
         check_conversational(items, config.data.dataset, "environments", "environment")
-        caller = EnvironmentCaller(
+        inner = EnvironmentCaller(
             load_environment(env.environment), timeout_s=env.env_timeout_s, num_threads=env.env_num_threads
         )
-        return EnvironmentRollout(scorer, tokenizer, caller, max_turns=env.max_turns)
+        if not config.tools.tools:
+            return EnvironmentRollout(scorer, tokenizer, inner, max_turns=env.max_turns)
     if not config.tools.tools:
         return SingleTurnRollout(scorer, decode)
     check_conversational(items, config.data.dataset)
-    backend = build_tool_backend(config, tool_service)
     settings = ToolCallingSettings(
         max_tool_calling_iterations=config.tools.max_tool_calling_iterations,
         max_tool_response_length=config.tools.max_tool_response_length,
     )
+    backend = None
     try:
-        return EnvironmentRollout.for_tools(scorer, tokenizer, backend, settings=settings)
+        backend = build_tool_backend(config, tool_service)
+        if inner is None:
+            return EnvironmentRollout.for_tools(scorer, tokenizer, backend, settings=settings)
+        tools = ToolEnvironment(backend, settings, inner=inner)  # the run's environment, with tools
+        caller = EnvironmentCaller(tools, timeout_s=None, num_threads=1)  # the inner one times its own calls
+        return EnvironmentRollout(scorer, tokenizer, caller, max_turns=env.max_turns)
     except Exception:
-        backend.close()
+        if inner is not None:
+            inner.close()
+        if backend is not None:
+            backend.close()
         raise
 
 

@@ -27,7 +27,9 @@ class EnvironmentsConfig(Section):
         "state)`, each returning an `environments.Observation` (verifiers' MultiTurnEnv / OpenEnv's reset and "
         "step); or an adapter: `openenv:pkg.module:factory` / `openenv:file.py:factory` (an OpenEnv environment with "
         "a text action and text observations), `verifiers:<env-id>` (resolved, then refused: verifiers 0.4 envs "
-        "sample the model themselves). Needs conversational prompts. None: single-turn rollouts (or tool calling with `tools`).",
+        "sample the model themselves). Needs conversational prompts. With `tools` too, the environment gets tools: "
+        "a turn that calls tools is answered by them, any other turn is the environment's action. None: "
+        "single-turn rollouts (or tool calling alone with `tools`).",
     )
     max_turns: int = Field(
         4,
@@ -64,16 +66,12 @@ def check_environments(config: Any) -> None:
     """Cross-field checks for an environment (called by `GRPOConfig`'s validator); each error names the fix.
 
     Raises:
-        ValueError: an environment with `tools` (not yet combined: tools run in their own rollout) or with a user
-            `data_producer` (it replaces the rollout that drives the environment).
+        ValueError: an environment with a user `data_producer` (it replaces the rollout that drives the
+            environment). An environment with `tools` is accepted: the environment with tools
+            (`environments.tools.ToolEnvironment`).
     """
     if config.environments.environment is None:
         return
-    if config.tools.tools:
-        raise ValueError(
-            "environment and tools are not combined yet: tools run in the tool-calling rollout, an environment in "
-            "the environment rollout. Fix: unset one of them (docs/environments.md, 'Not yet built')."
-        )
     if config.producer.data_producer is not None:
         raise ValueError(
             "environment runs inside the builtin environment rollout, which data_producer replaces. Fix: unset "
