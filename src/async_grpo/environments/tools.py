@@ -78,8 +78,14 @@ class ToolEnvironment:
         inner: the run's `environment` (wrapped with its own timeout), or None for tool calling alone.
     """
 
-    def __init__(self, backend: ToolBackend, settings: ToolCallingSettings = ToolCallingSettings(), *,
-                 offer_tools: bool = True, inner: EnvironmentCaller | None = None):  # fmt: skip
+    def __init__(
+        self,
+        backend: ToolBackend,
+        settings: ToolCallingSettings = ToolCallingSettings(),
+        *,
+        offer_tools: bool = True,
+        inner: EnvironmentCaller | None = None,
+    ):
         self.backend, self.settings, self.offer_tools, self.inner = backend, settings, offer_tools, inner
         self.schemas: dict[str, dict] = {t.name: t.schema for t in backend.tools}
 

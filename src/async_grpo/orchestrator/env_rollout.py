@@ -157,9 +157,14 @@ class EnvironmentRollout:
     """
 
     def __init__(
-        self, scorer: Scorer, tokenizer: Any, caller: EnvironmentCaller, *, max_turns: int | None,
+        self,
+        scorer: Scorer,
+        tokenizer: Any,
+        caller: EnvironmentCaller,
+        *,
+        max_turns: int | None,
         env_columns: bool = True,
-    ):  # fmt: skip
+    ):
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1. Fix: allow the model at least one turn.")
         if not getattr(tokenizer, "chat_template", None):
@@ -178,9 +183,14 @@ class EnvironmentRollout:
 
     @classmethod
     def for_tools(
-        cls, scorer: Scorer, tokenizer: Any, backend: ToolBackend, *,
-        settings: ToolCallingSettings | None = None, offer_tools: bool = True,
-    ) -> EnvironmentRollout:  # fmt: skip
+        cls,
+        scorer: Scorer,
+        tokenizer: Any,
+        backend: ToolBackend,
+        *,
+        settings: ToolCallingSettings | None = None,
+        offer_tools: bool = True,
+    ) -> EnvironmentRollout:
         """The tool-calling rollout: this rollout driving a `ToolEnvironment` on `backend` (no turn limit but
         `settings.max_tool_calling_iterations` and the budget; no call timeout here, each tool call has its own;
         settings None: `ToolCallingSettings()`).
@@ -189,8 +199,9 @@ class EnvironmentRollout:
             ToolFormatError, ChatTemplateError: see the class.
         """
         env = ToolEnvironment(backend, settings or ToolCallingSettings(), offer_tools=offer_tools)
-        return cls(scorer, tokenizer, EnvironmentCaller(env, timeout_s=None, num_threads=1), max_turns=None,
-                   env_columns=False)  # fmt: skip
+        return cls(
+            scorer, tokenizer, EnvironmentCaller(env, timeout_s=None, num_threads=1), max_turns=None, env_columns=False
+        )
 
     def without_tools(self) -> EnvironmentRollout | None:
         """The same rollout offering no tools (prompts rendered without them, every call answered `error: no tools
@@ -287,8 +298,9 @@ class EnvironmentRollout:
         if reward is not None:
             ep.state["env_reward"] = (ep.state.get("env_reward") or 0.0) + float(reward)
 
-    def _assistant_message(self, ep: _Episode, turn_ids: list[int], held_before: list[int], action: str,
-                           schemas: list[dict] | None) -> dict:  # fmt: skip
+    def _assistant_message(
+        self, ep: _Episode, turn_ids: list[int], held_before: list[int], action: str, schemas: list[dict] | None
+    ) -> dict:
         """The turn as an assistant message; with tools, parsed (TRL's `tool_calls`), its calls put in the state."""
         if self.tools is None:
             return {"role": "assistant", "content": action}
