@@ -4,6 +4,7 @@ outcome the model reads, counted by kind, and the pool keeps serving afterwards.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -88,6 +89,25 @@ def test_calls_run_concurrently_from_async_code(executor):
         return await asyncio.gather(*(executor.call("add", {"a": i, "b": i}) for i in range(6)))
 
     assert [o.content for o in asyncio.run(main())] == [str(2 * i) for i in range(6)]
+
+
+def test_async_tools_are_awaited_in_their_workers_and_the_calls_of_a_turn_overlap():
+    tools = load_tools([f"{FNS}:wait_and_stamp", f"{FNS}:async_boom"])
+    assert tools[0].schema["function"]["parameters"]["required"] == ["seconds"]  # described like a plain def
+
+    async def turn(ex: ToolExecutor, seconds: float, calls: int) -> list[ToolOutcome]:
+        return await asyncio.gather(*(ex.call("wait_and_stamp", {"seconds": seconds}) for _ in range(calls)))
+
+    with ToolExecutor(tools, num_workers=3, timeout_s=5.0, cpu_seconds=1.0, memory_mb=512) as ex:
+        outcomes = asyncio.run(turn(ex, 2.5, 3))  # 2.5 s each: overlap despite the workers' staggered start-up
+        assert all(o.ok for o in outcomes), outcomes
+        stamps = [json.loads(o.content) for o in outcomes]
+        assert max(s["start"] for s in stamps) < min(s["end"] for s in stamps)  # the three waits overlapped
+        raised = call(ex, "async_boom", {"x": 7})
+        assert raised.failure == "exception" and "ValueError: async tool failed on 7" in raised.content
+        (hung,) = asyncio.run(turn(ex, 30.0, 1))  # an awaited call past tool_timeout_s: killed, counted
+        assert hung.failure == "timeout" and hung.content.startswith("error: ")
+        assert call(ex, "wait_and_stamp", {"seconds": 0.0}).ok  # the pool serves again
 
 
 def test_closed_executor_answers_with_an_error():

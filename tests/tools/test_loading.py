@@ -31,7 +31,6 @@ def test_three_spec_forms_and_transformers_schemas():
     [
         ("untyped", "missing a type hint"),
         ("undocumented", "no docstring"),
-        ("asynchronous", "async def"),
         ("NOT_A_FUNCTION", "not a function"),
         ("missing", "no attribute 'missing'"),
     ],

@@ -86,13 +86,30 @@ def undocumented(x: int) -> int:
     return x
 
 
-async def asynchronous(x: int) -> int:
-    """Async tools are refused.
+async def wait_and_stamp(seconds: float) -> dict:
+    """An `async def` tool that waits on a timer (I/O-like) and says when it ran.
+
+    Args:
+        seconds: how long to wait.
+    """
+    import asyncio
+    import time
+
+    start = time.time()
+    await asyncio.sleep(seconds)
+    return {"start": start, "end": time.time()}
+
+
+async def async_boom(x: int) -> int:
+    """An `async def` tool that raises after an await.
 
     Args:
         x: anything.
     """
-    return x
+    import asyncio
+
+    await asyncio.sleep(0)
+    raise ValueError(f"async tool failed on {x}")
 
 
 NOT_A_FUNCTION = 3

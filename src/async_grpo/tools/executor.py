@@ -7,13 +7,16 @@ starts) and each call's CPU time at `cpu_seconds` (`RLIMIT_CPU`, re-armed before
 raises: every failure becomes a `ToolOutcome` whose text the model reads as the tool's answer, and whose
 `failure` kind the rollout counts; a tool may fail with a kind of its own by raising `tools.failures.ToolFailure`
 (`builtin:python` does). Workers receive spec strings, not functions (user code is never pickled), and the
-settings of `builtin:python`'s sandbox when they start.
+settings of `builtin:python`'s sandbox when they start. An `async def` tool is awaited in its worker, on an event
+loop of the call's own (`asyncio.run`), under the same timeout and limits; the calls of one turn run at the same
+time, one per worker (`tool_num_workers`), so tools that wait on I/O overlap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import json
 import logging
 import math
@@ -173,7 +176,10 @@ def _run_tool(spec: str, arguments: dict, cpu_seconds: float | None) -> tuple[st
         soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu_seconds)
         resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
     try:
-        return None, _as_text(_worker_tool(spec)(**arguments)), False
+        result = _worker_tool(spec)(**arguments)
+        if inspect.iscoroutine(result):  # an `async def` tool: awaited on an event loop of this call's own
+            result = asyncio.run(result)
+        return None, _as_text(result), False
     except ToolFailure as err:
         return err.kind, err.message, False
     except Exception as err:

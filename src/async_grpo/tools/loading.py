@@ -97,16 +97,12 @@ def tool_schema(spec: str, func: Callable[..., Any]) -> dict:
     """The JSON schema of `func` from `transformers.utils.get_json_schema`.
 
     Raises:
-        ToolSpecError: a coroutine function, or transformers cannot build the schema (no type hints, no docstring,
-            an undocumented argument); the message carries transformers' reason and the fix.
+        ToolSpecError: transformers cannot build the schema (no type hints, no docstring, an undocumented
+            argument); the message carries transformers' reason and the fix. An `async def` tool is described like
+            a plain one (its worker awaits it: `tools.executor`).
     """
     from transformers.utils import get_json_schema
 
-    if inspect.iscoroutinefunction(func):
-        raise ToolSpecError(
-            f"tool spec {spec!r}: {func.__name__} is `async def`; tools run in worker processes "
-            "under a timeout and must be plain functions. Fix: make it a plain `def`."
-        )
     try:
         return get_json_schema(func)
     except Exception as err:  # TypeHintParsingException / DocstringParsingException (both plain Exceptions)
