@@ -151,10 +151,10 @@ class ToolEnvironment:
         """
         calls: list[tuple[str, Any]] = list(state.get("tool_calls") or [])
         malformed: list[str] = list(state.get("malformed_tool_calls") or [])
-        if not calls and not malformed:  # not a tool turn: the environment's action, or the end of tool calling
-            return (
-                Observation([], done=True) if self.inner is None else _observation(await self.inner.step(action, state))
-            )
+        if not calls and not malformed:  # not a tool turn: the end of tool calling, or the environment's action
+            if self.inner is None:
+                return Observation([], done=True)
+            return _observation(await self.inner.step(action, state))
         limit = self.settings.max_tool_calling_iterations
         if limit is not None and state["tool_rounds"] >= limit:
             state["tool_counts"]["exhausted"] = 1
