@@ -132,7 +132,7 @@ class ToolEnvironment:
         """
         state["tools_offered"] = self.offered(row)
         state["tool_rounds"] = 0
-        state["tool_counts"] = {"calls": 0, "seconds": 0.0, "exhausted": 0, "failures": Counter()}
+        state["tool_counts"] = _new_counts()
         if self.inner is None:
             return Observation([])
         return _observation(await self.inner.reset(row, state))
@@ -197,7 +197,7 @@ class ToolEnvironment:
         `tools/calls`, `tools/failures`, `tools/failures/<kind>` for each of `tools.FAILURE_KINDS`, `tools/seconds`
         (wall-clock seconds of the calls) and `tools/loop_exhausted` (1 when max_tool_calling_iterations ended it).
         """
-        counts = state.get("tool_counts") or {"calls": 0, "seconds": 0.0, "exhausted": 0, "failures": Counter()}
+        counts = state.get("tool_counts") or _new_counts()
         failures: Counter = counts["failures"]
         out = {
             "tools/calls": float(counts["calls"]),
@@ -213,6 +213,11 @@ class ToolEnvironment:
         if self.inner is not None:
             self.inner.close()
         self.backend.close()
+
+
+def _new_counts() -> dict[str, Any]:
+    """An episode's zeroed tool counters: calls, seconds of the calls, exhausted (0/1), failures by kind."""
+    return {"calls": 0, "seconds": 0.0, "exhausted": 0, "failures": Counter()}
 
 
 def _observation(outcome: CallOutcome) -> Observation:
