@@ -6,7 +6,7 @@
     builtin   builtin environments (`builtin:guess`)
     tools     `ToolEnvironment`: tool calling as an environment (the run's `tools`), imported on use
     openenv_adapter    `openenv:<module:factory>`: OpenEnv environments (text action, text observations), lazily imported
-    verifiers_adapter  `verifiers:<env-id>`: verifiers 0.4 environments, resolved and refused (they sample the model)
+    verifiers_adapter  `verifiers:<module:factory>`: verifiers 0.4 environments, their harness's calls answered by the rollout
 
 The rollout that drives an environment (token in, token out) is `orchestrator.env_rollout.EnvironmentRollout`;
 see docs/environments.md. Importing this package pulls in neither torch nor transformers.

@@ -13,7 +13,7 @@ Both return an `Observation` (OpenEnv's `reset()` / `step(action)` returning obs
 episode (verifiers' `is_completed`). The rollout, not the environment, enforces `max_turns` (verifiers' name),
 the length budget and a timeout on every call. How the two libraries map onto this:
 
-    verifiers MultiTurnEnv (before 0.4)    this protocol (verifiers 0.4 envs are refused: `verifiers_adapter`)
+    verifiers MultiTurnEnv (before 0.4)    this protocol (verifiers 0.4 envs: adapted by `verifiers_adapter`)
     setup_state(state)                     reset(row, state) (row: the dataset row, state["prompt"] its prompt)
     env_response(messages, state)          step(action, state): state["messages"] holds the conversation so far
     is_completed(messages, state)          Observation.done
@@ -102,6 +102,13 @@ class Environment(Protocol):
             The observation: the messages the model reads next, a reward, and whether the episode is over.
         """
         ...
+
+
+# Optional: an environment may also define `async def close_episode(self, state)` (or a plain def). The rollout
+# calls it once for every episode it opened, after the episode stopped however it stopped (done, max_turns, the
+# length budget, a failed call, the group dropped), to release what `reset` took for it (OpenEnv's `close()` of
+# an episode's environment; the verifiers adapter cancels an episode the rollout stopped early). Its errors are
+# logged, never counted against the sample (`EnvironmentCaller.close_episode`).
 
 
 class EnvironmentSpecError(ValueError):

@@ -90,6 +90,23 @@ class EnvironmentCaller:
         """`env.step(action, state)`; failures are `step_exception`, `step_timeout`, `bad_observation`."""
         return await self._call("step", self.env.step, action, state)
 
+    async def close_episode(self, state: dict[str, Any]) -> None:
+        """`env.close_episode(state)` when the environment has one (`Environment.close_episode`), under the
+        timeout; it never fails the sample: an error or a timeout is logged (closing is best effort)."""
+        method = getattr(self.env, "close_episode", None)
+        if not callable(method):
+            return
+        try:
+            if inspect.iscoroutinefunction(method):
+                await asyncio.wait_for(method(state), self.timeout_s)
+            else:
+                future = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(method, state))
+                await asyncio.wait_for(future, self.timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # TimeoutError included: the episode is over either way
+            logger.warning("the environment's close_episode raised", exc_info=True)
+
     async def _call(self, name: str, method: Any, *args: Any) -> CallOutcome:
         try:
             if inspect.iscoroutinefunction(method):

@@ -2,9 +2,9 @@
 
 A spec names a factory: `builtin:<name>` (`environments.builtin`), `pkg.module:factory` or
 `path/to/file.py:factory`, or an adapter's: `openenv:<module or file spec>` (`environments.openenv_adapter`) and
-`verifiers:<env-id or module or file spec>` (`environments.verifiers_adapter`, refused). The factory is called with no arguments and must return an object with `reset(row,
-state)` and `step(action, state)` (async or plain methods; `base.Environment`). A class with a no-argument
-constructor is a factory. `check_reset` then opens one episode on a dataset row, so an environment that cannot
+`verifiers:<env-id or module or file spec>` (`environments.verifiers_adapter`). The factory is called with no
+arguments and must return an object with `reset(row, state)` and `step(action, state)` (async or plain methods;
+`base.Environment`). A class with a no-argument constructor is a factory. `check_reset` then opens one episode on a dataset row, so an environment that cannot
 start is refused at preflight (before vLLM starts) with the field and the fix.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from async_grpo.environments.base import Environment, EnvironmentSpecError
-from async_grpo.environments.calls import EnvironmentCaller
+from async_grpo.environments.calls import CallOutcome, EnvironmentCaller
 from async_grpo.user_code import CodeSpec, check_adapter_spec, import_target, parse_spec, split_adapter
 
 WHAT = "environment spec"
@@ -104,8 +104,8 @@ def check_protocol(env: Any, spec: str) -> None:
 
 def load_environment(spec: str) -> Environment:
     """Resolve `spec`, call its factory with no arguments, check the result implements the protocol. An
-    `openenv:` spec's factory is wrapped (`openenv_adapter.load_openenv`); a `verifiers:` spec is resolved and
-    refused (`verifiers_adapter.load_verifiers`).
+    `openenv:` spec's factory is wrapped (`openenv_adapter.load_openenv`); a `verifiers:` spec's Env is built and
+    wrapped (`verifiers_adapter.load_verifiers`).
 
     Raises:
         EnvironmentSpecError: see `resolve_factory` and `check_protocol`; the factory raising is one too; an
@@ -141,8 +141,16 @@ def check_reset(env: Environment, spec: str, row: Mapping[str, Any], timeout_s: 
         EnvironmentSpecError: reset raised, timed out or returned no valid Observation; names the row's columns.
     """
     caller = EnvironmentCaller(env, timeout_s=timeout_s, num_threads=1)
+
+    async def reset_once() -> CallOutcome:
+        state: dict[str, Any] = {}
+        try:
+            return await caller.reset(row, state)
+        finally:
+            await caller.close_episode(state)
+
     try:
-        outcome = asyncio.run(caller.reset(row, {}))
+        outcome = asyncio.run(reset_once())
     finally:
         caller.close()
     if outcome.failure is not None:

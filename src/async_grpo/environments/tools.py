@@ -208,6 +208,12 @@ class ToolEnvironment:
         out.update({f"tools/failures/{kind}": float(failures[kind]) for kind in FAILURE_KINDS})
         return out
 
+    async def close_episode(self, state: dict[str, Any]) -> None:
+        """The episode stopped: the inner environment's `close_episode` (when there is one; see
+        `Environment.close_episode`)."""
+        if self.inner is not None:
+            await self.inner.close_episode(state)
+
     def close(self) -> None:
         """Close the inner environment (when there is one), then stop the tool backend (workers or connections)."""
         if self.inner is not None:

@@ -24,7 +24,8 @@ so every multi-turn rollout is this one. For one prompt and its G samples:
    says done, after `max_turns` model turns (verifiers' name; the last turn is still stepped, so its reward
    counts), when a turn or the next observation does not fit in `max_completion_length` (truncated; a turn cut by
    the budget is not stepped), or when an environment call fails (`env/failures/<kind>`). An environment call
-   that raises `GroupDropped` (the tool service unreachable) drops the group with its reason.
+   that raises `GroupDropped` (the tool service unreachable) drops the group with its reason. Every episode
+   opened is then closed with the environment's optional `close_episode(state)`, however it stopped.
 
 Observation tokens get `loss_mask` 0 and sampling logprob 0.0, and the policy version of the turn before them; so a
 rollout straddling a weight push carries both versions and its group's staleness is its oldest token's. Reward
@@ -240,6 +241,24 @@ class EnvironmentRollout:
         row = {"prompt": item.prompt, **item.columns}
         schemas = None if self.tools is None else self.tools.tool_schemas_for(row)
         episodes = [_Episode(self._new_state(item)) for _ in range(g)]
+        try:
+            return await self._run_group(client, item, sampling, row, schemas, episodes, version, seed)
+        finally:  # every episode opened is closed, however the group ended (Environment.close_episode)
+            await asyncio.gather(*(self.caller.close_episode(ep.state) for ep in episodes), return_exceptions=True)
+
+    async def _run_group(
+        self,
+        client: GenerationClient,
+        item: PromptItem,
+        sampling: SamplingSettings,
+        row: dict[str, Any],
+        schemas: list[dict] | None,
+        episodes: list[_Episode],
+        version: Callable[[], int],
+        seed: int | None,
+    ) -> RolloutGroup:
+        """Reset, generate and step the group's episodes (see the module docstring), then score the group."""
+        g = sampling.num_generations
         resets = await all_or_none([_call(self.caller.reset(row, ep.state)) for ep in episodes])
         opening = next((r.observation.messages for r in resets if r.observation is not None), [])
         for ep, outcome in zip(episodes, resets, strict=True):

@@ -270,7 +270,8 @@ def check_python_sandbox(config: GRPOConfig) -> list[Problem]:
 
 
 def check_environment(config: GRPOConfig, local: bool, row: dict[str, Any] | None) -> tuple[list[Problem], list[str]]:
-    """The `environment` spec (an adapter's too: `openenv:`, `verifiers:`, the latter always refused): on the local target (and for builtins anywhere) it resolves, its factory returns an
+    """The `environment` spec (an adapter's too: `openenv:`, `verifiers:`): on the local target (and for builtins
+    anywhere) it resolves, its factory returns an
     object implementing the protocol (`environments.load_environment`), and, with the dataset's first `row` at
     hand, `reset` opens an episode on it within env_timeout_s (`environments.check_reset`). Off the local target a
     file is only read (`user_code.check_file_statically`), never imported, and a module is left to the image.
@@ -285,10 +286,8 @@ def check_environment(config: GRPOConfig, local: bool, row: dict[str, Any] | Non
     field = "environments.environment"
     try:
         parsed = parse_environment_spec(spec)
-        if not local and spec.startswith("verifiers:"):  # refused wherever it would run: say so without importing
-            from async_grpo.environments.verifiers_adapter import REFUSAL
-
-            return [Problem(field, f"environment {spec!r}: {REFUSAL}")], []
+        if not local and spec.startswith("verifiers:") and ":" not in spec.removeprefix("verifiers:"):
+            return [], [f"environment: verifiers environment {spec!r} is loaded in the image that runs the rollouts"]
         if not local and parsed.is_file:
             if not os.path.lexists(parsed.target):
                 return [], [f"environment: {spec!r} is not on this machine; it is read where it runs"]
@@ -317,7 +316,8 @@ def check_environment(config: GRPOConfig, local: bool, row: dict[str, Any] | Non
 
 _ENV_FORMS = (
     "builtin:<name>, pkg.module:factory or path/to/file.py:factory returning an environment, or "
-    "openenv:pkg.module:factory returning an OpenEnv environment"
+    "openenv:pkg.module:factory returning an OpenEnv environment, or verifiers:pkg.module:factory returning a "
+    "verifiers.v1.Env"
 )
 
 
