@@ -145,6 +145,11 @@ def _same_message(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all((a.get(k) or "") == (b.get(k) or "") for k in HISTORY_FIELDS)
 
 
+def _starts_with(messages: list[dict], prefix: list[dict]) -> bool:
+    """Whether `messages` opens with `prefix`, message for message (`_same_message`)."""
+    return len(messages) >= len(prefix) and all(_same_message(a, b) for a, b in zip(messages, prefix, strict=False))
+
+
 def task_prompt(data: Any) -> list[dict]:
     """A task's opening conversation as chat messages: its `system_prompt` (when set) as a system message, then its
     `prompt` (a string as one user message). The row a task trains from has this as its `prompt` (`task_row`).
@@ -391,7 +396,10 @@ class VerifiersEnvironment:
     async def _on_env_loop(self, coro: Coroutine) -> Any:
         """Run `coro` on the adapter's loop (started on first use); cancelling the caller cancels it there."""
         try:
-            loop = self._started()
+            if self._ready.is_set():
+                loop = self._started()
+            else:  # the first call waits for serving in a worker thread, not on the caller's loop
+                loop = await asyncio.to_thread(self._started)
         except BaseException:
             coro.close()
             raise
@@ -405,7 +413,7 @@ class VerifiersEnvironment:
         """
         with self._start_lock:
             if self._thread is None:
-                self._loop = asyncio.new_event_loop()
+                self._loop, self._stop = asyncio.new_event_loop(), asyncio.Event()
                 self._thread = threading.Thread(target=self._run, name="async-grpo-verifiers", daemon=True)
                 self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S):
@@ -424,7 +432,7 @@ class VerifiersEnvironment:
             self._loop.close()
 
     async def _serve(self) -> None:
-        self._stop = asyncio.Event()
+        assert self._stop is not None
         try:
             async with self.env.serving():
                 self._ready.set()
@@ -468,9 +476,7 @@ class VerifiersEnvironment:
         if call is None:
             raise RuntimeError(f"the episode ended before its harness called the model: {_errors(state)}")
         prompt = list(row.get("prompt") or [])
-        if len(call.messages) < len(prompt) or not all(
-            _same_message(a, b) for a, b in zip(call.messages, prompt, strict=False)
-        ):
+        if not _starts_with(call.messages, prompt):
             raise self._refuse(
                 call,
                 "the harness's first call opens with other messages than the row's prompt "
@@ -494,9 +500,7 @@ class VerifiersEnvironment:
         if call is None:
             return self._finished(state)
         history = episode.expected
-        if len(call.messages) <= len(history) or not all(
-            _same_message(a, b) for a, b in zip(call.messages, history, strict=False)
-        ):
+        if len(call.messages) == len(history) or not _starts_with(call.messages, history):
             raise self._refuse(
                 call,
                 f"the harness's call does not extend the conversation so far ({len(history)} messages; it sent "
