@@ -82,11 +82,16 @@ def test_an_episode_the_harness_drives_answered_turn_by_turn(game):
     assert state["verifiers_stop_condition"] == "agent_completed"
 
 
-def test_the_rollout_plays_it_token_in_token_out(game, tmp_path):
+@pytest.mark.parametrize("factory", ["make_env", "make_streaming_env"])
+def test_the_rollout_plays_it_token_in_token_out(factory):
+    game = load_environment(f"verifiers:{FILE}:{factory}")
     tok = pytest.importorskip("async_grpo.tiny_model").build_tiny_tokenizer()
     scorer = EnvRewardScorer()
     ro = EnvironmentRollout(scorer, tok, EnvironmentCaller(game, timeout_s=30), max_turns=5)
-    group = run(ro, IdsClient(binary_search(tok)), guess_item(tok, 11))
+    try:
+        group = run(ro, IdsClient(binary_search(tok)), guess_item(tok, 11))
+    finally:
+        game.close()
     assert [m["content"] for m in group.completions[0]] == ["8", "higher", "12", "lower", "10", "higher", "11"]
     turn = lambda s: tok.encode(s) + [IM_END]  # noqa: E731
     obs = lambda s: tok.encode(f"\n<|im_start|>user\n{s}<|im_end|>\n<|im_start|>assistant\n")  # noqa: E731

@@ -12,6 +12,7 @@ harnesses by module name, so importing this file registers the two as modules (`
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -32,6 +33,16 @@ LOOKUP_TOOL = {
     "type": "function",
     "function": {"name": "lookup", "description": "Look the secret up.", "parameters": {"type": "object"}},
 }
+
+
+def streamed_text(events: str) -> str:
+    """The text of a streamed chat completion: its server-sent events' `delta.content`, joined."""
+    parts = []
+    for line in events.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            for choice in json.loads(line[len("data: ") :]).get("choices", []):
+                parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
 
 
 class GuessData(vf.TaskData):
@@ -74,6 +85,7 @@ class GuessHostConfig(vf.HarnessConfig):
     turns: int = HOST_TURNS
     keep_history: bool = True  # False: each call sends the prompt and the last answer only (a rewritten history)
     offer_tools: bool = False  # True: each call offers the model a tool of the harness's own
+    stream: bool = False  # True: each call asks for a streamed answer (server-sent events)
 
 
 class GuessHost(vf.Harness[GuessHostConfig]):
@@ -99,12 +111,19 @@ class GuessHost(vf.Harness[GuessHostConfig]):
                     request["messages"] = messages[:1] + messages[-1:] if len(messages) > 1 else messages
                 if self.config.offer_tools:
                     request["tools"] = [LOOKUP_TOOL]
+                if self.config.stream:
+                    request["stream"] = True
                 reply = await http.post(
                     f"{endpoint}/chat/completions", headers={"Authorization": f"Bearer {secret}"}, json=request
                 )
                 if reply.status_code != 200:
                     return vf.ProgramResult(exit_code=1, stdout="", stderr=reply.text)
-                text = reply.json()["choices"][0]["message"]["content"] or ""
+                text = (
+                    streamed_text(reply.text)
+                    if self.config.stream
+                    else reply.json()["choices"][0]["message"]["content"]
+                )
+                text = text or ""
                 messages.append({"role": "assistant", "content": text})
                 answer, solved = guess.guess_reply(number, text)
                 if solved:
@@ -140,6 +159,11 @@ def make_env(turns: int = HOST_TURNS, **host: bool) -> vf.SingleAgentEnv:
 def make_forgetful_env() -> vf.SingleAgentEnv:
     """The game with a host that sends the prompt and its last answer only (it drops the earlier turns)."""
     return make_env(keep_history=False)
+
+
+def make_streaming_env() -> vf.SingleAgentEnv:
+    """The game with a host that asks for streamed answers."""
+    return make_env(stream=True)
 
 
 def make_tool_offering_env() -> vf.SingleAgentEnv:

@@ -266,16 +266,19 @@ def _client_class() -> type:
 
 
 def _client_config_class() -> type:
-    """The client config the adapter's `ModelContext` carries: a `BaseClientConfig` of its own type, so verifiers'
-    interception server builds the adapter's client for it (`_route_model_calls`) and never contacts `base_url`."""
-    from verifiers.v1.configs.client import BaseClientConfig
+    """The client config the adapter's `ModelContext` carries: a `TrainClientConfig` of its own type, so verifiers'
+    interception server builds the adapter's client for it (`_route_model_calls`) and never contacts `base_url`.
+    A training client's config, because the adapter is one: it generates each response whole, so the interception
+    server serves a harness that streams (`stream: true`) from the whole response, as for verifiers' own training
+    client, instead of relaying a provider's stream."""
+    from verifiers.v1.configs.client import TrainClientConfig
 
-    class AsyncGrpoClientConfig(BaseClientConfig):
-        """The rollout answers this context's model calls (no endpoint, no API key)."""
+    class AsyncGrpoClientConfig(TrainClientConfig):
+        """The rollout answers this context's model calls (no endpoint, no API key, no renderer)."""
 
-        type: Literal["async-grpo-rollout"] = "async-grpo-rollout"
         base_url: str = "http://127.0.0.1:9/async-grpo-rollout"  # never contacted
         api_key_var: str = _NO_KEY
+        rollout: Literal["async-grpo"] = "async-grpo"  # tells its JSON (the server's client key) from a real one's
 
     return AsyncGrpoClientConfig
 
