@@ -346,6 +346,7 @@ class VerifiersEnvironment:
         self._start_lock = threading.Lock()
         self._stop: asyncio.Event | None = None
         self._serve_error: BaseException | None = None
+        self._closed = False  # set by `close`: no call reaches the adapter's loop after it
         self._live: set[str] = set()
 
     # -- the protocol (called on any loop; the work runs on the adapter's) -------------------------------------
@@ -379,13 +380,15 @@ class VerifiersEnvironment:
         """End the sample's episode if it still runs (the rollout stopped it: max_turns, the length budget, a
         failure): its pending call is refused and its task cancelled; it gives no reward."""
         model = state.get("verifiers_model")
-        if model is not None and self._loop is not None and not self._loop.is_closed():
+        if model is not None and self._loop is not None and not self._closed:
             await self._on_env_loop(self._close_episode(str(model)))
 
     def close(self) -> None:
         """Cancel every live episode, leave verifiers' serving context and stop the adapter's thread (waits at
         most STOP_TIMEOUT_S)."""
-        loop, thread, stop = self._loop, self._thread, self._stop
+        with self._start_lock:
+            self._closed = True
+            loop, thread, stop = self._loop, self._thread, self._stop
         if loop is None or thread is None or loop.is_closed():
             return
         if stop is not None:
@@ -397,7 +400,11 @@ class VerifiersEnvironment:
     # -- the adapter's loop ------------------------------------------------------------------------------------
 
     async def _on_env_loop(self, coro: Coroutine) -> Any:
-        """Run `coro` on the adapter's loop (started on first use); cancelling the caller cancels it there."""
+        """Run `coro` on the adapter's loop (started on first use); cancelling the caller cancels it there.
+
+        Raises:
+            RuntimeError: the adapter was closed, or could not start (`_started`).
+        """
         try:
             if self._ready.is_set():
                 loop = self._started()
@@ -415,6 +422,8 @@ class VerifiersEnvironment:
             RuntimeError: serving did not come up within START_TIMEOUT_S, or raised (its error chained).
         """
         with self._start_lock:
+            if self._closed:
+                raise RuntimeError("the verifiers environment was closed")
             if self._thread is None:
                 self._loop, self._stop = asyncio.new_event_loop(), asyncio.Event()
                 self._thread = threading.Thread(target=self._run, name="async-grpo-verifiers", daemon=True)
