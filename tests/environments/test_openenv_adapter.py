@@ -146,7 +146,10 @@ def test_each_episode_gets_its_own_environment_and_a_group_opens_the_same_episod
     assert row_seed(other) != row_seed(row) and row_seed({"seed": 7, **row}) == 7
     cls = type(s1["openenv_env"])  # the class as the spec imported it (pytest may import this file apart)
     before = cls.closed
-    env.close()  # the two open episodes
+    env.close_episode(s1)  # the rollout stopped episode 1 (max_turns): its environment is closed now, once
+    env.close_episode(s1)
+    assert cls.closed == before + 1 and "openenv_env" not in s1
+    env.close()  # the one still open
     assert cls.closed == before + 2
 
 

@@ -8,7 +8,8 @@ object with the same synchronous `reset(seed=..., ...)` / `step(action)` answeri
 `StepResult`.
 
     OpenEnv                                      this protocol
-    factory()                                    one object per episode (state["openenv_env"], closed at done)
+    factory()                                    one object per episode (state["openenv_env"]; closed when the
+                                                 episode stops, `close_episode`)
     env.reset(seed=<the row's seed>)             reset(row, state): its observation text -> one user message
     ActionCls(<its one str field>=<text>)        step(action, state): the model's text, nothing parsed
     env.step(action) -> observation              Observation(messages, reward, done)
@@ -238,15 +239,28 @@ class OpenEnvAdapter:
             reward = float(reward)
         return Observation(messages, reward=None if reward is None else float(reward), done=bool(done))
 
+    def close_episode(self, state: dict[str, Any]) -> None:
+        """The episode stopped (done, max_turns, the length budget, a failure): close its environment now (a
+        `SyncEnvClient`'s connection and thread with it), not at the end of the run; once per environment.
+
+        Raises:
+            Exception: whatever the environment's close raises (logged by the caller, never counted).
+        """
+        env = state.pop("openenv_env", None)
+        if env is not None:
+            self._close_one(env)
+
     def _close_one(self, env: Any) -> None:
         with self._lock:
+            if env not in self._live:
+                return  # closed already (done, then the episode's close)
             self._live.discard(env)
         close = getattr(env, "close", None)
         if callable(close):
             close()
 
     def close(self) -> None:
-        """Close every episode's environment still open (episodes cut by max_turns or the length budget)."""
+        """Close every episode's environment still open (an episode whose close never came: the run stopped)."""
         with self._lock:
             live = list(self._live)
             self._live = weakref.WeakSet()
