@@ -89,7 +89,7 @@ ENVIRONMENT_ADAPTERS = ("openenv", "verifiers")
 
 def split_adapter(spec: object) -> tuple[str | None, object]:
     """Split an environment spec's adapter prefix: `openenv:pkg.module:factory` -> ("openenv", "pkg.module:factory"),
-    `verifiers:<env-id>` -> ("verifiers", "<env-id>"); any other value -> (None, spec). Imports nothing."""
+    `verifiers:<taskset-id>` -> ("verifiers", "<taskset-id>"); any other value -> (None, spec). Imports nothing."""
     if isinstance(spec, str):
         head, sep, rest = spec.partition(":")
         if sep and head in ENVIRONMENT_ADAPTERS:
@@ -98,15 +98,16 @@ def split_adapter(spec: object) -> tuple[str | None, object]:
 
 
 def check_adapter_spec(spec: str, *, error: type[Exception]) -> None:
-    """Check an adapter spec's syntax (imports nothing): `openenv:` takes a module or file spec, `verifiers:` an
-    environment id or a module or file spec.
+    """Check an adapter spec's syntax (imports nothing): `openenv:` takes a module or file spec, `verifiers:` a
+    taskset id (`<env-id>+<taskset-id>` too) or a module or file spec.
 
     Raises:
         error: an empty remainder, or a remainder that is not a valid module or file spec; names the forms.
     """
     adapter, inner = split_adapter(spec)
     forms = (
-        "openenv:pkg.module:factory, openenv:path/to/file.py:factory, verifiers:<env-id> or verifiers:pkg.module:Name"
+        "openenv:pkg.module:factory, openenv:path/to/file.py:factory, verifiers:<taskset-id>, "
+        "verifiers:<env-id>+<taskset-id> or verifiers:pkg.module:Name"
     )
     if not inner:
         raise error(f"environment spec {spec!r}: nothing after {adapter}:. Fix: write it as one of {forms}.")

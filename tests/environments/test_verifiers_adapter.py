@@ -165,11 +165,24 @@ def test_a_factory_loads_and_the_first_reset_is_checked_before_anything_starts()
     assert problems == [] and "loaded in the image that runs the rollouts" in notes[0]
 
 
+def test_an_installed_taskset_id_loads_as_vf_eval_would():
+    env = load_environment(f"verifiers:{verifiers_guess.TASKSET_ID}")  # the taskset's own Env, else SingleAgentEnv
+    try:
+        assert type(env.env).__name__ == "SingleAgentEnv" and len(env.tasks) == 16
+    finally:
+        env.close()
+    paired = load_environment(f"verifiers:user-sim+{verifiers_guess.TASKSET_ID}")  # <env-id>+<taskset-id>
+    try:
+        assert type(paired.env).__name__ == "UserSimEnv" and len(paired.tasks) == 16
+    finally:
+        paired.close()
+
+
 def test_specs_that_are_no_usable_env_are_named_with_the_fix():
     with pytest.raises(EnvironmentSpecError, match="building CountingEnv on EnvConfig's defaults raised.*Fix: name a"):
         load_environment(f"{M}:CountingEnv")
-    with pytest.raises(EnvironmentSpecError, match="UserSimEnv.*needs a seed taskset.*Fix: name a factory"):
-        load_environment("verifiers:user-sim")
+    with pytest.raises(EnvironmentSpecError, match="cannot load environment 'user-sim'.*not found.*Fix: install"):
+        load_environment("verifiers:user-sim")  # an env id alone: it needs a taskset (user-sim+<taskset-id>)
     with pytest.raises(EnvironmentSpecError, match="cannot load environment 'no-such-env'.*Fix: install"):
         load_environment("verifiers:no-such-env")
     with pytest.raises(EnvironmentSpecError, match="not a verifiers.v1.Env"):

@@ -2,7 +2,7 @@
 
 Spec: `environment: verifiers:<pkg.module:Name>` or `verifiers:<path/to/file.py:Name>`, naming a `verifiers.v1.Env`
 instance or a factory called with no arguments that returns one (a configured `vf.SingleAgentEnv(...)`), or
-`verifiers:<env-id>` (an installed environment package: its `Env` class built on its config's defaults).
+`verifiers:<taskset-id>` / `verifiers:<env-id>+<taskset-id>` (installed packages, built as `vf-eval` builds them).
 
 A verifiers 0.4 episode is driven by the environment: `Env.run_episode(task, ctx)` launches the agent's harness,
 and the harness calls the model itself, through verifiers' interception server, whose model client
@@ -612,9 +612,29 @@ def _errors(state: dict[str, Any]) -> str:
     return repr(outcome) if isinstance(outcome, BaseException) else _errors_of(outcome)
 
 
+def load_by_id(inner: str, spec: str) -> Any:
+    """The environment a verifiers id names, built as `vf-eval <id>` builds it: `<taskset-id>` (the taskset's own
+    `Env`, else `SingleAgentEnv`) or `<env-id>+<taskset-id>` (verifiers' own notation, e.g. `best-of-n+gsm8k-v1`),
+    on the env config's defaults (`vf.resolve_env_config`, `vf.load_environment`).
+
+    Raises:
+        EnvironmentSpecError: the taskset or env is not installed, or building the env raised; names the fix.
+    """
+    vf = _import_verifiers()
+    env_id, _, taskset_id = inner.rpartition("+")
+    try:
+        return vf.load_environment(vf.resolve_env_config({"id": env_id, "taskset": {"id": taskset_id}}))
+    except Exception as err:
+        raise EnvironmentSpecError(
+            f"`environment` {spec!r}: verifiers cannot load environment {inner!r} (taskset {taskset_id!r}"
+            f"{f', env {env_id!r}' if env_id else ''}): {err!r}. Fix: install the taskset's package, write "
+            "verifiers:<env-id>+<taskset-id> for an env that needs a taskset, or name a factory returning a "
+            "configured Env (verifiers:pkg.module:make_env)."
+        ) from err
+
+
 def resolve_verifiers(inner: str, spec: str) -> Any:
-    """The verifiers environment an inner spec names: an env id (`vf.environment_class`) or `module:Name` /
-    `file.py:Name` (imported).
+    """The verifiers environment a `module:Name` / `file.py:Name` inner spec names (imported).
 
     Args:
         inner: what follows `verifiers:`.
@@ -624,17 +644,9 @@ def resolve_verifiers(inner: str, spec: str) -> Any:
         The `Env` class, object or factory named.
 
     Raises:
-        EnvironmentSpecError: verifiers is missing, the id does not resolve, the module or attribute is missing.
+        EnvironmentSpecError: verifiers is missing, the module or attribute is missing.
     """
-    vf = _import_verifiers()
-    if ":" not in inner:
-        try:
-            return vf.environment_class("", inner)
-        except Exception as err:
-            raise EnvironmentSpecError(
-                f"`environment` {spec!r}: verifiers cannot load environment {inner!r} ({err}). Fix: install the "
-                "environment's package, or write verifiers:pkg.module:Name."
-            ) from err
+    _import_verifiers()
     parsed = parse_spec(inner, what="`environment`: verifiers spec", error=EnvironmentSpecError)
     if parsed.kind == "builtin":
         raise EnvironmentSpecError(f"`environment` {spec!r}: write builtin environments without `verifiers:`.")
@@ -645,16 +657,17 @@ def resolve_verifiers(inner: str, spec: str) -> Any:
 
 
 def load_verifiers(inner: str, spec: str) -> VerifiersEnvironment:
-    """Resolve a verifiers spec (`resolve_verifiers`) into a `verifiers.v1.Env` and wrap it.
-
-    An `Env` instance is used as is; an `Env` subclass is built on its config type's defaults; any other callable
-    is called with no arguments and must return an `Env`.
+    """Build the verifiers environment a spec names and wrap it: an id (`load_by_id`), or what `module:Name` /
+    `file.py:Name` names (`resolve_verifiers`): an `Env` instance is used as is, an `Env` subclass is built on its
+    config type's defaults, any other callable is called with no arguments and must return an `Env`.
 
     Raises:
-        EnvironmentSpecError: see `resolve_verifiers`; building the env raised; the result is not a
-            `verifiers.v1.Env`; see `VerifiersEnvironment`.
+        EnvironmentSpecError: see `load_by_id` and `resolve_verifiers`; building the env raised; the result is not
+            a `verifiers.v1.Env`; see `VerifiersEnvironment`.
     """
     vf = _import_verifiers()
+    if ":" not in inner:
+        return VerifiersEnvironment(load_by_id(inner, spec), spec)
     target = resolve_verifiers(inner, spec)
     env = target
     if isinstance(target, type) and issubclass(target, vf.Env):
@@ -662,7 +675,7 @@ def load_verifiers(inner: str, spec: str) -> VerifiersEnvironment:
 
         config_type = concrete_type(target, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
         try:
-            env = target(config_type(**({"id": inner} if ":" not in inner else {})))
+            env = target(config_type())
         except Exception as err:
             raise EnvironmentSpecError(
                 f"`environment` {spec!r}: building {target.__name__} on {config_type.__name__}'s defaults raised "

@@ -27,7 +27,8 @@ class EnvironmentsConfig(Section):
         "state)`, each returning an `environments.Observation` (verifiers' MultiTurnEnv / OpenEnv's reset and "
         "step); or an adapter: `openenv:pkg.module:factory` / `openenv:file.py:factory` (an OpenEnv environment with "
         "a text action and text observations), `verifiers:pkg.module:make_env` / `verifiers:file.py:make_env` / "
-        "`verifiers:<env-id>` (a verifiers 0.4 Env; its harness's model calls are answered by the rollout's turns). "
+        "`verifiers:<taskset-id>` / `verifiers:<env-id>+<taskset-id>` (a verifiers 0.4 Env; its harness's model "
+        "calls are answered by the rollout's turns). "
         "Needs conversational prompts. With `tools` too, the environment gets tools: "
         "a turn that calls tools is answered by them, any other turn is the environment's action. None: "
         "single-turn rollouts (or tool calling alone with `tools`).",
