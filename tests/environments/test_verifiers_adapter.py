@@ -102,7 +102,7 @@ def test_the_rollout_plays_it_token_in_token_out(factory):
     assert group.rollout_stats["env/turns"] == [4.0, 4.0] and group.rollout_stats["env/failures"] == [0.0, 0.0]
     assert group.rewards_per_func == [[pytest.approx(0.9**3)]] * 2  # the trace's reward, through env_reward
     assert scorer.columns["env_state"][0]["verifiers_rewards"] == {"solved": pytest.approx(0.729)}
-    assert not verifiers_adapter._EPISODES  # every episode closed
+    assert verifiers_adapter.live_episodes() == 0  # every episode closed
 
 
 def test_an_episode_the_rollout_stops_is_cancelled_without_reward(game):
@@ -110,7 +110,7 @@ def test_an_episode_the_rollout_stops_is_cancelled_without_reward(game):
     ro = EnvironmentRollout(EnvRewardScorer(), tok, EnvironmentCaller(game, timeout_s=30), max_turns=2)
     group = run(ro, IdsClient(lambda p, c, s: tok.encode("1")), guess_item(tok, 9), g=2)
     assert group.rollout_stats["env/max_turns_reached"] == [1.0, 1.0] and group.rewards_per_func == [[0.0]] * 2
-    assert not verifiers_adapter._EPISODES
+    assert verifiers_adapter.live_episodes() == 0
 
 
 @pytest.mark.parametrize(

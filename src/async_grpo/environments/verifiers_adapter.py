@@ -58,8 +58,8 @@ logger = logging.getLogger(__name__)
 PACKAGE = "verifiers"
 INSTALL_FIX = (
     "Fix: install it where the rollouts run: `pip install --no-deps verifiers==0.4.0 prime-pydantic-config==0.4.3 "
-    "renderers==0.1.12 prime-sandboxes==0.5.1 connectrpc==0.11.1 protobuf-py==0.1.1 pyqwest==0.12.0 tenacity "
-    "aiofiles tomli-w` (its declared dependencies pin openai<3 and mcp==2.0.0, older than this project's; "
+    "renderers==0.1.12 prime-sandboxes==0.5.1 connectrpc==0.11.1 protobuf-py==0.1.1 pyqwest==0.12.0 "
+    "tenacity==9.2.1 aiofiles==25.1.0 tomli-w==1.2.0` (its declared dependencies pin openai<3 and mcp==2.0.0, older than this project's; "
     "scripts/install.sh does this, see docs/environments.md, 'Adapters')."
 )
 TASK_INDEX_COLUMN = "task_idx"  # a row column naming its task by the task's `idx` in the taskset
@@ -115,6 +115,11 @@ class _VerifiersEpisode:
 _EPISODES: dict[str, _VerifiersEpisode] = {}  # live episodes by model name, across adapters (unique names)
 _ROUTING_LOCK = threading.Lock()
 _ROUTED = False
+
+
+def live_episodes() -> int:
+    """How many verifiers episodes are open in this process (started by a `reset`, not yet finished and closed)."""
+    return len(_EPISODES)
 
 
 def _import_verifiers() -> Any:
