@@ -114,7 +114,6 @@ class _VerifiersEpisode:
 
 _EPISODES: dict[str, _VerifiersEpisode] = {}  # live episodes by model name, across adapters (unique names)
 _ROUTING_LOCK = threading.Lock()
-_ROUTED = False
 
 
 def live_episodes() -> int:
@@ -298,23 +297,21 @@ def _route_model_calls() -> type:
     `resolve_client(config)` of `verifiers.v1.interception.server` (an eval or a training client, by the config's
     type) and offers no other seam to bring one: the adapter wraps that function once per process, building its
     client for its own config type and calling verifiers' function for every other config unchanged."""
-    global _ROUTED, _CONFIG_CLASS, _CLIENT
+    global _CONFIG_CLASS, _CLIENT
     with _ROUTING_LOCK:
-        if not _ROUTED:
+        if _CONFIG_CLASS is None:  # not routed yet
             import verifiers.v1.interception.server as interception_server
 
-            _CONFIG_CLASS = _client_config_class()
-            _CLIENT = _client_class()()
+            config_class, client = _client_config_class(), _client_class()()
             verifiers_resolve = interception_server.resolve_client
-            config_class = _CONFIG_CLASS
 
             def resolve_client(config: Any) -> Any:
                 if isinstance(config, config_class):
-                    return _CLIENT
+                    return client
                 return verifiers_resolve(config)
 
             interception_server.resolve_client = resolve_client
-            _ROUTED = True
+            _CONFIG_CLASS, _CLIENT = config_class, client  # set last: routed only once the wrapper is in place
     assert _CONFIG_CLASS is not None
     return _CONFIG_CLASS
 
@@ -467,7 +464,7 @@ class VerifiersEnvironment:
             if task is None:
                 raise LookupError(f"no task has {TASK_INDEX_COLUMN}={row[TASK_INDEX_COLUMN]!r}")
             return task
-        prompt = json.dumps([{k: m.get(k) for k in m} for m in row.get("prompt") or []], sort_keys=True)
+        prompt = json.dumps(row.get("prompt") or [], sort_keys=True)
         for task, task_prompt_key, columns in zip(self.tasks, self._prompts, self._columns, strict=True):
             if task_prompt_key != prompt:
                 continue
