@@ -288,7 +288,6 @@ def _client_config_class() -> type:
 
 
 _CONFIG_CLASS: type | None = None
-_CLIENT: Any = None
 
 
 def _route_model_calls() -> type:
@@ -297,7 +296,7 @@ def _route_model_calls() -> type:
     `resolve_client(config)` of `verifiers.v1.interception.server` (an eval or a training client, by the config's
     type) and offers no other seam to bring one: the adapter wraps that function once per process, building its
     client for its own config type and calling verifiers' function for every other config unchanged."""
-    global _CONFIG_CLASS, _CLIENT
+    global _CONFIG_CLASS
     with _ROUTING_LOCK:
         if _CONFIG_CLASS is None:  # not routed yet
             import verifiers.v1.interception.server as interception_server
@@ -311,7 +310,7 @@ def _route_model_calls() -> type:
                 return verifiers_resolve(config)
 
             interception_server.resolve_client = resolve_client
-            _CONFIG_CLASS, _CLIENT = config_class, client  # set last: routed only once the wrapper is in place
+            _CONFIG_CLASS = config_class  # set last: routed only once the wrapper is in place
     assert _CONFIG_CLASS is not None
     return _CONFIG_CLASS
 
