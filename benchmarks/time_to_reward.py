@@ -28,8 +28,8 @@ load; for `trl_async` its rollout worker's start-up, which TRL runs inside `trai
 budget). Checkpoints are written during the run and scored afterwards, never inside a timed run:
 
 - async-grpo: its own resumable checkpoints (`save_steps`, `<output_dir>/checkpoint-<step>/model/`); a checkpoint's
-  time is the MLflow timestamp of its step's metrics (logged after the step's weight push and checkpoint) minus the
-  run's start, minus the seconds of every checkpoint written up to it (`checkpoint/seconds`). The run is stopped by
+  time is the MLflow timestamp of its step's metrics (logged after the step's weight push, before its checkpoint) minus
+  the run's start, minus the seconds of every checkpoint written before it (`checkpoint/seconds`). The run is stopped by
   SIGTERM once its time passes the budget (it ends the step and writes a last checkpoint: `checkpoint_on_signal`).
 - TRL: a `TrainerCallback` saves the model at the first step end after each multiple of `--checkpoint-every-s` and at
   the budget (then stops training), and records the same time: seconds since `on_train_begin` minus the seconds of
@@ -308,7 +308,8 @@ def run_ours(system: str, seed: int, model: Path, args: argparse.Namespace, out:
 
 def ours_checkpoints(out: Path, t0: float) -> list[Checkpoint]:
     """The checkpoints of the async-grpo run in `out` with their training times: the timestamp of each step's
-    `loss` (logged after the step's push and periodic checkpoint) - `t0` - the `checkpoint/seconds` logged up to it.
+    `loss` (logged after the step's push, before its periodic checkpoint) - `t0` - the `checkpoint/seconds` logged
+    before it.
 
     Raises:
         RuntimeError: a checkpoint's step has no logged metrics.

@@ -71,6 +71,45 @@ def test_a_tracking_outage_never_blocks_a_step_and_loses_no_record_once_the_serv
     assert tracker.stats["failed"] == 0 and tracker.stats["dropped"] == 0 and tracker.stats["retries"] >= 2
 
 
+def test_metrics_mlflow_had_not_taken_travel_in_the_checkpoint_and_the_resumed_run_writes_them_once(tmp_path, store):
+    from async_grpo.runner.state import TrainState, load_checkpoint, save_checkpoint
+
+    config = GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store)
+    killed = Tracker(config)
+    real = killed._client.log_batch
+    written = threading.Event()
+
+    def down_after_step_1(run_id, metrics, *args, **kwargs):
+        if all(m.step == 1 for m in metrics) and not written.is_set():
+            real(run_id, metrics, *args, **kwargs)  # step 1 goes in; then the server goes down
+            written.set()
+            return
+        raise ConnectionError("tracking server down")
+
+    killed._client.log_batch = down_after_step_1
+    killed.log_metrics({"loss": 1.0}, step=1)
+    assert written.wait(10)
+    for step in (2, 3):
+        killed.log_metrics({"loss": float(step), "reward": 0.5}, step=step)
+    deadline = time.monotonic() + 10
+    while len(killed.unlogged_metrics()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pending = killed.unlogged_metrics()
+    assert sorted((r["key"], r["step"]) for r in pending) == [("loss", 2), ("loss", 3), ("reward", 2), ("reward", 3)]
+    save_checkpoint(TrainState(step=3, unlogged_metrics=pending), tmp_path / "checkpoint-3")
+    killed.end(timeout_s=0.5)  # the trainer is gone before MLflow came back: steps 2 and 3 never reached it
+    state = load_checkpoint(tmp_path / "checkpoint-3")  # weights_only: the records are plain values
+    resumed = Tracker(config, run_id=killed.run_id)
+    resumed.resubmit_metrics(state.unlogged_metrics)
+    resumed.resubmit_metrics(state.unlogged_metrics[:2])  # written twice (e.g. taken just before the kill): stored once
+    resumed.end(timeout_s=30)
+    client = mlflow.MlflowClient(store)
+    loss = client.get_metric_history(killed.run_id, "loss")
+    assert [(m.step, m.value) for m in loss] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert [m.step for m in client.get_metric_history(killed.run_id, "reward")] == [2, 3]
+    assert resumed.unlogged_metrics() == [] and resumed.stats["failed"] == 0
+
+
 def test_a_refused_record_is_counted_not_retried_and_a_dead_server_is_given_up_at_end(tmp_path, store):
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE

@@ -12,6 +12,10 @@ A thin layer over `mlflow`, with the behaviour MLflow users expect:
   MLflow's own retries) is tried again with a capped backoff until it succeeds, while training goes on and the queue
   holds the later records; `end` gives it `FLUSH_TIMEOUT_S`. Records the server refuses (4xx), and records dropped
   because the queue was full, are counted, reported as warnings, and given in `stats`.
+- A checkpoint keeps the metrics MLflow has not taken yet (`unlogged_metrics`, in the `TrainState`), and the run
+  resumed from it writes them again (`resubmit_metrics`): a trainer killed while MLflow was catching up loses no
+  step's metrics. MLflow stores an identical metric (key, value, step, timestamp) once, so one written between the
+  checkpoint and the kill is not doubled.
 - The final model is logged with the `transformers` flavour (task `llm/v1/completions`, so the signature is
   MLflow's completions schema, the tokenizer is saved with it), which `mlflow.transformers.load_model` loads and
   `mlflow models serve` serves; the run gets the tag `async_grpo.model_uri` naming it (register_model uses it).
@@ -149,6 +153,9 @@ class Tracker:
         self.retries = 0  # tries again of writes that failed for want of the server (`is_transient`)
         self._abandon = threading.Event()  # set by `end` once its flush timeout passed: stop retrying
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_PENDING)
+        # metric records queued or being written, by the id of their list of `Metric`s (`unlogged_metrics`)
+        self._unlogged: dict[int, list] = {}
+        self._unlogged_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if not self.enabled:
@@ -195,6 +202,7 @@ class Tracker:
         try:
             self._queue.put_nowait((fn, args))
         except queue.Full:
+            self._settled([args])
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 logger.warning(
@@ -218,11 +226,20 @@ class Tracker:
                 args, records, held = self._take_metrics(args)
             try:
                 self._write(fn, args, len(records))
+                self._settled(records)
                 if held is not None:
                     self._write(*held, 1)
+                    self._settled([held[1]])
             finally:
                 for _ in range(len(records) + (held is not None)):
                     self._queue.task_done()
+
+    def _settled(self, records: list[tuple]) -> None:
+        """Metric records written, or failed / dropped for good (counted): no longer `unlogged_metrics`."""
+        with self._unlogged_lock:
+            for args in records:
+                if len(args) > 1:
+                    self._unlogged.pop(id(args[1]), None)
 
     def _take_metrics(self, args: tuple) -> tuple[tuple, list, tuple | None]:
         """The metric record `args` = (run_id, metrics) merged with the metric records queued right after it, up to
@@ -284,7 +301,32 @@ class Tracker:
             if v is not None and v == v and abs(float(v)) != float("inf")
         ]
         if clean:
+            with self._unlogged_lock:
+                self._unlogged[id(clean)] = clean
             self._submit(self._client.log_batch, self.run_id, clean)
+
+    def unlogged_metrics(self) -> list[dict[str, Any]]:
+        """The metrics logged but not yet taken by MLflow (queued, or being written or retried), oldest first, as
+        plain values: {"key", "value", "timestamp" (ms), "step"}. A checkpoint keeps them (`TrainState`)."""
+        with self._unlogged_lock:
+            pending = list(self._unlogged.values())
+        return [
+            {"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step} for ms in pending for m in ms
+        ]
+
+    def resubmit_metrics(self, records: list[dict[str, Any]]) -> None:
+        """Queue again metrics a checkpoint kept (`unlogged_metrics`), with their steps and timestamps; returns at
+        once. Those MLflow took already are stored once (MLflow keeps one copy of an identical metric)."""
+        from mlflow.entities import Metric
+
+        if not self.enabled or not records:
+            return
+        metrics = [Metric(str(r["key"]), float(r["value"]), int(r["timestamp"]), int(r["step"])) for r in records]
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            batch = metrics[start : start + MAX_METRICS_PER_BATCH]
+            with self._unlogged_lock:
+                self._unlogged[id(batch)] = batch
+            self._submit(self._client.log_batch, self.run_id, batch)
 
     def log_completions(self, rows: list[dict], step: int, folder: str = "completions") -> None:
         """A table of sample completions (prompt, completion, reward, advantage...) at `step`, as

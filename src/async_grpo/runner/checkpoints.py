@@ -116,9 +116,10 @@ class Checkpointer:
         self.failed_writes = 0  # periodic checkpoints that raised OSError (metric checkpoint/failed_writes)
 
     def after_step(self, step: int, groups: list, metrics: dict[str, float]) -> None:
-        """Step `step` (and its weight push) is complete: forget the trained prompts' draws, settle the guarded
-        section (`StopGuard.settle`; the caller ends it once the step's metrics are logged), and every `save_steps`
-        steps write a checkpoint (its seconds go to `metrics["checkpoint/seconds"]`).
+        """Step `step` (its weight push and its logged metrics) is complete: forget the trained prompts' draws,
+        settle the guarded section (`StopGuard.settle`; the caller ends it), and every `save_steps` steps write a
+        checkpoint (its seconds go to `metrics["checkpoint/seconds"]`, which the caller logs at `step`). The
+        checkpoint keeps the step's metrics that MLflow has not taken yet (`TrainState.unlogged_metrics`).
 
         A checkpoint that cannot be written (a full or failing disk: `OSError`) does not end the run: the error is
         logged, its temporary folder removed, no older checkpoint deleted (the newest complete one stays the resume

@@ -339,7 +339,6 @@ class GRPORecipe:
         self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
         if self.orchestrator is not None:
             self.orchestrator.mark_trained(item.groups)
-        self.checkpointer.after_step(self.step, item.groups, metrics)  # the step is complete: save_steps checkpoint
         metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
         self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
         every = builders.eval_every(config)
@@ -357,6 +356,12 @@ class GRPORecipe:
         if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
             rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
             self.tracker.log_completions(rows, step=self.step)
+        # the step is complete: the save_steps checkpoint, written after the step's metrics were logged so that it
+        # keeps those MLflow has not taken yet (`TrainState.unlogged_metrics`); its own seconds are logged after it
+        saved: dict[str, float] = {}
+        self.checkpointer.after_step(self.step, item.groups, saved)
+        if saved:
+            self.tracker.log_metrics(saved, step=self.step)
         return 0.0
 
     def push_weights(self) -> float:
@@ -425,6 +430,7 @@ class GRPORecipe:
             drops=self.drops.snapshot(), mlflow_run_id=self.tracker.run_id if self.tracker else None,
             weight_syncs=len(self.sync_times), num_tokens=self.num_tokens,
             schedule=orch.schedule_state(self.version.value) if orch is not None else None,
+            unlogged_metrics=self.tracker.unlogged_metrics() if self.tracker is not None else [],
         )  # fmt: skip
 
     def restore(self, state: TrainState) -> None:
@@ -452,6 +458,9 @@ class GRPORecipe:
         if orch is not None and orch.reroll is not None and state.reroll is not None:
             orch.reroll.load_state_dict(state.reroll)
         restore_rng(state.rng)
+        if self.tracker is not None and state.unlogged_metrics:  # what MLflow had not taken before the checkpoint
+            logger.info("writing %d metric(s) MLflow had not taken before the checkpoint", len(state.unlogged_metrics))
+            self.tracker.resubmit_metrics(state.unlogged_metrics)
 
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write the `TrainState` and the policy (Hugging Face folder) to `path`, atomically."""

@@ -52,6 +52,8 @@ class TrainState:
         schedule: under `full_determinism`, the orchestrator's schedule (`Orchestrator.schedule_state`: the
             untrained groups sampled at older policy versions, the prompts drawn since, the sampler's live
             position), so a resumed run continues it exactly; None otherwise.
+        unlogged_metrics: metrics logged before the checkpoint that MLflow had not taken yet
+            (`Tracker.unlogged_metrics`: {"key", "value", "timestamp" (ms), "step"}); the resumed run writes them.
     """
 
     step: int = 0
@@ -67,6 +69,7 @@ class TrainState:
     weight_syncs: int = 0
     num_tokens: int = 0
     schedule: dict[str, Any] | None = None
+    unlogged_metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
 def capture_rng() -> dict[str, Any]:
