@@ -22,7 +22,9 @@ def run(script: str, *args: str, timeout_s: float = 600) -> str:
         timeout=timeout_s,
         cwd=ROOT,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
+    if out.returncode != 0:  # the report's lines (not its JSON line) say which check failed
+        report = "\n".join(line for line in out.stdout.splitlines() if not line.startswith("{"))
+        pytest.fail(f"{script} exited {out.returncode}\nstdout:\n{report[-4000:]}\nstderr:\n{out.stderr[-3000:]}")
     return out.stdout
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -157,6 +158,58 @@ def test_blocked_put_completes_when_consumer_makes_room():
     producer.join(JOIN_TIMEOUT_S)
     assert result == [True]
     assert q.get(0, GET_TIMEOUT_S).groups[0].prompt == "second"
+
+
+def test_put_async_waits_for_room_without_a_thread_and_enqueues_in_order():
+    q = make_queue(maxsize=1)
+    stop = threading.Event()
+    q.put(batch(0, tag="first"), stop)
+
+    async def go():
+        waiting = asyncio.create_task(q.put_async(batch(0, tag="second"), stop))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # still waiting for room
+        assert q.get(0, GET_TIMEOUT_S).groups[0].prompt == "first"
+        return await asyncio.wait_for(waiting, JOIN_TIMEOUT_S)
+
+    assert asyncio.run(go()) is True
+    assert q.get(0, GET_TIMEOUT_S).groups[0].prompt == "second"
+    assert q.drops.snapshot() == {}
+
+
+def test_put_async_cancelled_while_waiting_counts_the_batch_as_shutdown_once():
+    """The prompt ledger's flake: a chunk whose wait for room was cancelled at shutdown (formerly a thread's `put`
+    cancelled before it ran) must be counted, not vanish."""
+    q = make_queue(maxsize=1)
+    stop = threading.Event()
+    q.put(batch(0), stop)
+
+    async def go():
+        waiting = asyncio.create_task(q.put_async(batch(0, 0, 0), stop))
+        await asyncio.sleep(0.02)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(go())
+    assert q.drops.snapshot() == {"shutdown": 3}
+    assert q.depth == 1
+
+
+def test_put_async_returns_false_and_counts_shutdown_when_stopped():
+    q = make_queue(maxsize=1)
+    stop = threading.Event()
+    q.put(batch(0), stop)
+
+    async def go():
+        waiting = asyncio.create_task(q.put_async(batch(0, 0), stop))
+        await asyncio.sleep(0.02)
+        stop.set()
+        return await asyncio.wait_for(waiting, JOIN_TIMEOUT_S)
+
+    assert asyncio.run(go()) is False
+    assert q.drops.snapshot() == {"shutdown": 2}
+    assert q.depth == 1
 
 
 def test_policy_version_bump_is_thread_safe():

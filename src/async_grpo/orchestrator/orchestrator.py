@@ -520,10 +520,12 @@ class Orchestrator:
 
     async def _emit(self) -> None:
         """Enqueue every chunk that became complete, in order (one emitter at a time). A chunk the queue refuses
-        because the orchestrator is stopping is counted there (`RolloutQueue.put`: `shutdown`)."""
+        because the orchestrator is stopping, or whose wait for room is cancelled, is counted there
+        (`RolloutQueue.put_async`: `shutdown`); the wait stays on this event loop, so no cancelled thread can take
+        a chunk out of `_pending` without either enqueuing or counting it."""
         async with self._emit_lock:  # one emitter at a time, so a step's chunks reach the queue in order
             while (chunk := self._take_chunk()) is not None:
-                if not await asyncio.to_thread(self.queue.put, chunk, self.stop_event):
+                if not await self.queue.put_async(chunk, self.stop_event):
                     logger.info("orchestrator stopping; batch not enqueued")
                     break
 

@@ -8,6 +8,7 @@ silently.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import queue
@@ -20,6 +21,7 @@ from async_grpo.transports.messages import TrainBatch
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
+ASYNC_PUT_POLL_S = 0.005  # `put_async`'s poll of a full queue (a non-blocking try: cheap, and room is taken at once)
 WARN_EVERY = 100  # groups between two warnings for the same drop reason
 
 
@@ -155,6 +157,31 @@ class RolloutQueue:
                 if deadline is not None and time.monotonic() > deadline:
                     self.drops.add("queue_timeout", len(batch.groups))
                     return False
+        self.drops.add("shutdown", len(batch.groups))
+        return False
+
+    async def put_async(self, batch: TrainBatch, stop: threading.Event) -> bool:
+        """`put` for an event loop (the orchestrator's): enqueue, waiting for room without a thread until `stop` is
+        set. The batch is counted exactly once whatever happens: enqueued, or dropped as `shutdown` when `stop` was
+        set first or the awaiting task was cancelled (a thread's `put` cancelled before it ran would do neither,
+        and its groups would leave the prompt ledger unaccounted).
+
+        Returns:
+            True if enqueued; False if stopped (the batch's groups counted as `shutdown`).
+
+        Raises:
+            asyncio.CancelledError: the task was cancelled while waiting (the groups are counted first).
+        """
+        try:
+            while not stop.is_set():
+                try:
+                    self._q.put_nowait(batch)
+                    return True
+                except queue.Full:
+                    await asyncio.sleep(ASYNC_PUT_POLL_S)
+        except asyncio.CancelledError:
+            self.drops.add("shutdown", len(batch.groups))
+            raise
         self.drops.add("shutdown", len(batch.groups))
         return False
 
