@@ -429,7 +429,13 @@ class Soak:
             t0 = time.monotonic()  # fault times count from the first trained step
             while True:
                 child = self.child
-                assert child is not None
+                if child is None:  # a fault that was not survived left no trainer running: the soak ends here
+                    lost = [
+                        f"{f.kind}: {f.detail}"
+                        for f in self.faults
+                        if f.injected_at_step is not None and not f.survived
+                    ]
+                    raise RuntimeError(f"no trainer is running after {'; '.join(lost) or 'a fault'}")
                 code = child.process.poll()
                 if code is not None:
                     self.left_running = survivors(seen)  # the trainer ends what it started, by itself
@@ -621,6 +627,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     out = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="chaos-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.inside is None and (out / "mlflow").exists():  # an earlier soak's store would be read as this one's
+        print(f"--out {out} holds an earlier soak (mlflow/): give an empty or new folder", file=sys.stderr)
+        return 2
     if args.inside is None:  # re-run this harness with its run folder on a size-limited tmpfs, if bwrap can
         from async_grpo.tools.sandbox import locate_bwrap
 
