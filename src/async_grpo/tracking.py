@@ -202,7 +202,7 @@ class Tracker:
         try:
             self._queue.put_nowait((fn, args))
         except queue.Full:
-            self._settled([args])
+            self._settled(fn, [args])
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 logger.warning(
@@ -221,25 +221,27 @@ class Tracker:
                 fn, args = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            records, held = [(fn, args)], None
+            records, held = [args], None
             if fn == self._client.log_batch:
                 args, records, held = self._take_metrics(args)
             try:
                 self._write(fn, args, len(records))
-                self._settled(records)
+                self._settled(fn, records)
                 if held is not None:
                     self._write(*held, 1)
-                    self._settled([held[1]])
+                    self._settled(held[0], [held[1]])
             finally:
                 for _ in range(len(records) + (held is not None)):
                     self._queue.task_done()
 
-    def _settled(self, records: list[tuple]) -> None:
-        """Metric records written, or failed / dropped for good (counted): no longer `unlogged_metrics`."""
+    def _settled(self, fn: Callable[..., Any], records: list[tuple]) -> None:
+        """Records of `fn` (each its args) written, or failed / dropped for good (counted): the metric ones
+        (`log_batch`: (run_id, metrics)) are no longer `unlogged_metrics`; other records are not tracked."""
+        if fn != self._client.log_batch:
+            return
         with self._unlogged_lock:
             for args in records:
-                if len(args) > 1:
-                    self._unlogged.pop(id(args[1]), None)
+                self._unlogged.pop(id(args[1]), None)
 
     def _take_metrics(self, args: tuple) -> tuple[tuple, list, tuple | None]:
         """The metric record `args` = (run_id, metrics) merged with the metric records queued right after it, up to
