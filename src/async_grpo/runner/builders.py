@@ -36,6 +36,7 @@ from async_grpo.transports.scorer import Scorer
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
+    from vllm.distributed.weight_transfer import WeightSource
 
     from async_grpo.transports.weights.lora import LoRAAdapterPusher
     from async_grpo.transports.weights.sync import WeightPusher
@@ -447,19 +448,29 @@ def build_producer(
     return producer, orchestrator, queue
 
 
-def replica_pusher(config: GRPOConfig, learner: Learner, url: str) -> WeightPusher | LoRAAdapterPusher:
-    """A weight pusher from `learner` to the one vLLM server at `url` (not yet set up): the adapter only with
-    vllm_lora_sync (`peft_setup.adapter_pusher`; docs/deploy.md, "LoRA"), else every weight over vLLM's weight
-    transfer, cast once to a 16-bit `vllm_dtype` on the way (`transports.weights.cast`)."""
-    from async_grpo.runner import peft_setup
+def push_source(config: GRPOConfig, learner: Learner) -> WeightSource:
+    """The weights a full push sends: the learner's parameters, cast once to a 16-bit `vllm_dtype` on the way
+    (`transports.weights.cast`)."""
     from async_grpo.transports.weights.cast import for_server
+
+    return for_server(learner.named_parameters_for_push(), config.inference.vllm_dtype)
+
+
+def replica_pusher(
+    config: GRPOConfig, learner: Learner, url: str, source: WeightSource | None = None
+) -> WeightPusher | LoRAAdapterPusher:
+    """A weight pusher from `learner` to the one vLLM server at `url` (not yet set up): the adapter only with
+    vllm_lora_sync (`peft_setup.adapter_pusher`; docs/deploy.md, "LoRA"), else every weight of `source` (default
+    `push_source(config, learner)`; the run passes one `FrozenSource` to every replica's pusher under
+    weight_sync_overlap) over vLLM's weight transfer."""
+    from async_grpo.runner import peft_setup
     from async_grpo.transports.weights.sync import WeightPusher, rendezvous_address
 
     if config.peft.vllm_lora_sync:
         return peft_setup.adapter_pusher(config, learner, url)
     sync = config.weight_sync
     return WeightPusher(
-        for_server(learner.named_parameters_for_push(), config.inference.vllm_dtype),
+        source if source is not None else push_source(config, learner),
         url,
         backend=sync.weight_sync_backend,
         timeout_s=sync.weight_sync_timeout_s,

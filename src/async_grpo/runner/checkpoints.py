@@ -115,6 +115,10 @@ class Checkpointer:
         self.prompts = prompts
         self.failed_writes = 0  # periodic checkpoints that raised OSError (metric checkpoint/failed_writes)
 
+    def due(self, step: int) -> bool:
+        """True when `after_step(step, ...)` writes a periodic checkpoint (every `save_steps` steps)."""
+        return bool(self.every) and step % self.every == 0
+
     def after_step(self, step: int, groups: list, metrics: dict[str, float]) -> None:
         """Step `step` (its weight push and its logged metrics) is complete: forget the trained prompts' draws,
         settle the guarded section (`StopGuard.settle`; the caller ends it), and every `save_steps` steps write a
@@ -129,7 +133,7 @@ class Checkpointer:
         if self.prompts is not None:
             self.prompts.mark_trained(groups)
         self.guard.settle()
-        if self.every and step % self.every == 0:
+        if self.due(step):
             try:
                 metrics["checkpoint/seconds"] = self.write(step)
             except OSError as err:

@@ -30,6 +30,7 @@ from async_grpo.orchestrator.rollout import Rollout
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, scheduling
 from async_grpo.runner.memory import memory_metrics
+from async_grpo.runner.overlapped_push import OverlappedPush
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.tracking import Tracker
@@ -37,6 +38,7 @@ from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
 from async_grpo.transports.messages import StepBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion
+from async_grpo.transports.weights.frozen import FrozenSource
 from async_grpo.transports.weights.replicas import ReplicaPusher
 from async_grpo.warm_start import warm_start_of
 
@@ -81,6 +83,9 @@ class GRPORecipe:
         self.rollout: Rollout | None = None
         self.recovery: recovery.InferenceRecovery | None = None  # built once the pusher and tracker exist
         self.checkpointer: checkpoints.Checkpointer | None = None  # built at the end of setup
+        self.push_source: FrozenSource | None = None  # weight_sync_overlap: the pushers' source, frozen per push
+        self.overlap: OverlappedPush | None = None  # weight_sync_overlap, where it takes effect (`overlap_off`)
+        self.settled_push: dict[str, float] = {}  # a background push's metrics, logged with the next step's
 
     # ------------------------------------------------------------------ setup
     def setup(self, start_inference: Callable[[Path], InferenceEndpoint | list[InferenceEndpoint]]) -> None:
@@ -152,6 +157,13 @@ class GRPORecipe:
         ):  # serve exactly the trainer's starting weights as version 0
             self.sync_times.append(self.pusher.push(self.version.value))  # (warm-started, or attached: unknown)
         self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched, self.learner.model)
+        if config.weight_sync.weight_sync_overlap:
+            why = self.overlap_off()
+            if why is None:
+                self.overlap = OverlappedPush(self.push_source, self.push_weights, self.overlap_timeout_s())
+                logger.info("weight_sync_overlap: each push runs beside the next optimizer step")
+            else:
+                logger.warning("weight_sync_overlap is off for this run: %s; every push runs in its step", why)
         self.producer, self.orchestrator, self.queue = builders.build_producer(
             config, tokenizer=self.tokenizer, train_items=self.train_items, rollout=self.rollout,
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
@@ -162,6 +174,7 @@ class GRPORecipe:
             log_metrics=self.tracker.log_metrics, current_step=lambda: self.step,
             current_version=lambda: self.version.value, max_restarts=config.inference.max_inference_restarts,
             recovery_timeout_s=config.inference.vllm_recovery_timeout_s, log_hint=self.out_dir / "vllm.log",
+            before_recover=lambda: self.overlap and self.overlap.drain(),
         )  # fmt: skip
         ckpt = config.checkpoint
         self.checkpointer = checkpoints.Checkpointer(
@@ -198,11 +211,14 @@ class GRPORecipe:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def make_pusher(self) -> ReplicaPusher:
-        """A weight pusher from the learner to every vLLM replica (not yet set up; `builders.replica_pusher`)."""
+        """A weight pusher from the learner to every vLLM replica (not yet set up; `builders.replica_pusher`).
+        Under weight_sync_overlap with full-weight pushes, every replica's pusher reads one `FrozenSource`."""
         inf = self.config.inference
+        if self.config.weight_sync.weight_sync_overlap and not self.config.peft.vllm_lora_sync:
+            self.push_source = FrozenSource(builders.push_source(self.config, self.learner))
         return ReplicaPusher(
             self.replicas,
-            lambda url: builders.replica_pusher(self.config, self.learner, url),
+            lambda url: builders.replica_pusher(self.config, self.learner, url, self.push_source),
             recovery_timeout_s=inf.vllm_recovery_timeout_s,
             max_restarts=inf.max_inference_restarts,
             parallel=not self.config.optim.fsdp,
@@ -330,8 +346,12 @@ class GRPORecipe:
                 metrics["determinism/wait_seconds"] = self.recovery.surviving(
                     lambda: orchestrator.wait_generated(version, config.producer.rollout_timeout_s)
                 )
-            metrics["weight_sync/seconds"] = self.recovery.push()
-            metrics.update(report.push_metrics(self.pusher))
+            if self.overlap is None:
+                metrics["weight_sync/seconds"] = self.recovery.push()
+                metrics.update(report.push_metrics(self.pusher))
+            else:  # the previous push must end first: at most one in flight, versions in order
+                self.settle_push()
+                self.overlap.start()
         metrics.update(self.replicas.metrics(), **self.time_slice.metrics())  # resource_sharing
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
@@ -343,7 +363,10 @@ class GRPORecipe:
         self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
         every = builders.eval_every(config)
         if every and self.step % every == 0 and self.step < config.optim.max_steps:  # the last: `finish`
+            self.settle_push()  # vLLM serves this step's weights
             self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
+        metrics.update(self.settled_push)  # a background push settled since the last logged step
+        self.settled_push = {}
         metrics["groups"] = float(len(item.groups))
         metrics.update(pipeline_metrics(
             staleness, version=self.version.value, depth=depth, waited_s=waited,
@@ -359,10 +382,46 @@ class GRPORecipe:
         # the step is complete: the save_steps checkpoint, written after the step's metrics were logged so that it
         # keeps those MLflow has not taken yet (`TrainState.unlogged_metrics`); its own seconds are logged after it
         saved: dict[str, float] = {}
+        if self.checkpointer.due(self.step):
+            self.settle_push()  # the checkpoint's policy version is the one vLLM serves
         self.checkpointer.after_step(self.step, item.groups, saved)
         if saved:
             self.tracker.log_metrics(saved, step=self.step)
         return 0.0
+
+    def overlap_off(self) -> str | None:
+        """Why weight_sync_overlap cannot take effect in this run (None: it can)."""
+        config = self.config
+        if self.info.world_size > 1:
+            return f"{self.info.world_size} trainer ranks gather the weights together in every push"
+        if config.peft.vllm_lora_sync:
+            return "vllm_lora_sync pushes the adapter as a LoRA module, not the weights"
+        if config.full_determinism:
+            return "full_determinism orders every push after the groups scheduled before it"
+        if self.time_slice is not None and self.time_slice.enabled:
+            return "resource_sharing resolved to time_slice: vLLM is paused while the trainer computes"
+        return None
+
+    def overlap_timeout_s(self) -> float:
+        """The longest a background push may take before `settle_push` gives up on it (seconds): a recovery's
+        start-up plus a push's own bound."""
+        return self.config.inference.vllm_recovery_timeout_s + 2 * self.config.weight_sync.weight_sync_timeout_s
+
+    def settle_push(self) -> None:
+        """Wait for the background push in flight, if any (weight_sync_overlap); its seconds and bytes go to
+        `settled_push`, logged with the next logged step. A push that failed is handled as a failed push in the
+        step: the server is recovered and the trainer's current weights pushed (`InferenceRecovery.recover`).
+
+        Raises:
+            InferenceFailedError: the server could not be recovered (see `InferenceRecovery.recover`).
+        """
+        if self.overlap is None or not self.overlap.in_flight:
+            return
+        try:
+            seconds = self.overlap.settle()
+        except Exception as err:
+            seconds = self.recovery.recover(f"a weight push failed: {err!r}")
+        self.settled_push = {"weight_sync/seconds": seconds, **report.push_metrics(self.pusher)}
 
     def push_weights(self) -> float:
         """Send the current weights to vLLM as the next policy version, then bump the shared version; returns the
@@ -382,6 +441,10 @@ class GRPORecipe:
     def finish(self) -> RunSummary:
         """Save the final model (before evaluating, so an evaluation failure never loses it), measure the
         held-out reward (vLLM already serves the final weights), and summarize the run."""
+        self.settle_push()  # vLLM serves the final weights before they are evaluated
+        if self.settled_push:
+            self.tracker.log_metrics(self.settled_push, step=self.step)
+            self.settled_push = {}
         model_dir = None
         if self.config.checkpoint.save_model:
             model_dir = self.out_dir / "final-model"
@@ -468,6 +531,7 @@ class GRPORecipe:
 
     def checkpoint_now(self) -> float:
         """Write `<output_dir>/checkpoint-<step>` now (between steps) and rotate; returns its seconds."""
+        self.settle_push()
         return self.checkpointer.write(self.step)
 
     def checkpoint_on_stop(self) -> Path | None:
@@ -476,6 +540,11 @@ class GRPORecipe:
         self.guard.disarm()
         if self.checkpointer is None or self.learner is None:
             return None
+        if self.overlap is not None:
+            try:
+                self.settle_push()
+            except Exception as err:  # the checkpoint's weights are the trainer's; its version may lag one push
+                logger.error("the weight push in flight at the stop failed: %r", err)
         return self.checkpointer.on_stop(self.step, self.tracker.log_metrics)
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -504,6 +573,7 @@ class GRPORecipe:
         for name, stop in (
             ("orchestrator", lambda: self.orchestrator and self.orchestrator.stop()),
             ("prompt ledger", lambda: status != "FINISHED" and self._log_ledger_at_stop()),
+            ("background weight push", lambda: self.overlap and self.overlap.close()),
             ("trainer ranks", lambda: self.learner and release_ranks and self.learner.close()),
             ("weight transfer", lambda: self.pusher and self.pusher.close()),
             ("reward workers", lambda: self.scorer and self.scorer.close()),

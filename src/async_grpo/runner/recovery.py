@@ -48,6 +48,8 @@ class InferenceRecovery:
         max_restarts: `max_inference_restarts`: recoveries allowed before the next loss fails the run.
         recovery_timeout_s: `vllm_recovery_timeout_s`: seconds a server may take to come back.
         log_hint: the server log a user should read when recovery fails (`<output_dir>/vllm.log`).
+        before_recover: called first in every `recover` (the recipe ends a background weight push still in flight
+            there, `OverlappedPush.drain`, so two pushes never share a pusher); None: nothing.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class InferenceRecovery:
         max_restarts: int,
         recovery_timeout_s: float,
         log_hint: Path,
+        before_recover: Callable[[], object] | None = None,
     ):
         self.health = health
         self.replicas = replicas
@@ -74,6 +77,7 @@ class InferenceRecovery:
         self.max_restarts = max_restarts
         self.recovery_timeout_s = recovery_timeout_s
         self.log_hint = log_hint
+        self.before_recover = before_recover
 
     def surviving(self, fn: Callable[[], T]) -> T:
         """`fn()`, recovering the server and calling it again each time it raises `InferenceLost` (its waits poll
@@ -109,6 +113,8 @@ class InferenceRecovery:
             InferenceFailedError: this loss is one more than `max_restarts`, or the server did not come back (the
                 cause is chained); the message names the server, the reason and the fix.
         """
+        if self.before_recover is not None:  # e.g. a background push in flight ends before the pushers restart
+            self.before_recover()
         health = self.health
         health.mark_lost(reason)
         url = self.replicas.urls

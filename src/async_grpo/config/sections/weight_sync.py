@@ -30,6 +30,19 @@ class WeightSyncConfig(Section):
         "weight_sync/dense_bytes shows the saving).",
     )
 
+    weight_sync_overlap: bool = Field(
+        False,
+        description="Run each weight push on a background thread beside the trainer's next optimizer step, from a "
+        "copy of the weights taken when the push starts (PipelineRL's in-flight weight update), instead of making "
+        "the trainer wait for vLLM's pause, the wire, vLLM's load and its resume. The policy version still moves "
+        "only once vLLM serves the new weights; the trainer may be one step further ahead of it. The push is "
+        "waited for before the next push, a held-out evaluation, a checkpoint and the end of the run. Costs one "
+        "copy of the pushed weights (in the pushed dtype) in the trainer. Takes effect with one trainer rank, "
+        "full-weight pushes (not vllm_lora_sync), without full_determinism and when vLLM is not paused for "
+        "training (resource_sharing other than time_slice); otherwise the run logs why it is off and pushes in "
+        "the step. runner/overlapped_push.py; docs/performance.md.",
+    )
+
     @model_validator(mode="after")
     def _delta_needs_gloo(self) -> WeightSyncConfig:
         if self.weight_sync_mode == "delta" and self.weight_sync_backend == "nccl":
