@@ -39,3 +39,74 @@ def test_a_failed_push_leaves_the_version_where_it_was():
     with pytest.raises(ConnectionError):
         recipe.push_weights()
     assert recipe.version.value == 0 and recipe.sync_times == []
+
+
+class FlakyPusher(RecordingPusher):
+    """Fails its first push (vLLM lost mid-push), then succeeds."""
+
+    def push(self, version: int) -> float:
+        self.seen.append((version, self.recipe.version.value))
+        if len(self.seen) == 1:
+            raise ConnectionError("vLLM went away mid-push")
+        return 0.5
+
+
+class RecordingRecovery:
+    """Stands in for `InferenceRecovery`: records the reason, then pushes the current weights as `recover` does."""
+
+    def __init__(self, recipe: GRPORecipe):
+        self.recipe, self.reasons = recipe, []
+
+    def recover(self, reason: str) -> float:
+        self.reasons.append(reason)
+        return self.recipe.push_weights()
+
+
+def test_an_overlapped_push_that_failed_is_recovered_where_it_is_settled():
+    """weight_sync_overlap: a background push that failed leaves the version where it was; settling it recovers the
+    server (one new push, one version), and its seconds are kept for the next logged step."""
+    import torch
+    from vllm.distributed.weight_transfer import ModuleSource
+
+    from async_grpo.runner.overlapped_push import OverlappedPush
+    from async_grpo.transports.weights.frozen import FrozenSource
+
+    recipe = GRPORecipe(GRPOConfig(), DistInfo())
+    recipe.pusher = FlakyPusher(recipe)
+    recipe.recovery = RecordingRecovery(recipe)
+    recipe.push_source = FrozenSource(ModuleSource(torch.nn.Linear(2, 2)))
+    recipe.overlap = OverlappedPush(recipe.push_source, recipe.push_weights, timeout_s=10)
+    recipe.settle_push()  # nothing in flight: nothing happens
+    assert recipe.settled_push == {} and recipe.recovery.reasons == []
+
+    recipe.overlap.start()
+    recipe.settle_push()
+    assert recipe.recovery.reasons == ["a weight push failed: ConnectionError('vLLM went away mid-push')"]
+    assert recipe.pusher.seen == [(1, 0), (1, 0)]  # the failed push did not move the version; the recovery's did
+    assert recipe.version.value == 1 and recipe.settled_push == {"weight_sync/seconds": 0.5}
+    assert not recipe.push_source.frozen and not recipe.overlap.in_flight
+
+    recipe.overlap.start()  # the next push succeeds in the background
+    recipe.settle_push()
+    assert recipe.version.value == 2 and recipe.sync_times == [0.5, 0.5] and len(recipe.recovery.reasons) == 1
+    recipe.overlap.close()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "time_slice", "why"),
+    [
+        ({}, 1, False, None),
+        ({}, 2, False, "2 trainer ranks"),
+        ({"use_peft": True, "vllm_lora_sync": True}, 1, False, "vllm_lora_sync"),
+        ({"full_determinism": True}, 1, False, "full_determinism"),
+        ({}, 1, True, "time_slice"),
+    ],
+    ids=["on", "ranks", "lora", "determinism", "time-slice"],
+)
+def test_weight_sync_overlap_says_why_it_is_off(overrides, world_size, time_slice, why):
+    from types import SimpleNamespace
+
+    recipe = GRPORecipe(GRPOConfig(weight_sync_overlap=True, **overrides), DistInfo(world_size=world_size))
+    recipe.time_slice = SimpleNamespace(enabled=time_slice)
+    found = recipe.overlap_off()
+    assert found is None if why is None else why in found
