@@ -36,7 +36,7 @@ held-out reward (`eval/reward`, with its standard error `eval/reward_se`) agains
 a fault was not survived, a prompt, a step's metrics or a process was lost, or (with `--reward-check`, the full
 soak's default) the final rewards differ by more than twice the standard error of their difference.
 
-    .venv/bin/python benchmarks/chaos.py [--minutes 20] [--seed 0] [--mlflow-outage-s 60] [--out DIR]
+    .venv/bin/python benchmarks/chaos.py [--minutes 20] [--seed 0] [--mlflow-outage-s 60] [--out DIR] [--set KEY=VALUE ...]
     .venv/bin/python benchmarks/chaos.py --reduced [--model DIR]     # CI's form: 1 minute, a 5-s outage
 """
 
@@ -169,7 +169,7 @@ def train_command(args: argparse.Namespace, run_dir: Path, tracking_uri: str, ma
         command += [f"model_name_or_path={args.model}", "warmup_sft_steps=0"]
     elif args.warmup_sft_steps is not None:
         command.append(f"warmup_sft_steps={args.warmup_sft_steps}")
-    return command
+    return command + args.set
 
 
 def children_matching(child: Child, *needles: str) -> list[Any]:
@@ -609,6 +609,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-baseline", action="store_true", help="skip the fault-free run")
     parser.add_argument("--reduced", action="store_true", help="CI's form: 1 minute, checkpoints every 5, 5-s outage")
     parser.add_argument("--out", default=None, help="folder for logs and the report (default: a temporary one)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="further tiny_cpu.yaml overrides for both runs, after the soak's own (e.g. "
+                        "weight_sync_overlap=true)")  # fmt: skip
     parser.add_argument(INNER_FLAG, dest="inside", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reduced:
@@ -619,6 +622,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.reward_check = not args.reduced
     if not args.minutes > 0:
         parser.error(f"--minutes {args.minutes}: give a positive length")
+    if args.set:  # a bad override fails here, before any server starts
+        from async_grpo.config import load_config
+
+        try:
+            load_config(DEMO_CONFIG, args.set)
+        except Exception as err:
+            parser.error(f"--set {' '.join(args.set)}: {err}")
     return args
 
 
