@@ -213,3 +213,15 @@ def test_no_replica_taking_the_push_raises_and_recover_all_brings_them_back():
     assert [r.state for r in rs.replicas] == ["available", "available"]
     pusher.push(1)
     assert [p.versions for p in FakePusher.made[-2:]] == [[1], [1]]
+
+
+def test_each_replica_client_coalesces_with_the_runs_window():
+    async def clients(window_s):
+        client = BalancedClient(replica_set(2), "m", coalesce_window_s=window_s)
+        try:
+            return [client._client(r).coalescer for r in client.replicas.replicas]
+        finally:
+            await client.aclose()
+
+    assert [c.window_s for c in asyncio.run(clients(0.01))] == [0.01, 0.01]
+    assert asyncio.run(clients(0.0)) == [None, None]

@@ -18,6 +18,8 @@ import httpx
 import requests
 from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient
 
+from async_grpo.inference.coalescing import RequestCoalescer
+
 
 @dataclass
 class Completion:
@@ -52,6 +54,10 @@ def auth_headers(api_key: str | None = None) -> dict[str, str]:
 
 class GenerationError(RuntimeError):
     """vLLM answered a generation request with an error or a malformed body."""
+
+
+class RejectedRequestError(GenerationError):
+    """vLLM refused a generation request as invalid (HTTP 4xx, e.g. a prompt longer than its context)."""
 
 
 @runtime_checkable
@@ -89,6 +95,9 @@ class AsyncVLLMClient:
             request is sent (a LoRA adapter per policy version: `runner.peft_setup.request_model`).
         timeout_s: per-request timeout (seconds).
         api_key: bearer token; None reads env VLLM_API_KEY (unset: none).
+        coalesce_window_s: > 0: requests with equal sampling parameters sent within this many seconds share one
+            multi-prompt call (`inference.coalescing.RequestCoalescer`); 0 sends each alone.
+        coalesce_max_seqs: a shared call is sent at once when its prompts ask for this many sequences together.
     """
 
     def __init__(
@@ -98,6 +107,8 @@ class AsyncVLLMClient:
         timeout_s: float = 120.0,
         max_connections: int = 64,
         api_key: str | None = None,
+        coalesce_window_s: float = 0.0,
+        coalesce_max_seqs: int = 128,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -106,6 +117,11 @@ class AsyncVLLMClient:
             headers=auth_headers(api_key),
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S),
+        )
+        self.coalescer = (
+            RequestCoalescer(self.generate_batch, coalesce_window_s, coalesce_max_seqs, rejected=RejectedRequestError)
+            if coalesce_window_s > 0
+            else None
         )
 
     async def generate(
@@ -120,16 +136,19 @@ class AsyncVLLMClient:
         seed: int | None = None,
         extra_body: dict | None = None,
     ) -> list[Completion]:
-        """Sample `n` completions of one tokenized prompt; `extra_body` adds vLLM sampling parameters to the
-        request (min_p, repetition_penalty, TRL's generation_kwargs).
+        """Sample `n` completions of one tokenized prompt (P,); `extra_body` adds vLLM sampling parameters to the
+        request (min_p, repetition_penalty, TRL's generation_kwargs). With `coalesce_window_s` > 0 an unseeded prompt
+        may share one `/v1/completions` call with others sent within that window (`inference.coalescing`): it is
+        then sent up to that many seconds later, so the caller's policy-version stamp, read before the call, stays a
+        lower bound of the version that samples it (staleness is over-, never under-counted).
 
         Raises:
-            GenerationError: non-200 answer or a body without token ids / logprobs.
+            RejectedRequestError: vLLM refused the prompt (HTTP 4xx).
+            GenerationError: another non-200 answer or a body without token ids / logprobs.
             httpx.TimeoutException: the request exceeded timeout_s.
         """
-        body = {
+        params = {
             "model": self.model() if callable(self.model) else self.model,
-            "prompt": prompt_ids,
             "n": n,
             "max_tokens": max_tokens,
             "temperature": temperature,
@@ -140,15 +159,43 @@ class AsyncVLLMClient:
             "skip_special_tokens": True,
         }
         if seed is not None:
-            body["seed"] = seed
-        body.update(extra_body or {})
+            params["seed"] = seed
+        params.update(extra_body or {})
+        if self.coalescer is None or seed is not None:  # a seeded request (evaluation, full_determinism) goes alone
+            return (await self.generate_batch([prompt_ids], params))[0]
+        return await self.coalescer.submit(prompt_ids, params, seqs=n)
+
+    async def generate_batch(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
+        """One `/v1/completions` call for several tokenized prompts with the same sampling parameters.
+
+        Args:
+            prompts: B token-id prompts, each (P_b,).
+            params: the request body's fields but `prompt` (model, n, max_tokens, logprobs, ...).
+
+        Returns:
+            B lists of n `Completion`s, in the order of `prompts` (vLLM numbers the choices prompt-major:
+            index = b * n + j).
+
+        Raises:
+            RejectedRequestError: HTTP 4xx (the whole request refused).
+            GenerationError: another non-200 answer, a malformed body, or not B x n choices.
+            httpx.TimeoutException: the request exceeded timeout_s.
+        """
+        body = {**params, "prompt": prompts[0] if len(prompts) == 1 else prompts}
         resp = await self._http.post("/v1/completions", json=body)
         if resp.status_code != 200:
-            raise GenerationError(f"vLLM /v1/completions returned {resp.status_code}: {resp.text[:500]}")
-        return parse_completions(resp.json())
+            error = RejectedRequestError if 400 <= resp.status_code < 500 else GenerationError
+            raise error(f"vLLM /v1/completions returned {resp.status_code}: {resp.text[:500]}")
+        completions = parse_completions(resp.json())
+        n = int(params.get("n", 1))
+        if len(completions) != len(prompts) * n:
+            raise GenerationError(f"vLLM returned {len(completions)} choices for {len(prompts)} prompts x n={n}")
+        return [completions[b * n : (b + 1) * n] for b in range(len(prompts))]
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Cancel coalesced requests still waiting, then close the connection pool."""
+        if self.coalescer is not None:
+            await self.coalescer.aclose()
         await self._http.aclose()
 
 

@@ -192,18 +192,22 @@ class BalancedClient:
         replicas: the run's replica set.
         model: served model id (the same on every replica).
         timeout_s: per-request timeout (seconds).
+        coalesce_window_s: each replica's `AsyncVLLMClient.coalesce_window_s` (seconds; 0: every request alone).
     """
 
-    def __init__(self, replicas: ReplicaSet, model: str, timeout_s: float = 120.0):
+    def __init__(self, replicas: ReplicaSet, model: str, timeout_s: float = 120.0, coalesce_window_s: float = 0.0):
         self.replicas = replicas
         self.model = model
         self.timeout_s = timeout_s
+        self.coalesce_window_s = coalesce_window_s
         self._clients: dict[tuple[int, str], AsyncVLLMClient] = {}
 
     def _client(self, replica: Replica) -> AsyncVLLMClient:
         key = (replica.index, replica.url)  # a replaced pod has a new URL: a new connection pool
         if key not in self._clients:
-            self._clients[key] = AsyncVLLMClient(replica.url, self.model, timeout_s=self.timeout_s)
+            self._clients[key] = AsyncVLLMClient(
+                replica.url, self.model, timeout_s=self.timeout_s, coalesce_window_s=self.coalesce_window_s
+            )
         return self._clients[key]
 
     async def generate(self, prompt_ids: list[int], **kwargs) -> list[Completion]:

@@ -227,7 +227,10 @@ class GRPORecipe:
     def make_client(self) -> BalancedClient:
         """A generation client over the run's replicas (build it inside the event loop that uses it)."""
         model = peft_setup.request_model(self.config, self.version, self.served_model)  # a LoRA adapter per version
-        return BalancedClient(self.replicas, model, timeout_s=self.config.inference.vllm_request_timeout_s)
+        inf = self.config.inference
+        return BalancedClient(
+            self.replicas, model, timeout_s=inf.vllm_request_timeout_s, coalesce_window_s=inf.vllm_coalesce_window_s
+        )
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, rollout: Rollout | None = None, prefix: str = "eval") -> dict[str, float]:
