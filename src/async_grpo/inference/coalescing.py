@@ -72,7 +72,7 @@ class RequestCoalescer:
         self.rejected = rejected
         self._pending: dict[Hashable, _Pending] = {}
         self._tasks: set[asyncio.Task] = set()
-        self.batches = 0  # multi-prompt calls sent
+        self.batches = 0  # calls sent (a refused batch's one-prompt retries count too)
         self.requests = 0  # requests submitted
         self.split_batches = 0  # refused batches retried one prompt at a time
 
@@ -122,7 +122,8 @@ class RequestCoalescer:
                 _settle(futures[0], exc=err)
                 return
             self.split_batches += 1
-            await asyncio.gather(*(self._send_alone(p, f, batch.params) for p, f in zip(prompts, futures, strict=True)))
+            alone = (_Pending(batch.params, [p], [f]) for p, f in zip(prompts, futures, strict=True))
+            await asyncio.gather(*(self._send(one) for one in alone))
             return
         except BaseException as err:  # every waiting request gets the batch's failure
             for f in futures:
@@ -137,18 +138,6 @@ class RequestCoalescer:
             return
         for f, answer in zip(futures, answers, strict=True):
             _settle(f, result=answer)
-
-    async def _send_alone(self, prompt_ids: list[int], future: asyncio.Future, params: dict[str, Any]) -> None:
-        if future.done():
-            return
-        try:
-            answers = await self.send_batch([prompt_ids], params)
-        except BaseException as err:  # this request's own failure
-            _settle(future, exc=err)
-            if isinstance(err, asyncio.CancelledError):
-                raise
-            return
-        _settle(future, result=answers[0])
 
     async def aclose(self) -> None:
         """Cancel queued and in-flight batches (their requests get `asyncio.CancelledError`)."""
