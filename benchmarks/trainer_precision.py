@@ -1,17 +1,22 @@
 """Trainer step throughput by precision and micro-batch layout: float32 vs bf16 autocast (and liger's fused loss
 where installed), and float32 with padding-free `batch_flattening` and/or token-budget micro-batches
-(`max_tokens_per_microbatch`, by default micro x (prompt + max completion) tokens: the fixed path's padded size).
+(`max_tokens_per_microbatch`, by default micro x (prompt + max completion) tokens: the fixed path's padded size),
+and float32 with each distinct prompt run once (`share_prompt_prefix`, variant "+shared").
 
 The same GRPO step (`GRPOLearner.step`, dapo loss, one optimizer step) on the same synthetic batch, per variant:
 wall-clock seconds per step (after a warm-up step, CUDA synchronized), trainer tokens/s (prompt + completion
 tokens of the step / seconds) and peak accelerator memory, then the ratios against float32, all measured in this one
 run. On a GPU the default model is a Qwen2.5-0.5B-shaped Qwen2 built from its config (random weights: speed only);
 `--reduced` (the default without CUDA) runs the tiny CPU model so CI checks that the script works; `--shape medium`
-is benchmarks/vs_trl.py's 18M Qwen2 (8 x 8 completions of up to 128 tokens, micro-batches of 16) on CPU.
-`--variants` picks a subset (e.g. `float32 float32+flat float32+budget float32+flat+budget`).
+is benchmarks/vs_trl.py's 18M Qwen2 (8 x 8 completions of up to 128 tokens, micro-batches of 16) on CPU;
+`--shape demo` is the embedded demo's step (the tiny model, 16 x 8 completions of up to 12 tokens after a 37-token
+prompt, micro-batches of 64, one thread). `--variants` picks a subset (e.g. `float32 float32+flat float32+budget
+float32+flat+budget`, or `float32+sorted float32+sorted+shared`).
 
     .venv/bin/python benchmarks/trainer_precision.py [--reduced] [--steps 3] [--groups 8 --generations 8]
     .venv/bin/python benchmarks/trainer_precision.py --shape medium --threads 2 --variants float32 float32+flat
+    .venv/bin/python benchmarks/trainer_precision.py --shape demo --threads 1 --steps 20 \
+        --variants float32+sorted float32+sorted+shared
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ def synthetic_batch(
 
 def build(variant: str, model, micro: int, max_completion: int, max_tokens: int | None = None):
     """The `GRPOLearner` of `variant` ("float32" / "bf16", then "+liger", "+flat", "+budget", "+sorted": the
-    config's default `group_by_length`), dapo loss."""
+    config's default `group_by_length`, "+shared": `share_prompt_prefix`), dapo loss."""
     from async_grpo.algorithms import LossSettings
     from async_grpo.trainer.trainer import GRPOLearner
 
@@ -109,6 +114,7 @@ def build(variant: str, model, micro: int, max_completion: int, max_tokens: int 
         batch_flattening="+flat" in variant,
         max_tokens_per_microbatch=max_tokens if "+budget" in variant else None,
         group_by_length="+sorted" in variant,
+        share_prompt_prefix="+shared" in variant,
     )
 
 
@@ -135,7 +141,7 @@ def report(variant: str, learner, batch, seconds: list[float], metrics: dict, cp
     s_per_step = statistics.median(seconds)
     micro = list(learner._micro_batches([batch]))
     # token positions the model runs per forward (padding included): deterministic, unlike the timings
-    positions = sum((mb.layout.input_ids if hasattr(mb, "layout") else mb.input_ids).numel() for mb in micro)
+    positions = sum(_positions(mb) for mb in micro)
     return {
         "variant": variant,
         "s_per_step": s_per_step,
@@ -147,6 +153,16 @@ def report(variant: str, learner, batch, seconds: list[float], metrics: dict, cp
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "loss": metrics["loss"],
     }
+
+
+def _positions(mb) -> int:
+    """Token positions the model runs for micro-batch `mb`: its flat rows, its distinct prompts plus its completions
+    (shared prompts), or its padded rows."""
+    if hasattr(mb, "layout"):
+        return mb.layout.input_ids.numel()
+    if hasattr(mb, "sharing"):
+        return mb.sharing.prompt_ids.numel() + mb.completion_ids.numel()
+    return mb.input_ids.numel()
 
 
 def run_sequential(variants, base, batch, args, max_tokens) -> list[dict]:
@@ -197,9 +213,10 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=8, help="completions per micro-batch")
     p.add_argument(
         "--shape",
-        choices=["qwen0.5b", "medium", "tiny"],
+        choices=["qwen0.5b", "medium", "tiny", "demo"],
         default=None,
-        help="model shape (default: qwen0.5b on CUDA, tiny otherwise); medium = vs_trl.py's 18M workload",
+        help="model shape (default: qwen0.5b on CUDA, tiny otherwise); medium = vs_trl.py's 18M workload; demo = "
+        "the embedded demo's step on the tiny model",
     )
     p.add_argument(
         "--max-tokens",
@@ -230,11 +247,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     reduced = args.reduced or (not cuda and args.shape is None)
-    shape = {"qwen0.5b": QWEN_0_5B, "medium": MEDIUM, "tiny": TINY}[args.shape or ("tiny" if reduced else "qwen0.5b")]
+    shape = {"qwen0.5b": QWEN_0_5B, "medium": MEDIUM, "tiny": TINY, "demo": TINY}[
+        args.shape or ("tiny" if reduced else "qwen0.5b")
+    ]
     if reduced:
         args.groups, args.generations, args.prompt_len, args.max_completion, args.micro = 2, 4, 16, 32, 4
     elif args.shape == "medium":  # vs_trl.py: 8 prompts x 8 generations, up to 128 tokens, micro-batches of 16
         args.groups, args.generations, args.prompt_len, args.max_completion, args.micro = 8, 8, 24, 128, 16
+    elif args.shape == "demo":  # examples/tiny_cpu.yaml: 16 prompts x 8, <= 12 tokens after ~37, micro-batches of 64
+        args.groups, args.generations, args.prompt_len, args.max_completion, args.micro = 16, 8, 37, 12, 64
     max_tokens = args.max_tokens or args.micro * (args.prompt_len + args.max_completion)
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(0)
@@ -256,9 +277,9 @@ def main() -> None:
     except ImportError:
         pass
     if cuda:  # what a GPU run would use: bf16 with the layouts, and float32 with both for the precision's share
-        variants += ["bf16+flat", "bf16+budget", "bf16+flat+budget", "float32+flat+budget"]
+        variants += ["bf16+flat", "bf16+budget", "bf16+flat+budget", "float32+flat+budget", "bf16+sorted+shared"]
     else:
-        variants += ["float32+sorted", "float32+flat", "float32+budget", "float32+flat+budget"]
+        variants += ["float32+sorted", "float32+flat", "float32+budget", "float32+flat+budget", "float32+sorted+shared"]
     variants = args.variants or variants
     interleave = (not cuda) if args.interleave is None else args.interleave
     results = (run_interleaved if interleave else run_sequential)(variants, base, batch, args, max_tokens)

@@ -127,7 +127,9 @@ def test_gpu_sh_reduced_cpu_mode(tmp_path):
     overlap = (tmp_path / "overlap.txt").read_text()  # gpu.sh's reduced mode is the CI run of overlap.py and
     assert "overlap efficiency (t_gen + t_train) / t_step" in overlap and "of ideal" in overlap  # trainer_precision.py
     assert '"t_gen_s"' in overlap and '"t_train_s"' in overlap and '"t_step_s"' in overlap
-    assert '"variant": "bf16"' in (tmp_path / "trainer_precision.txt").read_text()
+    precision = (tmp_path / "trainer_precision.txt").read_text()
+    assert '"variant": "bf16"' in precision
+    assert "float32+sorted+shared: " in precision  # share_prompt_prefix: 2 prompts x 4 completions
 
 
 @pytest.mark.integration

@@ -78,6 +78,7 @@ def test_examples_tiny_cpu_yaml_loads_to_the_same_values_as_the_flat_config():
     assert {k: flat[k] for k in TINY_CPU_FLAT} == TINY_CPU_FLAT
     added = set(flat) - set(TINY_CPU_FLAT)  # fields added after the snapshot: at their defaults, but for the
     set_by_the_demo = {"lr_scheduler_type": "constant", "eval_strategy": "steps", "eval_steps": 200}  # issue 13
+    set_by_the_demo["share_prompt_prefix"] = True  # issue 23: each group's prompt through the trainer once
     assert all(flat[k] == set_by_the_demo.get(k, FIELDS[k].default) for k in added), added
     assert config.optim.learning_rate == 3.0e-4 and config.loss.epsilon_high == 0.28 and config.groups_per_step == 16
 

@@ -153,6 +153,22 @@ class GRPOConfig(RunFields):
                 "logprob_chunk_size, use_liger_kernel or skip_zero_advantage_batches. Fix: unset those, or set "
                 "fsdp=false."
             )
+        if optim.share_prompt_prefix:
+            clashes = [
+                name
+                for name, on in (
+                    ("gradient_checkpointing", optim.gradient_checkpointing),
+                    ("batch_flattening", optim.batch_flattening),
+                    ("fsdp", optim.fsdp),
+                )
+                if on
+            ]
+            if clashes:
+                raise ValueError(
+                    f"share_prompt_prefix cannot combine with {', '.join(clashes)} (transformers drops the shared "
+                    "prompt's KV cache inside checkpointed layers; flattening is another micro-batch layout; fsdp is "
+                    f"not supported with it yet). Fix: set share_prompt_prefix=false, or {', '.join(clashes)}=false."
+                )
         if loss.loss_type == "cispo" and self.epsilon_high_value < 1.0:
             raise ValueError(
                 f"loss_type=cispo caps the importance ratio itself at epsilon_high (epsilon_max of ScaleRL, "

@@ -322,7 +322,7 @@ def build_local_learner(config: GRPOConfig, model: torch.nn.Module, pad_token_id
         fsdp=config.optim.fsdp, mixed_precision="bf16" if config.optim.bf16 else None, lr_schedule=lr_schedule(config),
         adam_betas=(config.optim.adam_beta1, config.optim.adam_beta2), adam_epsilon=config.optim.adam_epsilon,
         max_tokens_per_microbatch=config.optim.max_tokens_per_microbatch, batch_flattening=config.optim.batch_flattening,
-        group_by_length=config.optim.group_by_length,
+        group_by_length=config.optim.group_by_length, share_prompt_prefix=config.optim.share_prompt_prefix,
     )  # fmt: skip
 
 

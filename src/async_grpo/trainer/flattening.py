@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from async_grpo.algorithms import entropy_from_logits, selective_log_softmax
-from async_grpo.trainer import packing
+from async_grpo.trainer import packing, prefix_sharing
 from async_grpo.trainer.logprobs import chunked_token_logps
 from async_grpo.trainer.packing import PackedBatch
 
@@ -184,7 +184,7 @@ def completion_logps(
     chunk_size: int | None = None,
     temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor | None]:
-    """`packing.completion_logps` for padded and flattened micro-batches alike.
+    """`packing.completion_logps` for padded, flattened and shared-prompt (`trainer.prefix_sharing`) micro-batches.
 
     Returns:
         logps (N, T) float32 with gradient, 0 on padding for a `FlattenedBatch`; entropies (N, T) or None.
@@ -192,6 +192,8 @@ def completion_logps(
         so the LM head sees only the completion tokens; otherwise the decoder body runs and
         `chunked_token_logps` applies the head `chunk_size` tokens at a time.
     """
+    if isinstance(mb, prefix_sharing.SharedPromptBatch):  # each distinct prompt once (share_prompt_prefix)
+        return prefix_sharing.completion_logps(model, mb, with_entropy, chunk_size, temperature)
     if not isinstance(mb, FlattenedBatch):
         return packing.completion_logps(
             model, mb, with_entropy=with_entropy, chunk_size=chunk_size, temperature=temperature
@@ -225,7 +227,9 @@ def completion_logps(
 
 def completion_hidden_states(model: torch.nn.Module, mb: PackedBatch) -> Tensor:
     """Decoder hidden states (N, T, H) at the positions predicting `mb.completion_ids` (0 on padding for a
-    `FlattenedBatch`): `logprobs.completion_hidden_states` for padded and flattened micro-batches alike."""
+    `FlattenedBatch`): `logprobs.completion_hidden_states` for padded, flattened and shared-prompt micro-batches."""
+    if isinstance(mb, prefix_sharing.SharedPromptBatch):
+        return prefix_sharing.completion_hidden_states(model, mb)
     if not isinstance(mb, FlattenedBatch):
         from async_grpo.trainer.logprobs import completion_hidden_states as padded
 

@@ -36,6 +36,7 @@ import torch
 
 from async_grpo.trainer.flattening import flatten
 from async_grpo.trainer.packing import PackedBatch
+from async_grpo.trainer.prefix_sharing import prompt_order, share_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,14 @@ class MicroBatching:
             `TrainingArguments.group_by_length`; 1.2x the trainer's steps/s on benchmarks/trainer_precision.py's
             medium shape). Same gradient for every loss but bnpo (pass False there). The token budget always
             orders by length.
+        share_prompt_prefix: run each micro-batch's distinct prompts once (`trainer.prefix_sharing`); the
+            completions of a prompt are then kept next to each other (`prefix_sharing.prompt_order` instead of
+            `by_length`, wherever the completions are reordered) so a micro-batch holds few distinct prompts.
+            Not with batch_flattening.
 
     Raises:
-        ValueError: micro_batch_size < 1 or max_tokens_per_microbatch < 1.
+        ValueError: micro_batch_size < 1, max_tokens_per_microbatch < 1, or share_prompt_prefix with
+            batch_flattening.
     """
 
     def __init__(
@@ -69,7 +75,13 @@ class MicroBatching:
         batch_flattening: bool = False,
         flat_row_tokens: int | None = None,
         group_by_length: bool = False,
+        share_prompt_prefix: bool = False,
     ):
+        if share_prompt_prefix and batch_flattening:
+            raise ValueError(
+                "share_prompt_prefix and batch_flattening are two layouts of a micro-batch; only one applies. "
+                "Fix: set one of them to false."
+            )
         if micro_batch_size < 1:
             raise ValueError(f"per_device_train_batch_size={micro_batch_size} must be >= 1. Fix: use e.g. 8.")
         if max_tokens_per_microbatch is not None and max_tokens_per_microbatch < 1:
@@ -82,6 +94,7 @@ class MicroBatching:
         self.batch_flattening = batch_flattening
         self.flat_row_tokens = flat_row_tokens
         self.group_by_length = group_by_length or self.by_tokens
+        self.share_prompt_prefix = share_prompt_prefix
         self.oversized = 0  # cumulative: sequences longer than the budget, trained in a micro-batch of their own
 
     @property
@@ -94,10 +107,11 @@ class MicroBatching:
         (`group_by_length`, token budget).
 
         Yields:
-            `PackedBatch` slices (row order), trimmed slices (by length), or `FlattenedBatch`es (flattening).
+            `PackedBatch` slices (row order), trimmed slices (by length), `FlattenedBatch`es (flattening), or
+            `SharedPromptBatch`es (share_prompt_prefix, where rows share a prompt).
         """
         if self.group_by_length:  # similar lengths together (the loss does not depend on the order: `accumulation`)
-            packed = take(packed, by_length(packed))
+            packed = take(packed, prompt_order(packed) if self.share_prompt_prefix else by_length(packed))
         spans = (
             self._spans(packed)
             if self.by_tokens
@@ -110,7 +124,10 @@ class MicroBatching:
             mb = packed.slice(start, end)
             if self.group_by_length and not self.batch_flattening:
                 mb = trim(mb)
-            yield flatten(mb, self.flat_row_tokens) if self.batch_flattening else mb
+            if self.batch_flattening:
+                yield flatten(mb, self.flat_row_tokens)
+            else:
+                yield share_prompts(mb) if self.share_prompt_prefix else mb
 
     def _spans(self, packed: PackedBatch) -> list[tuple[int, int]]:
         """Row ranges [start, end) whose cost stays within the budget (a longer single row stands alone)."""

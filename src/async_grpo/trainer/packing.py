@@ -65,20 +65,22 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
             grp.completion_ids, grp.sampling_logprobs, grp.truncated, grp.advantages, grp.loss_mask, strict=True
         )
     ]
-    n = len(rows)
     p = max(len(r[0]) for r in rows)
     t = max(max(len(r[1]) for r in rows), 1)
-    input_ids = torch.full((n, p + t), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, p + t), dtype=torch.long)
-    completion_mask = torch.zeros((n, t), dtype=torch.float32)
-    sampling_logps = torch.zeros((n, t), dtype=torch.float32)
-    for i, (prompt, comp, lps, trunc, _, _, lmask) in enumerate(rows):
-        input_ids[i, p - len(prompt) : p] = torch.tensor(prompt)
-        input_ids[i, p : p + len(comp)] = torch.tensor(comp, dtype=torch.long)
-        attention_mask[i, p - len(prompt) : p + len(comp)] = 1
-        if not (mask_truncated and trunc):
-            completion_mask[i, : len(comp)] = torch.tensor(lmask, dtype=torch.float32)
-        sampling_logps[i, : len(lps)] = torch.tensor(lps)
+    # padded Python lists, then one tensor each: a per-row torch.tensor + slice assignment costs ~0.2 ms a row
+    input_ids = torch.tensor(
+        [[pad_token_id] * (p - len(r[0])) + list(r[0]) + list(r[1]) + [pad_token_id] * (t - len(r[1])) for r in rows],
+        dtype=torch.long,
+    )
+    attention_mask = torch.tensor(
+        [[0] * (p - len(r[0])) + [1] * (len(r[0]) + len(r[1])) + [0] * (t - len(r[1])) for r in rows],
+        dtype=torch.long,
+    )
+    completion_mask = torch.tensor(
+        [[0.0] * t if (mask_truncated and r[3]) else list(r[6]) + [0.0] * (t - len(r[6])) for r in rows],
+        dtype=torch.float32,
+    )
+    sampling_logps = torch.tensor([list(r[2]) + [0.0] * (t - len(r[2])) for r in rows], dtype=torch.float32)
     # non-finite logprobs sit only on tokens outside the loss (RolloutGroup masks them); 0 there, like padding, so
     # that no inf/NaN reaches a masked product (inf * 0 is NaN)
     sampling_logps = torch.where(torch.isfinite(sampling_logps), sampling_logps, torch.zeros_like(sampling_logps))

@@ -28,6 +28,7 @@ from async_grpo.trainer.flattening import completion_hidden_states, completion_l
 from async_grpo.trainer.logprobs import chunked_token_logps
 from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics, take
 from async_grpo.trainer.packing import PackedBatch, pack_batch
+from async_grpo.trainer.prefix_sharing import check_model
 from async_grpo.trainer.schedule import LRSchedule
 from async_grpo.transports.messages import TrainBatch
 
@@ -81,10 +82,15 @@ class GRPOLearner:
         max_tokens_per_microbatch, batch_flattening, group_by_length: see `trainer.microbatching.MicroBatching`
             (raises ValueError); group_by_length is off for the loss types whose gradient depends on the cut
             (`LossNormalizer.cut_invariant` False: bnpo).
+        share_prompt_prefix: run each micro-batch's distinct prompts once and continue their completions from the
+            prompt pass's KV cache (`trainer.prefix_sharing`; verl `actor.use_prefix_grouper`): the same logprobs,
+            loss and gradients as the padded path up to float rounding, for U x P + N x T positions instead of
+            N x (P + T).
 
     Raises:
-        ValueError: skip_zero_advantage_batches with a KL term, fsdp with options it cannot run, or an unknown
-            mixed_precision.
+        ValueError: skip_zero_advantage_batches with a KL term, fsdp with options it cannot run, an unknown
+            mixed_precision, or share_prompt_prefix with fsdp, batch_flattening, gradient checkpointing or a model
+            whose cache is not all full-attention layers (`prefix_sharing.check_model`).
     """
 
     def __init__(
@@ -107,6 +113,7 @@ class GRPOLearner:
         max_tokens_per_microbatch: int | None = None,
         batch_flattening: bool = False,
         group_by_length: bool = False,
+        share_prompt_prefix: bool = False,
     ):
         if mixed_precision not in (None, "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r} is not None or 'bf16'. Fix: use bf16=true or false.")
@@ -137,7 +144,12 @@ class GRPOLearner:
             batch_flattening,
             flat_row_tokens(model, self.sharded),  # one row or rows bounded by the longest
             group_by_length and self.objective.normalizer.cut_invariant,  # not bnpo: its token mean depends on the cut
+            share_prompt_prefix,
         )
+        if share_prompt_prefix:
+            if self.sharded:
+                raise ValueError("share_prompt_prefix with fsdp is not supported. Fix: set share_prompt_prefix=false.")
+            check_model(model)  # full-attention KV cache, no gradient checkpointing
         if self.sharded:  # after the reference copy, before the optimizer sees the (now sharded) parameters
             if logprob_chunk_size is not None or self.objective.wants_hidden_states or skip_zero_advantage_batches:
                 raise ValueError(
