@@ -135,7 +135,16 @@ def test_a_prompt_less_row_is_refused():
         flatten(packed)
 
 
-def learner(model, *, flattening: bool, micro: int = 2, max_tokens: int | None = None, **loss_kw) -> GRPOLearner:
+def learner(
+    model,
+    *,
+    flattening: bool,
+    micro: int = 2,
+    max_tokens: int | None = None,
+    group_by_length: bool = False,
+    share_prompt_prefix: bool = False,
+    **loss_kw,
+) -> GRPOLearner:
     """A learner whose optimizer step is a no-op, so the model keeps the step's gradients for comparison."""
     out = GRPOLearner(
         model,
@@ -147,6 +156,8 @@ def learner(model, *, flattening: bool, micro: int = 2, max_tokens: int | None =
         pad_token_id=PAD,
         batch_flattening=flattening,
         max_tokens_per_microbatch=max_tokens,
+        group_by_length=group_by_length,
+        share_prompt_prefix=share_prompt_prefix,
     )
     out.optimizer.step = lambda *a, **k: None
     return out

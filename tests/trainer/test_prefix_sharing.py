@@ -10,7 +10,6 @@ import copy
 import pytest
 import torch
 
-from async_grpo.algorithms import LossSettings
 from async_grpo.trainer.flattening import completion_hidden_states, completion_logps
 from async_grpo.trainer.microbatching import MicroBatching
 from async_grpo.trainer.packing import pack_batch
@@ -19,6 +18,7 @@ from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import TrainBatch
 
 from .test_flattening import assert_same_step, completion_real
+from .test_flattening import learner as padded_learner
 from .test_trainer import PAD, make_group
 
 
@@ -119,20 +119,11 @@ def test_hidden_states_for_the_fused_loss_match_the_padded_path(tiny_model):
 
 
 def learner(model, *, share: bool, micro: int = 4, **loss_kw) -> GRPOLearner:
-    """A learner whose optimizer step is a no-op, so the model keeps the step's gradients for comparison."""
-    out = GRPOLearner(
-        model,
-        learning_rate=1e-3,
-        weight_decay=0.0,
-        max_grad_norm=1e9,
-        micro_batch_size=micro,
-        loss=LossSettings(max_completion_length=32, **loss_kw),
-        pad_token_id=PAD,
-        group_by_length=True,
-        share_prompt_prefix=share,
+    """`test_flattening.learner` (optimizer step a no-op: the gradients stay for comparison), padded, ordered
+    (`group_by_length`), with or without shared prompts."""
+    return padded_learner(
+        model, flattening=False, micro=micro, group_by_length=True, share_prompt_prefix=share, **loss_kw
     )
-    out.optimizer.step = lambda *a, **k: None
-    return out
 
 
 @pytest.mark.parametrize("micro", [4, 8])
