@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from async_grpo.algorithms import LossSettings
 from async_grpo.trainer.flattening import completion_hidden_states, completion_logps
 from async_grpo.trainer.microbatching import MicroBatching
 from async_grpo.trainer.packing import pack_batch
@@ -199,3 +200,38 @@ def test_the_config_refuses_combinations_it_cannot_run():
             {"model_name_or_path": "builtin:tiny", "share_prompt_prefix": True, "gradient_checkpointing": True}
         )
     assert GRPOConfig.model_validate({"model_name_or_path": "builtin:tiny", "share_prompt_prefix": True})
+
+
+def test_a_lora_step_with_a_kl_reference_has_the_padded_step(tiny_model):
+    """use_peft: the adapters' gradients and the KL against the base model (adapters off, `_AdaptersOff`) are the
+    padded path's."""
+    from async_grpo.trainer.peft import PeftLearner, wrap_with_lora
+
+    def lora(model, share: bool) -> PeftLearner:
+        wrapped = wrap_with_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "gate_proj"])
+        out = PeftLearner(
+            wrapped, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=1e9, micro_batch_size=4,
+            loss=LossSettings(max_completion_length=32, beta=0.1), pad_token_id=PAD, group_by_length=True,
+            share_prompt_prefix=share,
+        )  # fmt: skip
+        return out
+
+    other = copy.deepcopy(tiny_model)  # before wrapping: peft wraps in place
+    padded, shared = lora(tiny_model, False), lora(other, True)
+    torch.manual_seed(0)
+    for (name, a), b in zip(padded.model.named_parameters(), shared.model.parameters(), strict=True):
+        with torch.no_grad():
+            if "lora_B" in name:  # B = 0 at the start: nonzero adapters, so that the KL against the base is nonzero
+                a.normal_(0.0, 0.05)
+            b.copy_(a)  # lora_A too: each wrap draws its own
+    for learner in (padded, shared):
+        learner.optimizer.step = lambda *a, **k: None
+    want, got = padded.step(grouped_batch()), shared.step(grouped_batch())
+    assert want["kl"] > 0.0 and want["loss"] != 0.0
+    assert got["kl"] == pytest.approx(want["kl"], rel=1e-4)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
+    trained = [(n, p) for n, p in padded.model.named_parameters() if p.requires_grad]
+    others = [p for p in shared.model.parameters() if p.requires_grad]
+    assert len(trained) == len(others) > 0
+    for (name, a), b in zip(trained, others, strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
