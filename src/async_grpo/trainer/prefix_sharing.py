@@ -23,7 +23,9 @@ checkpointed layer, so the completions would silently lose their prompt).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -101,13 +103,11 @@ def share_prompts(mb: PackedBatch) -> PackedBatch:
     if p < 1 or bool((mb.attention_mask[:, p - 1] == 0).any()):  # left padding: the last column is real if any is
         return mb
     unique, owner = prompt_keys(mb)
-    u = unique.size(0)
-    if u == n:
+    if unique.size(0) == n:
         return mb
-    rows = torch.arange(n, device=owner.device)
-    first = torch.full((u,), n, dtype=torch.long, device=owner.device).scatter_reduce(0, owner, rows, "amin")
-    sharing = PromptSharing(mb.input_ids[first, :p], mb.attention_mask[first, :p], mb.position_ids[first, :p], owner)
-    return _with_sharing(mb, sharing)
+    prompt_ids, prompt_mask = unique[:, :p], unique[:, p:]
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as `pack_batch` counts them
+    return _with_sharing(mb, PromptSharing(prompt_ids, prompt_mask, positions, owner))
 
 
 def prompt_order(packed: PackedBatch) -> Tensor:
@@ -170,23 +170,29 @@ def _gathered_cache(cache, owner: Tensor):
     return cache
 
 
-def _continuation_inputs(mb: SharedPromptBatch) -> dict:
+def _continued(mb: SharedPromptBatch, run: Callable[[dict, int], tuple[Tensor, Any]]) -> Tensor:
+    """(N, T, D) outputs at the positions predicting `mb.completion_ids`: the prompt pass's last position gathered to
+    the rows, then the completion pass's first T - 1, the completions continuing from the gathered cache.
+
+    `run(inputs, keep)` runs the model (or its body) on `inputs` (`use_cache=True`) and returns its outputs at the
+    last `keep` positions and the cache it filled."""
+    sh = mb.sharing
     p = mb.input_ids.size(1) - mb.completion_ids.size(1)
-    return {
+    t = mb.completion_ids.size(1)
+    prompt = {"input_ids": sh.prompt_ids, "attention_mask": sh.prompt_mask, "position_ids": sh.prompt_positions}
+    last, cache = run({**prompt, "use_cache": True}, 1)
+    head = last[sh.owner]  # (N, 1, D)
+    if t == 1:
+        return head
+    continuation = {
         "input_ids": mb.completion_ids,
         "attention_mask": mb.attention_mask,
         "position_ids": mb.position_ids[:, p:],
+        "past_key_values": _gathered_cache(cache, sh.owner),
         "use_cache": True,
     }
-
-
-def _prompt_inputs(sh: PromptSharing) -> dict:
-    return {
-        "input_ids": sh.prompt_ids,
-        "attention_mask": sh.prompt_mask,
-        "position_ids": sh.prompt_positions,
-        "use_cache": True,
-    }
+    rest, _ = run(continuation, t)  # (N, T, D)
+    return torch.cat([head, rest[:, :-1]], dim=1)
 
 
 def completion_logits(model: torch.nn.Module, mb: SharedPromptBatch) -> Tensor:
@@ -194,30 +200,24 @@ def completion_logits(model: torch.nn.Module, mb: SharedPromptBatch) -> Tensor:
     the prompt pass's last logits gathered to the rows, then the completion pass's first T - 1. The model's own
     head (and any logit processing of its forward) computes them, on the U last prompt positions and N x T
     completion positions only (`logits_to_keep`)."""
-    sh = mb.sharing
-    t = mb.completion_ids.size(1)
-    first = model(**_prompt_inputs(sh), logits_to_keep=1)
-    head = first.logits[sh.owner]  # (N, 1, V)
-    if t == 1:
-        return head
-    cache = _gathered_cache(first.past_key_values, sh.owner)
-    rest = model(**_continuation_inputs(mb), past_key_values=cache, logits_to_keep=t).logits  # (N, T, V)
-    return torch.cat([head, rest[:, :-1]], dim=1)
+
+    def run(inputs: dict, keep: int) -> tuple[Tensor, Any]:
+        out = model(**inputs, logits_to_keep=keep)
+        return out.logits, out.past_key_values
+
+    return _continued(mb, run)
 
 
 def completion_hidden_states(model: torch.nn.Module, mb: SharedPromptBatch) -> Tensor:
     """(N, T, H) decoder hidden states at the positions predicting `mb.completion_ids` (`model.get_decoder()`), the
     shared-prompt counterpart of `logprobs.completion_hidden_states`, for the fused loss and the chunked LM head."""
-    sh = mb.sharing
-    t = mb.completion_ids.size(1)
     body = model.get_decoder()
-    first = body(**_prompt_inputs(sh))
-    head = first.last_hidden_state[:, -1:][sh.owner]  # (N, 1, H)
-    if t == 1:
-        return head
-    cache = _gathered_cache(first.past_key_values, sh.owner)
-    rest = body(**_continuation_inputs(mb), past_key_values=cache).last_hidden_state  # (N, T, H)
-    return torch.cat([head, rest[:, :-1]], dim=1)
+
+    def run(inputs: dict, keep: int) -> tuple[Tensor, Any]:
+        out = body(**inputs)
+        return out.last_hidden_state[:, -keep:], out.past_key_values
+
+    return _continued(mb, run)
 
 
 def completion_logps(

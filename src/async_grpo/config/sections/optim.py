@@ -64,8 +64,8 @@ class OptimConfig(Section):
         "PrefixGrouper library; TRL has no equivalent). Same logprobs, loss and gradients as the padded path up to "
         "float rounding (tests/trainer/test_prefix_sharing.py); the forward and backward cover U x P + N x T "
         "positions instead of N x (P + T) (U distinct prompts, N completions), so it pays when prompts are long "
-        "next to completions: 2.3x the trainer's forward + backward on the demo (G = 8, 37-token prompts, <= 12 "
-        "completion tokens). With group_by_length the completions of a prompt are kept in the same micro-batch. "
+        "next to completions: 2.06x the trainer's step on the demo (G = 8, 37-token prompts, <= 12 completion "
+        "tokens; benchmarks/trainer_precision.py --shape demo), about even when completions are 4x the prompt. With group_by_length the completions of a prompt are kept in the same micro-batch. "
         "Needs a model whose cache is all full-attention layers (no sliding window, no linear attention), and "
         "not together with gradient_checkpointing, batch_flattening or fsdp (all checked before training).",
     )
