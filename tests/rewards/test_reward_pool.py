@@ -55,6 +55,8 @@ def test_construction_validates_in_parent():
         RewardPool([spec("length_reward"), spec("length_reward")])
     with pytest.raises(ValueError, match="reward_timeout_s"):
         RewardPool([spec("length_reward")], timeout_s=0)
+    with pytest.raises(ValueError, match="stall_grace_s=-1"):
+        RewardPool([spec("length_reward")], stall_grace_s=-1)
     with pytest.raises(ValueError, match="non-empty list"):
         RewardPool([])
 
@@ -185,14 +187,15 @@ def test_workers_killed_while_groups_flow_never_stall_the_pool(child_pids):
     a broken pool stopped under the pool's lock while pebble's thread waited for that lock to fail its queued
     groups (fixed: `_retire` runs without the lock), and a pool that stops making progress after a kill (queued
     groups never start, so never time out): the watchdog replaces a pool in which no group settled for
-    reward_timeout_s + STALL_GRACE_S while groups wait."""
+    reward_timeout_s + stall_grace_s while groups wait. The grace here is 10 s, not the product's 60 (the stall
+    struck once or twice in a whole-suite run and cost 2 minutes there); a fresh worker of this function starts in
+    about a second."""
     import threading
 
-    from async_grpo.rewards.pool import STALL_GRACE_S
-
-    settle_s = 3 + STALL_GRACE_S + 30  # the pool's timeout, the stall grace, and a margin for a loaded machine
+    grace_s = 10.0
+    settle_s = 3 + grace_s + 30  # the pool's timeout, the stall grace, and a margin for a loaded machine
     before = child_pids()
-    with RewardPool([spec("length_reward")], num_workers=2, timeout_s=3) as pool:
+    with RewardPool([spec("length_reward")], num_workers=2, timeout_s=3, stall_grace_s=grace_s) as pool:
         stop = threading.Event()
         outcomes: list[str] = []
 

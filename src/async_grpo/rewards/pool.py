@@ -199,16 +199,19 @@ class RewardPool:
         num_workers: int = 2,
         timeout_s: float = 30.0,
         bound_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        stall_grace_s: float = STALL_GRACE_S,
     ):
         """Validate the specs in this process (importing each once), then create the pool.
 
         Worker processes start on the first `submit`. `bound_kwargs` maps a spec to keyword arguments bound on
         every call of that function (`contract.bound_kwargs`: the run's parameters of configurable builtins).
+        `stall_grace_s` (seconds): the pool counts as stuck, and is replaced, when groups wait and none has settled
+        for `timeout_s` + this long (`_stuck`); it must cover a fresh worker's start-up (spawn and imports).
 
         Raises:
             RewardSpecError: a spec does not resolve (names the spec and the fix).
             ValueError: empty specs, duplicate function names, weights of the wrong length or not
-                finite, num_workers < 1 or timeout_s <= 0.
+                finite, num_workers < 1, timeout_s <= 0 or stall_grace_s < 0.
         """
         if isinstance(specs, str) or not specs:
             raise ValueError(
@@ -236,7 +239,10 @@ class RewardPool:
             raise ValueError(f"reward_num_workers={num_workers} must be >= 1. Fix: use at least 1 worker.")
         if not timeout_s > 0:
             raise ValueError(f"reward_timeout_s={timeout_s} must be > 0. Fix: give a positive number of seconds.")
+        if not stall_grace_s >= 0:
+            raise ValueError(f"stall_grace_s={stall_grace_s} must be >= 0 seconds. Fix: e.g. {STALL_GRACE_S}.")
         self.timeout_s = float(timeout_s)
+        self.stall_grace_s = float(stall_grace_s)
         self._worker_specs = tuple(_absolute_spec(s) for s in self.specs)
         self._bound = {_absolute_spec(k): dict(v) for k, v in (bound_kwargs or {}).items()}
         self._trainer_state = RewardTrainerState()
@@ -324,11 +330,11 @@ class RewardPool:
                 self._retire(retired)
 
     def _stuck(self) -> bool:
-        """True when groups wait and none has settled for reward_timeout_s + STALL_GRACE_S seconds (call with the
+        """True when groups wait and none has settled for reward_timeout_s + stall_grace_s seconds (call with the
         lock held). pebble kills a task that runs past its timeout, so a pool that makes no progress that long is
         not slow but stuck: a worker SIGKILLed while holding pebble's channel lock leaves the others unable to take
         tasks, and the queued groups would never start (nor time out, which only started tasks do)."""
-        return bool(self._pending) and time.monotonic() - self._last_progress > self.timeout_s + STALL_GRACE_S
+        return bool(self._pending) and time.monotonic() - self._last_progress > self.timeout_s + self.stall_grace_s
 
     @classmethod
     def from_config(cls, config: Any, num_workers: int | None = None) -> RewardPool:
