@@ -187,12 +187,12 @@ def test_workers_killed_while_groups_flow_never_stall_the_pool(child_pids):
     a broken pool stopped under the pool's lock while pebble's thread waited for that lock to fail its queued
     groups (fixed: `_retire` runs without the lock), and a pool that stops making progress after a kill (queued
     groups never start, so never time out): the watchdog replaces a pool in which no group settled for
-    reward_timeout_s + stall_grace_s while groups wait. The grace here is 10 s, not the product's 60 (the stall
+    reward_timeout_s + stall_grace_s while groups wait. The grace here is 15 s, not the product's 60 (the stall
     struck once or twice in a whole-suite run and cost 2 minutes there); a fresh worker of this function starts in
     about a second."""
     import threading
 
-    grace_s = 10.0
+    grace_s = 15.0
     settle_s = 3 + grace_s + 30  # the pool's timeout, the stall grace, and a margin for a loaded machine
     before = child_pids()
     with RewardPool([spec("length_reward")], num_workers=2, timeout_s=3, stall_grace_s=grace_s) as pool:
