@@ -123,6 +123,9 @@ class MlflowServer:
                    "--artifacts-destination", str(self.folder / "mlartifacts"), "--serve-artifacts",
                    "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]  # fmt: skip
         env = {k: v for k, v in child_env().items() if not k.startswith("MLFLOW_")}
+        # tracking only: mlflow 3's job runner (on by default with a database store) starts seven huey consumer
+        # processes of ~240 MB each beside the server, at every start, for jobs this soak never submits
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         self.child = Child(command, self.folder / "mlflow-server.log", env)
         deadline = time.monotonic() + MLFLOW_START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -18,6 +18,7 @@ def store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # an explicit sqlite URI keeps MLflow's default artifact root, ./mlruns of the cwd
     return uri
 
 

@@ -27,13 +27,33 @@ PROMPTS = ["reverse: abc\n", "reverse: hello\n", "reverse: kiwi\n"]
 COMPLETIONS = ["cba", "olleh", "iwik"]
 
 
-def _vllm_servers() -> set[int]:
-    """PIDs of the vLLM API servers running on this machine."""
+def _vllm_servers(run: subprocess.Popen) -> set[psutil.Process]:
+    """The vLLM API servers among the descendants of `run` (never a server of another test or run on this machine,
+    so the check holds beside parallel test workers)."""
+    try:
+        descendants = psutil.Process(run.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
     found = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        if "vllm.entrypoints.openai.api_server" in " ".join(proc.info["cmdline"] or []):
-            found.add(proc.pid)
+    for proc in descendants:
+        try:
+            if "vllm.entrypoints.openai.api_server" in " ".join(proc.cmdline()):
+                found.add(proc)
+        except psutil.Error:  # gone meanwhile
+            continue
     return found
+
+
+def _alive(procs: set[psutil.Process]) -> set[psutil.Process]:
+    """Those of `procs` still running (not zombies); `is_running` also tells a reused PID from the original."""
+    alive = set()
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.add(proc)
+        except psutil.Error:
+            continue
+    return alive
 
 
 def _judge(url: str, log: RewardLog, **kw):
@@ -88,9 +108,20 @@ def test_a_run_scores_every_group_with_the_judge(vllm_server, tiny_model_dir, tm
            f"judge_url={vllm_server.url}/v1", "judge_guided_score=true", "judge_max_tokens=10",
            "skip_zero_advantage_batches=false", "vllm_sync_interval=100"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    before = _vllm_servers()
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    started: set[psutil.Process] = set()  # vLLM servers the run started (a server lives far longer than a poll)
+    with open(tmp_path / "run.log", "wb") as run_log:
+        run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=run_log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while run.poll() is None:
+                started |= _vllm_servers(run)
+                assert time.monotonic() < deadline, "the run did not finish within 600 s"
+                time.sleep(0.5)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=60)
+    assert run.returncode == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
     client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("async-grpo").experiment_id])[0]
     metrics = run.data.metrics
@@ -98,7 +129,7 @@ def test_a_run_scores_every_group_with_the_judge(vllm_server, tiny_model_dir, tm
     assert 0.0 <= metrics["rewards/llm_judge/mean"] <= 1.0
     assert metrics["judge/parse_failures"] == 0.0 and metrics["judge/requests"] > 0.0
     assert "rewards/reverse_exact_match/correlation/llm_judge" in metrics or metrics["rewards/llm_judge/std"] == 0
-    assert _vllm_servers() == before  # nothing started for the judge, nothing left behind
+    assert started == set()  # nothing started for the judge (the policy's server is the session's)
 
 
 def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_server, tiny_model_dir, tmp_path):
@@ -116,8 +147,8 @@ def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_
            "judge_max_retries=1", "judge_timeout_s=10", "reward_failure_timeout_s=300",
            "skip_zero_advantage_batches=false", "vllm_sync_interval=100"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    before = _vllm_servers()
     judge_log = out / "vllm-judge.log"
+    started: set[psutil.Process] = set()  # both lives of the judge's server (the policy's server is the session's)
     with open(tmp_path / "run.log", "wb") as run_log:
         run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=run_log, stderr=subprocess.STDOUT)
         try:
@@ -131,9 +162,15 @@ def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_
                 assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "the launched judge never answered"
                 time.sleep(0.5)
-            (judge_pid,) = _vllm_servers() - before  # the judge's API server: the policy's server is the session's
-            os.kill(judge_pid, 9)
-            code = run.wait(timeout=600)
+            (judge,) = _vllm_servers(run)  # the judge's API server: the policy's server is the session's
+            started.add(judge)
+            judge.kill()
+            deadline = time.monotonic() + 600
+            while run.poll() is None:
+                started |= _vllm_servers(run)
+                assert time.monotonic() < deadline, "the run did not finish within 600 s"
+                time.sleep(0.5)
+            code = run.returncode
         finally:
             if run.poll() is None:
                 run.kill()
@@ -151,4 +188,4 @@ def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_
     judged = client.get_metric_history(run_info.info.run_id, "rewards/llm_judge/mean")
     assert max(m.step for m in judged) == 12  # scored by the judge's second life
     assert all(0.0 <= m.value <= 1.0 for m in judged)
-    assert _vllm_servers() == before  # the judge (both of its lives) stopped with the run
+    assert len(started) == 2 and _alive(started) == set()  # the judge (both of its lives) stopped with the run

@@ -29,7 +29,6 @@ from .test_faults import _loss_steps
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 # One group in flight: groups reach batches in launch order, so a step's prompts are a function of the seed.
 BASE = {
     "dataset": "builtin:reverse", "reward_funcs": ["builtin:reverse_format"], "reward_num_workers": 1,
@@ -130,7 +129,8 @@ def test_sigterm_checkpoints_and_the_same_command_resumes(tiny_model_dir, tmp_pa
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.log", "wb"))
+    # run from tmp_path: with an explicit sqlite URI, MLflow puts artifacts in ./mlruns of the working directory
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "stderr.log", "wb"))
     seen: dict[int, psutil.Process] = {}
     try:
         deadline = time.monotonic() + 400
@@ -165,7 +165,7 @@ def test_sigterm_checkpoints_and_the_same_command_resumes(tiny_model_dir, tmp_pa
     assert mlflow.tracking.MlflowClient(uri).get_run(run_id).info.status == "KILLED"
     # the same command again (as a restarted pod runs it), now to step + 2
     cmd += [f"max_steps={step + 2}"]
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stderr[-3000:]
     client = mlflow.tracking.MlflowClient(uri)
     assert [r.info.run_id for e in client.search_experiments() for r in client.search_runs(e.experiment_id)] == [run_id]
