@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 import psutil
@@ -22,7 +23,31 @@ def live_child_pids() -> set[int]:
     return pids
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_environment_is_per_test():
+    """Each test starts and ends with the session's MLFLOW_* variables and tracking URI: MLflow exports
+    MLFLOW_TRACKING_URI when a tracking URI is set, and a leaked one would send a later run (and its subprocesses)
+    into another test's store. Here for components/*/tests too: with two test workers (`make test`) any module may
+    run before any other."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+    yield
+    if "mlflow" in sys.modules:  # the fluent API's URI, which set_tracking_uri keeps beside the variable
+        sys.modules["mlflow"].set_tracking_uri(saved.get("MLFLOW_TRACKING_URI"))
+    for key in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        if key not in saved:
+            del os.environ[key]
+    os.environ.update(saved)
+
+
 @pytest.fixture
 def child_pids() -> Callable[[], set[int]]:
     """Call it before and after the code under test; the difference is what that code left running."""
     return live_child_pids
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with a `slow` test run first (the order is otherwise kept): with two test workers (`make test`,
+    `--dist=loadscope` hands out whole modules in this order) the longest runs start at once instead of last, where
+    one of them would keep a worker busy alone while the other idles."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_modules)

@@ -3,24 +3,11 @@ hub access) for the unit tests that train it."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from async_grpo.tiny_model import build_tiny_model
-
-
-@pytest.fixture(autouse=True)
-def _mlflow_environment_is_per_test():
-    """Each test starts and ends with the session's MLFLOW_* variables: MLflow exports MLFLOW_TRACKING_URI when a
-    tracking URI is set, and a leaked one would send a later run (and its subprocesses) into another test's store."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
-    yield
-    for key in [k for k in os.environ if k.startswith("MLFLOW_")]:
-        if key not in saved:
-            del os.environ[key]
-    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

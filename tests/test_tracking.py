@@ -191,6 +191,21 @@ def test_a_run_leaves_the_process_environment_as_it_found_it(tmp_path, store):
     assert experiment is not None and experiment.artifact_location.startswith((tmp_path / "a").resolve().as_uri())
 
 
+def test_a_sqlite_store_given_by_uri_keeps_the_artifacts_beside_it(tmp_path, store):
+    """An explicit sqlite URI (here relative, as a user types it) gets its artifacts in `mlartifacts/` beside the
+    database, not in ./mlruns of the working directory (MLflow's default); another store keeps its own root."""
+    from async_grpo.tracking import artifact_location
+
+    (tmp_path / "stores").mkdir()
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri="sqlite:///stores/m.db"))
+    tracker.log_text("hello", "note.txt")
+    tracker.end()
+    experiment = mlflow.MlflowClient("sqlite:///stores/m.db").get_experiment_by_name("async-grpo")
+    assert experiment.artifact_location == (tmp_path / "stores" / "mlartifacts").resolve().as_uri()
+    assert (tmp_path / "stores" / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()
+    assert artifact_location("http://mlflow:5000") is None and artifact_location("databricks") is None
+
+
 OPEN_AT = """
 import sys, time
 from async_grpo.tracking import open_store

@@ -23,6 +23,8 @@ A thin layer over `mlflow`, with the behaviour MLflow users expect:
   carries its resolved source and its content digest (`digests.json`, `dataset_source.DatasetRecord`).
 - `log_system_metrics` turns on MLflow's system metrics (CPU, memory, GPU) for the run.
 - `report_to: none` gives a tracker that records nothing.
+- A sqlite store keeps a new experiment's artifacts in `mlartifacts/` beside the database (`artifact_location`), not
+  in `./mlruns` of the working directory, MLflow's default.
 - A new sqlite store is created whole before another process can open it (`open_store`): two processes migrating one
   new file at once break it for good.
 """
@@ -74,6 +76,26 @@ def is_transient(err: BaseException) -> bool:
     return isinstance(err, MlflowException) and err.get_http_status_code() >= 500
 
 
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a local sqlite tracking URI, or None for any other store.
+
+    `sqlite:////abs/path.db` names an absolute path and `sqlite:///rel/path.db` one relative to the working directory,
+    as MLflow's sqlalchemy engine reads them; a query string (`?timeout=30`) is not part of the path.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+
+def artifact_location(tracking_uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: for a local sqlite store, `mlartifacts/` beside the database file
+    (as a `file://` URI); None for any other store, whose own default artifact root applies (a tracking server's
+    `--default-artifact-root`). MLflow's default for a sqlite store is `./mlruns` of whatever directory the process
+    started in, which scatters one store's artifacts over every working directory that logged to it."""
+    path = sqlite_path(tracking_uri)
+    return None if path is None else (path.resolve().parent / "mlartifacts").as_uri()
+
+
 def open_store(tracking_uri: str, *, attempts: int = STORE_OPEN_ATTEMPTS, retry_s: float = STORE_RETRY_S) -> None:
     """Make the first contact with the tracking store; a sqlite store that does not exist yet is created whole before
     any other process can open it.
@@ -93,10 +115,10 @@ def open_store(tracking_uri: str, *, attempts: int = STORE_OPEN_ATTEMPTS, retry_
     Raises:
         the store's error (mlflow.exceptions.MlflowException, sqlalchemy or alembic errors) from the last try.
     """
-    if not tracking_uri.startswith("sqlite:///"):
+    path = sqlite_path(tracking_uri)
+    if path is None:
         mlflow.MlflowClient(tracking_uri).search_experiments(max_results=1)
         return
-    path = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
     if not path.exists():
         private = path.with_name(f"{path.name}.{os.getpid()}.creating")
         try:
@@ -170,15 +192,19 @@ class Tracker:
         run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
         if run_id is None:
             name = experiment_name(config)
-            if (
-                config.tracking.mlflow_tracking_uri is None
-                and self._env_uri is None
-                and (mlflow.get_experiment_by_name(name) is None)
-            ):
-                # keep artifacts beside the sqlite store, not in ./mlruns of whatever folder we were started from
-                artifacts = (Path(config.output_dir).resolve() / "mlartifacts").as_uri()
-                mlflow.create_experiment(name, artifact_location=artifacts)
+            artifacts = artifact_location(self.tracking_uri)
+            if artifacts is not None and mlflow.get_experiment_by_name(name) is None:
+                # a sqlite store: artifacts beside it, not in ./mlruns of the working directory
+                try:
+                    mlflow.create_experiment(name, artifact_location=artifacts)
+                except mlflow.exceptions.MlflowException as err:  # another process created it meanwhile
+                    if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                        raise
             mlflow.set_experiment(name)
+        else:  # the run's own experiment: start_run refuses a run outside the process's active experiment
+            mlflow.set_experiment(
+                experiment_id=mlflow.MlflowClient(self.tracking_uri).get_run(run_id).info.experiment_id
+            )
         system = True if config.tracking.log_system_metrics else None  # None: MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
         self.run = mlflow.start_run(
             run_id=run_id, run_name=None if run_id else config.tracking.run_name, log_system_metrics=system

@@ -26,6 +26,7 @@ def test_scores_with_vllm_logs_to_the_run_and_refuses_below_the_floor(child_pids
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     exp_id = mlflow.create_experiment("eval-test", artifact_location=(tmp_path / "artifacts").as_uri())
+    mlflow.set_experiment(experiment_id=exp_id)  # as in the component's own process: no earlier test's experiment
     with mlflow.start_run(experiment_id=exp_id) as run:
         pass
     client = MlflowClient(uri)
