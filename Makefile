@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.async-grpo-installed
 # Two workers (pytest-xdist), one test module each at a time (`loadscope`: a module's fixtures, such as its vLLM
 # server, start once): most integration tests wait on a subprocess that holds one core, so two cores run two of them
-# (the suite took 31 min against 40 serially on two cores). `make test PYTEST_ARGS=` runs it serially.
+# (the suite took 31 min against 40 serially on two cores; starting the slow modules first made it 33: two heavy runs
+# side by side slow each other more than a heavy run beside unit tests). `make test PYTEST_ARGS=` runs it serially.
 PYTEST_ARGS ?= --durations=25 --numprocesses=2 --dist=loadscope
 
 .PHONY: install demo test lint clean

@@ -44,10 +44,3 @@ def child_pids() -> Callable[[], set[int]]:
     """Call it before and after the code under test; the difference is what that code left running."""
     return live_child_pids
 
-
-def pytest_collection_modifyitems(config, items):
-    """Modules with a `slow` test run first (the order is otherwise kept): with two test workers (`make test`,
-    `--dist=loadscope` hands out whole modules in this order) the longest runs start at once instead of last, where
-    one of them would keep a worker busy alone while the other idles."""
-    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_modules)
