@@ -43,4 +43,3 @@ def _mlflow_environment_is_per_test():
 def child_pids() -> Callable[[], set[int]]:
     """Call it before and after the code under test; the difference is what that code left running."""
     return live_child_pids
-
