@@ -56,6 +56,17 @@ def _alive(procs: set[psutil.Process]) -> set[psutil.Process]:
     return alive
 
 
+def _wait_watching(run: subprocess.Popen, started: set[psutil.Process], timeout_s: float = 600) -> int:
+    """Wait for `run` to exit (its return code), adding to `started` every vLLM server among its descendants, every
+    0.5 s (a server lives far longer than that)."""
+    deadline = time.monotonic() + timeout_s
+    while run.poll() is None:
+        started |= _vllm_servers(run)
+        assert time.monotonic() < deadline, f"the run did not finish within {timeout_s:.0f} s"
+        time.sleep(0.5)
+    return run.returncode
+
+
 def _judge(url: str, log: RewardLog, **kw):
     return judge.llm_judge(
         PROMPTS, COMPLETIONS, judge_url=f"{url}/v1", judge_max_tokens=8, log_metric=log.log_metric, **kw
@@ -108,15 +119,11 @@ def test_a_run_scores_every_group_with_the_judge(vllm_server, tiny_model_dir, tm
            f"judge_url={vllm_server.url}/v1", "judge_guided_score=true", "judge_max_tokens=10",
            "skip_zero_advantage_batches=false", "vllm_sync_interval=100"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    started: set[psutil.Process] = set()  # vLLM servers the run started (a server lives far longer than a poll)
+    started: set[psutil.Process] = set()  # vLLM servers the run started
     with open(tmp_path / "run.log", "wb") as run_log:
         run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=run_log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 600
-            while run.poll() is None:
-                started |= _vllm_servers(run)
-                assert time.monotonic() < deadline, "the run did not finish within 600 s"
-                time.sleep(0.5)
+            _wait_watching(run, started)
         finally:
             if run.poll() is None:
                 run.kill()
@@ -166,12 +173,7 @@ def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_
             (judge,) = _vllm_servers(run)  # the judge's API server: the policy's server is the session's
             started.add(judge)
             judge.kill()
-            deadline = time.monotonic() + 600
-            while run.poll() is None:
-                started |= _vllm_servers(run)
-                assert time.monotonic() < deadline, "the run did not finish within 600 s"
-                time.sleep(0.5)
-            code = run.returncode
+            code = _wait_watching(run, started)
         finally:
             if run.poll() is None:
                 run.kill()
