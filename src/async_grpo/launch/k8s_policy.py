@@ -8,6 +8,7 @@ the kubernetes backend and the evaluate step all call it, so a run that passes o
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import logging
 import os
@@ -195,6 +196,44 @@ class PlatformPolicy(BaseModel):
     )
     reward_egress: list[EgressRule] = Field(
         default_factory=list, description="Egress of reward pods (none: reward code reaches nothing, not even DNS)."
+    )
+    registered_models: list[str] = Field(
+        default_factory=list,
+        description="MLflow registered-model names runs of this namespace may write, promote and roll back: exact "
+        "names or fnmatch patterns (`team-a-*`). All runs share the server's MLflow user, so this list is what keeps "
+        "one team from registering a version of, or moving the champion alias of, another team's model. Empty: "
+        "no name (a cluster run that asks to register is refused, naming registered_model_name).",
+    )
+    trainer_runtimes: list[str] = Field(
+        default_factory=lambda: ["async-grpo"],
+        description="ClusterTrainingRuntimes a TrainJob may reference (trainer_runtime): a runtime fixes the "
+        "images, commands and volumes of every pod it creates.",
+    )
+    priority_classes: list[str] = Field(
+        default_factory=list,
+        description="PriorityClasses a run's pods may use (priority_class_name); a high one preempts other "
+        "teams' pods. Empty: none, the cluster's default priority.",
+    )
+    kueue_queues: list[str] = Field(
+        default_factory=list,
+        description="Kueue LocalQueues a TrainJob may join (kueue_queue_name). Empty: none.",
+    )
+    node_selectors: dict[str, list[str]] = Field(
+        default_factory=lambda: {"nvidia.com/gpu.present": ["true"]},
+        description="nodeSelector labels a run may set and their allowed values (node_selector): a selector steers "
+        "pods onto nodes, e.g. another team's reserved pool.",
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        description="Tolerations a run may give its pods (tolerations), each exactly as listed: a toleration admits "
+        "pods onto tainted, reserved nodes.",
+    )
+    platform_settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values of platform-only fields (run config or cluster settings, `trust.Trust.PLATFORM`) that "
+        "this cluster uses instead of their defaults, e.g. {run_as_user: 2000, gpu_resource: amd.com/gpu, "
+        "python_tool_bwrap: /usr/bin/bwrap}. A run may leave such a field out or repeat this value; any other "
+        "value is refused, naming the field.",
     )
 
     @field_validator("images")
@@ -647,3 +686,30 @@ def prepare_run(
 def placeholder_images(settings: ClusterSettings) -> list[str]:
     """The run images that still carry PLACEHOLDER_DIGEST."""
     return [settings.image(r) for r in ("trainer", "vllm", "reward") if settings.image(r).endswith(PLACEHOLDER_DIGEST)]
+
+
+def registered_model_problems(name: str, policy: PlatformPolicy, action: str = "register a version of") -> list[str]:
+    """A cluster run may `action` (register a version of, promote, roll back) the registered model `name` only when
+    the policy's `registered_models` lists it (exactly or by an fnmatch pattern): all runs share one MLflow user, so
+    the registry itself cannot tell team A's run from team B's.
+
+    Returns:
+        One problem naming registered_model_name and the fix, or none.
+    """
+    if name and any(fnmatch.fnmatchcase(name, pattern) for pattern in policy.registered_models):
+        return []
+    return [
+        f"registered_model_name={name!r}: this namespace may not {action} it (allowed: {policy.registered_models}); "
+        f"the registry is shared, and its champion alias is what other runs retrain from. {FIX} (registered_models)."
+    ]
+
+
+def check_registered_model(name: str, policy: PlatformPolicy, action: str = "register a version of") -> None:
+    """Refuse `action` on registered model `name` unless the policy allows it (`registered_model_problems`).
+
+    Raises:
+        PolicyViolation: the name is not allowed; the message names registered_model_name and the fix.
+    """
+    problems = registered_model_problems(name, policy, action)
+    if problems:
+        raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))
