@@ -10,7 +10,7 @@ STAMP := $(VENV)/.async-grpo-installed
 # side by side slow each other more than a heavy run beside unit tests). `make test PYTEST_ARGS=` runs it serially.
 PYTEST_ARGS ?= --durations=25 --numprocesses=2 --dist=loadscope
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast lint clean
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ demo: install
 
 test: install lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast tier: every test without the `integration` marker (no vLLM server, no real run), on two workers.
+test-fast: install lint
+	$(BIN)/python -m pytest -m "not integration" --numprocesses=2 --dist=loadscope
 
 # ruff's lint and format check, configured in pyproject.toml (`ruff format .` fixes the formatting)
 lint: install

@@ -74,7 +74,15 @@ def test_reward_files_never_run_in_the_trainer_pod(gpu_config):
     assert "reward_funcs ['/workspace/rewards/x.py:f']" in msg and "reward_replicas >= 1" in msg
     check_run(files, ClusterSettings(reward_replicas=1), POLICY)  # in reward pods: fine
     modules = gpu_config.model_copy(update={"reward_funcs": ["mypkg.rewards:accuracy"]})
-    check_run(modules, ClusterSettings(reward_replicas=0), POLICY)  # image code
+    check_run(modules, ClusterSettings(reward_replicas=1), POLICY)  # image code in the reward pods
+    msg = refused(modules, ClusterSettings(reward_replicas=0))  # any function of any module, beside credentials
+    assert "reward_funcs ['mypkg.rewards:accuracy'] name modules the policy does not list" in msg
+    check_run(modules, ClusterSettings(reward_replicas=0), PlatformPolicy(code_modules=["mypkg.*"]))
+    check_run(
+        gpu_config.model_copy(update={"reward_funcs": ["trl.rewards:think_format_reward"]}),
+        ClusterSettings(reward_replicas=0),
+        POLICY,
+    )  # listed by default
     check_run(files, ClusterSettings(reward_replicas=0), PlatformPolicy(user_code_with_credentials=True))
 
 
@@ -91,7 +99,9 @@ def test_tool_files_never_run_in_the_trainer_pod(gpu_config):
 def test_a_data_producer_file_is_refused_a_module_is_not(gpu_config, gpu_settings):
     msg = refused(gpu_config.model_copy(update={"data_producer": "/workspace/p.py:make"}), gpu_settings)
     assert "data_producer='/workspace/p.py:make'" in msg
-    check_run(gpu_config.model_copy(update={"data_producer": "mypkg.producer:make"}), gpu_settings, POLICY)
+    module = gpu_config.model_copy(update={"data_producer": "mypkg.producer:make"})
+    assert "imports module 'mypkg.producer'" in refused(module, gpu_settings)  # runs beside credentials: listed only
+    check_run(module, gpu_settings, PlatformPolicy(code_modules=["mypkg.producer"]))
 
 
 def test_an_environment_file_is_refused_in_the_trainer_pod_a_module_or_builtin_is_not(gpu_config, gpu_settings):
@@ -99,8 +109,10 @@ def test_an_environment_file_is_refused_in_the_trainer_pod_a_module_or_builtin_i
     assert "environment='/workspace/e.py:make' is a file" in msg and "pkg.module:factory" in msg
     msg = refused(gpu_config.model_copy(update={"environment": "envs/e.py:make"}), gpu_settings)
     assert "environment='envs/e.py'" in msg and "shared volume" in msg  # a file off the volume
-    for spec in ("mypkg.envs:make", "builtin:guess"):
-        check_run(gpu_config.model_copy(update={"environment": spec}), gpu_settings, POLICY)
+    check_run(gpu_config.model_copy(update={"environment": "builtin:guess"}), gpu_settings, POLICY)
+    module = gpu_config.model_copy(update={"environment": "mypkg.envs:make"})
+    assert "imports module 'mypkg.envs'" in refused(module, gpu_settings)
+    check_run(module, gpu_settings, PlatformPolicy(code_modules=["mypkg.*"]))
 
 
 def test_an_adapters_file_is_judged_as_the_file_it_names(gpu_config, gpu_settings):
@@ -108,7 +120,11 @@ def test_an_adapters_file_is_judged_as_the_file_it_names(gpu_config, gpu_setting
     assert "is a file" in msg and "environment='/workspace/e.py'" not in msg  # on the volume: only the pod rule
     msg = refused(gpu_config.model_copy(update={"environment": "openenv:envs/e.py:make"}), gpu_settings)
     assert "environment='envs/e.py'" in msg and "shared volume" in msg
-    check_run(gpu_config.model_copy(update={"environment": "openenv:mypkg.envs:make"}), gpu_settings, POLICY)
+    module = gpu_config.model_copy(update={"environment": "openenv:mypkg.envs:make"})
+    assert "imports module 'mypkg.envs'" in refused(module, gpu_settings)
+    check_run(module, gpu_settings, PlatformPolicy(code_modules=["mypkg.envs"]))
+    taskset = gpu_config.model_copy(update={"environment": "verifiers:antigravity"})  # the id names its module
+    assert "imports module 'antigravity'" in refused(taskset, gpu_settings)
 
 
 def test_an_external_reward_service_must_be_allowed(gpu_config):

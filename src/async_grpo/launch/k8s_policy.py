@@ -14,6 +14,7 @@ import logging
 import os
 import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from async_grpo.config import ConfigError, GRPOConfig, format_validation_error
+from async_grpo.config.sections import SECTIONS, RunFields
+from async_grpo.config.sections.tools import PYTHON_TOOL
+from async_grpo.config.trust import Trust, TrustClass, trust_markdown, trust_table
 from async_grpo.launch.image_refs import BadImageReference, parse_image_ref, prefix_covers
 from async_grpo.launch.k8s_judge import serves_judge
 from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH, NCCL_TUNING_ENV, ClusterSettings, check_mount_path
@@ -175,6 +179,13 @@ class PlatformPolicy(BaseModel):
     vllm_flags: list[str] = Field(
         default_factory=lambda: list(DEFAULT_VLLM_FLAGS), description="Flags allowed in vllm_extra_args."
     )
+    code_modules: list[str] = Field(
+        default_factory=lambda: ["trl.rewards"],
+        description="Image modules (exact names or fnmatch patterns, e.g. `acme_rewards.*`) whose code a run may run "
+        "in the trainer pod, which holds the MLflow credentials: a data_producer, an environment (a verifiers "
+        "taskset id names its module), and reward functions or tools when reward_replicas=0. A module is image "
+        "code, but any function of any module can be named, so only the listed ones run beside credentials.",
+    )
     user_code_with_credentials: bool = Field(
         False,
         description="Allow submitter code to run where credentials "
@@ -230,10 +241,11 @@ class PlatformPolicy(BaseModel):
     )
     platform_settings: dict[str, Any] = Field(
         default_factory=dict,
-        description="Values of platform-only fields (run config or cluster settings, `trust.Trust.PLATFORM`) that "
-        "this cluster uses instead of their defaults, e.g. {run_as_user: 2000, gpu_resource: amd.com/gpu, "
-        "python_tool_bwrap: /usr/bin/bwrap}. A run may leave such a field out or repeat this value; any other "
-        "value is refused, naming the field.",
+        description="Values of platform-only cluster settings (`config.trust.Trust.PLATFORM` fields of "
+        "ClusterSettings) that this cluster uses instead of their defaults, e.g. {run_as_user: 2000, gpu_resource: "
+        "amd.com/gpu}; every run gets them. A run may leave such a field out or repeat this value; any other value is "
+        "refused, naming the field. Platform-only run-config fields (the sandbox's programs, vllm_url) always keep "
+        "their defaults on a cluster: the images provide bwrap and Python, the launcher the vLLM address.",
     )
 
     @field_validator("images")
@@ -278,6 +290,20 @@ class PlatformPolicy(BaseModel):
         """Each path passes `k8s_settings.check_mount_path`."""
         for path in value:
             check_mount_path(path)
+        return value
+
+    @field_validator("platform_settings")
+    @classmethod
+    def _valid_platform_settings(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Each key is a platform-only ClusterSettings field, and its value validates as that field."""
+        platform = {n for n, t in trust_table(ClusterSettings) if t is not None and t.trust is Trust.PLATFORM}
+        unknown = sorted(set(value) - platform)
+        if unknown:
+            raise ValueError(
+                f"platform_settings names {unknown}, which are not platform-only cluster settings. Fix: use "
+                f"{sorted(platform)}."
+            )
+        ClusterSettings.model_validate(value)  # ValidationError names a bad value
         return value
 
     @classmethod
@@ -332,8 +358,12 @@ def image_roles(settings: ClusterSettings) -> dict[str, str]:
 
 
 def resolve_images(settings: ClusterSettings, policy: PlatformPolicy) -> ClusterSettings:
-    """`settings` with each image the run does not choose (no override, no image_registry/image_tag) set to
-    the policy's default image for that role, where the policy has one."""
+    """`settings` with the policy's `platform_settings` in the platform-only fields the run left at their defaults,
+    and each image the run does not choose (no override, no image_registry/image_tag) set to the policy's default
+    image for that role, where the policy has one."""
+    platform = {k: v for k, v in policy.platform_settings.items() if getattr(settings, k) == _default(k)}
+    if platform:  # the platform's values of platform-only fields the run left at their defaults
+        settings = settings.model_copy(update=platform)
     if settings.image_registry is not None or settings.image_tag is not None:
         return settings
     update = {
@@ -342,6 +372,10 @@ def resolve_images(settings: ClusterSettings, policy: PlatformPolicy) -> Cluster
         if getattr(settings, f) is None and name in policy.default_images
     }
     return settings.model_copy(update=update) if update else settings
+
+
+def _default(name: str) -> Any:
+    return ClusterSettings.model_fields[name].get_default(call_default_factory=True)
 
 
 def _image_problems(field: str, ref: str, policy: PlatformPolicy, allow_placeholders: bool) -> list[str]:
@@ -371,6 +405,65 @@ def _image_problems(field: str, ref: str, policy: PlatformPolicy, allow_placehol
     return problems
 
 
+# ------------------------------------------------------------------------------------------- the derived gate
+# Each field of the run config and of the cluster settings declares its trust class (`config.trust`); `check_run`
+# walks them all and applies the class's checker below. A `policy` field names the PlatformPolicy key that decides,
+# and POLICY_CHECKS maps every such key to its checker (tests/test_trust.py fails a key without one).
+
+
+@dataclass(frozen=True)
+class FieldValue:
+    """One submitter-controlled field as the gate sees it.
+
+    Attributes:
+        owner: "config" (GRPOConfig) or "settings" (ClusterSettings).
+        name: the field's name (flat, as the submitter writes it).
+        value: the submitter's value.
+        default: the field's default (what an unset field holds).
+        trust: the field's declared class.
+    """
+
+    owner: str
+    name: str
+    value: Any
+    default: Any
+    trust: TrustClass
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a checker may read besides the field: the whole run, its settings and the policy."""
+
+    config: GRPOConfig
+    settings: ClusterSettings
+    policy: PlatformPolicy
+    allow_placeholders: bool
+
+
+def declared_fields(config: GRPOConfig, settings: ClusterSettings) -> list[FieldValue]:
+    """Every field of `config` (top-level and each section's) and of `settings`, with its declared class.
+
+    Raises:
+        ValueError: a field declares no trust class (`config.trust`); the message names it and the fix. A field
+            nobody classified is refused on a cluster rather than let through.
+    """
+    models: list[tuple[str, type[BaseModel], BaseModel]] = [("config", RunFields, config)]
+    models += [("config", model, getattr(config, section)) for section, model in SECTIONS.items()]
+    models.append(("settings", ClusterSettings, settings))
+    fields = []
+    for owner, model, instance in models:
+        for name, trust in trust_table(model):
+            if trust is None:
+                raise ValueError(
+                    f"{model.__name__}.{name} declares no trust class, so the platform policy cannot tell who may "
+                    "set it. Fix: give its Field json_schema_extra=tenant(), volume_path(), code(), "
+                    "policy_list(<PlatformPolicy field>) or platform_only() (async_grpo.config.trust)."
+                )
+            default = model.model_fields[name].get_default(call_default_factory=True)
+            fields.append(FieldValue(owner, name, getattr(instance, name), default, trust))
+    return fields
+
+
 def on_volume(path: str, settings: ClusterSettings) -> bool:
     """True when `path` is a normalized absolute path under the workspace mount: no `..` or `.` segment, no `//`
     (`posixpath.normpath` leaves it unchanged but for a trailing slash), no NUL, inside `data_mount_path` by
@@ -381,69 +474,316 @@ def on_volume(path: str, settings: ClusterSettings) -> bool:
     return posixpath.normpath(trimmed) == trimmed and trimmed.startswith(settings.data_mount_path + "/")
 
 
+def _volume_fix(settings: ClusterSettings) -> str:
+    return (
+        f"Fix: copy it onto PVC {settings.pvc_name!r} and name it as {settings.data_mount_path}/<path>, without "
+        "'..' or '//'"
+    )
+
+
+# What each volume_path field names, in its refusal.
+VOLUME_PATH_WHAT = {
+    "model_name_or_path": "the model folder",
+    "dataset": "the dataset",
+    "eval_dataset": "the dataset",
+    "resume_from_checkpoint": "the checkpoint",
+    "output_dir": "the run folder",
+    "judge_model_name_or_path": "the judge's model folder",
+}
+
+
+def volume_path_problems(field: FieldValue, ctx: RunContext) -> list[str]:
+    """A `volume_path` field: its default, a `builtin:` value, for the model a `models:/` registry URI (the train
+    step downloads it into a step-private folder before any pod starts), or a normalized path on the workspace
+    volume (`on_volume`). The judge model is a path only when the run serves the judge (else it is the remote
+    judge's model name). A checkpoint to resume from may be `true` (the run's own newest)."""
+    value = field.value
+    if field.name == "judge_model_name_or_path" and not serves_judge(ctx.config):
+        return []
+    if value is None or isinstance(value, bool) or value == field.default:
+        return []
+    if isinstance(value, str) and value.startswith("builtin:") and field.name != "judge_model_name_or_path":
+        return []
+    if field.name == "model_name_or_path" and isinstance(value, str) and value.startswith("models:/"):
+        return []
+    if field.name == "output_dir" and not on_volume(value, ctx.settings):
+        return []  # the launcher puts the run in its own folder on the volume instead (`k8s_objects.run_output_dir`)
+    if on_volume(value, ctx.settings):
+        return []
+    what = VOLUME_PATH_WHAT.get(field.name, "it")
+    return [
+        f"{field.name}={value!r}: on Kubernetes {what} must be a builtin, a normalized path on the shared volume (run "
+        f"pods reach no hub) or, for the model, an MLflow registry URI (models:/...). {_volume_fix(ctx.settings)}."
+    ]
+
+
 def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
-    """Every path the run reads on the cluster must lie on the workspace volume (`on_volume`): the model (or
-    builtin:tiny, or a `models:/` registry URI, downloaded onto the volume by the train step), the datasets (or builtin tasks), a checkpoint to resume from, each submitter file named by
-    reward_funcs, tools, data_producer and environment, and the judge model the run serves (a path on the volume only). Returns one problem per path that does not, naming the field and the fix.
-    """
-    mount = settings.data_mount_path
-    fix = f"Fix: copy it onto PVC {settings.pvc_name!r} and name it as {mount}/<path>, without '..' or '//'"
-    checked = [
-        ("model_name_or_path", config.model_name_or_path, "the model folder"),
-        ("dataset", config.data.dataset, "the dataset"),
-        ("eval_dataset", config.data.eval_dataset, "the dataset"),
-    ]
-    resume = config.checkpoint.resume_from_checkpoint
-    if isinstance(resume, str):
-        checked.append(("resume_from_checkpoint", resume, "the checkpoint"))
-    for field, specs in (
-        ("reward_funcs", config.rewards.reward_funcs),
-        ("tools", config.tools.tools),
-        ("data_producer", [config.producer.data_producer]),
-        ("environment", [split_adapter(config.environments.environment)[1]]),  # openenv:f.py:x -> f.py:x
-    ):
-        checked += [(field, spec.rsplit(":", 1)[0], f"the file of {spec!r}") for spec in specs if is_file_spec(spec)]
-    problems = _judge_model_problems(config, settings, fix)
-    return problems + [
-        f"{field}={value!r}: on Kubernetes {what} must be a builtin, a normalized path on the shared volume (run "
-        f"pods reach no hub) or, for the model, an MLflow registry URI (models:/...). {fix}."
-        for field, value, what in checked
-        if value is not None
-        and not value.startswith("builtin:")
-        and not on_volume(value, settings)
-        # the train step downloads a registry version from the run's (allowed) MLflow server onto the volume, into
-        # the run's folder, before any pod starts (`warm_start.resolve_warm_start`); the pods see only that folder
-        and not (field == "model_name_or_path" and value.startswith("models:/"))
+    """The `volume_path` fields of the run and the files and reward-model folders its `code` fields name, each
+    checked against the workspace volume (`volume_path_problems`, `code_file_problems`); one problem per path off
+    it, naming the field and the fix."""
+    ctx = RunContext(config, settings, PlatformPolicy(), allow_placeholders=True)
+    problems = []
+    for field in declared_fields(config, settings):
+        if field.trust.trust is Trust.VOLUME_PATH:
+            problems += volume_path_problems(field, ctx)
+        elif field.trust.trust is Trust.CODE:
+            problems += code_file_problems(field, ctx)
+    return problems
+
+
+def _code_specs(field: FieldValue) -> list[str]:
+    """The code specs a `code` field holds (strings naming code; empty for the flags)."""
+    if field.name in ("reward_funcs", "tools"):
+        return list(field.value)
+    if field.name == "data_producer":
+        return [field.value] if field.value else []
+    if field.name == "environment":
+        return [field.value] if field.value else []
+    return []
+
+
+def _reward_model_location(spec: str) -> str | None:
+    """The folder or hub id a reward-model spec names (`model:<x>`, or a bare spec with no colon), else None."""
+    if spec.startswith("model:"):
+        return spec.removeprefix("model:").strip()
+    return spec if ":" not in spec else None
+
+
+def code_file_problems(field: FieldValue, ctx: RunContext) -> list[str]:
+    """Each submitter file (`path/file.py:name`, an adapter's file included) and reward-model folder (`model:<path>`)
+    a `code` field names must lie on the workspace volume: run pods read nothing else and reach no hub."""
+    problems = []
+    for spec in _code_specs(field):
+        inner = split_adapter(spec)[1] if field.name == "environment" else spec
+        location = None
+        if is_file_spec(inner):
+            location = str(inner).rsplit(":", 1)[0]
+        elif field.name == "reward_funcs":
+            location = _reward_model_location(spec)
+        if location is not None and not on_volume(location, ctx.settings):
+            problems.append(
+                f"{field.name}={location!r}: on Kubernetes the file or model folder of {spec!r} must be a normalized "
+                f"path on the shared volume (run pods reach no hub). {_volume_fix(ctx.settings)}."
+            )
+    return problems
+
+
+def _scored_in_trainer(ctx: RunContext) -> bool:
+    """True when reward functions and tool calls would run in the trainer pod (no reward pods, no external
+    service), which holds the MLflow credentials."""
+    return not (ctx.settings.reward_replicas or ctx.config.rewards.reward_url)
+
+
+def _module_allowed(module: str, policy: PlatformPolicy) -> bool:
+    return any(fnmatch.fnmatchcase(module, pattern) for pattern in policy.code_modules)
+
+
+def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
+    """A `code` field: the files it names lie on the volume (`code_file_problems`), and code runs only where no
+    credential is: in the reward pods (reward functions and tools, with reward_replicas >= 1), or in the trainer pod
+    only when it is image code the policy lists (`code_modules`) or the policy allows `user_code_with_credentials`.
+    Model-written code (`builtin:python`) always needs the reward pods and the bwrap sandbox."""
+    problems = code_file_problems(field, ctx)
+    config, settings, policy = ctx.config, ctx.settings, ctx.policy
+    if field.name == "tools" and PYTHON_TOOL in field.value:
+        if not settings.reward_replicas:
+            problems.append(
+                f"tools: {PYTHON_TOOL} runs code the model writes; with reward_replicas=0 it would run in the trainer "
+                "pod, which holds the MLflow credentials. Fix: set reward_replicas >= 1 (the code then runs in the "
+                "reward pods' bwrap sandbox, without credentials)."
+            )
+        if config.tools.python_tool_sandbox != "bwrap":
+            problems.append(
+                f"python_tool_sandbox={config.tools.python_tool_sandbox!r}: on Kubernetes {PYTHON_TOOL} runs only in "
+                "the bwrap sandbox. Fix: drop python_tool_sandbox."
+            )
+    if policy.user_code_with_credentials:
+        return problems
+    where = "in the trainer pod, which holds the MLflow credentials"
+    if field.name in ("reward_funcs", "tools") and _scored_in_trainer(ctx):
+        files = [s for s in field.value if is_file_spec(s)]
+        if files:
+            problems.append(
+                f"{field.name} {files} are files and reward_replicas=0 would run them {where}. Fix: set "
+                "reward_replicas >= 1 (they then run in reward pods without credentials)."
+            )
+        modules = [
+            s
+            for s in field.value
+            if not is_file_spec(s) and ":" in s and not s.startswith(("builtin:", "model:"))
+            if not _module_allowed(s.rsplit(":", 1)[0], policy)
+        ]
+        if modules:
+            problems.append(
+                f"{field.name} {modules} name modules the policy does not list (code_modules: {policy.code_modules}) "
+                f"and reward_replicas=0 would run them {where}. Fix: set reward_replicas >= 1. {FIX} (code_modules)."
+            )
+    if field.name in ("data_producer", "environment") and field.value:
+        adapter, inner = split_adapter(field.value)
+        if isinstance(inner, str) and inner.startswith("builtin:") and adapter is None:
+            return problems
+        if is_file_spec(inner):
+            problems.append(
+                f"{field.name}={field.value!r} is a file: it would run {where}. Fix: install it in the trainer image "
+                "and name it as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials."
+            )
+        else:  # a module (or a verifiers taskset id, which names the module to import) runs in the trainer pod
+            module = str(inner).rsplit(":", 1)[0] if ":" in str(inner) else str(inner).split("+", 1)[0]
+            if not _module_allowed(module, policy):
+                problems.append(
+                    f"{field.name}={field.value!r} imports module {module!r} {where}, and the policy does not list "
+                    f"it (code_modules: {policy.code_modules}). {FIX} (code_modules)."
+                )
+    if field.name == "trust_remote_code" and field.value:
+        problems.append(
+            f"trust_remote_code=true would run the model folder's Python code {where}. Fix: use a model that "
+            "transformers supports natively, or ask your platform engineer to set user_code_with_credentials."
+        )
+    if field.name == "model_init_kwargs":
+        init = field.value or {}
+        odd = sorted(set(init) - set(SAFE_INIT_KWARGS))
+        attention = init.get("attn_implementation")
+        if odd or (attention is not None and attention not in BUILTIN_ATTENTION):
+            problems.append(
+                f"model_init_kwargs {odd or {'attn_implementation': attention}} may load files or compiled kernels "
+                f"{where}. Fix: use only {list(SAFE_INIT_KWARGS)}, with attn_implementation one of "
+                f"{list(BUILTIN_ATTENTION)}."
+            )
+    return problems
+
+
+def platform_problems(field: FieldValue, ctx: RunContext) -> list[str]:
+    """A `platform` field: unset (its default) or the platform's own value (`platform_settings`); anything else is
+    refused, naming the field."""
+    allowed = ctx.policy.platform_settings.get(field.name, field.default) if field.owner == "settings" else None
+    if field.value == allowed or field.value == field.default:
+        return []
+    shown = "the image's own" if allowed is None else repr(allowed)
+    return [
+        f"{field.name}={field.value!r} is set by the platform only (this cluster uses {shown}): it names a "
+        "program, host, sandbox or identity that runs with the platform's rights. Fix: drop it from your "
+        f"{'run config' if field.owner == 'config' else 'kubernetes_options'}."
     ]
 
 
-def _judge_model_problems(config: GRPOConfig, settings: ClusterSettings, fix: str) -> list[str]:
-    """A judge model the run serves (builtin:llm_judge with judge_model_name_or_path) is read by the judge's vLLM pod
-    from the workspace volume: a normalized path there, never a builtin, a hub id or a registry URI (nothing
-    downloads it)."""
-    model = config.rewards.judge_model_name_or_path
-    if not serves_judge(config) or on_volume(model, settings):
+def _images(field: FieldValue, ctx: RunContext) -> list[str]:
+    """The image each role runs (the override, or the registry/tag it is made of, or the policy's default)."""
+    if field.name in ("image_registry", "image_tag"):
+        return []  # checked through the role images they make (trainer_image, vllm_image, reward_image)
+    ref = ctx.settings.image(_role(field.name))
+    return _image_problems(field.name, ref, ctx.policy, ctx.allow_placeholders)
+
+
+def _in_list(key: str, what: str) -> Any:
+    def check(field: FieldValue, ctx: RunContext) -> list[str]:
+        allowed = getattr(ctx.policy, key)
+        if field.value is None or field.value in allowed:
+            return []
+        return [f"{field.name}={field.value!r} is not {what} (allowed: {allowed}). {FIX} ({key})."]
+
+    check.__doc__ = f"The value is None or listed in PlatformPolicy.{key} (else: is not {what})."
+    return check
+
+
+def _mlflow_uri(field: FieldValue, ctx: RunContext) -> list[str]:
+    """The MLflow server the run logs to (the config's, else the settings'): it receives the run's credentials."""
+    uri = field.value
+    if field.owner == "config" and not uri:
+        return []
+    if field.owner == "settings" and ctx.config.tracking.mlflow_tracking_uri:
+        return []  # the config's server is the one used, and is checked
+    stake = "the run's MLflow credentials would go there"
+    return _uri_problems("mlflow_tracking_uri", uri, ctx.policy.mlflow_tracking_uris, "MLflow server", stake)
+
+
+def _reward_url(field: FieldValue, ctx: RunContext) -> list[str]:
+    """An external reward service (with no reward pods of the run's own): every rollout is sent there."""
+    if not field.value or ctx.settings.reward_replicas:
+        return []
+    stake = "every rollout would be sent there"
+    return _uri_problems("reward_url", field.value, ctx.policy.reward_urls, "reward service", stake)
+
+
+def _judge_url(field: FieldValue, ctx: RunContext) -> list[str]:
+    """An external LLM judge: every completion (and the judge token) is sent there."""
+    if not field.value:
+        return []
+    stake = "every completion (and the judge token) would be sent there"
+    return _uri_problems("judge_url", field.value, ctx.policy.judge_urls, "LLM judge", stake)
+
+
+def _vllm_flags(field: FieldValue, ctx: RunContext) -> list[str]:
+    """Each flag of vllm_extra_args is in `vllm_flags` (`config.vllm_serve_args`: every flag the server gets)."""
+    return _flag_problems(ctx.config.vllm_serve_args, ctx.policy)
+
+
+def _gpus(field: FieldValue, ctx: RunContext) -> list[str]:
+    """GPUs one pod asks for (nproc_per_node, vllm_gpus, judge_gpus when the run serves a judge) stay within
+    `max_gpus_per_pod`."""
+    cap = ctx.policy.max_gpus_per_pod
+    if cap is None or ctx.settings.device != "gpu" or field.value <= cap:
+        return []
+    if field.name == "judge_gpus" and not serves_judge(ctx.config):
         return []
     return [
-        f"judge_model_name_or_path={model!r}: on Kubernetes the judge's model folder must be a normalized path on "
-        f"the shared volume (the judge's pod reaches no hub and nothing downloads it). {fix}."
+        f"{field.name}={field.value} asks for more GPUs per pod than the platform allows ({cap}). {FIX} (max_gpus_per_pod)."
     ]
 
 
-def _gpu_problems(config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy) -> list[str]:
-    """Each GPU pod of the run asks for at most `max_gpus_per_pod` GPUs: trainer (nproc_per_node), vLLM (vllm_gpus)
-    and the judge it serves (judge_gpus)."""
-    cap = policy.max_gpus_per_pod
-    if cap is None or settings.device != "gpu":
+def _node_selector(field: FieldValue, ctx: RunContext) -> list[str]:
+    """Each nodeSelector label is listed in `node_selectors` with its value."""
+    allowed = ctx.policy.node_selectors
+    odd = {k: v for k, v in field.value.items() if v not in allowed.get(k, [])}
+    if not odd:
         return []
-    asked = {"nproc_per_node": settings.nproc_per_node, "vllm_gpus": settings.vllm_gpus}
-    if serves_judge(config):
-        asked["judge_gpus"] = settings.judge_gpus
+    return [f"node_selector {odd} is not allowed (allowed: {allowed}). {FIX} (node_selectors)."]
+
+
+def _tolerations(field: FieldValue, ctx: RunContext) -> list[str]:
+    """Each toleration equals one listed in `tolerations`."""
+    odd = [t for t in field.value if t not in ctx.policy.tolerations]
+    if not odd:
+        return []
+    return [f"tolerations {odd} are not allowed (allowed: {ctx.policy.tolerations}). {FIX} (tolerations)."]
+
+
+def _nccl_env(field: FieldValue, ctx: RunContext) -> list[str]:
+    """Each variable of nccl_env is listed in `nccl_env_keys`."""
+    unknown = sorted(set(field.value) - set(ctx.policy.nccl_env_keys))
+    if not unknown:
+        return []
     return [
-        f"{field}={n} asks for more GPUs per pod than the platform allows ({cap}). {FIX} (max_gpus_per_pod)."
-        for field, n in asked.items()
-        if n > cap
+        f"nccl_env sets {unknown}, which are not allowed NCCL/gloo variables (allowed: {ctx.policy.nccl_env_keys}). "
+        f"{FIX} (nccl_env_keys)."
     ]
+
+
+def _own_namespace(field: FieldValue, ctx: RunContext) -> list[str]:
+    """The namespace: a launcher in a pod creates objects only in its own (`check_namespace`, which the kubernetes
+    backend applies when it is built, knowing its pod's namespace); rendering manifests creates nothing."""
+    return []
+
+
+# PlatformPolicy key -> the checker of the fields that name it (`config.trust.policy_list`).
+POLICY_CHECKS: dict[str, Any] = {
+    "images": _images,
+    "service_accounts": _in_list("service_accounts", "allowed"),
+    "secrets": _in_list("secrets", "an allowed secret"),
+    "pvcs": _in_list("pvcs", "an allowed workspace volume"),
+    "data_mount_paths": _in_list("data_mount_paths", "an allowed mount path"),
+    "trainer_runtimes": _in_list("trainer_runtimes", "an allowed ClusterTrainingRuntime"),
+    "priority_classes": _in_list("priority_classes", "an allowed PriorityClass"),
+    "kueue_queues": _in_list("kueue_queues", "an allowed Kueue LocalQueue"),
+    "nccl_env_keys": _nccl_env,
+    "mlflow_tracking_uris": _mlflow_uri,
+    "reward_urls": _reward_url,
+    "judge_urls": _judge_url,
+    "vllm_flags": _vllm_flags,
+    "max_gpus_per_pod": _gpus,
+    "node_selectors": _node_selector,
+    "tolerations": _tolerations,
+    "own_namespace": _own_namespace,
+}
 
 
 def _parsed_or_none(ref: str):
@@ -479,13 +819,48 @@ def _flag_problems(args: list[str], policy: PlatformPolicy) -> list[str]:
     return problems
 
 
+def trust_problems(
+    config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *, allow_placeholders: bool = False
+) -> list[str]:
+    """Every field of the run config and the cluster settings checked by its declared class (`config.trust`):
+    `tenant` passes, `volume_path` must lie on the workspace volume, `code` runs only where no credential is,
+    `policy` must be allowed by the policy key it names, `platform` must be unset or the platform's value.
+
+    Returns:
+        One line per problem, each naming the field and the fix.
+
+    Raises:
+        ValueError: a field declares no class, or a `policy` field names a key without a checker (a bug here: the
+            run is refused rather than let through).
+    """
+    ctx = RunContext(config, settings, policy, allow_placeholders)
+    problems: list[str] = []
+    for field in declared_fields(config, settings):
+        trust = field.trust.trust
+        if trust is Trust.VOLUME_PATH:
+            problems += volume_path_problems(field, ctx)
+        elif trust is Trust.CODE:
+            problems += code_problems(field, ctx)
+        elif trust is Trust.PLATFORM:
+            problems += platform_problems(field, ctx)
+        elif trust is Trust.POLICY:
+            check = POLICY_CHECKS.get(field.trust.policy_key or "")
+            if check is None:
+                raise ValueError(
+                    f"{field.name} names policy key {field.trust.policy_key!r}, which has no checker. Fix: add one "
+                    "to k8s_policy.POLICY_CHECKS."
+                )
+            problems += check(field, ctx)
+    return list(dict.fromkeys(problems))  # one line per problem (e.g. vllm_extra_args is read once per run)
+
+
 def check_run(
     config: GRPOConfig, settings: ClusterSettings, policy: PlatformPolicy, *, allow_placeholders: bool = False
 ) -> None:
-    """Refuse a run that asks for anything the policy does not allow: images, the ServiceAccount, secrets,
-    the workspace PVC, the MLflow server, an external reward service or LLM judge (`judge_url`; the judge a run
-    serves itself from `judge_model_name_or_path` runs the vLLM image and is checked as the policy's vLLM is), vLLM
-    flags, GPUs per pod, user code in the trainer.
+    """Refuse a run that asks for anything the policy does not allow: every field of the run config and the cluster
+    settings by its declared trust class (`trust_problems`; images, the ServiceAccount, secrets, the workspace PVC
+    and mount, the MLflow server, an external reward service or LLM judge, vLLM flags, GPUs per pod, scheduling,
+    paths on the volume, code where credentials are, platform-only fields).
 
     Args:
         settings: as resolved by `resolve_images` (the images the pods will run).
@@ -494,112 +869,7 @@ def check_run(
     Raises:
         PolicyViolation: one line per problem, each naming the field and the fix.
     """
-    problems: list[str] = []
-    for field in image_roles(settings):
-        problems += _image_problems(field, settings.image(_role(field)), policy, allow_placeholders)
-    if settings.service_account not in policy.service_accounts:
-        problems.append(
-            f"service_account={settings.service_account!r} is not allowed (allowed: "
-            f"{policy.service_accounts}). {FIX} (service_accounts)."
-        )
-    if settings.mlflow_secret is not None and settings.mlflow_secret not in policy.secrets:
-        problems.append(
-            f"mlflow_secret={settings.mlflow_secret!r} is not an allowed secret (allowed: "
-            f"{policy.secrets}). {FIX} (secrets)."
-        )
-    if settings.data_mount_path not in policy.data_mount_paths:
-        problems.append(
-            f"data_mount_path={settings.data_mount_path!r} is not an allowed mount path (allowed: "
-            f"{policy.data_mount_paths}). {FIX} (data_mount_paths)."
-        )
-    unknown_nccl = sorted(set(settings.nccl_env) - set(policy.nccl_env_keys))
-    if unknown_nccl:
-        problems.append(
-            f"nccl_env sets {unknown_nccl}, which are not allowed NCCL/gloo variables (allowed: "
-            f"{policy.nccl_env_keys}). {FIX} (nccl_env_keys)."
-        )
-    if settings.pvc_name not in policy.pvcs:
-        problems.append(
-            f"pvc_name={settings.pvc_name!r} is not an allowed workspace volume (allowed: {policy.pvcs}). {FIX} (pvcs)."
-        )
-    uri = config.tracking.mlflow_tracking_uri or settings.mlflow_tracking_uri
-    problems += _uri_problems(
-        "mlflow_tracking_uri",
-        uri,
-        policy.mlflow_tracking_uris,
-        "MLflow server",
-        "the run's MLflow credentials would go there",
-    )
-    if config.rewards.reward_url and not settings.reward_replicas:
-        problems += _uri_problems(
-            "reward_url",
-            config.rewards.reward_url,
-            policy.reward_urls,
-            "reward service",
-            "every rollout would be sent there",
-        )
-    if config.rewards.judge_url:
-        problems += _uri_problems(
-            "judge_url",
-            config.rewards.judge_url,
-            policy.judge_urls,
-            "LLM judge",
-            "every completion (and the judge token) would be sent there",
-        )
-    problems += _flag_problems(config.vllm_serve_args, policy)
-    problems += _gpu_problems(config, settings, policy)
-    problems += path_problems(config, settings)
-    if not policy.user_code_with_credentials:
-        in_trainer = (
-            [s for s in config.rewards.reward_funcs if is_file_spec(s)]
-            if not (settings.reward_replicas or config.rewards.reward_url)
-            else []
-        )
-        if in_trainer:
-            problems.append(
-                f"reward_funcs {in_trainer} are files and reward_replicas=0 would run them in the "
-                "trainer pod, which holds the MLflow credentials. Fix: set reward_replicas >= 1 (they "
-                "then run in reward pods without credentials)."
-            )
-        tools = (
-            [s for s in config.tools.tools if is_file_spec(s)]
-            if not (settings.reward_replicas or config.rewards.reward_url)
-            else []
-        )
-        if tools:  # tool calls run where rewards are scored: the reward pods, or else the trainer pod
-            problems.append(
-                f"tools {tools} are files and reward_replicas=0 would run them in the trainer pod, which "
-                "holds the MLflow credentials. Fix: set reward_replicas >= 1 (tool calls then run in the "
-                "reward pods, without credentials)."
-            )
-        init = config.model_init_kwargs or {}
-        odd = sorted(set(init) - set(SAFE_INIT_KWARGS))
-        attention = init.get("attn_implementation")
-        if odd or (attention is not None and attention not in BUILTIN_ATTENTION):
-            problems.append(
-                f"model_init_kwargs {odd or {'attn_implementation': attention}} may load files or "
-                f"compiled kernels in the trainer pod, which holds the MLflow credentials. Fix: use only "
-                f"{list(SAFE_INIT_KWARGS)}, with attn_implementation one of {list(BUILTIN_ATTENTION)}."
-            )
-        if config.trust_remote_code:
-            problems.append(
-                "trust_remote_code=true would run the model folder's Python code in the trainer pod, "
-                "which holds the MLflow credentials. Fix: use a model that transformers supports "
-                "natively, or ask your platform engineer to set user_code_with_credentials."
-            )
-        if config.producer.data_producer and is_file_spec(config.producer.data_producer):
-            problems.append(
-                f"data_producer={config.producer.data_producer!r} is a file: it would run in the trainer pod, "
-                "which holds the MLflow credentials. Fix: install it in the trainer image and name it "
-                f"as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials."
-            )
-        environment = config.environments.environment
-        if environment and is_file_spec(environment):  # the environment rollout runs in the trainer pod
-            problems.append(
-                f"environment={environment!r} is a file: it would run in the trainer pod, which holds the MLflow "
-                "credentials. Fix: install it in the trainer image and name it as pkg.module:factory, or ask your "
-                "platform engineer to set user_code_with_credentials."
-            )
+    problems = trust_problems(config, settings, policy, allow_placeholders=allow_placeholders)
     if problems:
         raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))
 
@@ -713,3 +983,115 @@ def check_registered_model(name: str, policy: PlatformPolicy, action: str = "reg
     problems = registered_model_problems(name, policy, action)
     if problems:
         raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))
+
+
+# ------------------------------------------------------------------------------------------------ pipeline steps
+_REGISTRY_URI = re.compile(r"models:/([^/@]+)(?:/[^/@]+|@[^/@]+)")
+
+
+def registry_model_name(uri: str) -> str | None:
+    """The registered model a `models:/<name>/<version>` or `models:/<name>@<alias>` URI reads; None when `uri` is
+    not a registry URI at all (no `models:/` prefix).
+
+    A `models:/` string of any other shape (a host, extra segments, an empty name) is returned whole, so it is judged
+    as a name no `registered_models` pattern but `*` covers (the registry's own parser refuses it later anyway).
+    """
+    if not isinstance(uri, str) or not uri.startswith("models:/"):
+        return None
+    match = _REGISTRY_URI.fullmatch(uri)
+    return match.group(1) if match else uri
+
+
+def step_problems(
+    policy: PlatformPolicy,
+    *,
+    tracking_uri: str | None = None,
+    registered_models: tuple[tuple[str, str], ...] | list[tuple[str, str]] = (),
+    work_dir: str = "",
+) -> list[str]:
+    """What the platform policy says about one pipeline step's own inputs (those `check_run` does not see).
+
+    Args:
+        policy: the platform policy.
+        tracking_uri: the MLflow server the step would send its credentials to; None: not checked. It must parse
+            unambiguously and lie under `mlflow_tracking_uris` (as `check_run` judges a run's URI).
+        registered_models: (name, action) pairs: each registered model the step reads or writes and what it does
+            to it ("register a version of", "read the champion of", ...), judged by `registered_model_problems`.
+        work_dir: the pipeline's work_dir; "" is not checked (`work_dir_problems`).
+
+    Returns:
+        One line per problem, each naming the field (mlflow_tracking_uri, registered_model_name, work_dir) and the
+        fix; [] when the step may go on.
+    """
+    problems = work_dir_problems(work_dir) if work_dir else []
+    if tracking_uri is not None:
+        problems += _uri_problems(
+            "mlflow_tracking_uri",
+            tracking_uri,
+            policy.mlflow_tracking_uris,
+            "MLflow server",
+            "the step's MLflow credentials would go there",
+        )
+    for name, action in registered_models:
+        problems += registered_model_problems(name, policy, action)
+    return problems
+
+
+def check_step(
+    step: str,
+    *,
+    launch_backend: str | None = None,
+    tracking_uri: str | None = None,
+    registered_models: tuple[tuple[str, str], ...] | list[tuple[str, str]] = (),
+    work_dir: str = "",
+    policy: PlatformPolicy | None = None,
+) -> PlatformPolicy | None:
+    """A pipeline step's decision on its run, taken before it loads any credential (`step_secrets.load_step_secrets`)
+    or makes any network call: in a cluster pod (`in_cluster_pod`), or wherever `launch_backend` is "kubernetes".
+    Elsewhere (kfp.local, `make demo`, a laptop) nothing is checked and nothing is loaded.
+
+    In a pod, every check of `step_problems` applies: the tracking URI, the registered models (all runs of a
+    namespace share one MLflow user, so the registry cannot tell teams apart: reading another team's champion is
+    refused as writing it is, so a run neither trains from nor compares against a model its namespace does not
+    list), and the work_dir. With the kubernetes backend outside a pod only the tracking URI is checked: there the
+    MLflow credentials and the registry are the user's own.
+
+    Args:
+        step: the step's name, for the log (e.g. "train_grpo").
+        launch_backend: the step's launch backend, if it has one.
+        tracking_uri, registered_models, work_dir: as `step_problems`.
+        policy: the platform policy; None loads it (`load_policy`: $ASYNC_GRPO_POLICY_FILE, the mounted ConfigMap,
+            else the built-in defaults).
+
+    Returns:
+        The policy it decided with, or None when nothing was decided (not in a pod, not the kubernetes backend).
+
+    Raises:
+        PolicyViolation: one line per problem, each naming the field and the fix.
+        ConfigError: the policy file is missing or invalid.
+    """
+    in_pod = in_cluster_pod()
+    if not in_pod and launch_backend != "kubernetes":
+        return None
+    if policy is None:
+        policy, source = load_policy()
+        logger.info("%s: platform policy from %s", step, source)
+    problems = step_problems(
+        policy,
+        tracking_uri=tracking_uri,
+        registered_models=registered_models if in_pod else (),
+        work_dir=work_dir if in_pod else "",
+    )
+    if problems:
+        raise PolicyViolation("the platform policy refuses this run:\n  " + "\n  ".join(problems))
+    return policy
+
+
+def trust_markdown_table() -> str:
+    """The trust class of every run-config and cluster-settings field as a markdown table (docs/security.md holds
+    it between `<!-- trust-table -->` markers; `python -c "from async_grpo.launch.k8s_policy import
+    trust_markdown_table as t; print(t())"` prints it)."""
+    models: list[tuple[str, type[BaseModel]]] = [("run config", RunFields)]
+    models += [(f"run config: {section}", model) for section, model in SECTIONS.items()]
+    models.append(("cluster settings", ClusterSettings))
+    return trust_markdown(models)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from async_grpo import __version__
 from async_grpo.config import ConfigError, format_validation_error
+from async_grpo.config.trust import platform_only, policy_list, tenant
 
 DEFAULT_REGISTRY = "ghcr.io/async-grpo"
 DEFAULT_DATA_MOUNT_PATH = "/workspace"  # where the pipeline's steps and every run pod mount the workspace PVC
@@ -119,58 +120,104 @@ class ClusterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     namespace: str = Field(
-        "async-grpo", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Namespace of the run."
+        "async-grpo",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Namespace of the run.",
+        json_schema_extra=policy_list("own_namespace"),
     )
-    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: CUDA images + NCCL; cpu: the CPU image + gloo.")
+    device: Literal["gpu", "cpu"] = Field(
+        "gpu", description="gpu: CUDA images + NCCL; cpu: the CPU image + gloo.", json_schema_extra=tenant()
+    )
     image_registry: str | None = Field(
         None,
         description="Registry prefix of our images; None: the platform "
         f"policy's default images, else {DEFAULT_REGISTRY}.",
+        json_schema_extra=policy_list("images"),
     )
     image_tag: str | None = Field(
         None,
         description="Tag of our images; None: the platform policy's default "
         "images, else the package version they hold.",
+        json_schema_extra=policy_list("images"),
     )
-    trainer_image: str | None = Field(None, description="Override the trainer image reference.")
-    vllm_image: str | None = Field(None, description="Override the vLLM image reference.")
-    reward_image: str | None = Field(None, description="Override the reward-worker image reference.")
-    trainer_nodes: int = Field(1, ge=1, description="PyTorchJob pods: one Master plus trainer_nodes - 1 Workers.")
-    nproc_per_node: int = Field(1, ge=1, description="Trainer processes per pod (GPUs per pod on gpu).")
-    trainer_cpu: float = Field(8.0, gt=0, description="CPU cores requested per trainer pod.")
-    trainer_memory_gib: int = Field(64, ge=1, description="Memory per trainer pod (GiB).")
-    vllm_gpus: int = Field(1, ge=1, description="GPUs of the vLLM pod (its tensor-parallel size).")
-    vllm_cpu: float = Field(8.0, gt=0, description="CPU cores requested by the vLLM pod.")
-    vllm_memory_gib: int = Field(64, ge=1, description="Memory of the vLLM pod (GiB).")
+    trainer_image: str | None = Field(
+        None, description="Override the trainer image reference.", json_schema_extra=policy_list("images")
+    )
+    vllm_image: str | None = Field(
+        None, description="Override the vLLM image reference.", json_schema_extra=policy_list("images")
+    )
+    reward_image: str | None = Field(
+        None, description="Override the reward-worker image reference.", json_schema_extra=policy_list("images")
+    )
+    trainer_nodes: int = Field(
+        1, ge=1, description="PyTorchJob pods: one Master plus trainer_nodes - 1 Workers.", json_schema_extra=tenant()
+    )
+    nproc_per_node: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes per pod (GPUs per pod on gpu).",
+        json_schema_extra=policy_list("max_gpus_per_pod"),
+    )
+    trainer_cpu: float = Field(
+        8.0, gt=0, description="CPU cores requested per trainer pod.", json_schema_extra=tenant()
+    )
+    trainer_memory_gib: int = Field(64, ge=1, description="Memory per trainer pod (GiB).", json_schema_extra=tenant())
+    vllm_gpus: int = Field(
+        1,
+        ge=1,
+        description="GPUs of the vLLM pod (its tensor-parallel size).",
+        json_schema_extra=policy_list("max_gpus_per_pod"),
+    )
+    vllm_cpu: float = Field(8.0, gt=0, description="CPU cores requested by the vLLM pod.", json_schema_extra=tenant())
+    vllm_memory_gib: int = Field(64, ge=1, description="Memory of the vLLM pod (GiB).", json_schema_extra=tenant())
     judge_replicas: int = Field(
         1,
         ge=1,
         description="Pods of the LLM judge's vLLM Deployment, behind the `<run>-judge` Service (only when the run "
         "serves `judge_model_name_or_path` for builtin:llm_judge).",
+        json_schema_extra=tenant(),
     )
-    judge_gpus: int = Field(1, ge=1, description="GPUs per judge pod (its tensor-parallel size).")
-    judge_cpu: float = Field(8.0, gt=0, description="CPU cores requested per judge pod.")
-    judge_memory_gib: int = Field(64, ge=1, description="Memory per judge pod (GiB).")
+    judge_gpus: int = Field(
+        1,
+        ge=1,
+        description="GPUs per judge pod (its tensor-parallel size).",
+        json_schema_extra=policy_list("max_gpus_per_pod"),
+    )
+    judge_cpu: float = Field(8.0, gt=0, description="CPU cores requested per judge pod.", json_schema_extra=tenant())
+    judge_memory_gib: int = Field(64, ge=1, description="Memory per judge pod (GiB).", json_schema_extra=tenant())
     reward_replicas: int = Field(
         1,
         ge=0,
         description="Reward-service pods (`python -m async_grpo.rewards.server`, "
         "reward_num_workers processes each) behind the reward Service; the trainer gets "
         "its URL in ASYNC_GRPO_REWARD_URL. 0 scores in a process pool in the trainer pod.",
+        json_schema_extra=tenant(),
     )
-    reward_cpu: float = Field(2.0, gt=0, description="CPU cores requested per reward pod.")
-    reward_memory_gib: int = Field(4, ge=1, description="Memory per reward pod (GiB).")
-    shm_size_gib: int = Field(16, ge=1, description="Size limit of the /dev/shm emptyDir (GiB).")
+    reward_cpu: float = Field(2.0, gt=0, description="CPU cores requested per reward pod.", json_schema_extra=tenant())
+    reward_memory_gib: int = Field(4, ge=1, description="Memory per reward pod (GiB).", json_schema_extra=tenant())
+    shm_size_gib: int = Field(
+        16, ge=1, description="Size limit of the /dev/shm emptyDir (GiB).", json_schema_extra=tenant()
+    )
     gpu_resource: str = Field(
         "nvidia.com/gpu",
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
         description="Extended resource name of a GPU (domain-prefixed, e.g. nvidia.com/gpu, amd.com/gpu).",
+        json_schema_extra=platform_only(),
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of the GPU/compute pods.")
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of the compute pods.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="nodeSelector of the GPU/compute pods.",
+        json_schema_extra=policy_list("node_selectors"),
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Tolerations of the compute pods.",
+        json_schema_extra=policy_list("tolerations"),
+    )
     pvc_name: str = Field(
         "async-grpo-workspace",
         description="PVC holding models, datasets and run folders (the pipeline's workspace volume).",
+        json_schema_extra=policy_list("pvcs"),
     )
     data_mount_path: str = Field(
         DEFAULT_DATA_MOUNT_PATH,
@@ -178,46 +225,70 @@ class ClusterSettings(BaseModel):
         "in the pipeline's steps, so paths mean the same everywhere. An absolute, normalized "
         "path outside the image's folders (PROTECTED_DIRS); the platform policy's "
         "data_mount_paths lists the allowed ones.",
+        json_schema_extra=policy_list("data_mount_paths"),
     )
     mlflow_tracking_uri: str = Field(
-        "http://mlflow:5000", description="MLflow tracking server as pods see it, used when the run config sets none."
+        "http://mlflow:5000",
+        description="MLflow tracking server as pods see it, used when the run config sets none.",
+        json_schema_extra=policy_list("mlflow_tracking_uris"),
     )
     mlflow_secret: str | None = Field(
         "mlflow-tracking",
         description="Secret whose optional keys "
         "MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN reach the trainer pods (only them).",
+        json_schema_extra=policy_list("secrets"),
     )
-    service_account: str = Field("async-grpo-workload", description="ServiceAccount of run pods (no API rights).")
-    nccl_socket_ifname: str = Field("eth0", description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the pod NIC.")
+    service_account: str = Field(
+        "async-grpo-workload",
+        description="ServiceAccount of run pods (no API rights).",
+        json_schema_extra=policy_list("service_accounts"),
+    )
+    nccl_socket_ifname: str = Field(
+        "eth0", description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the pod NIC.", json_schema_extra=tenant()
+    )
     nccl_env: dict[str, str] = Field(
         default_factory=dict,
         description="Extra NCCL/gloo tuning variables for "
         "trainer and vLLM; the platform policy's nccl_env_keys lists the allowed names "
         "(default NCCL_TUNING_ENV). Never a variable that names a file or a library.",
+        json_schema_extra=policy_list("nccl_env_keys"),
     )
-    vllm_port: int = Field(8000, ge=1, le=65535, description="vLLM HTTP port.")
-    reward_port: int = Field(8080, ge=1, le=65535, description="Reward service HTTP port.")
+    vllm_port: int = Field(8000, ge=1, le=65535, description="vLLM HTTP port.", json_schema_extra=tenant())
+    reward_port: int = Field(8080, ge=1, le=65535, description="Reward service HTTP port.", json_schema_extra=tenant())
     weight_transfer_ports: tuple[int, int] = Field(
         (40000, 41999),
         description="Inclusive TCP port range of the weight-transfer rendezvous and NCCL sockets. "
         "Pods get it as their ephemeral range (sysctl net.ipv4.ip_local_port_range); NetworkPolicies open it.",
+        json_schema_extra=tenant(),
     )
     restart_policy: Literal["Never", "OnFailure", "ExitCode", "Always"] = Field(
         "OnFailure",
         description="PyTorchJob restart policy of the trainer pods. A restarted trainer resumes from "
         "the newest checkpoint on the PVC (the pod's config sets resume_from_checkpoint: true); Never fails the run "
         "at the first pod failure.",
+        json_schema_extra=tenant(),
     )
     backoff_limit: int = Field(
-        3, ge=0, description="PyTorchJob runPolicy.backoffLimit: trainer pod restarts before the job is failed."
+        3,
+        ge=0,
+        description="PyTorchJob runPolicy.backoffLimit: trainer pod restarts before the job is failed.",
+        json_schema_extra=tenant(),
     )
-    ttl_after_finished_s: int = Field(7 * 24 * 3600, ge=0, description="Finished PyTorchJob kept this long (s).")
-    run_as_user: int = Field(1000, ge=1, description="UID (and GID, fsGroup) of every container; never root.")
+    ttl_after_finished_s: int = Field(
+        7 * 24 * 3600, ge=0, description="Finished PyTorchJob kept this long (s).", json_schema_extra=tenant()
+    )
+    run_as_user: int = Field(
+        1000,
+        ge=1,
+        description="UID (and GID, fsGroup) of every container; never root.",
+        json_schema_extra=platform_only(),
+    )
     trainer_api: Literal["pytorchjob", "trainjob"] = Field(
         "pytorchjob",
         description="How the trainer is launched: pytorchjob (Training Operator v1, vLLM and reward workers as "
         "Deployments) or trainjob (Kubeflow Trainer v2.3: one TrainJob on the ClusterTrainingRuntime "
         "`trainer_runtime`, every role a replicated job of its JobSet; see k8s_trainjob.py).",
+        json_schema_extra=tenant(),
     )
     trainer_runtime: str = Field(
         "async-grpo",
@@ -225,18 +296,21 @@ class ClusterSettings(BaseModel):
         max_length=63,
         description="trainjob: name of the ClusterTrainingRuntime the TrainJob references "
         "(manifests/components/trainer-v2 installs `async-grpo`).",
+        json_schema_extra=policy_list("trainer_runtimes"),
     )
     kueue_queue_name: str | None = Field(
         None,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         max_length=63,
         description="trainjob: Kueue LocalQueue of the run (label kueue.x-k8s.io/queue-name); None: not queued.",
+        json_schema_extra=policy_list("kueue_queues"),
     )
     priority_class_name: str | None = Field(
         None,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         max_length=253,
         description="PriorityClass of every run pod (trainjob: Kueue's kueue.x-k8s.io/priority-class label too).",
+        json_schema_extra=policy_list("priority_classes"),
     )
 
     @field_validator("nccl_env")

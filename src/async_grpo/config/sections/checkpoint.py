@@ -10,12 +10,15 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import tenant, volume_path
 
 
 class CheckpointConfig(Section):
     """What the run saves, when it writes resumable checkpoints, and where it resumes from."""
 
-    save_model: bool = Field(True, description="Save the final HF checkpoint and log it to MLflow.")
+    save_model: bool = Field(
+        True, description="Save the final HF checkpoint and log it to MLflow.", json_schema_extra=tenant()
+    )
     save_steps: int | float = Field(
         0,
         ge=0,
@@ -23,12 +26,14 @@ class CheckpointConfig(Section):
         "optimizer steps (HF TrainingArguments `save_steps`); below 1 it is a fraction of max_steps (HF); 0 (or "
         "None) writes none. A checkpoint holds the policy (HF folder `model/`), optimizer and scheduler, RNGs, the "
         "prompt sampler's position, replay / re-roll state, counters and the MLflow run id.",
+        json_schema_extra=tenant(),
     )
     save_total_limit: int | None = Field(
         None,
         ge=1,
         description="Keep only the newest this-many `checkpoint-<step>` folders (HF TrainingArguments "
         "`save_total_limit`); older ones are deleted only after the new one is complete. None keeps all.",
+        json_schema_extra=tenant(),
     )
     resume_from_checkpoint: bool | str | None = Field(
         None,
@@ -36,6 +41,7 @@ class CheckpointConfig(Section):
         "true for the newest complete `checkpoint-<step>` in output_dir. Unlike HF, true with no checkpoint there "
         "starts fresh (logged), so a restarted pod's first start works; a folder that does not exist is an error. "
         "The run continues the checkpoint's MLflow run, step, policy version and prompt order. None/false: fresh.",
+        json_schema_extra=volume_path(),
     )
     checkpoint_on_signal: bool = Field(
         True,
@@ -44,6 +50,7 @@ class CheckpointConfig(Section):
         "`enable_jit_checkpoint` does this for the HF Trainer). The same checkpoint is written when the run fails "
         "because a dependency stayed down (reward_failure_timeout_s, max_inference_restarts). False: stop at once, "
         "no checkpoint.",
+        json_schema_extra=tenant(),
     )
     checkpoint_signal_grace_s: float = Field(
         60.0,
@@ -51,6 +58,7 @@ class CheckpointConfig(Section):
         description="Seconds a stop signal leaves for the checkpoint: the Kubernetes pod's "
         "terminationGracePeriodSeconds is this plus a margin. A step still running after half of it is abandoned "
         "(no checkpoint then: the newest periodic one stays the resume point).",
+        json_schema_extra=tenant(),
     )
 
     @field_validator("save_steps", mode="before")

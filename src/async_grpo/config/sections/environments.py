@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import code, tenant
 from async_grpo.user_code import check_adapter_spec, parse_spec, split_adapter
 
 
@@ -32,6 +33,7 @@ class EnvironmentsConfig(Section):
         "Needs conversational prompts. With `tools` too, the environment gets tools: "
         "a turn that calls tools is answered by them, any other turn is the environment's action. None: "
         "single-turn rollouts (or tool calling alone with `tools`).",
+        json_schema_extra=code(),
     )
     max_turns: int = Field(
         4,
@@ -39,18 +41,21 @@ class EnvironmentsConfig(Section):
         description="Most model turns per episode (verifiers' name): after this many the episode ends (the last "
         "turn is still answered by the environment, so its reward counts). max_completion_length bounds the "
         "generated plus observation tokens of the whole episode.",
+        json_schema_extra=tenant(),
     )
     env_timeout_s: float = Field(
         30.0,
         gt=0.0,
         description="Wall-clock limit of one environment call, reset or step (seconds): past it the sample ends, "
         "counted as env/failures/reset_timeout or step_timeout (a synchronous environment's thread is abandoned).",
+        json_schema_extra=tenant(),
     )
     env_num_threads: int = Field(
         4,
         ge=1,
         description="Worker threads that run a synchronous environment's calls (an async one runs on the "
         "rollout's event loop).",
+        json_schema_extra=tenant(),
     )
 
     @field_validator("environment")

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import platform_only, policy_list, tenant
 
 ResourceSharing = Literal["auto", "overlap", "time_slice", "adaptive"]
 
@@ -26,6 +27,7 @@ class InferenceConfig(Section):
         "many local servers otherwise). Each request goes to the live replica with the fewest requests in flight; "
         "every weight push reaches every replica; a replica that dies is excluded, recovered and rejoins with the "
         "current weights while the others serve.",
+        json_schema_extra=tenant(),
     )
     resource_sharing: ResourceSharing = Field(
         "auto",
@@ -41,6 +43,7 @@ class InferenceConfig(Section):
         "servers on its own CPU machine and the trainer uses every core (torch_num_threads unset or >= the cores), "
         "else overlap (a trainer held to fewer threads leaves vLLM the other cores; attached servers, Kubernetes "
         "pods and GPUs have their own resources). streaming_min_groups cannot be combined with time_slice.",
+        json_schema_extra=tenant(),
     )
     # vLLM server resources (TRL names; flags of the server we launch)
     vllm_gpu_memory_utilization: float | None = Field(
@@ -50,12 +53,14 @@ class InferenceConfig(Section):
         description="`--gpu-memory-utilization` of the vLLM server we launch (TRL name; TRL "
         "applies it to a colocated engine, ours is a separate server). None: vLLM's default (0.9). No effect on "
         "the CPU build.",
+        json_schema_extra=tenant(),
     )
     vllm_tensor_parallel_size: int = Field(
         1,
         ge=1,
         description="`--tensor-parallel-size` of the vLLM server we launch (TRL name): the server needs "
         "that many GPUs.",
+        json_schema_extra=tenant(),
     )
     # Attach or launch, timeouts and recovery
     vllm_url: str | None = Field(
@@ -63,13 +68,29 @@ class InferenceConfig(Section):
         description="Attach to running vLLM servers instead of starting them: one URL, "
         "a comma-separated list of vllm_replicas URLs, or one URL whose host name resolves to "
         "the replicas' addresses (a Kubernetes headless Service).",
+        json_schema_extra=platform_only(),
     )
-    vllm_port: int = Field(0, ge=0, le=65535, description="Port for the launched server; 0 picks a free one.")
-    vllm_dtype: str = Field("float32", description="dtype the launched vLLM server runs the model in.")
-    vllm_max_model_len: int = Field(512, ge=16, description="vLLM --max-model-len (tokens).")
-    vllm_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build (GiB).")
-    vllm_startup_timeout_s: float = Field(300.0, gt=0.0, description="Wait this long for vLLM /health (seconds).")
-    vllm_request_timeout_s: float = Field(120.0, gt=0.0, description="Timeout for one generation request (seconds).")
+    vllm_port: int = Field(
+        0, ge=0, le=65535, description="Port for the launched server; 0 picks a free one.", json_schema_extra=tenant()
+    )
+    vllm_dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "float32",
+        description="dtype the launched vLLM server runs the model in (vLLM's --dtype choices; it reaches vLLM's argv, "
+        "so nothing else is accepted).",
+        json_schema_extra=tenant(),
+    )
+    vllm_max_model_len: int = Field(
+        512, ge=16, description="vLLM --max-model-len (tokens).", json_schema_extra=tenant()
+    )
+    vllm_kv_cache_gib: int = Field(
+        1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build (GiB).", json_schema_extra=tenant()
+    )
+    vllm_startup_timeout_s: float = Field(
+        300.0, gt=0.0, description="Wait this long for vLLM /health (seconds).", json_schema_extra=tenant()
+    )
+    vllm_request_timeout_s: float = Field(
+        120.0, gt=0.0, description="Timeout for one generation request (seconds).", json_schema_extra=tenant()
+    )
     vllm_coalesce_window_s: float = Field(
         0.0,
         ge=0.0,
@@ -81,8 +102,11 @@ class InferenceConfig(Section):
         "so with long, uneven completions early groups wait. Seeded requests (evaluation, full_determinism) are "
         "always sent alone; a call vLLM refuses is retried prompt by prompt, so a bad prompt fails only its own "
         "group (seconds).",
+        json_schema_extra=tenant(),
     )
-    vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` flags.")
+    vllm_extra_args: list[str] = Field(
+        default_factory=list, description="Extra `vllm serve` flags.", json_schema_extra=policy_list("vllm_flags")
+    )
     max_inference_restarts: int = Field(
         3,
         ge=0,
@@ -90,10 +114,12 @@ class InferenceConfig(Section):
         "backend restarts it; on Kubernetes its Deployment does) before it fails with a clear message. Each "
         "recovery re-initialises the weight transfer and pushes the current weights; groups in flight are "
         "generated again, not lost.",
+        json_schema_extra=tenant(),
     )
     vllm_recovery_timeout_s: float = Field(
         600.0,
         gt=0.0,
         description="Longest wait for a lost vLLM server to answer /health again, and for "
         "generation requests parked meanwhile (seconds).",
+        json_schema_extra=tenant(),
     )

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import tenant
 
 # vLLM 0.32 `LoRAConfig.max_lora_rank` takes only these values (`MaxLoRARanks`); the server is started with the
 # smallest one >= lora_r
@@ -32,6 +33,7 @@ class PeftConfig(Section):
         "push sends merged weights W + (lora_alpha / lora_r) B A under the base model's parameter names; the final "
         "model (`final-model/`) is the merged Hugging Face model and its adapter is saved in `final-model/adapter/`. "
         "Not with fsdp.",
+        json_schema_extra=tenant(),
     )
     lora_r: int = Field(
         16,
@@ -39,12 +41,14 @@ class PeftConfig(Section):
         description="LoRA rank r: A is (r, in_features), B is (out_features, r) (TRL "
         "ModelConfig `lora_r`; peft `r`). With vllm_lora_sync at most 512 (vLLM's largest "
         "--max-lora-rank).",
+        json_schema_extra=tenant(),
     )
     lora_alpha: int = Field(
         32,
         ge=1,
         description="LoRA scaling numerator: the update is (lora_alpha / lora_r) B A "
         "(Hu et al. 2021 eq. 3; TRL ModelConfig `lora_alpha`; peft `lora_alpha`).",
+        json_schema_extra=tenant(),
     )
     lora_dropout: float = Field(
         0.05,
@@ -54,6 +58,7 @@ class PeftConfig(Section):
         "during training steps (TRL ModelConfig `lora_dropout`; peft `lora_dropout`). "
         "disable_dropout=true also zeroes it, as TRL does. vLLM samples without dropout, so "
         "above 0 the IS ratio also sees the dropout noise.",
+        json_schema_extra=tenant(),
     )
     lora_target_modules: list[str] | str | None = Field(
         None,
@@ -62,6 +67,7 @@ class PeftConfig(Section):
         "layer but the LM head), another string is a regex matched against full module names (peft); None: peft's "
         "default for the architecture (q_proj and v_proj for Qwen2 / Llama). Names that match no module fail the "
         "run's setup with the module names the model has.",
+        json_schema_extra=tenant(),
     )
     vllm_lora_sync: bool = Field(
         False,
@@ -74,6 +80,7 @@ class PeftConfig(Section):
         "--enable-lora --max-lora-rank --max-loras 2 and "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; an attached server (vllm_url) needs those too and must read "
         "output_dir at the same path (on Kubernetes both pods mount the workspace PVC). Needs use_peft.",
+        json_schema_extra=tenant(),
     )
 
     @field_validator("lora_target_modules")

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import code, tenant, volume_path
 
 # model_init_kwargs keys that would change what the trainer holds (its weights must be float32 master weights on
 # one device, unquantized) or that have their own field.
@@ -33,20 +34,23 @@ class RunFields(Section):
         description="Allow models and tokenizers that ship their own Python code (TRL name): passed to "
         "transformers' from_pretrained and as `--trust-remote-code` to the vLLM server we launch. Leave it off "
         "unless you trust the model's repository.",
+        json_schema_extra=code(),
     )
     model_init_kwargs: dict[str, Any] | None = Field(
         None,
         description="Keyword arguments for AutoModelForCausalLM.from_pretrained (TRL name), e.g. "
         "{attn_implementation: sdpa, revision: main}. The trainer keeps float32 master weights: a dtype / "
         "torch_dtype other than float32 is refused (use bf16 for bfloat16 compute).",
+        json_schema_extra=code(),
     )
     # The policy, the seed and the run folder
     model_name_or_path: str = Field(
         "builtin:tiny",
         description="Local HF model folder, or `builtin:tiny` to build the tiny char-level "
         "Qwen2-style model under `<output_dir>/tiny-model` (no hub access needed).",
+        json_schema_extra=volume_path(),
     )
-    seed: int = Field(0, description="Seed for data order, model init and sampling.")
+    seed: int = Field(0, description="Seed for data order, model init and sampling.", json_schema_extra=tenant())
     full_determinism: bool = Field(
         False,
         description="Reproducible runs (TRL name): the trainer runs transformers' enable_full_determinism(seed) "
@@ -59,8 +63,11 @@ class RunFields(Section):
         "wait for the async window's last group before each push. Not with dynamic_sampling or "
         "reroll_start_fraction < 1. A fault that regenerates groups (a vLLM recovery pushes a new version) or "
         "drops them keeps the run going but not the equality.",
+        json_schema_extra=tenant(),
     )
-    output_dir: str = Field("runs/tiny", description="Run folder: model, logs, vLLM log, MLflow store.")
+    output_dir: str = Field(
+        "runs/tiny", description="Run folder: model, logs, vLLM log, MLflow store.", json_schema_extra=volume_path()
+    )
 
     @field_validator("model_init_kwargs")
     @classmethod

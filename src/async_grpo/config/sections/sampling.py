@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import tenant
 
 # Request fields the rollout sets itself; `generation_kwargs` may not override them (the named field, or the
 # IS correction's logprobs / token ids, would silently stop meaning what they say).
@@ -44,12 +45,14 @@ class SamplingConfig(Section):
         le=1.0,
         description="Min-p sampling (TRL name): drop tokens below min_p x the top token's "
         "probability. Like top_p it truncates the distribution the trainer scores, so the IS ratio measures it.",
+        json_schema_extra=tenant(),
     )
     repetition_penalty: float = Field(
         1.0,
         gt=0.0,
         description="vLLM repetition penalty (TRL name); 1.0 disables it. It changes the sampling "
         "distribution, so the IS ratio measures it too.",
+        json_schema_extra=tenant(),
     )
     generation_kwargs: dict[str, Any] | None = Field(
         None,
@@ -57,18 +60,25 @@ class SamplingConfig(Section):
         "{stop: ['</answer>'], presence_penalty: 0.5}. Keys with a field of their own (n, max_tokens, "
         "temperature, top_p, top_k, min_p, repetition_penalty, seed) or that the IS correction relies on "
         "(logprobs, return_token_ids, ...) are refused.",
+        json_schema_extra=tenant(),
     )
     # Group size, completion length and the distribution sampled
     num_generations: int = Field(
-        8, ge=2, description="Completions sampled per prompt, i.e. the group size G (TRL name)."
+        8,
+        ge=2,
+        description="Completions sampled per prompt, i.e. the group size G (TRL name).",
+        json_schema_extra=tenant(),
     )
-    max_completion_length: int = Field(16, ge=1, description="Max generated tokens per completion (TRL name).")
+    max_completion_length: int = Field(
+        16, ge=1, description="Max generated tokens per completion (TRL name).", json_schema_extra=tenant()
+    )
     temperature: float = Field(
         1.0,
         gt=0.0,
         description="Sampling temperature for rollouts (TRL name). The trainer "
         "divides its logits by it too (TRL), so its logprobs compare with vLLM's processed "
         "sampling logprobs in the IS ratio and OPSM.",
+        json_schema_extra=tenant(),
     )
     top_p: float = Field(
         1.0,
@@ -77,11 +87,13 @@ class SamplingConfig(Section):
         description="Nucleus sampling threshold (TRL name). The trainer scores "
         "the untruncated distribution (as TRL does), so below 1 the vLLM IS ratio and OPSM also "
         "measure the truncation.",
+        json_schema_extra=tenant(),
     )
     top_k: int = Field(
         -1,
         description="Top-k sampling; -1 (or 0) disables it (TRL name). Above 0 the vLLM IS ratio "
         "also measures the truncation, as for top_p.",
+        json_schema_extra=tenant(),
     )
 
     @field_validator("generation_kwargs")

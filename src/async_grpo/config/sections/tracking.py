@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import policy_list, tenant
 
 
 class TrackingConfig(Section):
@@ -20,31 +21,40 @@ class TrackingConfig(Section):
         description="Where metrics go (transformers name): `mlflow`, or `none` (no tracking; not with "
         "the pipeline, which registers the model from the MLflow run). TRL's list form is accepted: [] or "
         "['none'] is none, ['mlflow'] or 'all' is mlflow; other trackers are refused.",
+        json_schema_extra=tenant(),
     )
     log_completions: bool = Field(
         True,
         description="Log a table of sample completions every log_completions_steps "
         "steps (TRL name; TRL's default is false).",
+        json_schema_extra=tenant(),
     )
     log_system_metrics: bool = Field(
         False,
         description="Also record CPU, memory, disk, network and GPU use in the MLflow run (MLflow system "
         "metrics; needs psutil, and pynvml for GPUs). MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true turns it on too.",
+        json_schema_extra=tenant(),
     )
     # Where the run is logged, and how often
     mlflow_tracking_uri: str | None = Field(
         None,
         description="MLflow tracking URI; None: the MLFLOW_TRACKING_URI environment variable, else "
         "`sqlite:///<output_dir>/mlflow.db`. MLFLOW_RUN_ID in the environment makes the run log into that run.",
+        json_schema_extra=policy_list("mlflow_tracking_uris"),
     )
     mlflow_experiment_name: str = Field(
         "async-grpo",
         description="MLflow experiment; at this default the MLFLOW_EXPERIMENT_NAME environment variable wins.",
+        json_schema_extra=tenant(),
     )
-    run_name: str | None = Field(None, description="MLflow run name.")
-    logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
-    log_completions_steps: int = Field(10, ge=1, description="Log a table of sample completions every N steps.")
-    num_completions_to_print: int = Field(8, ge=1, description="Rows in each sample-completions table (TRL name).")
+    run_name: str | None = Field(None, description="MLflow run name.", json_schema_extra=tenant())
+    logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.", json_schema_extra=tenant())
+    log_completions_steps: int = Field(
+        10, ge=1, description="Log a table of sample completions every N steps.", json_schema_extra=tenant()
+    )
+    num_completions_to_print: int = Field(
+        8, ge=1, description="Rows in each sample-completions table (TRL name).", json_schema_extra=tenant()
+    )
 
     @field_validator("report_to", mode="before")
     @classmethod

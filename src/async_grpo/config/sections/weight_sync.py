@@ -9,16 +9,23 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import tenant
 
 
 class WeightSyncConfig(Section):
     """Pushing the trainer's weights to vLLM: how often and over which data plane."""
 
     weight_sync_backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="Weight-transfer data plane: nccl on GPU, gloo on CPU; auto picks by device."
+        "auto",
+        description="Weight-transfer data plane: nccl on GPU, gloo on CPU; auto picks by device.",
+        json_schema_extra=tenant(),
     )
-    weight_sync_timeout_s: float = Field(300.0, gt=0.0, description="Timeout for one weight push (seconds).")
-    vllm_sync_interval: int = Field(1, ge=1, description="Push weights to vLLM every this many optimizer steps.")
+    weight_sync_timeout_s: float = Field(
+        300.0, gt=0.0, description="Timeout for one weight push (seconds).", json_schema_extra=tenant()
+    )
+    vllm_sync_interval: int = Field(
+        1, ge=1, description="Push weights to vLLM every this many optimizer steps.", json_schema_extra=tenant()
+    )
     weight_sync_mode: Literal["full", "delta"] = Field(
         "full",
         description="full: every push sends every weight. delta (TRL's name; gloo data plane only): after the "
@@ -28,6 +35,7 @@ class WeightSyncConfig(Section):
         "the pushed weights in the trainer and in each vLLM worker; pays off for bfloat16 pushes at small "
         "learning rates, where most elements keep their bits (weight_sync/bytes against "
         "weight_sync/dense_bytes shows the saving).",
+        json_schema_extra=tenant(),
     )
 
     weight_sync_overlap: bool = Field(
@@ -41,6 +49,7 @@ class WeightSyncConfig(Section):
         "full-weight pushes (not vllm_lora_sync), without full_determinism and when vLLM is not paused for "
         "training (resource_sharing other than time_slice); otherwise the run logs why it is off and pushes in "
         "the step. runner/overlapped_push.py; docs/performance.md.",
+        json_schema_extra=tenant(),
     )
 
     @model_validator(mode="after")
