@@ -722,7 +722,7 @@ def test_a_full_determinism_schedule_resumed_from_its_snapshot_continues_exactly
         orch.wait_generated(version.value, WAIT_S)
         version.bump()
     buffer = io.BytesIO()
-    torch.save(orch.schedule_state(version.value), buffer)
+    torch.save(orch.schedule_state(version.value, 30.0), buffer)
     stop_and_check(orch, client)
     state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
     assert state["groups"], "groups sampled at older versions are kept"

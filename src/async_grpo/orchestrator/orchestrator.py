@@ -338,18 +338,37 @@ class Orchestrator:
         if self.schedule is not None:
             self.schedule.mark_trained(groups)
 
-    def schedule_state(self, version: int) -> dict | None:
+    def schedule_state(self, version: int, timeout_s: float) -> dict | None:
         """What a checkpoint written at policy version `version` keeps of the schedule under full_determinism
         (`ScheduleState.snapshot`: the untrained groups sampled at older versions, the prompts drawn since, the
         sampler's position); None otherwise. Called from the trainer's thread, between steps.
 
+        The groups sampled at older versions finished generating before the last push, but some may still be
+        scored (a `save_steps` checkpoint comes right after a step, while the reward workers run): it first waits
+        up to `timeout_s` seconds for every one of them to settle (scored or dropped), polling every GATE_POLL_S.
+
         Raises:
-            RuntimeError: see `ScheduleState.snapshot`.
+            RuntimeError: the orchestrator failed or stopped while waiting; see also `ScheduleState.snapshot`.
+            TimeoutError: a group was not settled within `timeout_s` seconds (the message names its launch index).
         """
         if self.schedule is None:
             return None
+        keep_before = self.scheduled_before(version - 1)
+        t0 = time.monotonic()
+        while unsettled := self.schedule.unsettled_before(keep_before):
+            if self.error is not None:
+                raise RuntimeError(f"orchestrator failed: {self.error!r}") from self.error
+            if self.stop_event.is_set():
+                raise RuntimeError("the orchestrator stopped before the checkpoint's groups were scored")
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(
+                    f"full_determinism: launch indices {unsettled[:5]} (sampled before policy version {version}) "
+                    f"were not scored within {timeout_s:.0f} s of the checkpoint; check the reward workers, or raise "
+                    "rollout_timeout_s"
+                )
+            time.sleep(GATE_POLL_S)
         live = getattr(self.prompts, "live_state_dict", None) or self.prompts.state_dict
-        return self.schedule.snapshot(self.scheduled_before(version - 1), live)
+        return self.schedule.snapshot(keep_before, live)
 
     def restore_schedule(self, state: dict) -> None:
         """Continue the schedule of a checkpoint's `schedule_state` (call before `start`, after `restore_progress`):

@@ -123,16 +123,24 @@ class ScheduleState:
         was trained). Call with the lock held."""
         return min((i for i, g in self._unconsumed.items() if g is not None), default=self._next_in_order)
 
+    def unsettled_before(self, keep_before: int) -> list[int]:
+        """Launch indices below `keep_before` that are neither trained nor settled yet: generated (the trainer's
+        push waited for that) but still being scored, or still on their way to the in-order hand-over. A checkpoint
+        waits until none is left (`Orchestrator.schedule_state`)."""
+        with self._lock:
+            return [i for i in range(self._first_untrained(), keep_before) if i not in self._unconsumed]
+
     def snapshot(self, keep_before: int, sampler_state: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """The state a checkpoint keeps (plain values; see the module docstring).
 
         Args:
             keep_before: launch indices below it were sampled at a policy version older than the trainer's: their
-                groups are kept (every one of them has settled: the trainer waited for them before its last push).
+                groups are kept (every one of them must have settled: the caller waits for `unsettled_before` to be
+                empty; the trainer's push waited only for their generation, not for their rewards).
             sampler_state: returns the prompt sampler's live position, read under the same lock as the draws.
 
         Raises:
-            RuntimeError: a launch index below `keep_before` has not settled (the trainer did not wait for it).
+            RuntimeError: a launch index below `keep_before` has not settled (the caller did not wait for it).
         """
         with self._lock:
             first = self._first_untrained()

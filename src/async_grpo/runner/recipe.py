@@ -495,7 +495,11 @@ class GRPORecipe:
             reroll=orch.reroll.state_dict() if orch is not None and orch.reroll is not None else None,
             drops=self.drops.snapshot(), mlflow_run_id=self.tracker.run_id if self.tracker else None,
             weight_syncs=len(self.sync_times), num_tokens=self.num_tokens,
-            schedule=orch.schedule_state(self.version.value) if orch is not None else None,
+            schedule=(
+                orch.schedule_state(self.version.value, self.config.producer.rollout_timeout_s)
+                if orch is not None
+                else None
+            ),
             unlogged_metrics=self.tracker.unlogged_metrics() if self.tracker is not None else [],
         )  # fmt: skip
 
