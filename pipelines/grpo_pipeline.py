@@ -352,6 +352,7 @@ def build_pipeline(
                 )  # fmt: skip
                 flavour(register).set_display_name("register model (MLflow)").set_caching_options(False)
                 _mlflow_env(register, wiring.mlflow_secret)
+                _policy(register)  # its registered_models: a run writes only its own namespace's models
 
     return grpo_pipeline
 

@@ -18,6 +18,7 @@ ALLOWED = {
     "errors": set(),
     "user_code": set(),
     "checkpoint_layout": set(),
+    "shared_volume": set(),  # reading, copying, listing, creating on the tenant-writable volume (stdlib only)
     "config": {"user_code"},
     "hub": set(),
     "dataset_source": set(),
@@ -43,11 +44,11 @@ ALLOWED = {
     },
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
-    "tracking": {"config"},
+    "tracking": {"config", "shared_volume"},
     "registry": set(),
     "promotion": set(),
     "lineage": {"__init__"},
-    "warm_start": {"config", "registry"},
+    "warm_start": {"config", "registry", "shared_volume"},
     "pipeline_tracking": set(),
     "step_secrets": set(),  # a KFP step's mounted Secret files -> its environment (stdlib only)
     "preflight": {
@@ -100,7 +101,7 @@ ALLOWED = {
     "pipeline_local": {"config", "errors", "launch", "pipeline_tracking", "preflight", "tracking"},
     "cli_render": {"config", "errors", "launch", "preflight"},
     "cli_pipeline": {"config", "errors", "launch", "pipeline_local", "preflight"},
-    "cli_model": {"errors", "registry", "tracking"},
+    "cli_model": {"config", "errors", "launch", "registry", "tracking"},  # launch: the policy's registered_models
     "cli": {
         "__init__",
         "cli_model",

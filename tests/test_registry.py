@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -384,6 +385,40 @@ def test_warm_start_downloads_the_champion_before_anything_starts(store, tmp_pat
     assert all(torch_equal(a, b) for a, b in zip(loaded.state_dict().values(), logged.state_dict().values()))
     again, _ = resolve_warm_start(config)  # a second rank (or a retry) finds it in place
     assert again.model_name_or_path == resolved.model_name_or_path
+
+
+def test_warm_start_on_the_shared_volume_downloads_privately_and_takes_nothing_planted(store, tmp_path):
+    """The train step's way (`volume_root`): a tenant who pre-made `<run>/warm-start/<name>-v<version>` with a forged
+    marker (so the old way skipped the download and the run trained on the tenant's weights under the champion's
+    name), or a link in its place, is refused; an honest run gets the registry's files, copied into a new folder."""
+    from async_grpo.config import GRPOConfig
+    from async_grpo.shared_volume import UnsafeVolumePath
+    from async_grpo.warm_start import resolve_warm_start, warm_start_of
+
+    client = store.register("shared-warm", versions=1)
+    promote(client, "shared-warm", "1", reason="test", actor="ci")
+    volume = tmp_path / "workspace"
+
+    def config(run: str) -> GRPOConfig:
+        return GRPOConfig(
+            model_name_or_path="models:/shared-warm@champion", output_dir=str(volume / run),
+            mlflow_tracking_uri=store.uri,
+        )  # fmt: skip
+
+    resolved, warm = resolve_warm_start(config("honest"), volume_root=volume)
+    assert Path(resolved.model_name_or_path) == volume / "honest" / "warm-start" / "shared-warm-v1" == warm.path
+    assert warm.parent_version == "shared-warm/1" == warm_start_of(warm.path).parent_version
+    assert (warm.path / "config.json").read_bytes() == (Path(store.checkpoint) / "config.json").read_bytes()
+
+    forged = volume / "forged" / "warm-start" / "shared-warm-v1"
+    shutil.copytree(warm.path, forged)  # the marker names the champion; the weights are the tenant's
+    with pytest.raises(UnsafeVolumePath, match="shared-warm-v1 already exists"):
+        resolve_warm_start(config("forged"), volume_root=volume)
+    (volume / "linked").mkdir()
+    (volume / "linked" / "warm-start").symlink_to(tmp_path)
+    with pytest.raises(UnsafeVolumePath, match="warm-start is a symbolic link"):
+        resolve_warm_start(config("linked"), volume_root=volume)
+    assert not (tmp_path / "shared-warm-v1").exists()  # nothing written through the link
 
 
 def test_warm_start_leaves_other_models_alone_and_refuses_a_missing_alias(store, tmp_path):

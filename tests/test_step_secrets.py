@@ -50,13 +50,17 @@ def test_a_mounted_mlflow_secret_without_its_uri_stops_the_step_naming_the_key(t
 @pytest.mark.parametrize(
     "module", ["train_grpo", "evaluate", "register_model", "prepare_dataset"], ids=lambda m: m.replace("_", "-")
 )
-def test_each_step_with_a_secret_loads_it_first(module):
+def test_each_step_with_a_secret_loads_it_once_after_its_decision(module):
+    """Each step loads its credentials in one top-level statement, and only after the statement that decides on the
+    run (the platform policy, or for the dataset step the paths it reads): a refused run never has them in its
+    process. tests/launch/test_attacks_credentials.py runs each step and records the order."""
     import importlib
 
     component = getattr(importlib.import_module(f"components.{module}.component"), module)
     body = ast.parse(inspect.getsource(component.python_func)).body[0].body
-    statements = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # docstring
-    first_call = next(s for s in statements if isinstance(s, ast.Expr))
-    assert ast.unparse(first_call) == "load_step_secrets()", module
-    before = statements[: statements.index(first_call)]
-    assert all(isinstance(s, ast.ImportFrom) and s.module == "async_grpo.step_secrets" for s in before), module
+    loads = [s for s in body if isinstance(s, ast.Expr) and ast.unparse(s) == "load_step_secrets()"]
+    assert len(loads) == 1, module
+    before = ast.unparse(ast.Module(body=body[: body.index(loads[0])], type_ignores=[]))
+    decision = "local_spec(dataset_uri)" if module == "prepare_dataset" else "check_step("
+    assert decision in before, module
+    assert "MlflowClient" not in before and "resolve_warm_start" not in before, module

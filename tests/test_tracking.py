@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -172,6 +173,28 @@ def test_report_to_none_tracks_nothing(tmp_path, store):
     assert tracker.log_model(tmp_path) is None and tracker.run_id == ""
     tracker.end()
     assert not (tmp_path / "run" / "mlflow.db").exists()
+
+
+def test_the_final_model_is_uploaded_from_a_private_copy_and_a_planted_link_never(tmp_path, store):
+    """The trainer uploads `<output_dir>/final-model` off the shared volume, and MLflow's own copy follows links: a
+    link planted there to this process's environment (the MLflow keys) would reach every reader of the experiment.
+    The upload goes through `shared_volume.copy_tree`: the link is refused (reported, None) and nothing is uploaded."""
+    from async_grpo.tiny_model import build_tiny_model
+
+    environ = tmp_path / "proc-self-environ"
+    environ.write_bytes(b"MLFLOW_TRACKING_PASSWORD=hunter2")
+    model = build_tiny_model(tmp_path / "run" / "final-model", seed=0)
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store))
+    uri = tracker.log_model(model)
+    assert uri is not None and tracker.failed == 0  # an honest folder: uploaded, whole
+    downloaded = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "back"), tracking_uri=store))
+    assert (downloaded / "model" / "config.json").read_bytes() == (model / "config.json").read_bytes()
+
+    (model / "added_tokens.json").symlink_to(environ)
+    assert tracker.log_model(model) is None and tracker.failed == 1
+    tracker.end()
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink() and b"hunter2" in p.read_bytes()]
+    assert leaked == [environ]
 
 
 def test_a_run_leaves_the_process_environment_as_it_found_it(tmp_path, store):

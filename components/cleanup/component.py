@@ -47,14 +47,17 @@ def cleanup(
     Raises:
         ValueError: unknown launch_backend.
         PolicyViolation (a ValueError): in a cluster pod, work_dir is not on the workspace volume.
+        UnsafeVolumePath (a ValueError): the run's folder or its staging folder is a symbolic link (or not a folder)
+            on the shared volume; it is left alone, after the cluster objects were deleted (`async_grpo.shared_volume`).
         Exception: whatever the Kubernetes API raised while deleting (the task then shows failed).
     """
     import logging
-    import shutil
     from pathlib import Path
 
-    from async_grpo.launch.k8s_policy import check_work_dir
+    from async_grpo.launch.k8s_policy import check_work_dir, in_cluster_pod
+    from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
     from async_grpo.launch.naming import pipeline_run_name
+    from async_grpo.shared_volume import remove_tree
 
     log = logging.getLogger("cleanup")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -76,10 +79,10 @@ def cleanup(
         removed += [str(obj) for obj in KubernetesBackend(settings=options).cleanup(name)]
     elif launch_backend != "local":
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
-    if work_dir:
+    if work_dir:  # on the tenant-writable volume: a link on the way is refused, never followed (UnsafeVolumePath)
         staging = Path(work_dir) / name / "staging"
-        if staging.is_dir():
-            shutil.rmtree(staging)
+        volume_root = DEFAULT_DATA_MOUNT_PATH if in_cluster_pod() else work_dir
+        if remove_tree(staging, root=volume_root):
             removed.append(str(staging))
     summary = f"run {name} ({pipeline_status.state}): " + (", ".join(removed) if removed else "nothing to remove")
     log.info(summary)

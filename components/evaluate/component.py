@@ -57,7 +57,8 @@ def evaluate(
             `champion_eval_reward`, `mean_difference`, `ci_low`, `ci_high`, `num_prompts`; metadata `decision` and
             `champion_version` (the version scored against, "" for none: `register_model` moves the alias only
             while it still points there).
-        registered_model_name: the registry entry whose champion is the bar to beat; empty: no comparison.
+        registered_model_name: the registry entry whose champion is the bar to beat; empty: no comparison. In a
+            cluster pod it must be listed in the policy's `registered_models` (checked before the champion is read).
         min_eval_reward: the held-out reward must be at least this (an absolute floor).
         require_improvement: with a champion, promote only when the lower bound of the interval of the mean paired
             difference (challenger - champion) is above `min_improvement`; False: the floor alone decides.
@@ -84,18 +85,17 @@ def evaluate(
             outside (0, 1).
         RegistryError (a ValueError): the champion's registered files hold no HF checkpoint.
         PolicyViolation (a ValueError): the platform policy refuses the run's images, settings or vLLM flags,
-            or the local backend inside a cluster pod.
+            or the local backend inside a cluster pod, or (in a cluster pod) `tracking_uri` outside
+            `mlflow_tracking_uris` or `registered_model_name` outside `registered_models`; decided before the
+            step loads its MLflow credentials or calls MLflow (`k8s_policy.check_step`).
         VLLMStartupError: vLLM did not come up (the message has the log tail).
         EvaluationError: every held-out group failed (generation or reward functions; the first error is chained).
         mlflow.exceptions.MlflowException: the run does not exist, or the registry is unreachable.
     """
-    from async_grpo.step_secrets import load_step_secrets
-
-    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     import contextlib
     import logging
     import math
-    import tempfile
+    import shutil
     from pathlib import Path
 
     import mlflow
@@ -108,11 +108,13 @@ def evaluate(
     from async_grpo.evaluation import score_held_out
     from async_grpo.inference.client import AsyncVLLMClient
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
-    from async_grpo.launch.k8s_policy import check_backend_choice
+    from async_grpo.launch.k8s_policy import check_backend_choice, check_step
     from async_grpo.promotion import decide, paired_bootstrap
     from async_grpo.rewards.pool import RewardPool
     from async_grpo.rewards.remote import RemoteRewardPool
     from async_grpo.runner.builders import build_rollout, sampling_settings
+    from async_grpo.shared_volume import private_dir
+    from async_grpo.step_secrets import load_step_secrets
     from async_grpo.transports.weights.sync import resolve_backend
 
     log = logging.getLogger("evaluate")
@@ -124,6 +126,18 @@ def evaluate(
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
     if not 0.0 < promotion_confidence < 1.0:
         raise ValueError(f"promotion_confidence={promotion_confidence} is not in (0, 1). Fix: use e.g. 0.95.")
+    # The decision, before the credentials are loaded and before any call to MLflow or the cluster: in a cluster pod
+    # the tracking URI and the registered model whose champion is read; with the kubernetes backend the whole run's
+    # settings (`KubernetesBackend.check`, as `reward_service` judges them again).
+    reads = [(registered_model_name, "compare against the champion of")] if registered_model_name else []
+    check_step("evaluate", launch_backend=launch_backend, tracking_uri=tracking_uri, registered_models=reads)
+    backend = None
+    if launch_backend == "kubernetes":
+        from async_grpo.launch.kubernetes import EVAL_SERVICE_TIMEOUT_S, KubernetesBackend
+
+        backend = KubernetesBackend(settings=dict(backend_options or {}))
+        backend.check(config)
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     model_dir = Path(model.path)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model artifact {model_dir} holds no HF checkpoint (config.json missing).")
@@ -139,7 +153,11 @@ def evaluate(
     if too_long:
         log.warning("%d held-out prompts are longer than max_prompt_length and were left out", too_long)
 
-    work = Path(config.output_dir) if Path(config.output_dir).is_dir() else Path(tempfile.mkdtemp())
+    # The champion this step serves and the vLLM logs go to a folder of the step's own, never the run's folder on the
+    # tenant-writable volume, where a planted folder or link would be loaded or written through (the model artifact
+    # is the train step's copy, made without following links: `async_grpo.shared_volume`)
+    work = private_dir("evaluate")
+    log.info("the champion's download and the vLLM logs go to %s (removed once both are scored)", work)
     champion = None  # the registry's current champion (a ModelVersion), found before anything starts
     champion_dir = None
     if registered_model_name:
@@ -172,10 +190,7 @@ def evaluate(
 
     tool_service = None  # tool calls (a run with `tools`) run where the reward functions run
     with contextlib.ExitStack() as stack:
-        if launch_backend == "kubernetes":  # reward code runs in a pod without credentials, checked by the policy
-            from async_grpo.launch.kubernetes import EVAL_SERVICE_TIMEOUT_S, KubernetesBackend
-
-            backend = KubernetesBackend(settings=dict(backend_options or {}))
+        if backend is not None:  # kubernetes: reward code runs in a pod without credentials, checked by the policy
             reward_url, token = stack.enter_context(
                 backend.reward_service(config, run_name or config.tracking.run_name or "async-grpo")
             )
@@ -211,6 +226,7 @@ def evaluate(
 
         challenger = score(model_dir, "challenger")
         held_out = score(champion_dir, "champion") if champion_dir is not None else None
+    shutil.rmtree(work, ignore_errors=True)  # both scored: the private champion copy and the logs go (kept on failure)
     reward = challenger.metrics["eval/reward"]
     log.info("held-out reward %.4f over %d prompts x %d samples", reward, len(items), config.data.num_generations_eval)
     head_to_head = None

@@ -43,8 +43,10 @@ def prepare_dataset(
             modification time is read, ties to the greater name; names starting with `.` are skipped), or
             `builtin:<task>`. A path may hold `{date}`: the run date, YYYY-MM-DD, in UTC (see
             `schedule_time_utc`). On a cluster, put files on the workspace volume (checked on the path as given and
-            as resolved). GSM8K (question/answer) and MATH (problem/solution) rows become `prompt` + `answer` +
-            `solution` (`async_grpo.tasks.math_reasoning`).
+            as resolved); a hub dataset is downloaded into a folder of this step's own and read from the data files
+            the step picks there by the hub's standard layout, never from what its card's `configs` name. GSM8K
+            (question/answer) and MATH (problem/solution) rows become `prompt` + `answer` + `solution`
+            (`async_grpo.tasks.math_reasoning`).
         dataset: output Dataset artifact; metadata records `source`, `eval_source`, row counts, `prompt_format`,
             `resolved_uri` / `eval_resolved_uri` (the data read), `run_date`, `date_source`, and `train_digest` /
             `eval_digest` (`dataset_source.rows_digest` of each saved split); the folder holds `digests.json` with
@@ -75,20 +77,22 @@ def prepare_dataset(
     Raises:
         FileNotFoundError: the dataset path does not exist (with `{date}`: the message gives the resolved path and
             where the date came from).
-        ValueError: also, in a cluster pod, a dataset path off the workspace volume (checked before reading it).
+        ValueError: also, in a cluster pod, a dataset path or a tokenizer folder (`model_name_or_path`) off the
+            workspace volume, checked before reading it and before the hub token is loaded; a hub dataset's
+            snapshot holding a link that leaves it (`hub.UnsafeSnapshotFile`), or one without data files for the
+            config and split in the hub's standard layout (in a pod the card's `configs` are ignored:
+            `hub.pinned_data_files`).
         ValueError: a folder with no data file, or a schedule/create time that is not an ISO 8601 timestamp.
         ValueError: unsupported spec, bad `prompt` column, no chat template for conversational
             prompts, an impossible split, or every prompt too long; each message names the fix.
     """
-    from async_grpo.step_secrets import load_step_secrets
-
-    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     import logging
     from collections import namedtuple
 
     from async_grpo import dataset_source, hub
     from async_grpo.data import encode_prompt, load_prompt_dataset
     from async_grpo.launch.k8s_policy import in_cluster_pod, work_dir_problems
+    from async_grpo.step_secrets import load_step_secrets
 
     log = logging.getLogger("prepare_dataset")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -117,12 +121,20 @@ def prepare_dataset(
         return resolved.path
 
     source = local_spec(dataset_uri)  # what is read: `{date}` replaced, a folder's newest file
+    eval_resolved = local_spec(eval_dataset_uri) if eval_dataset_uri else source
+    model_spec = model_name_or_path
+    local_model = model_spec and not model_spec.startswith("builtin:") and not hub.looks_like_repo_id(model_spec)
+    if in_cluster_pod() and local_model and work_dir_problems(model_spec):  # the tokenizer's files: on the volume
+        raise ValueError(
+            f"model_name_or_path={model_spec!r}: in a cluster pod the tokenizer's folder must be a normalized path "
+            "on the workspace volume (/workspace/...), builtin:tiny or a hub id. Fix: copy it there."
+        )
+    # Every path is decided: only now the hub token (HF_TOKEN, for gated hub datasets) enters this process.
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     options = {"config_name": dataset_config or None, "system_prompt": system_prompt or None, "when": when}
     train = load_prompt_dataset(source, split="train", seed=seed, split_name=dataset_train_split, **options)
-    eval_resolved = source
     held_out = None
     if eval_dataset_uri:
-        eval_resolved = local_spec(eval_dataset_uri)
         eval_source = eval_dataset_uri.removeprefix("file://")
         held_out = load_prompt_dataset(
             eval_resolved, split="eval", seed=seed, system_prompt=system_prompt or None, when=when

@@ -60,14 +60,14 @@ def register_model(
 
     Raises:
         ValueError: empty registered_model_name, or the metrics artifact has no eval_reward.
+        PolicyViolation (a ValueError): in a cluster pod, `registered_model_name` is not in the platform policy's
+            `registered_models`, or `tracking_uri` not in its `mlflow_tracking_uris` (`k8s_policy.check_step`);
+            decided before the step loads its MLflow credentials, so nothing is written to the registry.
         FileNotFoundError: the run logged no model (save_model was off, or its upload failed).
         TimeoutError: the version did not become READY within registration_timeout_s.
         RuntimeError: the registry reported FAILED_REGISTRATION.
         mlflow.exceptions.MlflowException: the run does not exist, or the registry is unreachable.
     """
-    from async_grpo.step_secrets import load_step_secrets
-
-    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     import getpass
     import logging
     import time
@@ -77,13 +77,24 @@ def register_model(
     from mlflow.exceptions import MlflowException
 
     from async_grpo import registry
+    from async_grpo.launch.k8s_policy import check_step
     from async_grpo.lineage import lineage_tags
+    from async_grpo.step_secrets import load_step_secrets
     from async_grpo.warm_start import PARENT_VERSION_TAG
 
     log = logging.getLogger("register_model")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not registered_model_name:
         raise ValueError("registered_model_name is empty. Fix: name the registry entry, e.g. async-grpo-tiny.")
+    # In a cluster pod, the decision before the credentials are loaded and before the registry is touched: the
+    # MLflow server, and the registered model (all runs share one MLflow user: only the policy's registered_models
+    # keep a run from adding a version to, and taking the champion alias of, another team's model).
+    check_step(
+        "register_model",
+        tracking_uri=tracking_uri,
+        registered_models=[(registered_model_name, "register a version of")],
+    )
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
     if "eval_reward" not in metrics.metadata:
         raise ValueError(
             f"metrics artifact has no eval_reward (keys: {sorted(metrics.metadata)}); "

@@ -79,8 +79,9 @@ def train_grpo(
 
     Args:
         dataset: the `prepare_dataset` artifact (DatasetDict with `train` and `eval`).
-        model: output Model artifact: a copy of the final HF checkpoint; metadata holds the MLflow run
-            id, tracking URI, run name and the backend's headline metrics.
+        model: output Model artifact: a copy of the final HF checkpoint, made without following a link
+            (`async_grpo.shared_volume.copy_tree`); metadata holds the MLflow run id, tracking URI, run name and the
+            backend's headline metrics.
         config_yaml: a GRPOConfig YAML document (may be empty).
         launch_backend: "local" (every role as a subprocess here) or "kubernetes" (PyTorchJob trainer,
             vLLM and reward Deployments; `async_grpo.launch.kubernetes` is imported only then).
@@ -103,7 +104,8 @@ def train_grpo(
             supervised warm start is skipped), or, with no champion yet, `model_name_or_path`, saying so in the
             log and the run's tag `async_grpo.warm_start`. A `models:/` URI in `model_name_or_path` is resolved the
             same way whatever this says.
-        registered_model_name: the registry entry whose champion `warm_start: champion` starts from.
+        registered_model_name: the registry entry whose champion `warm_start: champion` starts from; in a cluster
+            pod it must be listed in the policy's `registered_models` (reading is allowed only for listed names).
         champion_alias: the alias that marks the champion.
         trainer_api: the kubernetes backend's `trainer_api` (`pytorchjob` or `trainjob`), merged into `backend_options`;
             "" leaves `backend_options` to decide.
@@ -122,18 +124,23 @@ def train_grpo(
         ValueError: unknown launch_backend or warm_start.
         RegistryError (a ValueError): a `models:/` model that does not exist or holds no HF checkpoint.
         PolicyViolation (a ValueError): the platform policy refuses the run (the local backend inside a
-            cluster pod, a work_dir off the workspace volume in a cluster pod, or, on kubernetes, an image, account,
-            secret, volume, mount path, MLflow server, NCCL variable, vLLM flag or submitter code beside
-            credentials); checked before preflight reads any of the submitter's files.
+            cluster pod; in a cluster pod, a work_dir off the workspace volume, a tracking URI outside
+            `mlflow_tracking_uris`, or a registered model the run would read, `registered_model_name` with
+            warm_start=champion or the name in a `models:/` model, outside `registered_models`; or, on kubernetes,
+            an image, account, secret, volume, mount path, MLflow server, NCCL variable, vLLM flag or submitter code
+            beside credentials); checked before the step loads its MLflow credentials or calls MLflow
+            (`k8s_policy.check_step`), and before preflight reads any of the submitter's files.
         TimeoutError: the backend ran past `launch_timeout_s` (it cleans up first).
         RuntimeError: the run failed, or finished without a checkpoint.
+        UnsafeVolumePath (a ValueError): on the workspace volume, the run's folder exists before the run (with a KFP
+            run id: a tenant made it), or a symbolic link, special file or hard link lies in the run's folder, the
+            staging copy or the final model (`async_grpo.shared_volume`; nothing is read through it).
     """
-    from async_grpo.step_secrets import load_step_secrets
+    from async_grpo.step_secrets import load_step_secrets, load_tracking_uri
 
-    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
+    load_tracking_uri()  # the platform's MLflow server (no credential): the policy's decision below needs it
     import logging
     import os
-    import shutil
     import tempfile
     from collections import namedtuple
     from pathlib import Path
@@ -141,7 +148,13 @@ def train_grpo(
     import yaml
 
     from async_grpo.config import ConfigError, dump_config, flatten_mapping, load_config
-    from async_grpo.launch.k8s_policy import check_backend_choice, check_work_dir
+    from async_grpo.launch.k8s_policy import (
+        check_backend_choice,
+        check_step,
+        check_work_dir,
+        in_cluster_pod,
+        registry_model_name,
+    )
     from async_grpo.launch.naming import pipeline_run_name
 
     log = logging.getLogger("train_grpo")
@@ -178,12 +191,18 @@ def train_grpo(
     elif not base.get("mlflow_tracking_uri") and os.environ.get("MLFLOW_TRACKING_URI"):
         base["mlflow_tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
 
+    from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
+    from async_grpo.shared_volume import copy_tree, make_run_dir, remove_tree
+
+    # the workspace volume is tenant-writable: nothing on it is followed through a link (`async_grpo.shared_volume`),
+    # and the run's folder, whose name holds the KFP run id, is made new (a folder planted under it is refused)
+    volume_root = DEFAULT_DATA_MOUNT_PATH if in_cluster_pod() else work_dir
     staged = Path(dataset.path)
     if work_dir:
-        staged = Path(work_dir) / name / "staging" / "dataset"
-        if staged.exists():
-            shutil.rmtree(staged)
-        shutil.copytree(dataset.path, staged)
+        run_dir = make_run_dir(Path(work_dir) / name, root=volume_root, exist_ok=not pipeline_job_id)
+        staged = run_dir / "staging" / "dataset"
+        remove_tree(staged.parent, root=volume_root)  # left by an earlier call of the same name (no KFP run id)
+        copy_tree(dataset.path, staged, root=dataset.path, dst_root=volume_root)
     source = str(dataset.metadata.get("source", ""))
     base["dataset"] = source if source.startswith("builtin:") else str(staged)
     base["eval_dataset"] = str(staged)
@@ -221,10 +240,36 @@ def train_grpo(
     backend_options = with_trainer_api(backend_options, trainer_api)
     if warm_start not in ("none", "champion"):
         raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
+    if warm_start == "champion" and not registered_model_name:
+        raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
+    if launch_backend not in ("local", "kubernetes"):
+        raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
+
+    # The decision on the run, before any credential is loaded and before any network call (the champion read and
+    # the warm-start download below send the MLflow credentials to the run's tracking URI): in a cluster pod the
+    # step's own inputs (the tracking URI, the registered models it reads), and with the kubernetes backend the whole
+    # run (`KubernetesBackend.check`, the policy's `check_run`). Outside a pod with the local backend: nothing.
+    reads = [(registered_model_name, "read the champion of")] if warm_start == "champion" else []
+    held_name = registry_model_name(config.model_name_or_path)
+    if held_name is not None:
+        reads.append((held_name, "read a version of"))
+    check_step(
+        "train_grpo",
+        launch_backend=launch_backend,
+        tracking_uri=config.tracking_uri if in_cluster_pod() else None,  # else the backend's check judges it
+        registered_models=reads,
+    )
+    backend = None
+    decided = config  # the config the policy judged; a warm start below replaces the model, and it is judged again
+    if launch_backend == "kubernetes":
+        from async_grpo.launch.kubernetes import KubernetesBackend
+
+        backend = KubernetesBackend(settings=dict(backend_options or {}))  # loads the mounted platform policy
+        backend.check(config)
+    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
+
     start_note = ""
     if warm_start == "champion":
-        if not registered_model_name:
-            raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
         import mlflow
 
         from async_grpo import registry
@@ -240,7 +285,8 @@ def train_grpo(
             config = config.model_copy(update={"model_name_or_path": f"models:/{registered_model_name}/{held.version}"})
     from async_grpo.warm_start import WARM_START_TAG, resolve_warm_start
 
-    config, warm = resolve_warm_start(config)  # a models:/ model is downloaded before anything starts
+    # a models:/ model is downloaded before anything starts: on the volume, privately first, then into a new folder
+    config, warm = resolve_warm_start(config, volume_root=volume_root or None)
 
     import mlflow
 
@@ -261,19 +307,16 @@ def train_grpo(
         if backend_options:
             log.warning("backend_options %s are ignored by the local backend", sorted(backend_options))
         backend = LocalBackend()
-    elif launch_backend == "kubernetes":
-        from async_grpo.launch.kubernetes import KubernetesBackend
+    else:  # kubernetes: the backend made above, before the credentials were loaded
         from async_grpo.preflight import check_config
 
-        backend = KubernetesBackend(  # loads the mounted platform policy; opens the MLflow runs once it allows the run
-            settings=dict(backend_options or {}), tracking=pipeline_run
-        )
+        if pipeline_run is not None:  # it opens the MLflow runs once the policy allows the run
+            backend.tracking = pipeline_run
         # the policy first: nothing reads a submitter's file before the run is allowed, and preflight on the cluster
         # target only parses such files (ast), never imports them, since this pod holds credentials
-        backend.check(config)
+        if config is not decided:  # a warm start replaced the model: judged again, as the pods will run it
+            backend.check(config)
         check_config(config, target="cluster")  # the local backend runs preflight itself (run_local)
-    else:
-        raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
 
     log.info(
         "launching run %r with the %s backend (timeout %.0f s): model=%s dataset=%s max_steps=%d output_dir=%s",
@@ -307,12 +350,18 @@ def train_grpo(
         result.metrics,
     )
 
-    if not result.model_dir or not (Path(result.model_dir) / "config.json").is_file():
-        raise RuntimeError(
-            f"run {name!r} finished but left no HF checkpoint at {result.model_dir!r}. "
-            "Fix: check the trainer logs; save_model must stay true."
-        )
-    shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
+    no_checkpoint = RuntimeError(
+        f"run {name!r} finished but left no HF checkpoint at {result.model_dir!r}. "
+        "Fix: check the trainer logs; save_model must stay true."
+    )
+    if not result.model_dir:
+        raise no_checkpoint
+    try:  # the final model lies on the tenant-writable volume: copied without following a link (UnsafeVolumePath)
+        copy_tree(result.model_dir, model.path, root=volume_root or config.output_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        raise no_checkpoint from None
+    if not (Path(model.path) / "config.json").is_file():  # checked on the step's own copy
+        raise no_checkpoint
     model.metadata.update({
         "mlflow_run_id": result.mlflow_run_id, "tracking_uri": result.tracking_uri, "run_name": name,
         "model_dir": str(result.model_dir), "base_model": warm.requested, "parent_version": warm.parent_version,

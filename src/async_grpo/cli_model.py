@@ -3,7 +3,9 @@
 A thin shell over `async_grpo.registry` (which holds the rules: compare-and-set, previous-champion, the tags each
 move records). The registry is the tracking server's: `--tracking-uri`, else `MLFLOW_TRACKING_URI`, as every MLflow
 tool. A refusal (no such model or version, nothing to roll back to, a champion that moved) exits 2 with
-`error: ... Fix: ...` on stderr and no traceback.
+`error: ... Fix: ...` on stderr and no traceback. In a cluster pod, or with `--policy FILE`, the platform policy
+decides first: the tracking URI and the model name must be listed there (`check_registry_access`), so a namespace
+moves only its own champions.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import getpass
 import os
 from pathlib import Path
 
+from async_grpo.config import ConfigError
 from async_grpo.errors import print_user_error
+from async_grpo.launch.k8s_policy import PolicyViolation, in_cluster_pod, load_policy, step_problems
 from async_grpo.registry import (
     ANY,
     CHAMPION_ALIAS,
@@ -60,6 +64,33 @@ def tracking_uri(given: str | None) -> str:
     return uri
 
 
+def check_registry_access(args: argparse.Namespace, action: str) -> None:
+    """In a cluster pod (a pipeline step, a notebook of the namespace), or with `--policy FILE`, the platform policy's
+    decision before the registry is touched: the tracking URI must be one of its `mlflow_tracking_uris` and the
+    registered model one of its `registered_models` (`k8s_policy.step_problems`, as the pipeline's steps judge them):
+    every run of a namespace shares one MLflow user, so the registry itself cannot keep one team from moving another
+    team's champion. Elsewhere (a laptop with the user's own credentials) nothing is checked.
+
+    Args:
+        args: the parsed command line (`name`, `tracking_uri`, `policy`).
+        action: what the command does to the model ("promote", "roll back", "read").
+
+    Raises:
+        PolicyViolation: the URI or the name is not allowed (the message names the field and the fix).
+        ConfigError: the policy file is missing or invalid.
+        RegistryError: no tracking URI is given.
+    """
+    policy_file = getattr(args, "policy", None)
+    if not policy_file and not in_cluster_pod():
+        return
+    policy, source = load_policy(policy_file)
+    problems = step_problems(
+        policy, tracking_uri=tracking_uri(args.tracking_uri), registered_models=[(args.name, action)]
+    )
+    if problems:
+        raise PolicyViolation(f"the platform policy ({source}) refuses this:\n  " + "\n  ".join(problems))
+
+
 def _client(given: str | None):
     """An MlflowClient on the registry of the chosen tracking URI (the store opened as the trainer opens it)."""
     import mlflow
@@ -81,6 +112,7 @@ def _cmd_promote(args: argparse.Namespace) -> int:
     if args.expected_champion is not None:
         expected = None if args.expected_champion.lower() == NO_CHAMPION else args.expected_champion
     try:
+        check_registry_access(args, "promote")
         done = promote(
             _client(args.tracking_uri),
             args.name,
@@ -90,7 +122,7 @@ def _cmd_promote(args: argparse.Namespace) -> int:
             alias=args.alias,
             expected_champion=expected,
         )
-    except RegistryError as err:
+    except (RegistryError, ConfigError, PolicyViolation) as err:
         return print_user_error(err)
     if done.previous == done.version:
         print(f"{_printable(done.name)} version {done.version} already holds {done.alias!r}; nothing moved")
@@ -102,6 +134,7 @@ def _cmd_promote(args: argparse.Namespace) -> int:
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
     try:
+        check_registry_access(args, "roll back")
         done = rollback(
             _client(args.tracking_uri),
             args.name,
@@ -109,7 +142,7 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
             actor=args.actor or getpass.getuser(),
             alias=args.alias,
         )
-    except RegistryError as err:
+    except (RegistryError, ConfigError, PolicyViolation) as err:
         return print_user_error(err)
     before = f"version {done.previous}" if done.previous else "no version"
     print(f"{_printable(done.name)}: {done.alias!r} rolled back from {before} to version {done.version}")
@@ -118,10 +151,11 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     try:
+        check_registry_access(args, "read")
         client = _client(args.tracking_uri)
         versions = model_versions(client, args.name)
         held = aliases(client, args.name)
-    except RegistryError as err:
+    except (RegistryError, ConfigError, PolicyViolation) as err:
         return print_user_error(err)
     by_version: dict[str, list[str]] = {}
     for alias, version in held.items():
@@ -147,6 +181,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("name", help="the registered model's name")
         p.add_argument("--tracking-uri", help="the MLflow tracking server (default: MLFLOW_TRACKING_URI)")
         p.add_argument("--alias", default=CHAMPION_ALIAS, help=f"the alias (default {CHAMPION_ALIAS})")
+        p.add_argument(
+            "--policy",
+            help="platform policy YAML (a copy of ConfigMap async-grpo-policy's policy.yaml): refuse a tracking URI "
+            "or model name it does not list; in a cluster pod the policy is always checked ($ASYNC_GRPO_POLICY_FILE, "
+            "else the mounted ConfigMap, else the built-in defaults)",
+        )
         if moves:
             p.add_argument("--reason", default="", help="why, recorded on the version (one line)")
             p.add_argument("--actor", help="who, recorded on the version (default: your user name)")

@@ -39,6 +39,8 @@ EXAMPLE_POLICY: dict[str, Any] = {
     "default_images": {
         name: f"ghcr.io/async-grpo/{name}:0.1.0@{PLACEHOLDER_DIGEST}" for name in ("trainer", "vllm", "reward", "cpu")
     },
+    # the registered models of manifests/base/policy.yaml: the pipeline's default names (CPU and GPU flavours)
+    "registered_models": ["async-grpo-*", "Qwen2.5-0.5B-Instruct-grpo"],
 }
 EXAMPLE_TOKENS = RunTokens("example-only-replace-me", "example-only-replace-me")
 

@@ -103,12 +103,30 @@ def load_prompt_dataset(
 def _load_hub(repo_id: str, config_name: str | None, split_name: str) -> datasets.Dataset:
     """A split of a hub dataset, read from its snapshot in the HF cache (downloaded when the hub is reachable).
 
+    In a cluster pod (`hub.on_cluster`), whose files include the pod's ServiceAccount token and whose environment
+    may hold HF_TOKEN, the dataset card is not followed: its `configs` may name any local path as data files (a
+    workspace symlink to a secret) and reader options that turn any file into rows. There the data files are the
+    ones this process picks in a private download (`hub.pinned_data_files`: the hub's standard layout, or its
+    parquet export; links leaving the download refused), read with no reader option.
+
     Raises:
         hub.HubUnavailable: neither the hub nor the cache has it.
+        hub.UnsafeSnapshotFile: in a pod, the download holds a link that leaves it.
         ValueError: the configuration or split does not exist (datasets' message, with the fix).
     """
     import datasets
 
+    if hub.on_cluster():
+        builder, files = hub.pinned_data_files(repo_id, config_name, split_name)
+        logger.info("dataset %s (%s, %s): %d %s file(s) picked in the download", repo_id, config_name, split_name,
+                    len(files), builder)  # fmt: skip
+        try:
+            return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+        except Exception as err:  # the readers raise many types; name the dataset either way
+            raise ValueError(
+                f"dataset {repo_id!r} (config {config_name!r}, split {split_name!r}): could not read its {builder} "
+                f"files: {err}. Fix: check the repository's data files."
+            ) from err
     folder = hub.snapshot(repo_id, repo_type="dataset")
     try:
         return datasets.load_dataset(str(folder), name=config_name, split=split_name)

@@ -7,9 +7,15 @@ Kubernetes docs). A step that held `MLFLOW_TRACKING_PASSWORD` or `HF_TOKEN` as a
 hand it to any submitter who writes `run_name: $(MLFLOW_TRACKING_PASSWORD)`: the step receives the password as
 the run's name and logs it to MLflow, where every reader of the experiment sees it. The pipeline therefore mounts
 its Secrets as files (`kfp.kubernetes.use_secret_as_volume`, `pipelines/grpo_pipeline.py`), no credential is in
-any step's container spec, and each step that needs one calls `load_step_secrets` first, which puts the files'
+any step's container spec, and each step that needs one calls `load_step_secrets`, which puts the files'
 contents into its own process environment, where the MLflow client and huggingface_hub read them as before.
 Nothing is expanded inside a running process.
+
+A step calls `load_step_secrets` only once it has decided on its run (in a cluster pod: the platform policy,
+`k8s_policy.check_step`, and for train and evaluate with the kubernetes backend `check_run`), never before: a
+submitter's `mlflow_tracking_uri` must be refused before the credentials are in the process, so that nothing (a
+registry read, a warm-start download) can send them to the submitter's server first. The decision needs only the
+server's address, which `load_tracking_uri` loads alone.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ __all__ = [
     "MLFLOW_SECRET_KEYS",
     "REQUIRED_KEYS",
     "load_step_secrets",
+    "load_tracking_uri",
 ]
 
 MLFLOW_SECRET_DIR = "/etc/async-grpo/secrets/mlflow"  # the pipeline's MLflow Secret (`--mlflow-secret`)
@@ -61,6 +68,30 @@ def load_step_secrets(
             this module, the kubelet refused to start such a step.
         UnicodeDecodeError: a file is not UTF-8 (an environment variable holds text).
     """
+    return _load_files(mounts)
+
+
+def load_tracking_uri(directory: str = MLFLOW_SECRET_DIR) -> list[str]:
+    """Put only MLFLOW_TRACKING_URI of the mounted MLflow Secret into `os.environ`: the platform's server address,
+    which is not a credential, and which a step needs to decide on its run (the platform policy's
+    `mlflow_tracking_uris`) before it loads any credential with `load_step_secrets`. The same rules as there: a
+    missing directory (kfp.local, a laptop) is skipped and a variable already set is kept.
+
+    Args:
+        directory: where the MLflow Secret is mounted.
+
+    Returns:
+        ["MLFLOW_TRACKING_URI"] when it was set from the file, else [].
+
+    Raises:
+        RuntimeError: the mounted Secret has no MLFLOW_TRACKING_URI (the message names the key and the fix).
+        UnicodeDecodeError: the file is not UTF-8.
+    """
+    return _load_files(((directory, ("MLFLOW_TRACKING_URI",)),))
+
+
+def _load_files(mounts: tuple[tuple[str, tuple[str, ...]], ...]) -> list[str]:
+    """The loop of `load_step_secrets` (its rules and errors), shared with `load_tracking_uri`."""
     loaded = []
     for directory, keys in mounts:
         if not Path(directory).is_dir():

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from typing import Any
 
 import mlflow
 
+from async_grpo import shared_volume
 from async_grpo.config import GRPOConfig, dump_config, flat_params
 
 logger = logging.getLogger(__name__)
@@ -400,17 +402,30 @@ class Tracker:
     def log_model(self, path: Path) -> str | None:
         """Log the saved HF checkpoint at `path` with the transformers flavour (task llm/v1/completions), tag the
         run with its URI (`MODEL_URI_TAG`) and return the URI; None (reported) when tracking is off or the
-        upload failed: the checkpoint stays on disk."""
+        upload failed: the checkpoint stays on disk.
+
+        `path` may lie on the shared, tenant-writable volume, and MLflow's own copy follows links (a planted
+        `final-model/x -> /proc/self/environ` would upload this process's MLflow password). So the folder is first
+        copied into a folder of this process's own (`shared_volume.copy_tree`, its parent folder as the root, into
+        `shared_volume.private_dir` under TMPDIR) and uploaded from there: a link, special file or hard link in it
+        is refused (reported here, None returned) and nothing is read through it. TMPDIR holds two copies of the
+        model while it uploads (this one and MLflow's)."""
         if not self.enabled:
             return None
+        private = None
         try:
-            info = log_transformers_model(path)
+            private = shared_volume.private_dir("model-upload")
+            copy = shared_volume.copy_tree(path, private / Path(path).name, root=Path(path).absolute().parent)
+            info = log_transformers_model(copy)
             self._client.set_tag(self.run_id, MODEL_URI_TAG, info.model_uri)
             return info.model_uri
         except Exception as err:
             self.failed += 1
             logger.error("logging the final model to MLflow failed (the checkpoint stays at %s): %r", path, err)
             return None
+        finally:
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)
 
     @property
     def stats(self) -> dict[str, int]:

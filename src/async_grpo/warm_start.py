@@ -5,25 +5,30 @@ The URI is resolved once, by the process that launches the run (`async-grpo trai
 concrete version downloaded into `<output_dir>/warm-start/<name>-v<version>` (on Kubernetes, the workspace volume
 the trainer and vLLM pods mount), and the config's `model_name_or_path` is replaced by that folder: the trainer and
 every vLLM server load the same files, and an alias that moves during the run changes nothing. The folder carries
-`registry.MARKER_FILE`, from which the training run tags itself with its parent version (`run_tags`).
+`registry.MARKER_FILE`, from which the training run tags itself with its parent version (`run_tags`). On the shared
+volume the step downloads into a folder of its own first and copies the version into a folder it creates new
+(`async_grpo.shared_volume`), so nothing a tenant planted there is taken for the download.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from async_grpo import registry
+from async_grpo import registry, shared_volume
 from async_grpo.config import GRPOConfig
 
 logger = logging.getLogger(__name__)
 
 PARENT_VERSION_TAG = "async_grpo.parent_version"  # run tag: `<name>/<version>` the run warm-started from
 WARM_START_TAG = "async_grpo.warm_start"  # run tag: how the run started (`registry models:/...` or `base ...`)
+MARKER_MAX_BYTES = 1 << 20  # a registry marker file is a few hundred bytes; a larger one is not ours
 LOCK_TIMEOUT_S = 600.0  # how long a trainer rank waits for another rank's download of the same version
 
 
@@ -47,16 +52,28 @@ class WarmStart:
         return {PARENT_VERSION_TAG: self.parent_version, WARM_START_TAG: how}
 
 
-def resolve_warm_start(config: GRPOConfig, tracking_uri: str | None = None) -> tuple[GRPOConfig, WarmStart]:
+def resolve_warm_start(
+    config: GRPOConfig, tracking_uri: str | None = None, *, volume_root: str | Path | None = None
+) -> tuple[GRPOConfig, WarmStart]:
     """`config` with a `models:/` `model_name_or_path` replaced by the downloaded folder (and `warmup_sft_steps` set
     to 0: the registered version had its supervised warm start already); any other config unchanged.
 
-    Several processes may call it at once for the same run (every trainer rank under torchrun): the download runs
-    under an exclusive lock on `<output_dir>/warm-start/.lock`, and the later callers find the folder in place.
+    Two ways, by who may write `output_dir`:
+
+    - `volume_root` given (the `train_grpo` step: `output_dir` lies on a shared, tenant-writable volume): the version
+      is downloaded into a step-private folder (`shared_volume.private_dir`), then copied (`shared_volume.copy_tree`)
+      into `<output_dir>/warm-start/<name>-v<version>`, which is created exclusively: a folder or marker a tenant
+      planted there first is refused, never taken for the download, and no link on the way is followed. One process
+      calls it (the step, before any pod starts).
+    - `volume_root` None (`async-grpo train` on one machine, the user's own folder): several processes may call it at
+      once for the same run (every trainer rank under torchrun): the download runs under an exclusive lock on
+      `<output_dir>/warm-start/.lock`, and the later callers find the folder in place.
 
     Args:
         config: the run's config.
         tracking_uri: the registry's tracking URI; None: the config's (`GRPOConfig.tracking_uri`).
+        volume_root: the shared volume's root `output_dir` lies under (the workspace mount); None: a folder of the
+            caller's own.
 
     Returns:
         (config, WarmStart).
@@ -64,6 +81,8 @@ def resolve_warm_start(config: GRPOConfig, tracking_uri: str | None = None) -> t
     Raises:
         RegistryError (a ValueError): a malformed URI, or no such model, version or alias (the message names
             `model_name_or_path` and the fix), or a version without a Hugging Face checkpoint.
+        UnsafeVolumePath (a ValueError): with `volume_root`, `<output_dir>/warm-start/<name>-v<version>` exists
+            already, `output_dir` lies outside the volume root, or a link is on the way.
         TimeoutError: another process held the download lock for LOCK_TIMEOUT_S.
         mlflow.exceptions.MlflowException: the registry is unreachable.
     """
@@ -76,12 +95,25 @@ def resolve_warm_start(config: GRPOConfig, tracking_uri: str | None = None) -> t
         raise registry.RegistryError(f"model_name_or_path: {err}") from None
     uri = tracking_uri or config.tracking_uri
     root = Path(config.output_dir) / "warm-start"
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".lock"):
+    if volume_root is not None:
         version = ref.version or _alias_version(requested, ref, uri)
-        resolved = registry.resolve_model_uri(
-            f"models:/{ref.name}/{version}", root / f"{_safe(ref.name)}-v{version}", tracking_uri=uri
-        )
+        private = shared_volume.private_dir("warm-start", volume_root=volume_root)
+        try:
+            downloaded = registry.resolve_model_uri(
+                f"models:/{ref.name}/{version}", private / f"{_safe(ref.name)}-v{version}", tracking_uri=uri
+            )
+            dest = root / downloaded.path.name
+            shared_volume.copy_tree(downloaded.path, dest, root=private, dst_root=volume_root)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        resolved = dataclasses.replace(downloaded, path=dest)
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        with _locked(root / ".lock"):
+            version = ref.version or _alias_version(requested, ref, uri)
+            resolved = registry.resolve_model_uri(
+                f"models:/{ref.name}/{version}", root / f"{_safe(ref.name)}-v{version}", tracking_uri=uri
+            )
     logger.info("warm start: %s is %s, downloaded into %s", requested, resolved.uri, resolved.path)
     update: dict = {"model_name_or_path": str(resolved.path)}
     if config.data.warmup_sft_steps:
@@ -97,10 +129,10 @@ def resolve_warm_start(config: GRPOConfig, tracking_uri: str | None = None) -> t
 
 def warm_start_of(model_path: Path | str, requested: str = "") -> WarmStart:
     """The WarmStart of a folder a run loads: its `registry.MARKER_FILE` names the registry version it holds; a
-    folder without one is a base model."""
+    folder without one, or whose marker is a link, a special file or unreadable, is a base model."""
     path = Path(model_path)
-    try:
-        marker = json.loads((path / registry.MARKER_FILE).read_text())
+    try:  # the folder may lie on the shared volume: the marker is read without following a link (UnsafeVolumePath)
+        marker = json.loads(shared_volume.read_text(path / registry.MARKER_FILE, root=path, max_bytes=MARKER_MAX_BYTES))
         parent = f"{marker['name']}/{marker['version']}"
     except (OSError, ValueError, KeyError, TypeError):
         parent = ""

@@ -659,3 +659,143 @@ def test_11_a_submitters_variable_reference_reaches_the_process_as_written(train
 
 def test_11_references_are_read_as_the_kubelet_reads_them():
     assert _references("a$(X)b$$(Y)c$$$(Z)$(") == ["X", "Z"]
+
+
+# ------------------------------------------------------------------------------ 12: the shared volume (issue 46)
+SECRET_TOKEN = b"eyJhbGciOi-the-launchers-serviceaccount-token"
+
+
+class _FinishedRunBackend:
+    """The kubernetes backend's double: the policy admits the run, and the "trainer" leaves its final model on the
+    workspace volume, where `plant(model_dir)` lets a tenant add what it likes before the step copies it."""
+
+    plant = staticmethod(lambda model_dir: None)
+
+    def __init__(self, settings=None, tracking=None, **_):
+        self.tracking = tracking
+
+    def check(self, config):
+        pass
+
+    def launch(self, config, *, timeout_s):
+        from async_grpo.launch.base import LaunchResult
+
+        model_dir = Path(config.output_dir) / "final-model"
+        model_dir.mkdir(parents=True)
+        (model_dir / "config.json").write_text("{}")
+        (model_dir / "model.safetensors").write_bytes(b"weights")
+        type(self).plant(model_dir)
+        if type(self).plant is _FinishedRunBackend.plant:  # an honest run: the step tags its MLflow run at the end
+            import mlflow
+
+            run_id = mlflow.MlflowClient(config.tracking_uri).create_run("0").info.run_id
+            return LaunchResult(run_id, config.tracking_uri, str(model_dir), {})
+        return LaunchResult("never-tagged", config.tracking_uri, str(model_dir), {})
+
+
+def _train_on_the_volume(tmp_path, monkeypatch, plant, **kwargs):
+    """The train step with the kubernetes backend's double, its run folder on a fake workspace volume
+    (`tmp_path/workspace`); returns the step's Model artifact. Raises what the step raises."""
+    import datasets
+
+    module = types.ModuleType("async_grpo.launch.kubernetes")
+    module.KubernetesBackend = type("KubernetesBackend", (_FinishedRunBackend,), {"plant": staticmethod(plant)})
+    monkeypatch.setitem(sys.modules, "async_grpo.launch.kubernetes", module)
+    monkeypatch.setenv("MLFLOW_RUN_ID", "kfp-opened-run")  # KFP's MLflow integration: no pipeline run to open here
+    monkeypatch.delenv("ASYNC_GRPO_POLICY_FILE", raising=False)
+    data = dsl.Dataset(uri=str(tmp_path / "artifacts" / "data"), name="d", metadata={"source": "builtin:reverse"})
+    rows = datasets.Dataset.from_dict({"prompt": ["reverse: ab\n"], "answer": ["ba"]})
+    datasets.DatasetDict({"train": rows, "eval": rows}).save_to_disk(data.path)
+    model = dsl.Model(uri=str(tmp_path / "artifacts" / "model"), name="m")
+    train_grpo.python_func(
+        dataset=data,
+        model=model,
+        config_yaml=TINY.read_text(),
+        launch_backend="kubernetes",
+        work_dir=str(tmp_path / "workspace"),
+        run_name="victim",
+        pipeline_job_id="0123456789abcdef",
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        **kwargs,
+    )
+    return model
+
+
+def _files_holding(folder: Path, needle: bytes) -> list[Path]:
+    """The regular files under `folder` (links not followed) whose bytes hold `needle`."""
+    return [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
+
+
+def test_12_a_link_planted_in_the_final_model_never_reaches_the_model_artifact(tmp_path, monkeypatch):
+    """Finding 5: a tenant plants `final-model/tokenizer.json -> <the pod's ServiceAccount token>` while the run
+    trains; the train step's copy into the KFP Model artifact (downloadable from the Kubeflow UI) followed it. Now the
+    step refuses, naming the link, and the token is copied nowhere."""
+    token = tmp_path / "var-run-secrets" / "token"
+    token.parent.mkdir()
+    token.write_bytes(SECRET_TOKEN)
+    planted: list[Path] = []
+
+    def plant(model_dir: Path) -> None:
+        (model_dir / "tokenizer.json").symlink_to(token)
+        planted.append(model_dir / "tokenizer.json")
+
+    with pytest.raises(ValueError, match="symbolic link") as refused:
+        _train_on_the_volume(tmp_path, monkeypatch, plant)
+    assert type(refused.value).__name__ == "UnsafeVolumePath"
+    assert str(planted[0]) in str(refused.value) and "Fix:" in str(refused.value)
+    assert _files_holding(tmp_path, SECRET_TOKEN) == [token]  # in no artifact, no copy
+
+
+def test_12_a_link_to_a_secret_folder_or_a_fifo_in_the_final_model_is_refused(tmp_path, monkeypatch):
+    token = tmp_path / "var-run-secrets" / "token"
+    token.parent.mkdir()
+    token.write_bytes(SECRET_TOKEN)
+    with pytest.raises(ValueError, match="secrets is a symbolic link"):
+        _train_on_the_volume(tmp_path, monkeypatch, lambda d: (d / "secrets").symlink_to(token.parent))
+    assert _files_holding(tmp_path, SECRET_TOKEN) == [token]
+    with pytest.raises(ValueError, match="pipe is a FIFO"):
+        _train_on_the_volume(tmp_path / "again", monkeypatch, lambda d: os.mkfifo(d / "pipe"))
+
+
+def test_12_an_honest_final_model_is_copied_whole(tmp_path, monkeypatch):
+    model = _train_on_the_volume(tmp_path, monkeypatch, _FinishedRunBackend.plant)
+    assert sorted(p.name for p in Path(model.path).iterdir()) == ["config.json", "model.safetensors"]
+    assert (Path(model.path) / "model.safetensors").read_bytes() == b"weights"
+    staged = tmp_path / "workspace" / "victim-01234567" / "staging" / "dataset"
+    assert (staged / "dataset_dict.json").is_file()  # the staging copy went through the same module
+
+
+def test_12_a_run_folder_planted_before_the_run_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    """The run's folder name holds the KFP run id, so before the step it exists only if a tenant made it (as a
+    link to redirect the staging copy and the warm-start download, or a folder holding a forged champion)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace" / "victim-01234567").symlink_to(elsewhere)
+    with pytest.raises(ValueError, match="victim-01234567 is a symbolic link"):
+        _train_on_the_volume(tmp_path, monkeypatch, lambda d: pytest.fail("nothing may be launched"))
+    assert list(elsewhere.iterdir()) == []  # nothing staged through the link
+    (tmp_path / "workspace" / "victim-01234567").unlink()
+    (tmp_path / "workspace" / "victim-01234567").mkdir()
+    with pytest.raises(ValueError, match="already exists"):
+        _train_on_the_volume(tmp_path, monkeypatch, lambda d: pytest.fail("nothing may be launched"))
+
+
+def test_12_every_step_reads_and_copies_the_volume_only_through_shared_volume():
+    """No step copies, deletes or walks a folder with the raw functions, which follow links (the train step's final
+    model, its staging copy, cleanup's staging folder); warm starts and uploads copy through the module too."""
+    import ast
+
+    raw = {"copytree", "rmtree", "copy", "copy2", "copyfile", "walk", "rglob", "iterdir"}
+    for path in sorted((REPO / "components").glob("*/component.py")):
+        calls = [
+            node.func.attr
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in raw
+        ]
+        allowed = ["rmtree"] if path.parent.name == "evaluate" else []  # its own private champion copy
+        assert calls == allowed, f"{path.relative_to(REPO)} calls {calls}: use async_grpo.shared_volume"
+    train = (REPO / "components" / "train_grpo" / "component.py").read_text()
+    assert "copy_tree(result.model_dir, model.path" in train and "make_run_dir(" in train
+    for module in ("warm_start.py", "tracking.py"):
+        assert "shared_volume.copy_tree(" in (REPO / "src" / "async_grpo" / module).read_text()

@@ -147,9 +147,11 @@ def _policy_config_map(overlay: str) -> PlatformPolicy:
 def test_the_policy_config_map_is_the_built_in_policy_with_pinned_images(overlay):
     """Offline (no policy file) render and submit check what the cluster checks, but for the pinning."""
     cluster = _policy_config_map(overlay)
-    assert cluster.model_copy(update={"require_digest": False, "default_images": {}}) == PlatformPolicy()
+    platform_set = {"require_digest": False, "default_images": {}, "registered_models": []}
+    assert cluster.model_copy(update=platform_set) == PlatformPolicy()
     assert cluster.require_digest and set(cluster.default_images) == {"trainer", "vllm", "reward", "cpu"}
-    assert cluster.model_dump(include={"require_digest", "default_images"}) == EXAMPLE_POLICY  # the examples use it
+    # the examples use it
+    assert cluster.model_dump(include={"require_digest", "default_images", "registered_models"}) == EXAMPLE_POLICY
     objs = kustomize(f"overlays/{overlay}")
     assert cluster.service_accounts == [ClusterSettings().service_account]
     assert _find(objs, "ServiceAccount", cluster.service_accounts[0])["automountServiceAccountToken"] is False

@@ -147,8 +147,9 @@ def test_kubernetes_wiring_lives_in_the_pipeline(compiled):
         (mount,) = executors[executor]["pvcMount"]
         assert mount["mountPath"] == module.WORKSPACE_MOUNT_PATH, executor
         assert mount["pvcNameParameter"] == {"runtimeValue": {"constant": "async-grpo-workspace"}}, executor
-    # every step that launches or deletes run objects reads the platform policy, fixed (not a parameter)
-    for executor in ("exec-train-grpo", "exec-evaluate", "exec-cleanup"):
+    # every step that launches or deletes run objects, or writes the registry, reads the platform policy, fixed (not a
+    # parameter): register-model for its registered_models
+    for executor in ("exec-train-grpo", "exec-evaluate", "exec-cleanup", "exec-register-model"):
         (policy,) = executors[executor]["configMapAsVolume"]
         assert policy["configMapName"] == "async-grpo-policy" and policy["mountPath"] == "/etc/async-grpo/policy"
         assert policy["configMapNameParameter"] == {"runtimeValue": {"constant": "async-grpo-policy"}}

@@ -55,7 +55,7 @@ def recipe_with_roles(tiny_model, config: GRPOConfig, seed: int) -> GRPORecipe:
         restore_progress=lambda **progress: restored.append(progress),
         restored=restored,
         full_determinism=False,
-        schedule_state=lambda version: None,  # no schedule without full_determinism
+        schedule_state=lambda version, timeout_s: None,  # no schedule without full_determinism
     )
     return recipe
 

@@ -1064,15 +1064,16 @@ def check_step(
             else the built-in defaults).
 
     Returns:
-        The policy it decided with, or None when nothing was decided (not in a pod, not the kubernetes backend).
+        The policy it decided with, or None when nothing was decided (not in a pod, and not the kubernetes backend
+        or no tracking URI to judge).
 
     Raises:
         PolicyViolation: one line per problem, each naming the field and the fix.
         ConfigError: the policy file is missing or invalid.
     """
     in_pod = in_cluster_pod()
-    if not in_pod and launch_backend != "kubernetes":
-        return None
+    if not in_pod and (launch_backend != "kubernetes" or tracking_uri is None):
+        return None  # off the cluster, and nothing this step could be refused for
     if policy is None:
         policy, source = load_policy()
         logger.info("%s: platform policy from %s", step, source)
