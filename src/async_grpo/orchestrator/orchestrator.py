@@ -315,20 +315,35 @@ class Orchestrator:
             TimeoutError: not done within `timeout_s` seconds.
         """
         needed = self.scheduled_before(version)
+
+        def missing() -> str | None:
+            through = self.schedule.generated_through
+            return None if through >= needed else f"{through} of {needed} generated"
+
+        what = f"the groups scheduled for policy version {version} to be generated"
+        return self._await(missing, timeout_s, what, "check vllm.log, or raise rollout_timeout_s", check_health=True)
+
+    def _await(
+        self, missing: Callable[[], str | None], timeout_s: float, what: str, fix: str, check_health: bool
+    ) -> float:
+        """Poll `missing` every GATE_POLL_S until it returns None (it describes what is still missing otherwise);
+        returns the seconds waited. `what` names the wait in errors, `fix` the remedy of a time-out.
+
+        Raises:
+            InferenceLost: `check_health` and the server was lost while waiting.
+            RuntimeError: the orchestrator failed (its error is chained) or stopped.
+            TimeoutError: still missing after `timeout_s` seconds.
+        """
         t0 = time.monotonic()
-        while self.schedule.generated_through < needed:
+        while (left := missing()) is not None:
             if self.error is not None:
                 raise RuntimeError(f"orchestrator failed: {self.error!r}") from self.error
             if self.stop_event.is_set():
-                raise RuntimeError("the orchestrator stopped before the scheduled groups were generated")
-            if self.health is not None:
+                raise RuntimeError(f"the orchestrator stopped while the trainer waited for {what}")
+            if check_health and self.health is not None:
                 self.health.check()
             if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(
-                    f"full_determinism: the groups scheduled for policy version {version} were not generated within "
-                    f"{timeout_s:.0f} s ({self.schedule.generated_through} of {needed}); check vllm.log, or raise "
-                    "rollout_timeout_s"
-                )
+                raise TimeoutError(f"full_determinism: waited {timeout_s:.0f} s for {what} ({left}); {fix}")
             time.sleep(GATE_POLL_S)
         return time.monotonic() - t0
 
@@ -354,19 +369,15 @@ class Orchestrator:
         if self.schedule is None:
             return None
         keep_before = self.scheduled_before(version - 1)
-        t0 = time.monotonic()
-        while unsettled := self.schedule.unsettled_before(keep_before):
-            if self.error is not None:
-                raise RuntimeError(f"orchestrator failed: {self.error!r}") from self.error
-            if self.stop_event.is_set():
-                raise RuntimeError("the orchestrator stopped before the checkpoint's groups were scored")
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(
-                    f"full_determinism: launch indices {unsettled[:5]} (sampled before policy version {version}) "
-                    f"were not scored within {timeout_s:.0f} s of the checkpoint; check the reward workers, or raise "
-                    "rollout_timeout_s"
-                )
-            time.sleep(GATE_POLL_S)
+
+        def missing() -> str | None:
+            unsettled = self.schedule.unsettled_before(keep_before)
+            return f"launch indices {unsettled[:5]} not yet scored" if unsettled else None
+
+        what = f"the groups sampled before policy version {version} to be scored at the checkpoint"
+        self._await(
+            missing, timeout_s, what, "check the reward workers, or raise rollout_timeout_s", check_health=False
+        )
         live = getattr(self.prompts, "live_state_dict", None) or self.prompts.state_dict
         return self.schedule.snapshot(keep_before, live)
 
