@@ -238,6 +238,16 @@ class GRPOConfig(RunFields):
                 f"max_completion_length={sampling.max_completion_length} leaves no room for a prompt within "
                 f"vllm_max_model_len={self.inference.vllm_max_model_len}. Fix: raise vllm_max_model_len."
             )
+        if self.checkpoint.on_collapse == "rollback" and not self.checkpoint.save_steps:
+            raise ValueError(
+                "on_collapse=rollback goes back to a checkpoint, but save_steps is 0 (none is written). Fix: set "
+                "save_steps (e.g. the eval_steps), or on_collapse: stop."
+            )
+        if self.checkpoint.on_collapse == "rollback" and self.full_determinism:
+            raise ValueError(
+                "on_collapse=rollback with full_determinism: the restored run would replay the same schedule into the "
+                "same collapse. Fix: on_collapse: stop (and look at the collapsing schedule), or full_determinism: false."
+            )
         check_tools(self)
         check_environments(self)
         check_peft(self)

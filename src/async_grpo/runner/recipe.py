@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from async_grpo import dataset_source
-from async_grpo.checkpoint_layout import resolve_resume
+from async_grpo.checkpoint_layout import complete_checkpoints, resolve_resume
 from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import load_prompt_items
 from async_grpo.evaluation import evaluate_reward
@@ -29,6 +29,7 @@ from async_grpo.inference.replicas import BalancedClient, ReplicaSet
 from async_grpo.orchestrator.rollout import Rollout
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, scheduling
+from async_grpo.runner.collapse import Collapse, CollapseGuard
 from async_grpo.runner.memory import memory_metrics
 from async_grpo.runner.overlapped_push import OverlappedPush
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
@@ -86,6 +87,10 @@ class GRPORecipe:
         self.push_source: FrozenSource | None = None  # weight_sync_overlap: the pushers' source, frozen per push
         self.overlap: OverlappedPush | None = None  # weight_sync_overlap, where it takes effect (`overlap_off`)
         self.settled_push: dict[str, float] = {}  # a background push's metrics, logged with the next step's
+        ckpt = config.checkpoint
+        self.collapse = CollapseGuard(ckpt.collapse_reward_drop, ckpt.collapse_window_steps, ckpt.collapse_min_entropy)
+        self.rollbacks = 0  # on_collapse rollback: checkpoints gone back to
+        self.stopped_by_collapse = False  # on_collapse stop (or rollbacks spent): the step loop ends
 
     # ------------------------------------------------------------------ setup
     def setup(self, start_inference: Callable[[Path], InferenceEndpoint | list[InferenceEndpoint]]) -> None:
@@ -262,6 +267,8 @@ class GRPORecipe:
         """
         config = self.config
         self.eval_before = {} if self.resume_from else self.evaluate()  # a resumed run measured it before
+        if "eval/reward" in self.eval_before:  # the collapse guard's first held-out reward
+            self.collapse.observe_eval(self.step, self.eval_before["eval/reward"])
         if self.orchestrator is not None:
             self.orchestrator.start()
         t_train = time.perf_counter()
@@ -275,7 +282,7 @@ class GRPORecipe:
         )  # sparse lines in logs
         pconf = self.producer.config
         try:
-            while self.step < config.optim.max_steps:
+            while self.step < config.optim.max_steps and not self.stopped_by_collapse:
                 if pconf.max_rollouts is not None and self.rollouts >= pconf.max_rollouts:
                     logger.info("max_rollouts=%d reached after %d steps", pconf.max_rollouts, self.step)
                     break
@@ -311,7 +318,7 @@ class GRPORecipe:
             for _epoch in range(pconf.mini_epochs):
                 for index, item in enumerate(rollout):
                     for _ in range(pconf.num_iterations):
-                        if self.step >= self.config.optim.max_steps:
+                        if self.step >= self.config.optim.max_steps or self.stopped_by_collapse:
                             break
                         waited = self._one_step(item, cache[index] if cache else None, depth, waited)
                         if index not in trained:  # the prompt ledger counts a batch's groups once, when first trained
@@ -350,7 +357,7 @@ class GRPORecipe:
                     lambda: orchestrator.wait_generated(version, config.producer.rollout_timeout_s)
                 )
             if self.overlap is None:
-                metrics["weight_sync/seconds"] = self.recovery.push()
+                metrics["collapse/rollback_push_seconds"] = self.recovery.push()
                 metrics.update(report.push_metrics(self.pusher))
             else:  # the previous push must end first: at most one in flight, versions in order
                 self.settle_push()
@@ -367,7 +374,15 @@ class GRPORecipe:
         every = builders.eval_every(config)
         if every and self.step % every == 0 and self.step < config.optim.max_steps:  # the last: `finish`
             self.settle_push()  # vLLM serves this step's weights
-            self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
+            held_out = self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
+            reward = held_out.get("eval/reward")
+            collapse = self.collapse.observe_eval(self.step, reward) if reward is not None else None
+            if collapse is not None:
+                metrics.update(self.on_collapse(collapse))
+        rewards = [r for g in item.groups if not g.replayed for r in g.rewards]
+        collapse = self.collapse.observe_step(self.step, rewards, metrics.get("entropy"))
+        if collapse is not None:
+            metrics.update(self.on_collapse(collapse))
         metrics.update(self.settled_push)  # a background push settled since the last logged step
         self.settled_push = {}
         metrics["groups"] = float(len(item.groups))
@@ -391,6 +406,38 @@ class GRPORecipe:
         if saved:
             self.tracker.log_metrics(saved, step=self.step)
         return 0.0
+
+    def on_collapse(self, collapse: Collapse) -> dict[str, float]:
+        """Act on a collapse the guard saw (`on_collapse`): log a warning naming the step and the signal; `stop` ends
+        the step loop; `rollback` restores the newest checkpoint written at or before the best held-out evaluation
+        (`CollapseGuard.rollback_target`), pushes its weights to vLLM as the next policy version and goes on (groups
+        sampled before it are corrected like any stale group), until collapse_max_rollbacks are spent or no
+        checkpoint is left, then stops. Returns the metrics to log at this step (`collapse/detected`,
+        `collapse/threshold`, `collapse/rollbacks`)."""
+        ckpt = self.config.checkpoint
+        metrics = {"collapse/detected": 1.0, "collapse/threshold": collapse.threshold}
+        logger.warning("collapse: %s (on_collapse=%s)", collapse.describe(), ckpt.on_collapse)
+        if ckpt.on_collapse == "stop":
+            self.stopped_by_collapse = True
+            logger.warning("collapse: the run stops at step %d (on_collapse=stop)", self.step)
+        elif ckpt.on_collapse == "rollback":
+            target = self.collapse.rollback_target(complete_checkpoints(self.out_dir), collapse.step)
+            if target is None or self.rollbacks >= ckpt.collapse_max_rollbacks:
+                why = "no checkpoint from before it" if target is None else f"{self.rollbacks} rollbacks already"
+                logger.warning("collapse: the run stops at step %d (%s)", self.step, why)
+                self.stopped_by_collapse = True
+            else:
+                self.settle_push()
+                self.learner.load_state_dict(load_checkpoint(target).learner)
+                metrics["weight_sync/seconds"] = self.recovery.push()
+                self.collapse.rolled_back()
+                self.rollbacks += 1
+                logger.warning(
+                    "collapse: rolled back to %s (weights and optimizer) at step %d; vLLM serves it as policy "
+                    "version %d", target, self.step, self.version.value,
+                )  # fmt: skip
+        metrics["collapse/rollbacks"] = float(self.rollbacks)
+        return metrics
 
     def overlap_off(self) -> str | None:
         """Why weight_sync_overlap cannot take effect in this run (None: it can)."""

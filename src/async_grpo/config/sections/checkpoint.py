@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -58,6 +58,47 @@ class CheckpointConfig(Section):
         description="Seconds a stop signal leaves for the checkpoint: the Kubernetes pod's "
         "terminationGracePeriodSeconds is this plus a margin. A step still running after half of it is abandoned "
         "(no checkpoint then: the newest periodic one stays the resume point).",
+        json_schema_extra=tenant(),
+    )
+
+    on_collapse: Literal["warn", "stop", "rollback"] = Field(
+        "warn",
+        description="What the run does when its reward collapses (runner/collapse.py: the held-out reward, or the "
+        "rolling training reward over collapse_window_steps, falls below best - collapse_reward_drop * max(|best|, "
+        "best - first); or the rolling entropy below collapse_min_entropy): `warn` logs a warning naming the step and "
+        "the metric collapse/detected; `stop` also ends the run there (the final model is the collapsed one: use the "
+        "newest checkpoint); `rollback` restores the newest checkpoint written at or before the best held-out "
+        "evaluation, pushes it to vLLM and goes on (at most collapse_max_rollbacks times, then stops; needs "
+        "save_steps, and refuses full_determinism, whose schedule would replay the collapse).",
+        json_schema_extra=tenant(),
+    )
+    collapse_reward_drop: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="How far below its best a reward must fall to count as a collapse, as a fraction of "
+        "max(|best|, best - first) (runner/collapse.py `collapse_threshold`): 0.5 flags a held-out reward that fell "
+        "from a best of 1.67 (first 1.33) below 0.84.",
+        json_schema_extra=tenant(),
+    )
+    collapse_window_steps: int = Field(
+        20,
+        ge=1,
+        description="Steps in the rolling training reward (and entropy) the collapse guard judges; the held-out "
+        "reward is judged at every evaluation.",
+        json_schema_extra=tenant(),
+    )
+    collapse_min_entropy: float | None = Field(
+        None,
+        ge=0.0,
+        description="A mean policy entropy (nats per token, the `entropy` metric) over collapse_window_steps below "
+        "this counts as a collapse. None: entropy is not watched.",
+        json_schema_extra=tenant(),
+    )
+    collapse_max_rollbacks: int = Field(
+        2,
+        ge=1,
+        description="on_collapse rollback: rollbacks a run may make; the next collapse stops it.",
         json_schema_extra=tenant(),
     )
 
