@@ -47,6 +47,16 @@ def test_the_rolling_reward_judges_runs_without_a_held_out_set():
     assert verdicts[8] is None  # the next verdict waits for a whole new window
 
 
+def test_a_collapse_in_the_first_steps_is_judged_against_the_first_steps():
+    """Issue 48's collapsed run: training reward about 1.3 for 5 steps, then about 0.02 (tool calls malformed)."""
+    guard = CollapseGuard(0.5, window_steps=20)
+    rewards = [1.22, 1.42, 1.36, 1.04, 1.51] + [0.02] * 20
+    verdicts = [guard.observe_step(step, [r], None) for step, r in enumerate(rewards, start=1)]
+    first = next(i for i, v in enumerate(verdicts, start=1) if v is not None)
+    assert guard.rolling_first == pytest.approx(sum(rewards[:5]) / 5)
+    assert 6 < first <= 12, first  # the mean of the steps so far falls below 1.31 - 0.5 * 1.31 within a few steps
+
+
 def test_an_entropy_floor_is_watched_only_when_set():
     quiet = CollapseGuard(0.5, window_steps=2)
     assert all(quiet.observe_step(s, [1.0], 0.001) is None for s in range(1, 6))

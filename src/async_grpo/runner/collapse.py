@@ -8,7 +8,8 @@ from a held-out reward of 1.33 to 0.28 in about one run in five). The guard watc
   ``best - collapse_reward_drop * max(|best|, best - first)``, where `best` is the best held-out reward so far and
   `first` the one before training;
 - the rolling training reward (the mean reward of the last `collapse_window_steps` steps' groups, NaN rewards left
-  out), judged by the same rule against its own best and first full window; it covers runs without a held-out set;
+  out; from MIN_ROLLING_STEPS steps on, over the steps seen while the window fills), judged by the same rule against
+  its own best and first value; it covers runs without a held-out set;
 - optionally the policy entropy (`entropy`, mean over the window) below `collapse_min_entropy`.
 
 `CollapseGuard` is plain bookkeeping (no torch, no I/O); the recipe acts on its verdicts (`on_collapse`: warn, stop,
@@ -22,7 +23,12 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Collapse", "CollapseGuard", "collapse_threshold"]
+__all__ = ["MIN_ROLLING_STEPS", "Collapse", "CollapseGuard", "collapse_threshold"]
+
+# The rolling reward is judged once it holds this many steps (or the whole window, if shorter), over the steps it
+# holds until the window is full: a collapse in the first steps (issue 48's run: tool calls malformed from step 6 on)
+# is judged against the first few steps, not hidden inside a first window that already holds it.
+MIN_ROLLING_STEPS = 5
 
 
 def collapse_threshold(best: float, first: float, drop: float) -> float:
@@ -110,13 +116,14 @@ class CollapseGuard:
 
     def observe_step(self, step: int, rewards: list[float], entropy: float | None) -> Collapse | None:
         """One optimizer step: its groups' rewards (NaN left out) and its mean entropy (None: not measured).
-        Returns the collapse the rolling signals show, if any (only once the window is full)."""
+        Returns the collapse the rolling signals show, if any (the reward from MIN_ROLLING_STEPS steps on, the
+        entropy once its window is full)."""
         finite = [r for r in rewards if not math.isnan(r)]
         if finite:
             self._rewards.append(sum(finite) / len(finite))
         if entropy is not None and not math.isnan(entropy):
             self._entropies.append(entropy)
-        if len(self._rewards) == self._rewards.maxlen:
+        if len(self._rewards) >= min(self._rewards.maxlen or 1, MIN_ROLLING_STEPS):  # grows to the whole window
             rolling = sum(self._rewards) / len(self._rewards)
             if self.rolling_first is None or self.rolling_best is None:
                 self.rolling_first = self.rolling_best = rolling
