@@ -128,6 +128,7 @@ def test_rollback_restores_the_good_checkpoint_pushes_it_and_stops_when_the_roll
     metrics = r.on_collapse(r.collapse.observe_eval(40, 0.1))
     assert len(r.learner.loaded) == 1 and torch.equal(r.learner.loaded[0]["weights"], good["weights"])
     assert r.recovery.pushes == 1 and metrics["collapse/rollbacks"] == 1.0 and not r.stopped_by_collapse
+    assert metrics["collapse/rollback_push_seconds"] == 0.25 and "weight_sync/seconds" not in metrics
     r.on_collapse(r.collapse.observe_eval(50, 0.1))  # a second collapse, no rollback left
     assert r.stopped_by_collapse and r.recovery.pushes == 1
 

@@ -357,7 +357,7 @@ class GRPORecipe:
                     lambda: orchestrator.wait_generated(version, config.producer.rollout_timeout_s)
                 )
             if self.overlap is None:
-                metrics["collapse/rollback_push_seconds"] = self.recovery.push()
+                metrics["weight_sync/seconds"] = self.recovery.push()
                 metrics.update(report.push_metrics(self.pusher))
             else:  # the previous push must end first: at most one in flight, versions in order
                 self.settle_push()
@@ -429,7 +429,7 @@ class GRPORecipe:
             else:
                 self.settle_push()
                 self.learner.load_state_dict(load_checkpoint(target).learner)
-                metrics["weight_sync/seconds"] = self.recovery.push()
+                metrics["collapse/rollback_push_seconds"] = self.recovery.push()
                 self.collapse.rolled_back()
                 self.rollbacks += 1
                 logger.warning(
