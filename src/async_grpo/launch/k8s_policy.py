@@ -535,9 +535,7 @@ def _code_specs(field: FieldValue) -> list[str]:
     """The code specs a `code` field holds (strings naming code; empty for the flags)."""
     if field.name in ("reward_funcs", "tools"):
         return list(field.value)
-    if field.name == "data_producer":
-        return [field.value] if field.value else []
-    if field.name == "environment":
+    if field.name in ("data_producer", "environment"):
         return [field.value] if field.value else []
     return []
 
