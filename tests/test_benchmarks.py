@@ -48,7 +48,7 @@ def test_weight_sync_reduced():
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=106)
 def test_vs_trl_reduced():
     stdout = run("vs_trl.py", "--reduced", "--steps", "1")
     assert "x TRL's steps/s" in stdout and "async / on-policy" in stdout and "its trained tokens/s" in stdout
@@ -114,7 +114,8 @@ def test_trl_async_sdpa_stand_in_matches_per_sample_attention(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=51)
+@pytest.mark.all_cores  # overlap.py binds vLLM and the trainer to cores of their own
 def test_gpu_sh_reduced_cpu_mode(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--reduced", "--out", str(tmp_path)],
@@ -135,7 +136,7 @@ def test_gpu_sh_reduced_cpu_mode(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=121)
 def test_time_to_reward_reduced(tmp_path):
     stdout = run("time_to_reward.py", "--reduced", "--out", str(tmp_path), timeout_s=500)
     assert "warm start: " in stdout and "held-out reward of the warm start: " in stdout and "target " in stdout
@@ -148,7 +149,7 @@ def test_time_to_reward_reduced(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=63)
 def test_memory_reduced():
     stdout = run("memory.py", "--steps", "15", "--warmup-sft-steps", "50")
     assert "MB per 1,000 steps" in stdout
@@ -157,7 +158,7 @@ def test_memory_reduced():
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=256)
 def test_chaos_reduced(tmp_path):
     """The chaos soak's CI form: six faults (vLLM, a reward worker and the trainer killed, the trainer stopped, MLflow
     down, the checkpoint disk full) in one run: each survived, no prompt, step metric or process lost."""

@@ -1,9 +1,11 @@
 """`evaluate`: the trained checkpoint against the current champion, head to head, served by real vLLM servers.
 
 It starts its own `vllm serve` on the model artifact, so the number measures the checkpoint that will be registered
-(not the trainer's in-memory weights). When the registry has a champion, a second `vllm serve` (after the first has
-stopped) scores the champion's registered weights on the same held-out prompts, with the same per-prompt seeds,
-sampling and reward functions, so each prompt gives one paired difference; the registration gate is the lower bound
+(not the trainer's in-memory weights). When the registry has a champion, the champion's registered weights are scored
+on the same held-out prompts, with the same per-prompt seeds, sampling and reward functions, so each prompt gives one
+paired difference: pushed into the same server through the weight-transfer plane when both checkpoints have the same
+layout (`transports.weights.checkpoint`: one server start instead of two), else by a second `vllm serve` after the
+first has stopped; the registration gate is the lower bound
 of a bootstrap interval of their mean (`async_grpo.promotion`), decided here where both scores are known. The
 pipeline only branches on the returned boolean (`dsl.If`). Reward functions are submitter code: on Kubernetes they
 run in a reward pod of their own without credentials (`KubernetesBackend.reward_service`), never in this pod, which
@@ -115,6 +117,7 @@ def evaluate(
     from async_grpo.runner.builders import build_rollout, sampling_settings
     from async_grpo.shared_volume import private_dir
     from async_grpo.step_secrets import load_step_secrets
+    from async_grpo.transports.weights.checkpoint import layout_difference, push_checkpoint
     from async_grpo.transports.weights.sync import resolve_backend
 
     log = logging.getLogger("evaluate")
@@ -173,6 +176,8 @@ def evaluate(
             ).path
     log.info("champion: %s", f"{registered_model_name} version {champion.version}" if champion is not None else "none")
 
+    backend_name = resolve_backend(config.weight_sync.weight_sync_backend)  # the data plane the champion's push uses
+
     def server_for(path: Path, label: str) -> tuple[VLLMServer, str]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -181,7 +186,7 @@ def evaluate(
             port=port,
             dtype=config.inference.vllm_dtype,
             max_model_len=config.inference.vllm_max_model_len,
-            weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+            weight_transfer_backend=backend_name,
             seed=config.seed,
             extra_args=config.vllm_serve_args,
         )
@@ -211,21 +216,33 @@ def evaluate(
         if hasattr(rollout, "close"):
             stack.callback(rollout.close)
 
-        def score(path: Path, label: str):
-            server, url = server_for(path, label)
-            try:
-                server.start()
-                return score_held_out(
-                    rollout,
-                    lambda: AsyncVLLMClient(url, str(path), timeout_s=config.inference.vllm_request_timeout_s), items,
-                    sampling_settings(config, evaluation=True), reward_names=pool.names, reward_weights=pool.weights,
-                    seed=config.seed,
-                )  # fmt: skip
-            finally:
-                server.stop()  # one server at a time: the champion's starts after this one has stopped
+        def score(url: str, served: Path):
+            return score_held_out(
+                rollout,
+                lambda: AsyncVLLMClient(url, str(served), timeout_s=config.inference.vllm_request_timeout_s), items,
+                sampling_settings(config, evaluation=True), reward_names=pool.names, reward_weights=pool.weights,
+                seed=config.seed,
+            )  # fmt: skip
 
-        challenger = score(model_dir, "challenger")
-        held_out = score(champion_dir, "champion") if champion_dir is not None else None
+        held_out = None
+        server, url = server_for(model_dir, "challenger")
+        with server:  # one server at a time: a champion that needs its own starts after this one has stopped
+            challenger = score(url, model_dir)
+            if champion_dir is not None:
+                differs = layout_difference(model_dir, champion_dir)
+                if differs is None:
+                    seconds = push_checkpoint(
+                        champion_dir, url, vllm_dtype=config.inference.vllm_dtype, backend=backend_name,
+                        timeout_s=config.weight_sync.weight_sync_timeout_s,
+                    )  # fmt: skip
+                    log.info("the champion's weights are served by the challenger's server (pushed in %.2f s)", seconds)
+                    held_out = score(url, model_dir)
+                else:
+                    log.info("the champion gets a server of its own: %s", differs)
+        if champion_dir is not None and held_out is None:
+            server, url = server_for(champion_dir, "champion")
+            with server:
+                held_out = score(url, champion_dir)
     shutil.rmtree(work, ignore_errors=True)  # both scored: the private champion copy and the logs go (kept on failure)
     reward = challenger.metrics["eval/reward"]
     log.info("held-out reward %.4f over %d prompts x %d samples", reward, len(items), config.data.num_generations_eval)

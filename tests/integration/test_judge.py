@@ -139,7 +139,7 @@ def test_a_run_scores_every_group_with_the_judge(vllm_server, tiny_model_dir, tm
     assert started == set()  # nothing started for the judge (the policy's server is the session's)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=106)
 def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_server, tiny_model_dir, tmp_path):
     """Issue 26: the judge the launcher serves (`judge_model_name_or_path`, its own vLLM server) gets `kill -9`
     after its first answers. The launcher's watchdog starts it again; groups that could not be scored meanwhile are

@@ -35,7 +35,7 @@ from async_grpo.trainer.sft import supervised_warm_start
 from async_grpo.transports.weights.sync import WeightPusher
 from tests.orchestrator.test_tool_rollout import ExactScorer
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=20)]  # 120 s for the module
 
 SFT_STEPS = 250
 MODEL_FAILURES = ("malformed", "unknown_tool", "bad_arguments")  # the sampled call's fault, not the tool's

@@ -148,3 +148,21 @@ def test_a_tied_model_samples_with_the_pushed_head(tmp_path):
         assert _max_gap(model, _sample(url, str(path), seed=1)) < 1e-3
     finally:
         server.stop()
+
+
+def test_a_checkpoint_pushed_from_its_files_is_what_vllm_samples_with(vllm_server, tiny_model_dir, tmp_path):
+    """The pipeline's evaluate step serves the champion in the challenger's server (`push_checkpoint`): the server
+    then samples with the champion's weights, read from its safetensors files, not the ones it started with."""
+    from async_grpo.transports.weights.checkpoint import layout_difference, push_checkpoint
+
+    champion = build_tiny_model(tmp_path / "champion", seed=3)
+    assert layout_difference(tiny_model_dir, champion) is None
+    url, served = vllm_server.url, str(tiny_model_dir)
+    push_checkpoint(champion, url, vllm_dtype="float32", backend="gloo", timeout_s=120)
+    completions = _sample(url, served, seed=1)
+    pushed = AutoModelForCausalLM.from_pretrained(champion, dtype=torch.float32)
+    started = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert _max_gap(pushed, completions) < 1e-3
+    assert _max_gap(started, completions) > 0.1  # the push changed what the server computes
+    push_checkpoint(tiny_model_dir, url, vllm_dtype="float32", backend="gloo", timeout_s=120)  # as it was
+    assert _max_gap(started, _sample(url, served, seed=1)) < 1e-3

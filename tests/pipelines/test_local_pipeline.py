@@ -5,8 +5,9 @@ and registry, queried afterwards.
 1. The first run starts from the base model and registers the first champion.
 2. Two runs then start at once from that champion (`warm_start=champion`), with the same run_name: one trains, the
    other has `learning_rate: 0`. Each is scored head to head with the champion on the same held-out prompts and
-   seeds; the one that trains is promoted exactly when the lower bound of its interval is above 0, the frozen one
-   (the champion's own weights) never, and neither run touches the other's folders.
+   seeds (the champion's weights pushed into the challenger's evaluation server); the one that trains is promoted
+   exactly when the lower bound of its interval is above 0, the frozen one (the champion's own weights) never, and
+   neither run touches the other's folders.
 """
 
 import argparse
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 
 from async_grpo import cli, cli_pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=400)]
 SHORT = ("max_steps=20", "warmup_sft_steps=300", "eval_num_prompts=16", "eval_steps=10")  # ~2 min on 2 cores
 RETRAIN = (
     "warm_start=champion",
@@ -123,6 +124,8 @@ def test_scheduled_retraining_builds_on_the_champion_and_promotes_only_a_proven_
     codes = {k: p.wait(timeout=900) for k, (p, _) in runs.items()}
     assert codes == {"trains": 0, "frozen": 0}, "\n\n".join(log.read_text()[-3000:] for _, log in runs.values())
     assert child_pids() - before == set(), "processes left behind"
+    for _, log in runs.values():  # the champion (same layout) was pushed into the challenger's evaluation server
+        assert "the champion's weights are served by the challenger's server" in log.read_text()
 
     roles = runs_by_role()
     registered = sum("registered_model_version" in r.data.tags for r in roles["pipeline"])  # the register step ran

@@ -21,7 +21,7 @@ NAME = "tiny-reverser"
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.slow(seconds=28)
 def test_scores_with_vllm_logs_to_the_run_and_refuses_below_the_floor(child_pids, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
