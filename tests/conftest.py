@@ -26,6 +26,7 @@ from async_grpo.tiny_model import build_tiny_model
 
 DEFAULT_SLOW_SECONDS = 60.0  # a `slow` test without its measured seconds
 INTEGRATION_SECONDS = 10.0  # an integration test's usual cost (a short real run against a shared server)
+ALL_CORES = frozenset(os.sched_getaffinity(0))  # the cores the run was given, before a worker takes its share
 
 
 def worker_cores() -> set[int] | None:
@@ -34,15 +35,12 @@ def worker_cores() -> set[int] | None:
     cores than workers (the workers then share every core)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cores = sorted(os.sched_getaffinity(0))
+    cores = sorted(ALL_CORES)
     if not worker.startswith("gw") or count < 2 or len(cores) < count:
         return None
     share = len(cores) // count
     index = int(worker.removeprefix("gw"))
     return set(cores[index * share : (index + 1) * share])
-
-
-ALL_CORES = frozenset(os.sched_getaffinity(0))  # the cores the run was given, before a worker takes its share
 
 
 def pytest_configure(config):

@@ -1,7 +1,7 @@
 """Multi-turn tool calling on a real vLLM CPU server, with real tool workers.
 
 The tiny model is warm-started (SFT) on the calc task's reference conversations so that it calls the calculator;
-then, on a server started from it:
+then, on the session's vLLM server (tests/integration/conftest.py) serving its weights, pushed before each test:
 - a rollout's token ids, loss mask and sampling logprobs are checked turn by turn against the chat template's
   rendering of the same conversation and against the trainer model's logprobs;
 - a tool that hangs and one that raises become errors the model reads, and the run goes on;
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import AsyncVLLMClient
-from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.rollout import SamplingSettings
 from async_grpo.runner.tool_setup import warm_start_pairs
@@ -32,6 +32,7 @@ from async_grpo.tools.executor import ToolExecutor
 from async_grpo.tools.loading import load_tools
 from async_grpo.tools.render import render_ids, tool_suffix
 from async_grpo.trainer.sft import supervised_warm_start
+from async_grpo.transports.weights.checkpoint import push_checkpoint
 from async_grpo.transports.weights.sync import WeightPusher
 from tests.orchestrator.test_tool_rollout import ExactScorer
 
@@ -41,7 +42,6 @@ SFT_STEPS = 250
 MODEL_FAILURES = ("malformed", "unknown_tool", "bad_arguments")  # the sampled call's fault, not the tool's
 TEMPERATURE = 0.7
 TOOLS = Path(__file__).with_name("calc_tools.py")
-VLLM_STARTUP_TIMEOUT_S = 400.0
 
 
 @pytest.fixture(scope="module")
@@ -51,28 +51,26 @@ def tool_model_dir(tmp_path_factory) -> Path:
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     pairs = warm_start_pairs(GRPOConfig(dataset="builtin:calc"), get_task("calc"), tok, 512, [])
-    torch.manual_seed(0)  # on every core: this module's vLLM server starts after it (0.20 s/step on 2, 0.33 on 1)
+    torch.manual_seed(0)
     supervised_warm_start(model, pairs, steps=SFT_STEPS, learning_rate=3e-3, pad_token_id=tok.pad_token_id)
     model.save_pretrained(out)
     return out
 
 
-@pytest.fixture(scope="module")
-def server(tool_model_dir, tmp_path_factory):
-    port = free_port()
-    cmd = build_server_command(
-        tool_model_dir, port=port, dtype="float32", max_model_len=512, weight_transfer_backend="gloo"
-    )
-    srv = VLLMServer(
-        cmd,
-        server_env(1),
-        tmp_path_factory.mktemp("vllm-tools") / "vllm.log",
-        f"http://127.0.0.1:{port}",
-        VLLM_STARTUP_TIMEOUT_S,
-    )
-    srv.start()
-    yield srv
-    srv.stop()
+@dataclass(frozen=True)
+class Served:
+    """A vLLM server and the model name it serves (requests must name it)."""
+
+    url: str
+    model: str
+
+
+@pytest.fixture
+def server(vllm_server, tiny_model_dir, tool_model_dir) -> Served:
+    """The session's vLLM server serving the tool model: its weights pushed from its files before each test (same
+    layout as the session's model; another test may have pushed other weights since)."""
+    push_checkpoint(tool_model_dir, vllm_server.url, vllm_dtype="float32", backend="gloo", timeout_s=120)
+    return Served(vllm_server.url, str(tiny_model_dir))
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +80,7 @@ def tok(tool_model_dir):
 
 def rollout_group(server, tool_model_dir, tok, backend, expr="347*912", g=4, seed=1, version=lambda: 0):
     async def go():
-        client = AsyncVLLMClient(server.url, str(tool_model_dir))
+        client = AsyncVLLMClient(server.url, server.model)
         try:
             rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, backend)
             item = PromptItem([{"role": "user", "content": expr}], [], {"answer": str(eval(expr))})
