@@ -7,8 +7,8 @@ the worker's CPU affinity, which every process a test starts (vLLM, trainer, rew
 product reads to size its thread pools (`runner.scheduling`, vLLM's OpenMP threads). Without it, two workers' runs
 each sized their pools for the whole machine: a torch pool of 2 threads beside another busy process took 0.47 s per
 warm-start step against 0.27 s on 1 thread (OpenMP threads spin waiting for a descheduled peer), and the suite took
-28.4 minutes against 24.0 pinned (2026-11-29, 2 cores). A test that needs every core (it binds processes to cores of
-its own choosing) says so with `@pytest.mark.all_cores`.
+28.4 minutes against 24.0 pinned (2026-11-29, 2 cores). A benchmark that binds processes to cores of its own
+(`benchmarks/overlap.py`) time-slices the worker's one core in its reduced form.
 
 Order: `pytest_collection_modifyitems` puts the modules with the longest tests first (`slow(seconds=...)`, measured
 on 2 cores), so that the last module a worker starts is a short one and both workers finish together (with
@@ -51,21 +51,6 @@ def pytest_configure(config):
 
     os.sched_setaffinity(0, share)
     torch.set_num_threads(len(share))
-
-
-@pytest.fixture(autouse=True)
-def _all_cores_when_marked(request):
-    """`@pytest.mark.all_cores`: the test (and what it starts) may run on every core of the run, not only its
-    worker's share; the share is restored afterwards."""
-    if request.node.get_closest_marker("all_cores") is None or worker_cores() is None:
-        yield
-        return
-    share = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, ALL_CORES)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, share)
 
 
 def expected_seconds(item: pytest.Item) -> float:

@@ -115,7 +115,6 @@ def test_trl_async_sdpa_stand_in_matches_per_sample_attention(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.slow(seconds=51)
-@pytest.mark.all_cores  # overlap.py binds vLLM and the trainer to cores of their own
 def test_gpu_sh_reduced_cpu_mode(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--reduced", "--out", str(tmp_path)],
