@@ -26,16 +26,15 @@ from async_grpo.tiny_model import build_tiny_model
 
 DEFAULT_SLOW_SECONDS = 60.0  # a `slow` test without its measured seconds
 INTEGRATION_SECONDS = 10.0  # an integration test's usual cost (a short real run against a shared server)
-ALL_CORES = frozenset(os.sched_getaffinity(0))  # the cores the run was given, before a worker takes its share
 
 
 def worker_cores() -> set[int] | None:
     """This pytest-xdist worker's share of the cores (`PYTEST_XDIST_WORKER` gwN of `PYTEST_XDIST_WORKER_COUNT`):
-    contiguous, equal shares of the cores the run was given; None outside xdist, with one worker, or with fewer
-    cores than workers (the workers then share every core)."""
+    contiguous, equal shares of the cores the run was given (read before `pytest_configure` pins the worker); None
+    outside xdist, with one worker, or with fewer cores than workers (the workers then share every core)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cores = sorted(ALL_CORES)
+    cores = sorted(os.sched_getaffinity(0))
     if not worker.startswith("gw") or count < 2 or len(cores) < count:
         return None
     share = len(cores) // count

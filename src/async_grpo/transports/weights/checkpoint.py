@@ -11,10 +11,12 @@ then serves exactly the file's values, cast once to the server's dtype as vLLM's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -95,9 +97,13 @@ class CheckpointSource(WeightSource):
         return {m.name: tuple(m.shape) for m in self._meta}
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for meta in self._meta:
-            with safe_open(str(self._where[meta.name]), framework="pt") as f:
-                yield meta.name, f.get_tensor(meta.name)
+        with contextlib.ExitStack() as stack:  # each file opened once per pass, whatever order its tensors come in
+            handles: dict[Path, Any] = {}
+            for meta in self._meta:
+                path = self._where[meta.name]
+                if path not in handles:
+                    handles[path] = stack.enter_context(safe_open(str(path), framework="pt"))
+                yield meta.name, handles[path].get_tensor(meta.name)
 
 
 def layout_difference(served: Path | str, other: Path | str) -> str | None:
