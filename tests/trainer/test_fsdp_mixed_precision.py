@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.multiprocessing as mp
 
 from async_grpo.algorithms import LossSettings
 from async_grpo.trainer.distributed import DataParallelLearner, DistInfo, follow
 from async_grpo.trainer.trainer import GRPOLearner
+from tests.forkserver import start_ranks
 
 from .test_streaming_reuse_distributed import _free_port, _local, batch_of_four_groups
 from .test_trainer import PAD
@@ -74,9 +74,7 @@ def _rank_main(rank: int, port: int, model_path: str, out_dir: str) -> None:
 def test_fsdp_bf16_keeps_float32_master_weights_and_matches_float32_to_bf16_rounding(tiny_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(
-        _rank_main, args=(_free_port(), str(tiny_model_path), str(tmp_path)), nprocs=2, join=True, start_method="spawn"
-    )
+    start_ranks(_rank_main, args=(_free_port(), str(tiny_model_path), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"bf16-{r}.pt") for r in range(2)]
     for r in ranks:
         assert r["policies"] == {"torch.bfloat16"}  # every FSDP unit computes in bf16

@@ -274,19 +274,14 @@ def test_two_fsdp_ranks_with_a_token_budget_train_like_one_process_with_fixed_mi
     (Replicas share the weighting and skip the placeholders; FSDP is the stricter case.) About 20 s: 2 spawns."""
     import socket
 
-    import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
+
+    from tests.forkserver import start_ranks
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(
-        _budget_rank_main,
-        args=(port, str(tiny_model_path), str(tmp_path), True),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
+    start_ranks(_budget_rank_main, args=(port, str(tiny_model_path), str(tmp_path), True), nprocs=2)
     ranks = [torch.load(tmp_path / f"budget{r}.pt") for r in range(2)]
     assert (ranks[0]["grpo/micro"], ranks[1]["grpo/micro"]) == (4, 3)  # unequal micro-batch counts
     for loss_type in ("grpo", "dr_grpo", "dapo"):

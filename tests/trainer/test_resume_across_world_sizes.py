@@ -9,7 +9,8 @@ import copy
 import os
 
 import torch
-import torch.multiprocessing as mp
+
+from tests.forkserver import start_ranks
 
 from .test_streaming_reuse_distributed import _free_port, batch_of_four_groups, learner
 
@@ -57,12 +58,10 @@ def _two_ranks(rank: int, port: int, model_path: str, out_dir: str, loads: list[
 
 def _run_two_ranks(model_path, out_dir, loads=(), save=None) -> list[dict]:
     """The results of `_two_ranks`: the uninterrupted next step (with `save`), then one per state in `loads`."""
-    mp.start_processes(
+    start_ranks(
         _two_ranks,
         args=(_free_port(), str(model_path), str(out_dir), [str(x) for x in loads], save and str(save)),
         nprocs=2,
-        join=True,
-        start_method="spawn",
     )
     names = (["next.pt"] if save else []) + [f"next-{i}.pt" for i in range(len(loads))]
     return [torch.load(out_dir / name, weights_only=True) for name in names]

@@ -12,12 +12,12 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from async_grpo.algorithms import LossSettings
 from async_grpo.trainer.distributed import DataParallelLearner, DistInfo, follow, shard
 from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.messages import TrainBatch
+from tests.forkserver import start_ranks
 
 from .test_trainer import PAD, make_group
 
@@ -220,13 +220,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_whole_batch(tiny_model_pat
     dapo divides by the global token count / num_processes, grpo averages per-rank means), two steps."""
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(
-        _rank_main,
-        args=(2, _free_port(), str(tiny_model_path), loss_type, str(tmp_path)),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
+    start_ranks(_rank_main, args=(2, _free_port(), str(tiny_model_path), loss_type, str(tmp_path)), nprocs=2)
     rank0 = torch.load(tmp_path / "rank0.pt")
     rank1 = torch.load(tmp_path / "rank1.pt")
     assert rank1["steps"] == 2
@@ -292,13 +286,7 @@ def test_fsdp_ranks_shard_the_model_and_train_like_one_process(tiny_model_path, 
     one process on the whole batch, and the gathered full state dict equals the single-process weights."""
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(
-        _rank_main,
-        args=(2, _free_port(), str(tiny_model_path), "dapo", str(tmp_path), True),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
+    start_ranks(_rank_main, args=(2, _free_port(), str(tiny_model_path), "dapo", str(tmp_path), True), nprocs=2)
     ranks = [torch.load(tmp_path / f"fsdp{r}.pt") for r in range(2)]
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     single = learner(reference, 4, loss_type="dapo", beta=0.05)
@@ -390,13 +378,7 @@ def test_unequal_shares_train_like_one_process_for_every_loss_type(tiny_model_pa
     (27-45%). One process on the whole batch is the reference, for every loss type, to 1e-5."""
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(
-        _uneven_rank_main,
-        args=(_free_port(), str(tiny_model_path), str(tmp_path), fsdp, micro),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
+    start_ranks(_uneven_rank_main, args=(_free_port(), str(tiny_model_path), str(tmp_path), fsdp, micro), nprocs=2)
     tag = "-fsdp" if fsdp else ""
     ranks = [torch.load(tmp_path / f"uneven{tag}{r}.pt") for r in range(2)]
     for loss_type in ALL_LOSSES:

@@ -12,7 +12,8 @@ from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.forkserver import start_ranks
 
 
 def _free_port() -> int:
@@ -44,7 +45,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 def test_broadcast_gives_up_once_the_update_call_failed(tmp_path):
     out = tmp_path / "rank0.txt"
-    ctx = mp.start_processes(_rank, args=(_free_port(), str(out)), nprocs=2, join=False, start_method="spawn")
+    ctx = start_ranks(_rank, args=(_free_port(), str(out)), nprocs=2, join=False)
     ctx.join(timeout=30)
     seconds, result = out.read_text().split("\n", 1)
     assert "abandoned" in result and "API server is gone" in result
