@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mlflow
@@ -229,12 +230,12 @@ def test_a_sqlite_store_given_by_uri_keeps_the_artifacts_beside_it(tmp_path, sto
     assert artifact_location("http://mlflow:5000") is None and artifact_location("databricks") is None
 
 
-OPEN_AT = """
-import sys, time
+OPEN_ON_GO = """
+import sys
 from async_grpo.tracking import open_store
-uri, start = sys.argv[1], float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))
-open_store(uri, retry_s=0.5)
+print("ready", flush=True)
+sys.stdin.readline()  # the test writes "go" to every process once all of them have imported mlflow
+open_store(sys.argv[1], retry_s=0.5)
 """
 
 
@@ -248,11 +249,22 @@ def test_processes_opening_one_new_sqlite_store_at_once_all_get_a_working_store(
 
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
-    start = time.time() + 15.0  # every interpreter has imported mlflow by then
     procs = [
-        subprocess.Popen([sys.executable, "-c", OPEN_AT, uri, str(start)], stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_ON_GO, uri],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(4)
     ]
+    with ThreadPoolExecutor(4) as pool:  # each line is read under a deadline: a process that died says why
+        ready = list(pool.map(lambda p: p.stdout.readline(), procs, timeout=120))
+    assert ready == ["ready\n"] * 4, [p.poll() for p in procs]
+    for p in procs:  # released together: they open the new store at the same instant
+        p.stdin.write("go\n")
+        p.stdin.flush()
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
     assert sorted(f.name for f in tmp_path.iterdir()) == ["mlflow.db"]  # no private file left behind
