@@ -36,9 +36,9 @@ from async_grpo.transports.weights.checkpoint import push_checkpoint
 from async_grpo.transports.weights.sync import WeightPusher
 from tests.orchestrator.test_tool_rollout import ExactScorer
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=20)]  # 120 s for the module
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=15)]  # 75 s for the module
 
-SFT_STEPS = 250
+SFT_STEPS = 120  # the call format has formed by then (held-out loss 0.297 at 100 steps, 0.289 at 250); seeds 0-2 pass
 MODEL_FAILURES = ("malformed", "unknown_tool", "bad_arguments")  # the sampled call's fault, not the tool's
 TEMPERATURE = 0.7
 TOOLS = Path(__file__).with_name("calc_tools.py")
