@@ -3,9 +3,12 @@ a version bumped before the push stamped groups sent during the push one version
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from async_grpo.config import GRPOConfig
+from async_grpo.inference.health import InferenceLost
 from async_grpo.runner.recipe import GRPORecipe
 from async_grpo.trainer.distributed import DistInfo
 
@@ -110,3 +113,46 @@ def test_weight_sync_overlap_says_why_it_is_off(overrides, world_size, time_slic
     recipe.time_slice = SimpleNamespace(enabled=time_slice)
     found = recipe.overlap_off()
     assert found is None if why is None else why in found
+
+
+class CountingPusher:
+    """Stands in for the `ReplicaPusher` `InferenceRecovery` drives: counts server restarts."""
+
+    def __init__(self):
+        self.restarts = 0
+
+    def recover_all(self, timeout_s: float) -> None:
+        self.restarts += 1
+
+
+def test_a_run_that_is_stopping_skips_a_failed_push_and_never_restarts_the_server(caplog):
+    """Ctrl-C reached the launched vLLM server too, whose engine died mid-push; the run restarted it (a 20 s vLLM
+    start) on its way out. While a stop signal is pending, a failed push is skipped (the step's checkpoint holds its
+    weights) and a lost server is not restarted: the run stops. Without a signal, a failed push is recovered."""
+    from async_grpo.inference.client import InferenceEndpoint
+    from async_grpo.inference.health import InferenceHealth
+    from async_grpo.inference.replicas import ReplicaSet
+    from async_grpo.runner.recovery import InferenceRecovery
+
+    pending: list[int | None] = [None]
+    pushes: list[str] = []
+
+    def push_weights() -> float:
+        pushes.append("push")
+        if len(pushes) == 1 or pending[0] is not None:
+            raise ConnectionError("vLLM went away mid-push")
+        return 0.5
+
+    pusher = CountingPusher()
+    recovery = InferenceRecovery(
+        health=InferenceHealth(), replicas=ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")]), pusher=pusher, push_weights=push_weights,
+        log_metrics=lambda metrics, step: None, current_step=lambda: 7, current_version=lambda: 6, max_restarts=3,
+        recovery_timeout_s=10.0, log_hint=Path("vllm.log"), stop_signal=lambda: pending[0],
+    )  # fmt: skip
+    assert recovery.push() == 0.5 and pusher.restarts == 1  # no signal: recovered, the weights pushed again
+    pending[0] = 2  # SIGINT received during the step
+    assert recovery.push() == 0.0 and pusher.restarts == 1
+    assert "the weight push of step 7 was skipped: the run is stopping (signal 2)" in caplog.text
+    with pytest.raises(KeyboardInterrupt, match="not restarted"):
+        recovery.surviving(lambda: (_ for _ in ()).throw(InferenceLost("a generation request failed")))
+    assert pusher.restarts == 1

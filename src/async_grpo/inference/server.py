@@ -201,7 +201,14 @@ class VLLMServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
             logger.info("starting vLLM: %s (log: %s)", " ".join(self.command), self.log_path)
-            self.process = subprocess.Popen(self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+            # its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) reaches only the
+            # process that started it, which ends its step, checkpoints and then stops the server (`stop`). When
+            # the server got the SIGINT too, its engine died mid-push and its API server waited in its graceful
+            # shutdown for the push's request: the run took 50-90 s to exit instead of 3 (tests/integration/
+            # test_interrupt.py). The starter ends it by PID in every case (`stop`, `close`, `__exit__`).
+            self.process = subprocess.Popen(
+                self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def wait_until_healthy(self) -> None:
         """Block until `/health` answers 200.

@@ -40,10 +40,11 @@ _GUARD: StopGuard | None = None  # the running recipe's, with checkpoint_on_sign
 
 
 def _install_signal_handlers() -> None:
-    """Turn SIGINT (Ctrl-C) and SIGTERM (pod eviction, KFP cancel) into KeyboardInterrupt so `finally`
-    blocks clean up, and remember that it happened: a terminal's Ctrl-C also reaches the vLLM server,
-    which may die first and make the in-flight call fail with a secondary error (e.g. connection refused)
-    before the KeyboardInterrupt surfaces; `run_local` reports such a run as interrupted, not failed.
+    """Turn SIGINT (Ctrl-C), SIGTERM (pod eviction, KFP cancel) and SIGHUP (the terminal closed) into
+    KeyboardInterrupt so `finally` blocks clean up, and remember that it happened: a terminal's Ctrl-C also reaches
+    the reward workers (the launched vLLM servers lead sessions of their own, `VLLMServer.launch`), which may fail
+    an in-flight call with a secondary error before the KeyboardInterrupt surfaces; `run_local` reports such a run
+    as interrupted, not failed.
     With `checkpoint_on_signal` a signal during an optimizer step lets the step end first (`StopGuard`), so the
     run stops between steps and writes a checkpoint."""
 
@@ -54,7 +55,7 @@ def _install_signal_handlers() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
             signal.signal(sig, handler)
     except ValueError:  # not the main thread
         pass

@@ -179,7 +179,7 @@ class GRPORecipe:
             log_metrics=self.tracker.log_metrics, current_step=lambda: self.step,
             current_version=lambda: self.version.value, max_restarts=config.inference.max_inference_restarts,
             recovery_timeout_s=config.inference.vllm_recovery_timeout_s, log_hint=self.out_dir / "vllm.log",
-            before_recover=lambda: self.overlap and self.overlap.drain(),
+            before_recover=lambda: self.overlap and self.overlap.drain(), stop_signal=lambda: self.guard.pending,
         )  # fmt: skip
         ckpt = config.checkpoint
         self.checkpointer = checkpoints.Checkpointer(

@@ -50,6 +50,9 @@ class InferenceRecovery:
         log_hint: the server log a user should read when recovery fails (`<output_dir>/vllm.log`).
         before_recover: called first in every `recover` (the recipe ends a background weight push still in flight
             there, `OverlappedPush.drain`, so two pushes never share a pusher); None: nothing.
+        stop_signal: the stop signal the run received and has not acted on yet (`StopGuard.pending`), or None. A
+            run that is stopping never restarts a server: Ctrl-C reaches the launched vLLM server too (one process
+            group), and restarting it there cost a 20 s vLLM start on the way out. None: the run never stops so.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class InferenceRecovery:
         recovery_timeout_s: float,
         log_hint: Path,
         before_recover: Callable[[], object] | None = None,
+        stop_signal: Callable[[], int | None] = lambda: None,
     ):
         self.health = health
         self.replicas = replicas
@@ -78,6 +82,7 @@ class InferenceRecovery:
         self.recovery_timeout_s = recovery_timeout_s
         self.log_hint = log_hint
         self.before_recover = before_recover
+        self.stop_signal = stop_signal
 
     def surviving(self, fn: Callable[[], T]) -> T:
         """`fn()`, recovering the server and calling it again each time it raises `InferenceLost` (its waits poll
@@ -96,6 +101,9 @@ class InferenceRecovery:
     def push(self) -> float:
         """`push_weights()`; when the push fails (the server died, or a broadcast or control call failed), the
         server is recovered, which pushes the same weights again. Returns the seconds of the push that succeeded.
+        When the run is stopping (`stop_signal`), a failed push is skipped instead (0.0 returned, a warning
+        logged): the step is complete in the trainer and its checkpoint holds its weights, which a resumed run
+        serves (under the version of the last push that succeeded, as any checkpoint written off a push).
 
         Raises:
             InferenceFailedError: see `recover`.
@@ -103,7 +111,17 @@ class InferenceRecovery:
         try:
             return self.push_weights()
         except Exception as err:
-            return self.recover(f"a weight push failed: {err!r}")
+            signum = self.stop_signal()
+            if signum is None:
+                return self.recover(f"a weight push failed: {err!r}")
+            logger.warning(
+                "the weight push of step %d was skipped: the run is stopping (signal %d) and vLLM did not take it "
+                "(%r); the step's checkpoint holds its weights",
+                self.current_step(),
+                signum,
+                err,
+            )
+            return 0.0
 
     def recover(self, reason: str) -> float:
         """Bring the lost server back and push the current weights (see the module docstring); returns the push's
@@ -112,7 +130,13 @@ class InferenceRecovery:
         Raises:
             InferenceFailedError: this loss is one more than `max_restarts`, or the server did not come back (the
                 cause is chained); the message names the server, the reason and the fix.
+            KeyboardInterrupt: the run is stopping (`stop_signal`): the server is not restarted, the run stops.
         """
+        signum = self.stop_signal()
+        if signum is not None:
+            raise KeyboardInterrupt(
+                f"signal {signum}: the run is stopping; the vLLM server lost ({reason}) is not restarted"
+            )
         if self.before_recover is not None:  # e.g. a background push in flight ends before the pushers restart
             self.before_recover()
         health = self.health
