@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -180,6 +181,9 @@ def main() -> None:
         help="also time the async mode under these resource_sharing modes, against the default's choice",
     )
     args = p.parse_args()
+    # more torch threads than this process may run on only makes OpenMP threads spin for each other (a test
+    # worker's one core: 2 threads took 0.47 s per step against 0.27 s on 1, docs/development.md)
+    args.threads = min(args.threads, len(os.sched_getaffinity(0)))
     from async_grpo.tiny_model import build_tiny_model
 
     dims = dict(hidden_size=512, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=1024)

@@ -113,11 +113,16 @@ def test_resume_continues_the_run_with_the_uninterrupted_prompts(vllm_server, ti
     print(f"\nfirst part {first_s:.1f} s; resume setup (checkpoint load + push) {resume_s:.1f} s")
 
 
-def test_sigterm_checkpoints_and_the_same_command_resumes(tiny_model_dir, tmp_path):
+def test_sigterm_checkpoints_and_the_same_command_resumes(vllm_server, tiny_model_dir, tmp_path):
+    """The trainer pod's case: its process gets SIGTERM (the kubelet's), checkpoints its step and exits 130 leaving
+    no process; the restarted pod runs the same command and resumes. As on Kubernetes, vLLM is a server of its own
+    that the trainer attaches to (`vllm_url`, here the session's): it outlives the trainer. (A launched server's
+    end on a signal: tests/integration/test_interrupt.py.)"""
     out = tmp_path / "run"
     cfg = {
         **BASE,
         "model_name_or_path": str(tiny_model_dir),
+        "vllm_url": vllm_server.url,
         "output_dir": str(out),
         "max_steps": 100000,
         "resume_from_checkpoint": True,
