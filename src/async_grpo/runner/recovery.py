@@ -51,8 +51,8 @@ class InferenceRecovery:
         before_recover: called first in every `recover` (the recipe ends a background weight push still in flight
             there, `OverlappedPush.drain`, so two pushes never share a pusher); None: nothing.
         stop_signal: the stop signal the run received and has not acted on yet (`StopGuard.pending`), or None. A
-            run that is stopping never restarts a server: Ctrl-C reaches the launched vLLM server too (one process
-            group), and restarting it there cost a 20 s vLLM start on the way out. None: the run never stops so.
+            run that is stopping never restarts a server it lost meanwhile (a restart there cost a 20 s vLLM start
+            on the way out). Default: no signal is ever pending.
     """
 
     def __init__(
