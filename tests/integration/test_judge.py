@@ -139,7 +139,7 @@ def test_a_run_scores_every_group_with_the_judge(vllm_server, tiny_model_dir, tm
     assert started == set()  # nothing started for the judge (the policy's server is the session's)
 
 
-@pytest.mark.slow(seconds=106)
+@pytest.mark.slow(seconds=75)
 def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_server, tiny_model_dir, tmp_path):
     """Issue 26: the judge the launcher serves (`judge_model_name_or_path`, its own vLLM server) gets `kill -9`
     after its first answers. The launcher's watchdog starts it again; groups that could not be scored meanwhile are
@@ -148,7 +148,7 @@ def test_a_launched_judge_killed_mid_run_is_restarted_and_the_run_finishes(vllm_
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "async_grpo.cli", "train", str(REPO / "examples" / "tiny_cpu.yaml"),
            f"output_dir={out}", f"model_name_or_path={tiny_model_dir}", "warmup_sft_steps=0",
-           f"vllm_url={vllm_server.url}", "max_steps=12", "eval_strategy=no",
+           f"vllm_url={vllm_server.url}", "max_steps=12", "eval_strategy=no", "eval_num_prompts=4",
            "per_device_train_batch_size=16", "gradient_accumulation_steps=1", "max_inflight_groups=4",
            "reward_funcs=[builtin:reverse_exact_match, builtin:llm_judge]", "reward_weights=[1.0, 0.5]",
            f"judge_model_name_or_path={tiny_model_dir}", "judge_guided_score=true", "judge_max_tokens=10",
