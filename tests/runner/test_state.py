@@ -129,3 +129,62 @@ def test_a_failed_write_leaves_no_checkpoint(tmp_path):
         load_checkpoint(tmp_path / "ckpt")
     save_checkpoint(TrainState(step=5), tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / STATE_FILE).is_file() and load_checkpoint(tmp_path / "ckpt").step == 5
+
+
+def _rewrite_state(folder, edit) -> None:
+    """Load the folder's train_state.pt as a plain dict, apply `edit` to it, and write it back."""
+    data = torch.load(folder / STATE_FILE, weights_only=False)
+    edit(data)
+    torch.save(data, folder / STATE_FILE)
+
+
+def test_a_checkpoint_carries_its_format_version_and_one_of_another_version_is_refused(tmp_path):
+    """Issue 49: train_state.pt and meta.json name the format version; another version is refused when loaded and,
+    from meta.json alone, by preflight before anything starts, each naming the version and the fix."""
+    import json
+
+    from async_grpo.checkpoint_layout import FORMAT_VERSION, META_FILE, format_mismatch
+    from async_grpo.config import load_config
+    from async_grpo.preflight.static import check_resume_checkpoint
+    from async_grpo.runner.state import CheckpointFormatError
+
+    path = save_checkpoint(TrainState(step=3), tmp_path / "checkpoint-3")
+    assert json.loads((path / META_FILE).read_text())["format_version"] == FORMAT_VERSION
+    assert torch.load(path / STATE_FILE, weights_only=False)["format_version"] == FORMAT_VERSION
+    assert format_mismatch(path) is None and load_checkpoint(path).step == 3
+
+    _rewrite_state(path, lambda d: d.update(format_version=FORMAT_VERSION + 1))
+    with pytest.raises(CheckpointFormatError, match=rf"format version {FORMAT_VERSION + 1}; .*reads version 1\. Fix:"):
+        load_checkpoint(path)
+    meta = json.loads((path / META_FILE).read_text())
+    (path / META_FILE).write_text(json.dumps({**meta, "format_version": FORMAT_VERSION + 1}))
+    config = load_config(None, [f"output_dir={tmp_path}", f"resume_from_checkpoint={path}"])
+    (problem,) = check_resume_checkpoint(config)
+    assert problem.field == "checkpoint.resume_from_checkpoint" and f"version {FORMAT_VERSION + 1}" in problem.message
+
+
+def test_a_checkpoint_with_other_keys_or_damaged_is_refused_and_an_unversioned_one_with_these_keys_resumes(tmp_path):
+    """A checkpoint written before versioning resumes when its keys are this version's fields; missing or unknown
+    keys, a field of the wrong type and a truncated file are refused before anything is restored, naming them."""
+    from async_grpo.runner.state import CheckpointFormatError
+
+    path = save_checkpoint(TrainState(step=4, policy_version=4), tmp_path / "checkpoint-4")
+    _rewrite_state(path, lambda d: d.pop("format_version"))  # what the last unversioned release wrote
+    assert load_checkpoint(path).policy_version == 4
+
+    _rewrite_state(path, lambda d: (d.pop("schedule"), d.update(sampler_v2={})))
+    with pytest.raises(
+        CheckpointFormatError, match=r"no format version.*missing \['schedule'\], unknown \['sampler_v2'\]"
+    ):
+        load_checkpoint(path)
+
+    path = save_checkpoint(TrainState(step=4), tmp_path / "checkpoint-5")
+    _rewrite_state(path, lambda d: d.update(step=-1))
+    with pytest.raises(CheckpointFormatError, match=r"step=-1 is not a non-negative integer"):
+        load_checkpoint(path)
+
+    path = save_checkpoint(TrainState(step=4), tmp_path / "checkpoint-6")
+    data = (path / STATE_FILE).read_bytes()
+    (path / STATE_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointFormatError, match=r"cannot be read .*damaged.* Fix: resume from an earlier"):
+        load_checkpoint(path)

@@ -31,7 +31,8 @@ backend run it with target cluster.
 - lora_targets (with use_peft and explicit lora_target_modules, where the model's config is at hand): target
   modules that match no module of the model (`peft_check`).
 - output_dir (local): a folder this process cannot write.
-- resume_checkpoint (local): a resume_from_checkpoint path that is no complete checkpoint folder.
+- resume_checkpoint (local): a resume_from_checkpoint path that is no complete checkpoint folder, or one of another
+  checkpoint format version (its meta.json).
 - weight_sync_device (local): weight_sync_backend=nccl without CUDA.
 - mlflow (local): an http(s) tracking server that does not answer within 5 s; an unwritable sqlite/file store.
 - reward_url (local): a reward service at reward_url that does not answer within 5 s (ASYNC_GRPO_REWARD_URL, which

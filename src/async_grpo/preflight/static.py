@@ -203,14 +203,16 @@ def check_output_dir(config: GRPOConfig) -> list[Problem]:
 
 def check_resume_checkpoint(config: GRPOConfig) -> list[Problem]:
     """A `resume_from_checkpoint` path must be a complete checkpoint folder (`checkpoint_layout.resolve_resume`, the
-    rule the run applies when it starts); `true` with no checkpoint yet starts fresh, as at launch."""
-    from async_grpo.checkpoint_layout import resolve_resume
+    rule the run applies when it starts) of this version's checkpoint format (`checkpoint_layout.format_mismatch`,
+    from its meta.json); `true` with no checkpoint yet starts fresh, as at launch."""
+    from async_grpo.checkpoint_layout import format_mismatch, resolve_resume
 
     try:
-        resolve_resume(config.checkpoint.resume_from_checkpoint, config.output_dir)
+        path = resolve_resume(config.checkpoint.resume_from_checkpoint, config.output_dir)
     except FileNotFoundError as err:  # its message names the field and ends with the fix
         return [Problem("checkpoint.resume_from_checkpoint", str(err))]
-    return []
+    mismatch = None if path is None else format_mismatch(path)
+    return [Problem("checkpoint.resume_from_checkpoint", mismatch)] if mismatch else []
 
 
 def check_model(config: GRPOConfig) -> tuple[list[Problem], str | None]:

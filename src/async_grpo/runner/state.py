@@ -4,19 +4,27 @@ The runner captures a `TrainState` from its live roles (`GRPORecipe.state()`) an
 (`GRPORecipe.restore()`); `save_checkpoint` / `load_checkpoint` move it to and from a folder:
 
     <checkpoint>/
-        train_state.pt    the TrainState (torch.save: tensors and plain Python values only, so `load_checkpoint`
-                          reads it with `weights_only=True` and a planted pickle cannot run code on resume)
-        meta.json         step, policy version, MLflow run id (readable without torch)
+        train_state.pt    the TrainState's fields and `format_version` (torch.save: tensors and plain Python values
+                          only, so `load_checkpoint` reads it with `weights_only=True` and a planted pickle cannot run
+                          code on resume)
+        meta.json         format version, step, policy version, MLflow run id (readable without torch)
         model/            the policy as a Hugging Face folder (written by the runner; loadable by vllm serve)
 
 A checkpoint is written into a temporary sibling folder and renamed into place, so a crash mid-write never
 leaves a folder that looks complete.
+
+The file carries `FORMAT_VERSION`, and `load_checkpoint` checks it and the set of keys before anything is restored:
+a checkpoint of another format, or a damaged one, is refused at once with `CheckpointFormatError`, naming what
+differs, instead of failing late inside a role or resuming with a field silently defaulted. A checkpoint written
+before the version existed (no `format_version`) resumes when its keys are exactly this version's fields (what the
+last unversioned release wrote), and is refused otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -28,8 +36,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from async_grpo.checkpoint_layout import META_FILE, MODEL_DIR, STATE_FILE
+from async_grpo.checkpoint_layout import FORMAT_KEY, FORMAT_VERSION, META_FILE, MODEL_DIR, STATE_FILE
 from async_grpo.transports.drops import DropReason
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint's train_state.pt is not one this version reads: another format version, keys missing or
+    unknown, a field of the wrong type, or a file that cannot be read at all (truncated, not a torch file). Raised
+    by `load_checkpoint` before anything is restored; the message names the file, what differs and the fix."""
 
 
 @dataclass
@@ -112,8 +126,13 @@ def save_checkpoint(state: TrainState, path: str | os.PathLike, write_model=None
         # through a Python file: a failed write raises OSError with its errno (torch.save to a path raises a bare
         # RuntimeError from its C++ stream, e.g. "basic_ios::clear: iostream error" on a full disk)
         with open(tmp / STATE_FILE, "wb") as out:
-            torch.save({f.name: getattr(state, f.name) for f in fields(state)}, out)  # no deep copy
-        meta = {"step": state.step, "policy_version": state.policy_version, "mlflow_run_id": state.mlflow_run_id}
+            torch.save({FORMAT_KEY: FORMAT_VERSION, **{f.name: getattr(state, f.name) for f in fields(state)}}, out)
+        meta = {
+            FORMAT_KEY: FORMAT_VERSION,
+            "step": state.step,
+            "policy_version": state.policy_version,
+            "mlflow_run_id": state.mlflow_run_id,
+        }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if write_model is not None:
             write_model(tmp / MODEL_DIR)
@@ -148,6 +167,7 @@ def load_checkpoint(path: str | os.PathLike) -> TrainState:
     Raises:
         FileNotFoundError: `path` holds no `train_state.pt` (not a checkpoint, or an interrupted write).
         pickle.UnpicklingError: the file holds anything but tensors and plain values (e.g. a planted pickle).
+        CheckpointFormatError: the file cannot be read, or is not this version's format (`check_format`).
     """
     file = Path(path) / STATE_FILE
     if not file.is_file():
@@ -160,5 +180,53 @@ def load_checkpoint(path: str | os.PathLike) -> TrainState:
     # our own dataclasses (replay buffer groups, re-roll prompts) are the only classes besides tensors and plain
     # values that a checkpoint holds; torch rebuilds them field by field, running none of their code
     with torch.serialization.safe_globals([RolloutGroup, PromptItem]):
-        data = torch.load(file, map_location="cpu", weights_only=True)
-    return TrainState(**data)
+        try:
+            data = torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise  # a class outside the allowed set: refused as such (a planted pickle)
+        except (RuntimeError, EOFError, OSError, ValueError) as err:
+            raise CheckpointFormatError(
+                f"{file} cannot be read ({type(err).__name__}: {err}): the file is damaged or was not written by "
+                "save_checkpoint. Fix: resume from an earlier checkpoint-<step> folder, or start a fresh run "
+                "(resume_from_checkpoint=false)."
+            ) from err
+    return TrainState(**check_format(data, file))
+
+
+def check_format(data: object, file: str | os.PathLike = STATE_FILE) -> dict[str, Any]:
+    """The TrainState fields of a loaded train_state.pt, after checking its format; `file` names it in messages.
+
+    Accepted: `format_version` == `FORMAT_VERSION` with exactly the TrainState fields, or no `format_version` (written
+    before versioning) with exactly the TrainState fields. `step`, `policy_version`, `rollouts`, `weight_syncs` and
+    `num_tokens` must be non-negative integers and `learner` a dict.
+
+    Raises:
+        CheckpointFormatError: anything else, naming the version or the keys that differ.
+    """
+    fix = (
+        "Fix: resume with the async-grpo version that wrote this checkpoint, or start a fresh run "
+        "(resume_from_checkpoint=false, or another output_dir)."
+    )
+    if not isinstance(data, dict):
+        raise CheckpointFormatError(f"{file} holds a {type(data).__name__}, not a train state dict. {fix}")
+    data = dict(data)
+    version = data.pop(FORMAT_KEY, None)
+    if version is not None and version != FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"{file} has checkpoint format version {version!r}; this async-grpo reads version {FORMAT_VERSION}. {fix}"
+        )
+    expected = {f.name for f in fields(TrainState)}
+    missing, unknown = sorted(expected - data.keys()), sorted(data.keys() - expected)
+    if missing or unknown:
+        written = f"format version {version}" if version is not None else "no format version (an older release)"
+        raise CheckpointFormatError(
+            f"{file} ({written}) does not hold this version's train state: missing {missing or 'none'}, unknown "
+            f"{unknown or 'none'}. {fix}"
+        )
+    for name in ("step", "policy_version", "rollouts", "weight_syncs", "num_tokens"):
+        value = data[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise CheckpointFormatError(f"{file}: {name}={value!r} is not a non-negative integer. {fix}")
+    if not isinstance(data["learner"], dict):
+        raise CheckpointFormatError(f"{file}: learner is a {type(data['learner']).__name__}, not a dict. {fix}")
+    return data
