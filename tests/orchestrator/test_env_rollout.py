@@ -24,6 +24,7 @@ from async_grpo.tasks import get_reward_func
 from async_grpo.tasks.guess import guess_prompt
 from async_grpo.tiny_model import build_tiny_tokenizer
 from async_grpo.tools.render import render_ids
+from async_grpo.transports.scorer import ScoredGroup
 from tests.environments import envs
 
 IM_END = 258
@@ -60,7 +61,9 @@ class EnvRewardScorer:
     def submit(self, prompts, completions, completion_ids, columns=None) -> Future:
         self.columns = columns
         out: Future = Future()
-        out.set_result([[r] for r in get_reward_func("env_reward")(prompts, completions, completion_ids, **columns)])
+        out.set_result(
+            ScoredGroup([[r] for r in get_reward_func("env_reward")(prompts, completions, completion_ids, **columns)])
+        )
         return out
 
     def close(self) -> None:

@@ -183,7 +183,7 @@ class SilentClient(FakeClient):
 def pool():
     """Real reward workers scoring [length_reward, constant_reward]."""
     with RewardPool([spec("length_reward"), spec("constant_reward")], num_workers=2, timeout_s=20) as p:
-        assert p.submit(["p"], ["ab"], [[97, 98]], {"answer": ["ok"]}).result(timeout=WAIT_S) == [[2.0, 1.0]]
+        assert p.submit(["p"], ["ab"], [[97, 98]], {"answer": ["ok"]}).result(timeout=WAIT_S).rows == [[2.0, 1.0]]
         yield p
 
 

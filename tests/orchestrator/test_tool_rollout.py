@@ -23,6 +23,7 @@ from async_grpo.tools.executor import ToolExecutor
 from async_grpo.tools.loading import load_tools
 from async_grpo.tools.remote import ToolServiceError
 from async_grpo.tools.render import render_ids
+from async_grpo.transports.scorer import ScoredGroup
 
 IM_END = 258
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
@@ -46,7 +47,9 @@ class ExactScorer:
 
     def submit(self, prompts, completions, completion_ids, columns=None) -> Future:
         out: Future = Future()
-        out.set_result([[r] for r in calc_exact_match(prompts, completions, completion_ids, **(columns or {}))])
+        out.set_result(
+            ScoredGroup([[r] for r in calc_exact_match(prompts, completions, completion_ids, **(columns or {}))])
+        )
         return out
 
     def close(self) -> None:
@@ -291,7 +294,7 @@ class _EnvRewardScorer(ExactScorer):
 
     def submit(self, prompts, completions, completion_ids, columns=None) -> Future:
         out: Future = Future()
-        out.set_result([[float(r or 0.0)] for r in columns["env_reward"]])
+        out.set_result(ScoredGroup([[float(r or 0.0)] for r in columns["env_reward"]]))
         return out
 
 

@@ -13,10 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from async_grpo.inference.server import free_port
-from async_grpo.rewards.pool import RewardError, RewardPool
+from async_grpo.rewards.pool import RewardPool
 from async_grpo.rewards.remote import RemoteRewardPool
 from async_grpo.rewards.server import build_app
 from async_grpo.rewards.wire import AUTH_TOKEN_ENV
+from async_grpo.transports.scorer import RewardError
 
 TOKEN = "s3cret-token-for-tests"
 BODY = {"prompts": ["p"], "completions": ["a"], "completion_ids": [[1]]}
@@ -83,7 +84,7 @@ def test_client_sends_the_token_and_reward_code_never_sees_it(tmp_path, child_pi
         with pytest.raises(RewardError, match="HTTP 401"):
             RemoteRewardPool(url, 5.0, 1, token="", connect_timeout_s=10)  # no token: not served
         with RemoteRewardPool(url, 5.0, 1, token=TOKEN, connect_timeout_s=10) as pool:
-            assert pool.submit(**BODY).result(timeout=30) == [[0.0]]  # the worker's env has no token
+            assert pool.submit(**BODY).result(timeout=30).rows == [[0.0]]  # the worker's env has no token
     finally:
         proc.terminate()
         proc.wait(timeout=20)

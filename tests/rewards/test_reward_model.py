@@ -16,9 +16,10 @@ from async_grpo.preflight.reward_models import check_reward_models
 from async_grpo.rewards.contract import bound_kwargs
 from async_grpo.rewards.loading import RewardSpecError, absolute_reward_spec, resolve_reward_func, reward_func_name
 from async_grpo.rewards.pairwise import train_reward_model_on_pairs
-from async_grpo.rewards.pool import RewardError, RewardPool, _score_group
+from async_grpo.rewards.pool import RewardPool, _score_group
 from async_grpo.rewards.reward_model import RewardModelScorer, is_reward_model_spec, load_reward_model
 from async_grpo.tiny_model import build_tiny_reward_model
+from async_grpo.transports.scorer import RewardError
 
 BAD = Path(__file__).resolve().parents[1] / "bad_inputs" / "data"
 PROMPTS = ["Reverse: abc\n", "Reverse: hello world\n", "x"]
@@ -116,7 +117,7 @@ def test_the_reward_workers_score_the_model_beside_a_function(rm_dir):
     specs = ["builtin:reverse_format", f"model:{rm_dir}"]
     with RewardPool(specs, weights=[1.0, 0.5], num_workers=1, timeout_s=60) as pool:
         assert pool.names == ["reverse_format", "reward_model/tiny_rm"] and pool.weights == [1.0, 0.5]
-        rows = pool.submit(PROMPTS, COMPLETIONS, [[1]] * 3, {"answer": ["cba"] * 3}).result(timeout=90)
+        rows = pool.submit(PROMPTS, COMPLETIONS, [[1]] * 3, {"answer": ["cba"] * 3}).result(timeout=90).rows
     expected = RewardModelScorer(str(rm_dir))(prompts=PROMPTS, completions=COMPLETIONS)
     assert [r[1] for r in rows] == pytest.approx(expected, abs=1e-5)
     assert all(len(r) == 2 and math.isfinite(r[0]) for r in rows)

@@ -10,7 +10,8 @@ import psutil
 import pytest
 
 from async_grpo.rewards.loading import RewardSpecError
-from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardPool, RewardTimeout
+from async_grpo.rewards.pool import RewardPool
+from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout
 
 FNS = Path(__file__).with_name("reward_fns.py")
 RESULT_TIMEOUT_S = 30
@@ -38,12 +39,17 @@ GROUP = group("a", "bb", "ccc", "x")
 def flaky_pool():
     """One worker running [length_reward, flaky_reward] with a 2 s timeout, shared by the failure tests."""
     with RewardPool([spec("length_reward"), spec("flaky_reward")], num_workers=1, timeout_s=2) as pool:
-        assert pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)[0] == [1.0, 1.0]  # worker started
+        assert pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S).rows[0] == [1.0, 1.0]  # worker started
         yield pool
 
 
 def assert_pool_works(pool: RewardPool) -> None:
-    assert pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S) == [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0], [1.0, 1.0]]
+    assert pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S).rows == [
+        [1.0, 1.0],
+        [2.0, 1.0],
+        [3.0, 1.0],
+        [1.0, 1.0],
+    ]
 
 
 def test_construction_validates_in_parent():
@@ -83,7 +89,7 @@ def test_scores_sync_async_builtin_and_none():
         assert pool.weights == [1.0, 2.0, 3.0, 4.0, 5.0]
         futures = [pool.submit(**GROUP) for _ in range(3)]
         for fut in futures:
-            rows = fut.result(timeout=RESULT_TIMEOUT_S)
+            rows = fut.result(timeout=RESULT_TIMEOUT_S).rows
             assert len(rows) == 4 and all(len(r) == 5 for r in rows)
             assert [r[0] for r in rows] == [1.0, 2.0, 3.0, 1.0]
             assert [r[1] for r in rows] == [1.0, 0.0, 0.0, 0.0]
@@ -222,7 +228,7 @@ def test_workers_killed_while_groups_flow_never_stall_the_pool(child_pids):
         feeder.join(timeout=2 * settle_s)
         assert not feeder.is_alive(), "a group never settled: the pool stalled"
         scores = pool.submit(**GROUP).result(timeout=settle_s)
-        assert [row[0] for row in scores] == [1.0, 2.0, 3.0, 1.0]
+        assert [row[0] for row in scores.rows] == [1.0, 2.0, 3.0, 1.0]
         assert set(outcomes) <= {"scored", "dropped"}, sorted(set(outcomes))
         assert outcomes.count("scored") > 0 and pool.restarts + outcomes.count("dropped") >= 1
     assert child_pids() - before == set()

@@ -20,9 +20,10 @@ from pydantic import ValidationError
 from async_grpo.config import GRPOConfig
 from async_grpo.inference.server import free_port
 from async_grpo.launch.k8s_objects import REWARD_URL_ENV
-from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardPool, RewardTimeout
+from async_grpo.rewards.pool import RewardPool
 from async_grpo.rewards.remote import RemoteRewardPool, make_reward_pool
 from async_grpo.rewards.server import build_app, main
+from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout
 
 FNS = Path(__file__).with_name("reward_fns.py")
 SPECS = [f"{FNS}:length_reward", f"{FNS}:abstain_odd", f"{FNS}:flaky_reward"]
@@ -148,7 +149,7 @@ def remote(server):
 
 
 def assert_remote_works(pool: RemoteRewardPool) -> None:
-    assert same(pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S), EXPECTED)
+    assert same(pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S).rows, EXPECTED)
 
 
 # ------------------------------------------------------------------------------------------ in-process app
@@ -196,10 +197,10 @@ def test_remote_scores_exactly_like_the_local_pool(remote):
     assert (remote.names, remote.weights, remote.timeout_s) == (NAMES, WEIGHTS, TIMEOUT_S)
     with RewardPool(SPECS, WEIGHTS, num_workers=1, timeout_s=TIMEOUT_S) as local:
         expected = local.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
-    assert same(expected, EXPECTED)
+    assert same(expected.rows, EXPECTED)
     futures = [remote.submit(**GROUP) for _ in range(3)]  # more than max_concurrency: they queue client-side
     for fut in futures:
-        assert same(fut.result(timeout=RESULT_TIMEOUT_S), expected)
+        assert same(fut.result(timeout=RESULT_TIMEOUT_S).rows, expected.rows)
 
 
 @pytest.mark.integration

@@ -86,6 +86,6 @@ def test_the_service_must_serve_the_runs_tools_and_wants_the_token(service):
 def test_conversational_completions_reach_reward_functions_intact(service):
     args = ([PROMPT] * 2, [CONVERSATION, CONVERSATION[:1]], [[1, 2, 3], [4]])
     with RewardPool([REWARD], num_workers=1) as local:  # pickled to a spawned worker
-        assert local.submit(*args).result(timeout=60) == [[111.0], [11.0]]
+        assert local.submit(*args).result(timeout=60).rows == [[111.0], [11.0]]
     with RemoteRewardPool(service, 10.0, token=TOKEN) as remote:  # through the service's JSON
-        assert remote.submit(*args).result(timeout=60) == [[111.0], [11.0]]
+        assert remote.submit(*args).result(timeout=60).rows == [[111.0], [11.0]]

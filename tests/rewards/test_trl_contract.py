@@ -107,5 +107,5 @@ def test_the_overlong_builtin_is_bound_from_the_config():
         overlong_penalty_factor=0.5,
     )
     with RewardPool.from_config(config) as pool:
-        rows = pool.submit(["p"] * 3, TEXTS, IDS).result(timeout=60)
+        rows = pool.submit(["p"] * 3, TEXTS, IDS).result(timeout=60).rows
     assert [r[0] for r in rows] == [0.0, -0.25, -0.5]  # -(6 - 4) / 4 x 0.5, then the full factor at L

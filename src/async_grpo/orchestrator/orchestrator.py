@@ -29,9 +29,9 @@ from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, 
 from async_grpo.orchestrator.failures import DynamicSamplingError, RewardFailureWatch, RewardServiceError  # noqa: F401 - the errors are re-exported
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
 from async_grpo.orchestrator.schedule import ScheduleState
-from async_grpo.rewards.pool import RewardError
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.scorer import RewardError
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ call. The multi-turn rollout is one more implementation of the same protocol: an
 (`env_rollout.EnvironmentRollout`), of which tool calling is one kind (`environments.tools.ToolEnvironment`).
 
 Failures propagate as exceptions, and the caller counts them: `RolloutDropped` (its `reason`), a
-`rewards.pool.RewardError` (its `reason`), `httpx.HTTPError` / `GenerationError` (vLLM unreachable or
+`transports.scorer.RewardError` (its `reason`), `httpx.HTTPError` / `GenerationError` (vLLM unreachable or
 erroring), anything else as a bug in a user rollout.
 """
 
@@ -25,7 +25,7 @@ from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient
 from async_grpo.transports.drops import DropReason
 from async_grpo.transports.messages import RolloutGroup
-from async_grpo.transports.scorer import Scorer
+from async_grpo.transports.scorer import ScoredGroup, Scorer
 
 
 @dataclass(frozen=True)
@@ -193,10 +193,10 @@ async def score_group(scorer: Scorer, group: RolloutGroup, sample_columns: dict[
     if isinstance(group.prompt, list):  # conversational (TRL is_conversational)
         completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
     future = scorer.submit([group.prompt] * g, completions, group.completion_ids, columns)
-    rows = await asyncio.wrap_future(future)
-    group.rewards_per_func = [list(row) for row in rows]
-    group.reward_extra = dict(getattr(rows, "extra", {}))
-    group.reward_metrics = dict(getattr(rows, "metrics", {}))
+    scored: ScoredGroup = await asyncio.wrap_future(future)
+    group.rewards_per_func = [list(row) for row in scored.rows]
+    group.reward_extra = dict(scored.extra)
+    group.reward_metrics = dict(scored.metrics)
 
 
 def completion_display(completion: object) -> str:

@@ -383,8 +383,9 @@ def probe_rewards(
     """Call every function once on `probe_group(row)` (TRL's call, `rewards.contract.call_reward`) in a daemon
     thread, at most `timeout_s` seconds each (default: reward_timeout_s, at most PROBE_TIMEOUT_S); an exception,
     a hang or a result that is not G numbers or None is a problem naming the function."""
+    from async_grpo.rewards import RewardBadOutput
     from async_grpo.rewards.contract import RewardLog, RewardTrainerState, bound_kwargs, call_reward
-    from async_grpo.rewards.pool import RewardBadOutput, _check_output
+    from async_grpo.rewards.pool import _check_output
 
     timeout_s = timeout_s or min(config.rewards.reward_timeout_s, PROBE_TIMEOUT_S)
     prompts, completions, ids, columns = probe_group(row)

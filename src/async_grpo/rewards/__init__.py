@@ -9,7 +9,8 @@ not imported here, so the reward image needs no client code and the trainer no s
 """
 
 from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func, reward_func_name
-from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardPool, RewardTimeout
+from async_grpo.rewards.pool import RewardPool
+from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout
 
 __all__ = [
     "RewardBadOutput",

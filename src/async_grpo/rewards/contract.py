@@ -10,7 +10,7 @@ conversational ones (the rollout builds them: `orchestrator.rollout.score_group`
 (not applicable) per completion, and may be `async def`. `call_reward` makes exactly that call, binding the run's
 parameters of configurable builtins (`bound_kwargs`); `RewardLog` collects `log_extra(column, values)` (extra
 columns of the completions table) and `log_metric(name, value)` (a scalar averaged over the step and logged
-beside the run's metrics); `ScoredGroup` carries both back with the (G, F) rewards, across the process boundary
+beside the run's metrics); `transports.scorer.ScoredGroup` carries both back with the (G, F) rewards, across the process boundary
 and the reward service's JSON.
 """
 
@@ -58,26 +58,6 @@ class RewardTrainerState:
     def to_dict(self) -> dict[str, int]:
         """JSON-ready fields (the reward service's wire format)."""
         return asdict(self)
-
-
-class ScoredGroup(list):
-    """A group's (G, F) rewards (a list of G rows of F floats, NaN where a function returned None), plus what the
-    functions logged.
-
-    Attributes:
-        extra: column -> G values, from `log_extra` (TRL: extra columns of the completions table).
-        metrics: name -> the values passed to `log_metric` for this group (TRL averages them over the step).
-    """
-
-    def __init__(
-        self, rows: Any = (), extra: Mapping[str, list] | None = None, metrics: Mapping[str, list[float]] | None = None
-    ):
-        super().__init__(rows)
-        self.extra = dict(extra or {})
-        self.metrics = dict(metrics or {})
-
-    def __reduce__(self) -> tuple[Any, ...]:  # keep the attributes across the process boundary
-        return type(self), (list(self), self.extra, self.metrics)
 
 
 class RewardLog:

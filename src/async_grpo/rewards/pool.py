@@ -17,13 +17,13 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from pebble import ProcessExpired, ProcessPool
 
-from async_grpo.rewards.contract import RewardLog, RewardTrainerState, ScoredGroup, bound_kwargs, call_reward
+from async_grpo.rewards.contract import RewardLog, RewardTrainerState, bound_kwargs, call_reward
 from async_grpo.rewards.loading import RewardSpecError, absolute_reward_spec, resolve_reward_func, reward_func_name
-from async_grpo.transports.drops import DropReason
+from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout, ScoredGroup
 
 logger = logging.getLogger(__name__)
 
@@ -31,37 +31,6 @@ CLOSE_TIMEOUT_S = 10.0
 WATCHDOG_INTERVAL_S = 0.5  # how often the pool checks that pebble's pool is not broken (seconds)
 STALL_GRACE_S = 60.0  # no group settled for reward_timeout_s + this while groups wait: the pool is stuck (seconds)
 _TRACEBACK_LINES = 12  # tail of the reward function's traceback kept in the error message
-
-
-class RewardError(RuntimeError):
-    """A group could not be scored; the caller drops the group and counts it under `reason`.
-
-    Attributes:
-        reason: the drop-counter key (`transports.drops.DropReason`, one per class): "reward_error" (the function
-            raised, or its worker died); the wire format's error ``reason`` too (`rewards.wire`).
-        function: the reward function's name, or None when the whole set is concerned.
-    """
-
-    reason: ClassVar[DropReason] = "reward_error"
-
-    def __init__(self, message: str, function: str | None = None):
-        super().__init__(message)
-        self.function = function
-
-    def __reduce__(self) -> tuple[Any, ...]:  # keep `function` across the process boundary
-        return type(self), (str(self), self.function)
-
-
-class RewardBadOutput(RewardError):
-    """A reward function returned something other than a list of G numbers or None (reason "reward_bad_output")."""
-
-    reason: ClassVar[DropReason] = "reward_bad_output"
-
-
-class RewardTimeout(RewardError):
-    """The reward functions did not finish within the timeout; the worker was killed (reason "reward_timeout")."""
-
-    reason: ClassVar[DropReason] = "reward_timeout"
 
 
 def check_group(
@@ -376,7 +345,7 @@ class RewardPool:
             trainer_state: the `trainer_state` fields for this group; None: the pool's (`set_trainer_state`).
 
         Returns:
-            A Future resolving to a (G, F) `contract.ScoredGroup` (a list of lists of floats, F = len(specs) in
+            A Future resolving to a (G, F) `transports.scorer.ScoredGroup` (rows of floats, F = len(specs) in
             spec order, NaN where a function returned None, with what the functions logged). It fails with `RewardTimeout` (the set overran timeout_s),
             `RewardBadOutput` (a return value of the wrong type or length) or `RewardError` (a function
             raised, a worker died, or the pool was closed); each carries a `reason` for counting.

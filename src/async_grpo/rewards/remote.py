@@ -25,7 +25,7 @@ from async_grpo import __version__
 from async_grpo.config import GRPOConfig
 from async_grpo.rewards.contract import RewardTrainerState
 from async_grpo.rewards.loading import reward_func_name
-from async_grpo.rewards.pool import CLOSE_TIMEOUT_S, RewardError, RewardPool, RewardTimeout, check_group
+from async_grpo.rewards.pool import CLOSE_TIMEOUT_S, RewardPool, check_group
 from async_grpo.rewards.wire import (
     AUTH_TOKEN_ENV,
     FUNCTIONS_PATH,
@@ -36,6 +36,7 @@ from async_grpo.rewards.wire import (
     decode_scored,
     error_from_body,
 )
+from async_grpo.transports.scorer import RewardError, RewardTimeout
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 
 from async_grpo import __version__
 from async_grpo.config import ConfigError, load_config
-from async_grpo.rewards.pool import RewardError, RewardPool, RewardTimeout
+from async_grpo.rewards.pool import RewardPool
 from async_grpo.rewards.tool_routes import add_tool_routes, tool_executor
 from async_grpo.rewards.wire import (
     AUTH_TOKEN_ENV,
@@ -43,6 +43,7 @@ from async_grpo.rewards.wire import (
     error_body,
 )
 from async_grpo.tools.executor import ToolExecutor
+from async_grpo.transports.scorer import RewardError, RewardTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def build_app(
         except RuntimeError as err:  # the pool is closed: the server is shutting down
             return JSONResponse(error_body(RewardError(f"the reward service is shutting down: {err}")), status_code=503)
         try:
-            rows = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max_wait_s)
+            scored = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max_wait_s)
         except TimeoutError:  # queued behind other groups for too long; the pool bounds the run itself
             err = RewardTimeout(
                 f"reward functions {pool.names} were not scored within {max_wait_s:g} s "
@@ -163,7 +164,7 @@ def build_app(
         except RewardError as err:
             logger.warning("group of %d failed (%s): %s", len(req.completions), err.reason, str(err).splitlines()[0])
             return JSONResponse(error_body(err), status_code=_status(err))
-        return JSONResponse(encode_scored(rows))
+        return JSONResponse(encode_scored(scored))
 
     if tools is not None:
         add_tool_routes(app, tools, request_margin_s)

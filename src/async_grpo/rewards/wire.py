@@ -15,9 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from async_grpo.rewards.contract import ScoredGroup
-from async_grpo.rewards.pool import RewardBadOutput, RewardError, RewardTimeout
 from async_grpo.transports.drops import DropReason
+from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout, ScoredGroup
 
 REWARD_URL_ENV = "ASYNC_GRPO_REWARD_URL"  # the reward service URL, set in the trainer pod by the kubernetes launcher
 HEALTH_PATH = "/health"
@@ -79,11 +78,11 @@ def encode_rewards(rows: Sequence[Sequence[float]]) -> list[list[float | None]]:
     return [[None if math.isnan(v) else v for v in row] for row in rows]
 
 
-def encode_scored(rows: Sequence[Sequence[float]]) -> dict[str, Any]:
+def encode_scored(scored: ScoredGroup) -> dict[str, Any]:
     """A 200 score response's body: {"rewards": G x F numbers or null, "extra": {column: G values},
     "metrics": {name: [values]}} (what the functions logged; values JSON-encoded, str as the fallback)."""
-    logged = {"extra": getattr(rows, "extra", {}), "metrics": getattr(rows, "metrics", {})}
-    return {"rewards": encode_rewards(rows), **json.loads(json.dumps(logged, default=str))}
+    logged = {"extra": dict(scored.extra), "metrics": dict(scored.metrics)}
+    return {"rewards": encode_rewards(scored.rows), **json.loads(json.dumps(logged, default=str))}
 
 
 def decode_scored(body: dict[str, Any], g: int, f: int) -> ScoredGroup:

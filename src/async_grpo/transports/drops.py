@@ -33,7 +33,7 @@ DropReason = Literal[
     "rollout_error",  # any other exception in a rollout task
     # batch shaping (orchestrator.py)
     "zero_std",  # dynamic sampling: the group's weighted rewards all tie
-    # scoring (rewards/pool.py RewardError subclasses, also re-raised from the reward service by rewards/remote.py)
+    # scoring (transports/scorer.py RewardError subclasses, also re-raised from the reward service by rewards/remote.py)
     "reward_error",  # a reward function raised, its worker died, or the service failed
     "reward_bad_output",  # a reward function returned something other than G numbers or None
     "reward_timeout",  # the reward functions did not finish within the timeout

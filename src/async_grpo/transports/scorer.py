@@ -1,4 +1,5 @@
-"""The `Scorer` protocol: what the orchestrator and evaluation need from a reward backend.
+"""The `Scorer` protocol, the record it returns (`ScoredGroup`) and the errors it fails with (`RewardError` and its
+kinds): what the orchestrator and evaluation need from a reward backend.
 
 Two implementations meet it: `rewards.pool.RewardPool` (spawned worker processes on this machine) and
 `rewards.remote.RemoteRewardPool` (the reward HTTP service). Callers type against this protocol, so the
@@ -9,7 +10,57 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from async_grpo.transports.drops import DropReason
+
+
+@dataclass(frozen=True)
+class ScoredGroup:
+    """One group's rewards and what its reward functions logged; it crosses the worker-process boundary (pickled)
+    and the reward service's JSON (`rewards.wire.encode_scored` / `decode_scored`).
+
+    Attributes:
+        rows: (G, F) rewards, one row of F floats per completion, NaN where a function returned None.
+        extra: column -> G values, from `log_extra` (TRL: extra columns of the completions table).
+        metrics: name -> the values passed to `log_metric` for this group (TRL averages them over the step).
+    """
+
+    rows: list[list[float]]
+    extra: Mapping[str, list] = field(default_factory=dict)
+    metrics: Mapping[str, list[float]] = field(default_factory=dict)
+
+
+class RewardError(RuntimeError):
+    """A group could not be scored; the caller drops the group and counts it under `reason`.
+
+    Attributes:
+        reason: the drop-counter key (`transports.drops.DropReason`, one per class): "reward_error" (the function
+            raised, or its worker died); the wire format's error ``reason`` too (`rewards.wire`).
+        function: the reward function's name, or None when the whole set is concerned.
+    """
+
+    reason: ClassVar[DropReason] = "reward_error"
+
+    def __init__(self, message: str, function: str | None = None):
+        super().__init__(message)
+        self.function = function
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep `function` across the process boundary
+        return type(self), (str(self), self.function)
+
+
+class RewardBadOutput(RewardError):
+    """A reward function returned something other than a list of G numbers or None (reason "reward_bad_output")."""
+
+    reason: ClassVar[DropReason] = "reward_bad_output"
+
+
+class RewardTimeout(RewardError):
+    """The reward functions did not finish within the timeout; the worker was killed (reason "reward_timeout")."""
+
+    reason: ClassVar[DropReason] = "reward_timeout"
 
 
 @runtime_checkable
@@ -31,8 +82,9 @@ class Scorer(Protocol):
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Sequence[Any]] | None = None,
     ) -> Future:
-        """Score one group; the future resolves to a (G, F) list of float rows, NaN where a function returned
-        None, or fails with a `rewards.pool.RewardError` (its `reason` is the drop-counter key).
+        """Score one group; the future resolves to a `ScoredGroup` ((G, F) float rows, NaN where a function
+        returned None, and what the functions logged), or fails with a `RewardError` (its `reason` is the
+        drop-counter key).
 
         Args:
             prompts: G prompts (the group's prompt repeated, as TRL passes it).
