@@ -198,3 +198,49 @@ def test_torch_threads_sets_and_restores_the_count_even_on_error():
     assert torch.get_num_threads() == before
     with scheduling.torch_threads(None):
         assert torch.get_num_threads() == before
+
+
+class TestFasterThreads:
+    """`FasterThreads` (issue 48): the warm start keeps whichever thread count is faster now, measured, so a busy
+    neighbour on one core never leaves it on the slow count, and a quiet machine keeps every core."""
+
+    @staticmethod
+    def drive(chooser, seconds_per_token, steps: int, tokens: int = 1000) -> list[int]:
+        """Run `steps` steps; each takes seconds_per_token(threads, step) x tokens; returns the count of each."""
+        used = []
+        chooser.start()
+        for step in range(steps):
+            used.append(chooser.current)
+            chooser.after_step(seconds_per_token(chooser.current, step) * tokens, tokens)
+        return used
+
+    def test_a_quiet_machine_keeps_every_core_and_probes_rarely(self):
+        calls = []
+        chooser = scheduling.FasterThreads(2, 1, set_threads=calls.append)
+        used = self.drive(chooser, lambda threads, step: {2: 0.109, 1: 0.200}[threads] * 1e-3, 400)
+        assert chooser.chosen == 2 and used[:6] == [2, 2, 2, 1, 1, 1]
+        assert used.count(1) <= 3 + 4 * 3  # the first probe, then one probe per (doubling) block
+        assert calls[0] == 2 and chooser.switches == 0
+
+    def test_a_busy_core_makes_it_narrow_at_a_cost_of_one_wide_step_per_probe(self):
+        chooser = scheduling.FasterThreads(2, 1, set_threads=lambda n: None)
+        used = self.drive(chooser, lambda threads, step: {2: 2.3, 1: 0.192}[threads] * 1e-3, 400)
+        assert chooser.chosen == 1
+        assert used.count(2) <= 3 + 5  # the first probe, then one aborted step per later probe
+
+    def test_it_follows_a_neighbour_that_comes_and_goes(self):
+        busy = range(100, 250)  # another process computes on one of the cores during these steps
+        chooser = scheduling.FasterThreads(2, 1, set_threads=lambda n: None, block_steps=10, max_block_steps=40)
+
+        def cost(threads, step):
+            return ({2: 0.433, 1: 0.192} if step in busy else {2: 0.109, 1: 0.200})[threads] * 1e-3
+
+        used = self.drive(chooser, cost, 400)
+        assert used[90:100].count(2) >= 8 and used[200:250].count(1) >= 40 and used[360:].count(2) >= 35
+        assert chooser.switches >= 2 and chooser.chosen == 2
+
+    def test_bad_counts_are_refused(self):
+        with pytest.raises(ValueError, match="wide=1 must exceed narrow=1"):
+            scheduling.FasterThreads(1, 1)
+        with pytest.raises(ValueError, match="probe_steps=0"):
+            scheduling.FasterThreads(2, 1, probe_steps=0)

@@ -208,12 +208,17 @@ HELD_OUT_WARM_START_PAIRS = 64  # held-out reference completions the warm start 
 
 
 def warm_start(
-    config: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, tool_schemas: list[dict]
+    config: GRPOConfig,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    tool_schemas: list[dict],
+    after_step: Callable[[float, int], None] | None = None,
 ) -> dict[str, float] | None:
     """The supervised warm start on a builtin task's reference answers (`warmup_sft_steps`), or on its reference
     conversations for a tool-calling task (tool results are context, never trained; rendered with `tool_schemas`,
     the rollout's offered tools), then its check on the task's held-out split (`trainer.sft.warm_start_report`:
     teacher-forced, on items it never trained on); a warm start that did not converge is logged as a warning.
+    `after_step(seconds, padded_tokens)` is called after each SFT step (`scheduling.FasterThreads`); None: nothing.
 
     Returns:
         None when off, else the metrics `warmup/sft_loss` (the final training loss, nats per token) and
@@ -241,6 +246,7 @@ def warm_start(
         learning_rate=config.data.warmup_sft_learning_rate,
         pad_token_id=tokenizer.pad_token_id,
         seed=config.seed,
+        after_step=after_step,
     )
     report = warm_start_report(model, checks, pad_token_id=tokenizer.pad_token_id)
     if not report.converged:

@@ -126,6 +126,103 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+class FasterThreads:
+    """Runs a loop of similar CPU steps on whichever of two torch thread counts is faster now, measured (issue 48).
+
+    The warm start widens a trainer held to `narrow` threads (`torch_num_threads`) to every core (`wide`,
+    `warm_start_threads`). That pays when the other cores are idle: the tool-calling warm start took 0.200 s per step
+    on 1 thread and 0.109 s on 2 (2 cores). It is a cliff when another process computes on one of those cores, which
+    the affinity mask cannot show: OpenMP's threads wait at every operation for the one that shares its core. Beside
+    one busy process the same step took 0.192 s on 1 thread and 0.433 s on 2. In the robustness benchmark's busy cell,
+    the 400-step warm start had not finished after 15 minutes, against 77 s on a quiet machine.
+
+    So the loop measures. It times `probe_steps` steps on each count (`wide` first), keeps the faster (seconds per
+    padded token, the median of its probe), and runs `block_steps` steps on it. Then it probes the other count again
+    and keeps the faster. A count that stays faster doubles the next block, up to `max_block_steps`, so a settled
+    choice costs a few probe steps per few hundred steps. A probe step more than twice as slow as the running count
+    ends its probe at once, so a cliff costs one step per probe.
+
+    Use: `start()` before the loop (it sets `wide`), `after_step(seconds, tokens)` after each step (the
+    `supervised_warm_start` hook). The caller restores the thread count afterwards (`torch_threads`).
+
+    Args:
+        wide, narrow: the two torch thread counts (wide > narrow >= 1).
+        probe_steps: steps per probe (the first probe of each count, and each later one).
+        block_steps, max_block_steps: steps on the chosen count before the next probe, and their cap.
+        set_threads: `torch.set_num_threads` (replaceable in tests).
+
+    Raises:
+        ValueError: wide <= narrow, narrow < 1, or probe_steps / block_steps < 1.
+    """
+
+    def __init__(
+        self,
+        wide: int,
+        narrow: int,
+        *,
+        probe_steps: int = 3,
+        block_steps: int = 25,
+        max_block_steps: int = 400,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+    ):
+        if not wide > narrow >= 1:
+            raise ValueError(f"FasterThreads: wide={wide} must exceed narrow={narrow}, and narrow must be >= 1")
+        if probe_steps < 1 or block_steps < 1:
+            raise ValueError(f"FasterThreads: probe_steps={probe_steps} and block_steps={block_steps} must be >= 1")
+        self.wide, self.narrow = wide, narrow
+        self.probe_steps, self.block_steps, self.max_block_steps = probe_steps, block_steps, max_block_steps
+        self._first_block_steps = block_steps
+        self.set_threads = set_threads
+        self.rate: dict[int, float] = {}  # thread count -> seconds per padded token, last measured
+        self.current = wide
+        self.chosen: int | None = None  # None while the first probes run
+        self._samples: list[float] = []  # seconds per token of the current probe or block
+        self._left = probe_steps  # steps before the next decision
+        self.switches = 0  # decisions that changed the count (logged)
+
+    def start(self) -> None:
+        """Set the first count to probe (`wide`)."""
+        self.set_threads(self.wide)
+
+    def after_step(self, seconds: float, tokens: int) -> None:
+        """Record one step (its wall seconds and padded tokens) and, at the end of a probe or a block, choose."""
+        per_token = seconds / max(tokens, 1)
+        self._samples.append(per_token)
+        self._left -= 1
+        other = self.narrow if self.current == self.wide else self.wide
+        probing = self.chosen is None or self.current != self.chosen
+        incumbent = self.rate.get(self.chosen if self.chosen is not None else other)
+        if probing and incumbent is not None and per_token > 2 * incumbent:
+            self._left = 0  # a clear loser: end its probe now
+        if self._left > 0:
+            return
+        self.rate[self.current] = sorted(self._samples)[len(self._samples) // 2]
+        self._samples = []
+        if other not in self.rate:  # first probes: now the other count
+            self._switch(other, self.probe_steps)
+            return
+        if probing:  # a probe ended: keep the faster count for a block
+            best = min(self.rate, key=self.rate.__getitem__)
+            same = best == self.chosen
+            if self.chosen is not None and best != self.chosen:
+                self.switches += 1
+                logger.info(
+                    "warm start: %d torch threads are now faster than %d (%.3g against %.3g s per 1k tokens)",
+                    best, self.chosen, 1e3 * self.rate[best], 1e3 * self.rate[self.chosen],
+                )  # fmt: skip
+            self.block_steps = min(2 * self.block_steps, self.max_block_steps) if same else self._first_block_steps
+            self.chosen = best
+            self._switch(best, self.block_steps)
+            return
+        self._switch(other, self.probe_steps)  # a block ended: probe the other count again
+
+    def _switch(self, threads: int, steps: int) -> None:
+        if threads != self.current:
+            self.set_threads(threads)
+            self.current = threads
+        self._left = steps
+
+
 def vllm_cpu_threads(mode: str, trainer_threads: int | None = None, cores: int | None = None) -> int | None:
     """OMP_NUM_THREADS for a vLLM CPU server this run launches under the resolved `mode`: None (torch's default,
     every core) for time_slice, which gives vLLM the machine while the trainer waits; the cores the trainer leaves

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +53,7 @@ def supervised_warm_start(
     batch_size: int = 32,
     pad_token_id: int = 0,
     seed: int = 0,
+    after_step: Callable[[float, int], None] | None = None,
 ) -> float:
     """Train `model` in place for `steps` AdamW steps (constant learning rate) on tokenized (prompt_ids,
     completion_ids) pairs.
@@ -60,6 +63,8 @@ def supervised_warm_start(
         steps: optimizer steps.
         learning_rate: AdamW learning rate.
         batch_size: pairs per step.
+        after_step: called after each step with its wall seconds and its padded tokens (batch x width), e.g.
+            `runner.scheduling.FasterThreads.after_step`; None: nothing.
 
     Returns:
         The mean loss (nats/token) of the last 10 steps.
@@ -74,6 +79,7 @@ def supervised_warm_start(
     model.train()
     losses: list[float] = []
     for _ in range(steps):
+        t0 = time.perf_counter()
         batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
         ids, mask, labels = _batch(batch, pad_token_id)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
@@ -82,6 +88,8 @@ def supervised_warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        if after_step is not None:
+            after_step(time.perf_counter() - t0, ids.numel())
     tail = losses[-10:]
     logger.info("warm start: %d steps, final loss %.3f", steps, sum(tail) / len(tail))
     return sum(tail) / len(tail)
