@@ -16,6 +16,9 @@ On the 2-core vs_trl workload (benchmarks/vs_trl.py, one run) the async step too
 time-sliced, 7.36 s overlapped (vLLM on 1 thread, the trainer on 2) and 7.09 s on-policy: 1 torch thread reaches
 57% of 2 threads' throughput, and the vLLM CPU engine generates at 78% of its 2-thread speed on one (1.5k against
 1.9k tokens/s alone), so splitting the cores while both have work beats taking turns.
+
+Before any generation, the supervised warm start takes every core (`warm_start_threads`) on whichever thread count
+`FasterThreads` measures to be faster: another process on one of the cores makes every core a cliff, not a gain.
 """
 
 from __future__ import annotations
