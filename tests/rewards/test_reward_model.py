@@ -153,6 +153,24 @@ def test_preflight_refuses_broken_reward_models_naming_the_entry_and_the_fix(rm_
     assert notes and "checked where it runs" in notes[0]
 
 
+def test_a_reward_model_neither_here_nor_cached_is_refused_when_the_hub_is_offline(monkeypatch, tmp_path):
+    """examples/reward_model_cpu.yaml before its reward model is built: `model:runs/reverse-reward-model` reads as a
+    hub id; offline and uncached, its load at launch can only fail, so preflight refuses it (it failed 55 s into a
+    run, at the first held-out evaluation); with the hub reachable it is left for launch."""
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    config = GRPOConfig(reward_funcs=["model:runs/reverse-reward-model", "builtin:reverse_exact_match"])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    (problem,), _ = check_reward_models(config, local=True, conversational=False)
+    assert problem.field == "rewards.reward_funcs" and "no folder 'runs/reverse-reward-model' here" in str(problem)
+    assert "HF_HUB_OFFLINE" in str(problem) and "Fix: build or download the reward model first" in str(problem)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    problems, notes = check_reward_models(config, local=True, conversational=False)
+    assert problems == [] and "read at launch" in notes[0]
+
+
 def pairs(n: int, rng: random.Random) -> list[tuple[str, str, str]]:
     """Prompts asking for an exclamation: the chosen completion ends with '!', the rejected one with '.'."""
     out = []

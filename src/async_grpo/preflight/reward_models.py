@@ -100,6 +100,13 @@ def _tokenizer_problem(entry: str, folder: Path, conversational: bool | None, tr
     return None
 
 
+def _hub_offline() -> bool:
+    """huggingface_hub's offline mode (`HF_HUB_OFFLINE`, read as the hub library reads it)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def check_reward_models(
     config: GRPOConfig, local: bool, conversational: bool | None
 ) -> tuple[list[Problem], list[str]]:
@@ -119,6 +126,17 @@ def check_reward_models(
             continue
         if is_hub_id(location):
             folder = _cached_folder(location)
+            if folder is None and local and _hub_offline():  # the load at launch can only fail (HubUnavailable)
+                problems.append(
+                    Problem(
+                        FIELD,
+                        f"reward model {spec!r}: there is no folder {location!r} here, and as a hub id it is not in "
+                        "the HF cache while HF_HUB_OFFLINE is set",
+                        "build or download the reward model first (an example's header says how), or point the spec "
+                        "at a local folder",
+                    )
+                )
+                continue
             if folder is None:
                 notes.append(f"reward_models: {spec!r} is a hub id not in the HF cache; it is read at launch")
                 continue
