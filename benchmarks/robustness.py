@@ -16,7 +16,8 @@ then share that core with it, as beside another job on a node).
 
 The default matrix is issue 48's: the demo (`tiny_cpu`) and the tool-calling example (`tools_cpu`) x seeds 0, 1, 2
 x both conditions, and the agentic environment (`guess_cpu`), the reward model (`reward_model_cpu`) and LoRA
-(`lora_cpu`) x seed 0 under the busy neighbour. That is 15 runs, about 2 hours on 2 cores. Prints a row per cell and
+(`lora_cpu`) x seed 0 under the busy neighbour. That is 15 runs, about 2 hours on 2 cores, plus about 17 minutes
+to build the reward model (`runs/reverse-reward-model`) before its cell when it is not there yet. Prints a row per cell and
 a summary per example (the mean gain, its spread over the seeds, and the smallest gain), and writes
 `robustness.csv` and `robustness.md` (the table for docs/reproducibility.md) into `--out`. Exits 1 when a cell
 collapsed or failed.
@@ -57,6 +58,11 @@ DEFAULT_MATRIX = [
     ("lora_cpu", (0,), ("busy",)),
 ]
 # CI's form: the demo's task and reward with a short warm start and a few steps (about a minute on one core)
+# what an example reads that the repo does not ship: (the path, relative to the working directory, as the example
+# names it; the script that builds it there). Built once, before the example's first cell, when the path is missing.
+PREREQUISITES = {
+    "reward_model_cpu": ("runs/reverse-reward-model", EXAMPLES / "reward_model" / "build_reverse_reward_model.py"),
+}
 REDUCED_SET = ["warmup_sft_steps=300", "max_steps=12", "eval_steps=6", "eval_num_prompts=16", "save_model=false"]
 BUSY_LOOP = "while True:\n    pass\n"
 POLL_S = 1.0
@@ -133,6 +139,29 @@ def read_cell(cell: Cell, db: Path) -> Cell:
     cell.collapse_detected = any(v > 0 for _, _, v in metric_history(db, "collapse/detected"))
     cell.collapsed = cell.collapse_detected or (bool(rewards) and cell.final < cell.start)
     return cell
+
+
+def prepare(example: str, timeout_s: float) -> None:
+    """Build what `example` reads and the repo does not ship (`PREREQUISITES`), once: skipped when the path exists.
+
+    Raises:
+        RuntimeError: the build failed or ran past `timeout_s` seconds (its log's tail in the message).
+    """
+    if example not in PREREQUISITES:
+        return
+    path, script = PREREQUISITES[example]
+    if Path(path).exists():
+        return
+    print(f"{example}: building {path} first ({script.name})", flush=True)
+    log = Path(path).with_name(Path(path).name + ".build.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    child = Child([sys.executable, str(script), path], log, child_env())
+    try:
+        code = child.wait(timeout_s)
+    finally:
+        child.stop(grace_s=30.0)
+    if code != 0:
+        raise RuntimeError(f"{example}: building {path} ended with exit code {code}:\n{child.tail(20)}")
 
 
 def run_cell(example: str, seed: int, condition: str, args: argparse.Namespace, out: Path) -> Cell:
@@ -226,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cells = []
     for example, seed, condition in matrix(args):
+        prepare(example, args.timeout_s)
         print(f"{example} seed {seed} {condition} ...", flush=True)
         cell = run_cell(example, seed, condition, args, out)
         cells.append(cell)

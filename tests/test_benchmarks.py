@@ -211,3 +211,23 @@ def test_robustness_reads_gain_and_collapse_from_the_run_store(tmp_path):
     args = robustness.parse_args(["--examples", "tiny_cpu", "--seeds", "4", "--conditions", "busy"])
     assert robustness.matrix(args) == [("tiny_cpu", 4, "busy")]
     assert len(robustness.matrix(robustness.parse_args([]))) == 15  # issue 48's matrix
+
+
+def test_robustness_builds_an_examples_missing_prerequisite_once(tmp_path, monkeypatch):
+    """The reward-model example reads a model the repo does not ship: robustness.py builds it before the example's
+    first cell, skips the build when the path is there, and stops with the build's log when the build fails."""
+    robustness = _load_benchmark("robustness")
+    assert "reward_model_cpu" in robustness.PREREQUISITES and robustness.PREREQUISITES["reward_model_cpu"][1].is_file()
+    builds = tmp_path / "builds.txt"
+    good = tmp_path / "good.py"
+    good.write_text(f"import pathlib, sys\npathlib.Path(sys.argv[1]).mkdir()\nopen({str(builds)!r}, 'a').write('x')\n")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nprint('no room left on the device')\nsys.exit(3)\n")
+    monkeypatch.setattr(robustness, "PREREQUISITES", {"made": (str(tmp_path / "model"), good),
+                                                      "broken": (str(tmp_path / "other"), bad)})  # fmt: skip
+    robustness.prepare("made", timeout_s=60)
+    robustness.prepare("made", timeout_s=60)
+    robustness.prepare("tiny_cpu", timeout_s=60)  # nothing to build
+    assert (tmp_path / "model").is_dir() and builds.read_text() == "x"
+    with pytest.raises(RuntimeError, match="exit code 3(.|\n)*no room left"):
+        robustness.prepare("broken", timeout_s=60)
