@@ -166,7 +166,7 @@ def main() -> None:
                     if args.learning_rate > 0:
                         train_step(model, optimizer, args.train_tokens, model.config.vocab_size, gen)
                     push_s.append(pusher.push(i + 1))
-                    sent.append(pusher.last_push_bytes)
+                    sent.append(pusher.last_report.wire_bytes)
             finally:
                 pusher.close()
             results[mode] = {

@@ -37,10 +37,10 @@ ALLOWED = {
         "environments",
         "errors",
         "inference",
-        "rewards",
         "tasks",
         "tools",
         "transports",
+        "user_code",
     },
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
@@ -121,7 +121,8 @@ ALLOWED = {
 STEP_LOOP = SRC / "runner" / "recipe.py"
 STEP_LOOP_NAMES = {
     "trainer": {"Learner", "DistInfo", "broadcast_parameters"},  # the protocol; where this rank is; rank 0's weights
-    "orchestrator": {"Rollout"},  # generation: only the `Rollout` protocol (the producer is built by `builders`)
+    # generation: the `Rollout` protocol, and the producer's (`RunProducer`, its `ProducerState`; built by `builders`)
+    "orchestrator": {"Rollout", "RunProducer", "ProducerState"},
     "rewards": {"make_reward_pool"},  # the factory of a `transports.scorer.Scorer`; scoring goes through that
 }
 
@@ -266,3 +267,65 @@ def test_the_cycle_check_can_fail(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "SRC", pkg)
     with pytest.raises(AssertionError, match="import cycles"):
         test_no_import_cycles()
+
+
+# getattr/hasattr with a literal name that one of our own classes defines probes an object whose type should say
+# whether it has the attribute. Each entry below probes a foreign object (a transformers model or tokenizer, a user's
+# environment or producer, argparse, PyYAML) whose attribute happens to share a name with one of ours.
+FOREIGN_PROBES = {
+    ("cli_model.py", "policy"): "an argparse namespace: only some sub-commands define --policy",
+    ("config/io.py", "problem"): "a PyYAML MarkedYAMLError",
+    ("orchestrator/producer.py", "config"): "a user data_producer's object, checked before it is trusted",
+    ("trainer/flattening.py", "config"): "a transformers model",
+    ("trainer/prefix_sharing.py", "config"): "a transformers model",
+    ("trainer/schedule.py", "config"): "a transformers model",
+    ("trainer/distributed.py", "get_decoder"): "a transformers model (not every architecture has a decoder)",
+    ("transports/weights/gloo.py", "config"): "vLLM's model inside its worker",
+    ("transports/weights/gloo.py", "lm_head"): "vLLM's model inside its worker",
+    ("transports/weights/gloo.py", "model"): "vLLM's model inside its worker",
+    ("tools/render.py", "pad_token_id"): "a transformers tokenizer",
+    ("environments/openenv_adapter.py", "observation"): "an OpenEnv StepResult or observation",
+    ("environments/openenv_adapter.py", "reward"): "an OpenEnv StepResult or observation",
+    ("environments/openenv_adapter.py", "done"): "an OpenEnv StepResult or observation",
+    ("environments/openenv_adapter.py", "close"): "an OpenEnv client (closing is optional there)",
+    ("environments/calls.py", "close_episode"): "a user's environment (the method is optional in the protocol)",
+    ("environments/calls.py", "close"): "a user's environment (the method is optional in the protocol)",
+}
+
+
+def _our_attribute_names() -> set[str]:
+    """Every method, class attribute and `self.x` assignment of a class under src/async_grpo."""
+    names = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+            for sub in ast.walk(node):
+                stored = isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
+                if stored and isinstance(sub.value, ast.Name) and sub.value.id == "self":
+                    names.add(sub.attr)
+    return {n for n in names if not n.startswith("__")}
+
+
+def test_no_module_probes_our_own_types_with_getattr():
+    """A collaborator's type (a protocol, a record) says what it has: `getattr(x, "last_push_bytes", 0)` on one of
+    our own objects hides a missing contract (issue 49: the weight push, the prompt ledger, the LoRA learner)."""
+    ours = _our_attribute_names()
+    probes = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+            ):
+                name = node.args[1] if len(node.args) > 1 else None
+                if isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value in ours:
+                    probes.add((str(path.relative_to(SRC)), name.value))
+    assert not probes - FOREIGN_PROBES.keys(), "probes of our own types; give the type the attribute instead"
+    assert not FOREIGN_PROBES.keys() - probes, "FOREIGN_PROBES lists probes that are gone: remove them"

@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -143,6 +144,29 @@ def import_target(spec: CodeSpec, *, what: str, error: type[Exception], prefix: 
         ) from err
     except Exception as err:  # the module itself is broken (SyntaxError, an error at import time)
         raise error(f"{what} {spec.text!r}: importing {spec.target!r} failed: {err!r}") from err
+
+
+def import_callable(spec: CodeSpec, *, what: str, error: type[Exception], prefix: str, returns: str) -> Callable:
+    """Import a "module" or "file" spec's target (this runs its code) and return the callable it names.
+
+    Args:
+        what: how messages name the spec's kind (e.g. "data_producer").
+        returns: what the callable should return, for the fix (e.g. "a DataProducer").
+
+    Raises:
+        error: as `import_target`, or the module has no such attribute or it is not callable (the message lists
+            the public callables there).
+    """
+    module = import_target(spec, what=what, error=error, prefix=prefix)
+    found = getattr(module, spec.name, None)  # the user's module: probing it is the point
+    if not callable(found):
+        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        kind = "no attribute" if found is None else f"a {type(found).__name__}, not a callable, at"
+        raise error(
+            f"{what} {spec.text!r}: {spec.target} has {kind} {spec.name!r}. Fix: point at a function or class that "
+            f"returns {returns} (callables there: {public})."
+        )
+    return found
 
 
 def load_file(file_name: str, *, prefix: str, what: str, error: type[Exception]) -> ModuleType:

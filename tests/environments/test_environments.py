@@ -84,7 +84,7 @@ def test_specs_resolve_builtins_modules_and_classes():
         ("no_such_module_q7:make", ["cannot import", "Fix:"]),
         ("missing/file.py:make", ["does not exist", "Fix:"]),
         (f"{M}:absent", ["no attribute", "Fix:"]),
-        (f"{M}:NOT_CALLABLE", ["not a factory", "Fix:"]),
+        (f"{M}:NOT_CALLABLE", ["not a callable", "Fix:"]),
         (f"{M}:needs_args", ["no arguments", "Fix:"]),
         (f"{M}:NoStepEnv", ["without a `step` method", "Fix:"]),
         (f"{M}:WrongSignatureEnv", ["reset(row, state)", "Fix:"]),

@@ -14,6 +14,7 @@ import pytest
 
 from async_grpo.inference.client import Completion, InferenceEndpoint
 from async_grpo.inference.replicas import BalancedClient, ReplicaSet, attached_endpoints, replica_urls
+from async_grpo.transports.weights.push import PushReport
 from async_grpo.transports.weights.replicas import NoReplicaError, ReplicaPusher
 
 
@@ -136,7 +137,7 @@ class FakePusher:
 
     def __init__(self, url: str, fail_urls: set[str]):
         self.url, self.fail_urls, self.versions, self.setups, self.closed = url, fail_urls, [], 0, False
-        self.last_push_bytes = 1000
+        self.last_report = PushReport(wire_bytes=1000, dense_bytes=1200)
         FakePusher.made.append(self)
 
     def setup(self):
@@ -158,11 +159,23 @@ def test_push_reaches_every_live_replica_and_survives_one_failure():
     pusher = ReplicaPusher(rs, lambda url: FakePusher(url, fail))
     pusher.setup()
     pusher.push(1)
-    assert [p.versions for p in FakePusher.made] == [[1], [1]] and pusher.last_push_bytes == 1000
+    assert [p.versions for p in FakePusher.made] == [[1], [1]] and pusher.last_report.wire_bytes == 1000
     fail.add(rs.replicas[0].url)
     pusher.push(2)  # replica 0 fails: lost, the push still counts
     assert rs.replicas[0].state == "lost" and FakePusher.made[1].versions == [1, 2]
     assert set(pusher.last_seconds) == {1}
+    metrics = pusher.last_report.metrics()  # what the step logs: bytes per server and the one replica that took it
+    assert metrics["weight_sync/bytes"] == 1000 and metrics["weight_sync/dense_bytes"] == 1200
+    assert set(metrics) == {"weight_sync/bytes", "weight_sync/dense_bytes", "weight_sync/replica_1/seconds"}
+
+
+def test_one_replica_reports_no_per_replica_seconds_and_unknown_bytes_are_not_logged():
+    FakePusher.made = []
+    pusher = ReplicaPusher(replica_set(1), lambda url: FakePusher(url, set()))
+    pusher.setup()
+    seconds = pusher.push(1)
+    assert pusher.last_report.seconds == seconds and pusher.last_report.replica_seconds == {}
+    assert PushReport(seconds=1.0).metrics() == {}  # no transport count: nothing claimed
 
 
 def test_a_lost_replica_recovers_in_the_background_and_rejoins_with_the_current_weights():

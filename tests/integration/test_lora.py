@@ -118,9 +118,9 @@ def test_adapter_push_makes_vllm_sample_with_the_trainer_policy(lora_server, tin
     try:
         pusher.setup()
         first = pusher.push(1)  # base weights + adapter
-        full = pusher.last_push_bytes
+        full = pusher.last_report.wire_bytes
         seconds = [pusher.push(v) for v in (2, 3)]  # adapter only
-        adapter_bytes = pusher.last_push_bytes
+        adapter_bytes = pusher.last_report.wire_bytes
     finally:
         pusher.close()
     completions = _sample(url, adapter_name(3))
@@ -148,10 +148,10 @@ def test_merged_push_makes_vllm_sample_with_the_trainer_policy(lora_server, tiny
     pusher = WeightPusher(source, url, backend="gloo", timeout_s=120)
     try:
         seconds = pusher.push(11)
-        assert pusher.last_push_bytes == source.nbytes() == _full_bytes(tiny_model_dir)
+        assert pusher.last_report.wire_bytes == source.nbytes() == _full_bytes(tiny_model_dir)
         after = _sample(url, str(tiny_model_dir))  # the base model's name: merged weights are the base now
         assert _max_gap(learner.model, after) < 1e-3
-        print(f"\nmerged push: {pusher.last_push_bytes} B in {seconds:.3f} s")
+        print(f"\nmerged push: {pusher.last_report.wire_bytes} B in {seconds:.3f} s")
     finally:
         try:  # give the next test the model folder's weights back
             pusher.source = learner.base_weights_for_push()

@@ -100,7 +100,9 @@ def test_every_push_reaches_both_replicas(vllm_server, second_server, tiny_model
         assert not any(VLLMControlClient(u)._call("GET", "/is_paused")["is_paused"] for u in urls)
     finally:
         pusher.close()
-    assert pusher.last_push_bytes == sum(p.numel() * p.element_size() for p in model.parameters())  # weight_sync/bytes
+    assert pusher.last_report.wire_bytes == sum(
+        p.numel() * p.element_size() for p in model.parameters()
+    )  # weight_sync/bytes
 
 
 def test_kill_9_of_one_replica_mid_run_finishes_on_the_other(vllm_server, second_server, tiny_model_dir, tmp_path):

@@ -98,15 +98,15 @@ def test_a_delta_push_serves_exactly_what_a_full_push_serves(vllm_server, tiny_m
     pusher = WeightPusher(source, url, backend="gloo", timeout_s=120, bucket_bytes=64 * 1024, mode="delta")
     try:
         pusher.push(11)  # the first push of a delta chain is full
-        assert pusher.last_push_bytes >= pusher.last_dense_bytes > 0
+        assert pusher.last_report.wire_bytes >= pusher.last_report.dense_bytes > 0
         samples = []
         for seed in (0, 1):
             _perturb_some(model, fraction, seed)
             pusher.push(12 + 2 * seed)
-            assert pusher.last_push_bytes < 0.2 * pusher.last_dense_bytes
+            assert pusher.last_report.wire_bytes < 0.2 * pusher.last_report.dense_bytes
             after_delta = _sample(url, served, seed=1)
             pusher.push(13 + 2 * seed, full=True)  # the same weights, every tensor whole
-            assert pusher.last_push_bytes >= pusher.last_dense_bytes
+            assert pusher.last_report.wire_bytes >= pusher.last_report.dense_bytes
             after_full = _sample(url, served, seed=1)
             assert [(c.token_ids, c.logprobs) for c in after_delta] == [(c.token_ids, c.logprobs) for c in after_full]
             if pushed_dtype == "float32":

@@ -7,6 +7,7 @@ pool is the real one, with spawned workers running the functions in `orch_reward
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import statistics
 import time
@@ -19,6 +20,7 @@ from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.inference.client import Completion
 from async_grpo.orchestrator.batching import make_train_batch
 from async_grpo.orchestrator.orchestrator import Orchestrator
+from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.messages import RolloutGroup
@@ -722,15 +724,15 @@ def test_a_full_determinism_schedule_resumed_from_its_snapshot_continues_exactly
         orch.wait_generated(version.value, WAIT_S)
         version.bump()
     buffer = io.BytesIO()
-    torch.save(orch.schedule_state(version.value, 30.0), buffer)
+    torch.save(dataclasses.asdict(orch.state_dict(version.value, 30.0)), buffer)  # as TrainState keeps it
     stop_and_check(orch, client)
-    state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
-    assert state["groups"], "groups sampled at older versions are kept"
+    state = ProducerState(**torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    assert state.schedule["groups"], "groups sampled at older versions are kept"
 
     version = PolicyVersion(version.value)  # the resumed trainer serves the checkpoint's weights at its version
     client = TimedClient(version, "flat")  # other timings after the resume
     resumed = make_orchestrator(client, pool, ["ok"] * 16, version=version, **kwargs)
-    resumed.restore_schedule(state)
+    resumed.load_state_dict(state, rollouts=3, launched_before=0)
     started.append(resumed)
     resumed.start()
     rest = train_on_schedule(resumed, version, steps=5)

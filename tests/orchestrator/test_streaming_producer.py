@@ -14,10 +14,12 @@ from async_grpo.orchestrator.producer import (
     BaseDataProducer,
     DataProducer,
     ProducerConfig,
+    RunProducer,
     StepStream,
     VLLMProducer,
     load_data_producer,
 )
+from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.transports.messages import TrainBatch
@@ -146,6 +148,26 @@ def good(config, tokenizer):
 
 def bad(config, tokenizer):
     return object()
+
+
+class Plain:
+    # only the three DataProducer methods and a config, no base class
+
+    def __init__(self, config, tokenizer):
+        self.config = ProducerConfig(max_rollouts=3)
+        self.begun = []
+
+    def produce(self, model, global_step, **kwargs):
+        return ["batch"]
+
+    def on_rollout_begin(self, global_step):
+        self.begun.append(global_step)
+
+    def on_rollout_end(self, rollout, global_step):
+        pass
+
+
+NOT_CALLABLE = 3
 """
 
 
@@ -157,8 +179,18 @@ def test_load_data_producer_checks_the_protocol(tmp_path):
     assert producer.config.steps_per_generation == 2
     with pytest.raises(ValueError, match="lacks the DataProducer protocol.*Fix"):
         load_data_producer(f"{path}:bad", None, None)
-    with pytest.raises(ValueError, match="data_producer="):
+    with pytest.raises(ValueError, match="data_producer .*has no attribute 'missing'.*callables there: .*good"):
         load_data_producer(f"{path}:missing", None, None)
+    with pytest.raises(ValueError, match="a int, not a callable"):
+        load_data_producer(f"{path}:NOT_CALLABLE", None, None)
+    with pytest.raises(ValueError, match="no builtin data producer.*Fix: unset data_producer"):
+        load_data_producer("builtin:reverse_exact_match", None, None)  # a reward's name is not a producer
+    plain = load_data_producer(f"{path}:Plain", None, None)  # wrapped: the run's lifecycle is the default one
+    assert isinstance(plain, RunProducer) and plain.config.max_rollouts == 3
+    plain.start(), plain.on_rollout_begin(4), plain.mark_trained([]), plain.stop()
+    assert plain.produce(None, 4) == ["batch"] and plain.producer.begun == [4]
+    assert plain.queue_depth == 0 and plain.launched_total is None and plain.wait_before_push(0, 1.0) is None
+    assert plain.state_dict(0, 1.0) == ProducerState()
 
 
 def test_step_stream_ends_at_an_emptied_final_chunk_and_counts_waits():

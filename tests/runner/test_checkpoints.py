@@ -1,19 +1,17 @@
-"""Checkpoint folders, rotation, the resume lookup, the trained prompt position and the stop-signal guard."""
+"""Checkpoint folders, rotation, the resume lookup and the stop-signal guard."""
 
 from __future__ import annotations
 
 import signal
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from async_grpo import checkpoint_layout
 from async_grpo.config import ConfigError, load_config
-from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.runner import checkpoints
-from async_grpo.runner.checkpoints import StopGuard, TrainedPosition
+from async_grpo.runner.checkpoints import StopGuard
 from async_grpo.runner.state import TrainState, save_checkpoint
 
 
@@ -28,7 +26,7 @@ def checkpointer(out_dir: Path, save, **settings) -> checkpoints.Checkpointer:
     section = load_config(None, [f"{k}={v}" for k, v in settings.items()]).checkpoint
     return checkpoints.Checkpointer(
         out_dir=out_dir, save_steps=section.save_steps, save_total_limit=section.save_total_limit,
-        checkpoint_on_signal=section.checkpoint_on_signal, max_steps=10, save=save, guard=StopGuard(), prompts=None,
+        checkpoint_on_signal=section.checkpoint_on_signal, max_steps=10, save=save, guard=StopGuard(),
     )  # fmt: skip
 
 
@@ -72,13 +70,13 @@ def test_a_periodic_checkpoint_on_a_full_disk_is_counted_and_the_run_trains_on(t
 
     ckpt = checkpointer(tmp_path, save, save_steps=2, save_total_limit=1)
     metrics: dict[str, float] = {}
-    ckpt.after_step(4, [], metrics)  # does not raise: training goes on
+    ckpt.after_step(4, metrics)  # does not raise: training goes on
     assert metrics == {"checkpoint/failed_writes": 1.0} and "checkpoint/seconds" not in metrics
     assert [s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)] == [2]  # the resume point stays
     assert not list(tmp_path.glob(".checkpoint-4*"))
     full["disk"] = False  # space freed: the next save_steps writes and rotates
     metrics = {}
-    ckpt.after_step(6, [], metrics)
+    ckpt.after_step(6, metrics)
     assert metrics["checkpoint/failed_writes"] == 1.0 and metrics["checkpoint/seconds"] >= 0.0
     assert [s for s, _ in checkpoint_layout.complete_checkpoints(tmp_path)] == [6]
 
@@ -138,34 +136,6 @@ def test_checkpoint_fields_take_hf_values():
     )
     assert checkpoints.save_every(0, 100) == 0 and checkpoints.save_every(5, 100) == 5
     assert checkpoints.save_every(0.25, 100) == 25  # HF: below 1 a fraction of the steps
-
-
-def items(n: int) -> list[PromptItem]:
-    return [PromptItem(prompt=f"p{i}", prompt_ids=[i], columns={}) for i in range(n)]
-
-
-def test_trained_position_saves_the_position_of_the_prompts_trained_not_drawn():
-    data = items(5)
-    uninterrupted = PromptSampler(data, seed=3)
-    order = [next(uninterrupted).prompt for _ in range(12)]
-    wrapped = TrainedPosition(PromptSampler(data, seed=3), window=100)
-    drawn = [next(wrapped) for _ in range(9)]  # the orchestrator ran ahead (crosses an epoch)
-    trained = drawn[:6]
-    wrapped.mark_trained([SimpleNamespace(prompt_ids=i.prompt_ids) for i in trained[3:]])
-    wrapped.mark_trained([SimpleNamespace(prompt_ids=i.prompt_ids) for i in trained[:3]])
-    wrapped.mark_trained([SimpleNamespace(prompt_ids=[99], replayed=True)])  # replayed: not a draw
-    resumed = TrainedPosition(PromptSampler(data, seed=99), window=100)
-    resumed.load_state_dict(wrapped.state_dict())
-    assert [next(resumed).prompt for _ in range(6)] == order[6:12]
-
-
-def test_trained_position_forgets_draws_beyond_its_window():
-    wrapped = TrainedPosition(PromptSampler(items(4), seed=0), window=2)
-    first = [next(wrapped) for _ in range(3)]  # the first draw's group was dropped; only 2 are remembered
-    wrapped.mark_trained([SimpleNamespace(prompt_ids=first[1].prompt_ids)])
-    fresh = PromptSampler(items(4), seed=0)
-    fresh.load_state_dict(wrapped.state_dict())
-    assert next(fresh).prompt == first[2].prompt
 
 
 def test_stop_guard_lets_a_step_finish_and_a_second_signal_stops_at_once():

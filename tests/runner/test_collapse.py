@@ -40,11 +40,32 @@ def test_the_rolling_reward_judges_runs_without_a_held_out_set():
     verdicts = [guard.observe_step(step, rewards, None) for step, rewards in enumerate(
         [[1.0, 1.0], [1.0, math.nan], [1.0], [2.0], [2.0], [2.0], [0.2], [0.1], [0.1]], start=1
     )]  # fmt: skip
-    # window means from step 3: 1.0 (first), 1.33, 1.67, 2.0 (best), 1.4 (above 2.0 - 0.5 * 2.0 = 1.0), then 0.77
-    assert verdicts[:7] == [None] * 7
-    assert verdicts[7] is not None and verdicts[7].signal == "rolling reward" and verdicts[7].step == 8
-    assert verdicts[7].value == pytest.approx(2.3 / 3) and verdicts[7].threshold == pytest.approx(1.0)
-    assert verdicts[8] is None  # the next verdict waits for a whole new window
+    # window means from step 3: 1.0 (first), 1.33, 1.67, 2.0 (best, sd 0), 1.4 (above 2.0 - 0.5 * 2.0 = 1.0), then
+    # 0.77: below 1.0, but the window [2.0, 0.2, 0.1] straddles the fall (standard error 0.62, 3 of them 1.85 > 1.23);
+    # then 0.13 (standard error 0.03): collapsed
+    assert verdicts[:8] == [None] * 8
+    assert verdicts[8] is not None and verdicts[8].signal == "rolling reward" and verdicts[8].step == 9
+    assert verdicts[8].value == pytest.approx(0.4 / 3) and verdicts[8].threshold == pytest.approx(1.0)
+    assert guard.observe_step(10, [0.1], None) is None  # the next verdict waits for a whole new window
+
+
+def test_a_noisy_reward_that_keeps_rising_is_not_a_collapse():
+    """A reward model's unbounded scores: step means swing by +-1.2 around a mean that rises (the robustness cell
+    reward_model_cpu seed 0 busy, held-out 1.07 -> 2.13, was flagged at step 92 before the guard weighed the noise);
+    a fall many standard errors deep still is one."""
+    import random
+
+    rng = random.Random(0)
+    guard = CollapseGuard(0.5, window_steps=20)
+    rising = [0.2 + 0.015 * step + rng.gauss(0.0, 1.2) for step in range(100)]
+    assert all(guard.observe_step(step, [r], None) is None for step, r in enumerate(rising, start=1))
+    fell = [guard.observe_step(step, [rng.gauss(-2.0, 0.3)], None) for step in range(101, 121)]
+    assert any(v is not None and v.signal == "rolling reward" for v in fell)
+    held_out = CollapseGuard(0.5, window_steps=20)
+    held_out.observe_eval(0, 1.07, 0.40)
+    held_out.observe_eval(50, 2.00, 0.44)
+    assert held_out.observe_eval(100, 0.90, 0.44) is None  # 1.1 below the best, within 3 x 0.62
+    assert held_out.observe_eval(150, 0.28, 0.02) is not None  # issue 48's fall, with a tight standard error
 
 
 def test_a_collapse_in_the_first_steps_is_judged_against_the_first_steps():

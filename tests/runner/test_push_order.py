@@ -11,6 +11,7 @@ from async_grpo.config import GRPOConfig
 from async_grpo.inference.health import InferenceLost
 from async_grpo.runner.recipe import GRPORecipe
 from async_grpo.trainer.distributed import DistInfo
+from async_grpo.transports.weights.push import PushReport
 
 
 class RecordingPusher:
@@ -18,6 +19,7 @@ class RecordingPusher:
 
     def __init__(self, recipe: GRPORecipe, fail: bool = False):
         self.recipe, self.fail, self.seen = recipe, fail, []
+        self.last_report = PushReport()
 
     def push(self, version: int) -> float:
         self.seen.append((version, self.recipe.version.value))

@@ -3,8 +3,8 @@ the counters and the RNG streams bit for bit, and a half-written checkpoint neve
 
 from __future__ import annotations
 
+import dataclasses
 import random
-import types
 
 import numpy as np
 import pytest
@@ -13,6 +13,9 @@ import torch
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
+from async_grpo.orchestrator.orchestrator import Orchestrator
+from async_grpo.orchestrator.producer import ProducerConfig, VLLMProducer
+from async_grpo.orchestrator.rollout import SamplingSettings
 from async_grpo.runner.builders import build_local_learner
 from async_grpo.runner.recipe import GRPORecipe
 from async_grpo.runner.state import STATE_FILE, TrainState, load_checkpoint, save_checkpoint
@@ -20,6 +23,7 @@ from async_grpo.tiny_model import build_tiny_tokenizer
 from async_grpo.trainer.distributed import DistInfo
 from async_grpo.trainer.protocol import Learner
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
+from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 
 PAD = 256
 
@@ -42,21 +46,22 @@ def group(prompt: int, rewards: list[float], advantages: list[float]) -> Rollout
 
 
 def recipe_with_roles(tiny_model, config: GRPOConfig, seed: int) -> GRPORecipe:
-    """A recipe whose roles are built by hand (no vLLM, no MLflow): what `state()` / `restore()` read and write."""
+    """A recipe whose roles are built by hand (no vLLM, no MLflow): what `state()` / `restore()` read and write.
+    Its producer is the builtin one (an orchestrator with a replay buffer and a re-roll FIFO, never started)."""
     recipe = GRPORecipe(config, DistInfo())
     recipe.tokenizer = build_tiny_tokenizer()
     recipe.learner = build_local_learner(config, tiny_model, PAD)
     items = [PromptItem(f"p{i}", [i], {}) for i in range(5)]
-    restored: list[dict] = []
-    recipe.orchestrator = types.SimpleNamespace(
-        prompts=PromptSampler(items, seed),
-        replay=ReplayBuffer(3, random.Random(seed)),
-        reroll=RerollQueue(start_step=2, max_per_batch=1),
-        restore_progress=lambda **progress: restored.append(progress),
-        restored=restored,
-        full_determinism=False,
-        schedule_state=lambda version, timeout_s: None,  # no schedule without full_determinism
-    )
+    version, drops = PolicyVersion(0), DropCounter()
+    queue = RolloutQueue(maxsize=2, max_staleness=1, drops=drops)
+    orchestrator = Orchestrator(
+        client_factory=lambda: None, prompts=PromptSampler(items, seed), rollout=None,
+        sampling=SamplingSettings(num_generations=2, max_completion_length=4, temperature=1.0),
+        reward_names=["r"], reward_weights=[1.0], scale_rewards="group", groups_per_step=2, max_staleness=1,
+        vllm_sync_interval=1, max_inflight_groups=2, queue=queue, version=version, drops=drops,
+        replay=ReplayBuffer(3, random.Random(seed)), reroll=RerollQueue(start_step=2, max_per_batch=1),
+    )  # fmt: skip
+    recipe.producer = VLLMProducer(orchestrator, queue, version, ProducerConfig())
     return recipe
 
 
@@ -69,8 +74,9 @@ def test_checkpoint_round_trip_is_bit_identical(tiny_model_path, tmp_path):
     assert isinstance(original.learner, Learner)
     batch = TrainBatch(groups=[group(1, [1.0, 0.0], [0.7, -0.7]), group(2, [0.5, 0.0], [0.7, -0.7])])
     original.learner.step(batch)  # AdamW now has moments and a step count
-    orch = original.orchestrator
-    [next(orch.prompts) for _ in range(7)]  # mid second epoch
+    orch = original.producer.orchestrator
+    drawn = [next(orch.prompts) for _ in range(7)]  # mid second epoch
+    original.producer.mark_trained([dataclasses.replace(batch.groups[0], prompt_ids=i.prompt_ids) for i in drawn])
     orch.replay.add(group(3, [1.0, 0.0], [0.7, -0.7]))
     orch.reroll.offer(PromptItem("zero", [9], {}), [[0.0], [0.0]], [1.0])
     original.step, original.rollouts = 1, 1
@@ -99,10 +105,10 @@ def test_checkpoint_round_trip_is_bit_identical(tiny_model_path, tmp_path):
     assert (resumed.step, resumed.rollouts, resumed.version.value) == (1, 1, 1)
     assert resumed.drops.snapshot() == {"stale": 4}
     # the orchestrator paces from the rollouts trained; the stale drops were launched before the resume
-    assert resumed.orchestrator.restored == [{"rollouts": 1, "launched_before": 4}]
+    r_orch = resumed.producer.orchestrator
+    assert resumed.producer.launched_total == 4 and r_orch._paced_launches() == 1 * 2  # 1 rollout of 2 groups
     draws = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(draws[0], expected_draws[0]) and draws[1:] == expected_draws[1:]
-    r_orch = resumed.orchestrator
     assert [next(r_orch.prompts).prompt for _ in range(9)] == expected_prompts
     assert [g.prompt for g in r_orch.replay.sample(4)] == [g.prompt for g in expected_replay]
     assert r_orch.reroll.take(step=2, batch_index=0).prompt == "zero"

@@ -123,6 +123,28 @@ def test_save_pretrained_writes_merged_hf_model_and_adapter(tiny_model, tmp_path
     assert learner.save_adapter(tmp_path / "a") < 0.2 * sum(p.numel() * 4 for p in plain.parameters())
 
 
+def test_the_adapter_push_sends_the_base_alone_and_a_full_fine_tune_has_none(tiny_model, tmp_path):
+    """`Learner.adapter_for_push` (vllm_lora_sync): the base weights under HF names without the adapter, and the
+    adapter's files; a learner without LoRA refuses, naming the fix."""
+    from async_grpo.trainer.trainer import GRPOLearner
+
+    plain_model = copy.deepcopy(tiny_model)
+    learner = lora_learner(tiny_model)
+    with torch.no_grad():
+        for p in learner.trainable_parameters().values():
+            p.normal_(0, 0.1)
+    adapter = learner.adapter_for_push()
+    base = dict(adapter.base)
+    assert base.keys() == dict(plain_model.named_parameters()).keys()
+    for name, param in plain_model.named_parameters():
+        torch.testing.assert_close(base[name], param, rtol=0, atol=0)  # B != 0 now, and W is still the base
+    assert adapter.save_adapter(tmp_path / "a") == sum(f.stat().st_size for f in (tmp_path / "a").iterdir())
+    full = GRPOLearner(plain_model, learning_rate=1e-3, weight_decay=0.0, max_grad_norm=1.0, micro_batch_size=2,
+                       loss=LossSettings(), pad_token_id=PAD)  # fmt: skip
+    with pytest.raises(TypeError, match="use_peft: true"):
+        full.adapter_for_push()
+
+
 def test_target_modules_that_match_nothing_name_the_field_and_the_modules(tiny_model):
     with pytest.raises(ValueError, match=r"lora_target_modules=\['qkv'\].*q_proj.*Fix"):
         wrap_with_lora(tiny_model, r=4, alpha=8, dropout=0.0, target_modules=["qkv"])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from async_grpo.transports.weights.lora import LoRAAdapterPusher, LoRASyncError, adapter_name
+from async_grpo.transports.weights.push import PushReport
 
 
 class FakeVLLM:
@@ -54,7 +55,7 @@ class FakeVLLM:
 
 class FakeBasePusher:
     def __init__(self):
-        self.setups, self.pushes, self.last_push_bytes = 0, [], 1000
+        self.setups, self.pushes, self.last_report = 0, [], PushReport(wire_bytes=1000)
 
     def setup(self):
         self.setups += 1
@@ -86,10 +87,12 @@ def test_each_push_loads_its_version_and_keeps_only_the_previous_one(fake, tmp_p
     pusher = LoRAAdapterPusher(_save, fake.url, tmp_path / "lora", base_pusher=base)
     pusher.setup()
     pusher.push(0)
-    assert base.pushes == [0] and pusher.last_push_bytes == 1000 + 102  # base weights once, with the first adapter
+    assert (
+        base.pushes == [0] and pusher.last_report.wire_bytes == 1000 + 102
+    )  # base weights once, with the first adapter
     for version in (1, 2, 3):
         assert pusher.push(version) >= 0
-    assert base.pushes == [0] and pusher.last_push_bytes == 102  # adapter files only
+    assert base.pushes == [0] and pusher.last_report.wire_bytes == 102  # adapter files only
     assert sorted(fake.adapters) == [adapter_name(2), adapter_name(3)]
     folders = sorted(p.name for p in (tmp_path / "lora").iterdir())
     assert folders == ["policy-v1-2", "policy-v2-3", "policy-v3-4"]  # v0's deleted; v1's one push after unloading

@@ -17,7 +17,7 @@ from typing import Any
 
 from async_grpo.environments.base import Environment, EnvironmentSpecError
 from async_grpo.environments.calls import CallOutcome, EnvironmentCaller
-from async_grpo.user_code import CodeSpec, check_adapter_spec, import_target, parse_spec, split_adapter
+from async_grpo.user_code import CodeSpec, check_adapter_spec, import_callable, parse_spec, split_adapter
 
 WHAT = "environment spec"
 FIELD = "`environment`"
@@ -64,16 +64,8 @@ def resolve_factory(spec: str) -> Any:
                 f"{['builtin:' + n for n in sorted(BUILTIN_ENVIRONMENTS)]}, or {_FORMS}."
             )
         return BUILTIN_ENVIRONMENTS[parsed.name]
-    module = import_target(parsed, what=f"{FIELD}: {WHAT}", error=EnvironmentSpecError, prefix="_async_grpo_env")
-    factory = getattr(module, parsed.name, None)
-    if factory is None or not callable(factory):
-        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        what = "no attribute" if factory is None else f"a {type(factory).__name__}, not a factory, at"
-        raise EnvironmentSpecError(
-            f"{FIELD} {spec!r}: {parsed.target} has {what} {parsed.name!r}. Fix: point at a function or class "
-            f"that returns an environment (callables there: {public})."
-        )
-    return factory
+    return import_callable(parsed, what=f"{FIELD}: {WHAT}", error=EnvironmentSpecError, prefix="_async_grpo_env",
+                           returns="an environment")  # fmt: skip
 
 
 def check_protocol(env: Any, spec: str) -> None:

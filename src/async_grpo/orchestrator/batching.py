@@ -83,7 +83,7 @@ def _advantages_and_metrics(
     metrics["completions/mean_length"] = sum(lengths) / len(lengths)
     metrics["completions/max_length"] = float(max(lengths))
     metrics["completions/clipped_ratio"] = sum(truncated) / len(truncated)
-    nonfinite = sum(getattr(grp, "nonfinite_logprob_tokens", 0) for grp in groups)
+    nonfinite = sum(grp.nonfinite_logprob_tokens for grp in groups)
     metrics["sampling/nonfinite_logprob_tokens"] = float(nonfinite)  # left out of the loss (RolloutGroup)
     if nonfinite and assign:
         logger.warning("%d sampled token(s) with a NaN/inf sampling logprob are left out of the loss", nonfinite)

@@ -17,16 +17,17 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 
-from async_grpo.data import PromptItem
+from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.inference.client import GenerationClient, GenerationError
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
 from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, rollout_metrics
 from async_grpo.orchestrator.failures import DynamicSamplingError, RewardFailureWatch, RewardServiceError  # noqa: F401 - the errors are re-exported
+from async_grpo.orchestrator.progress import ProducerState, PromptLedger, draw_window
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
 from async_grpo.orchestrator.schedule import ScheduleState
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
@@ -46,7 +47,8 @@ class Orchestrator:
 
     Args:
         client_factory: builds the inference client (called inside the orchestrator's event loop).
-        prompts: an endless iterator of `PromptItem`s (a `data.PromptSampler`).
+        prompts: the seeded `data.PromptSampler`; the orchestrator draws from it through its `PromptLedger`
+            (`self.prompts`), which remembers the prompts drawn and not yet trained (`mark_trained`).
         rollout: turns one prompt into one scored group (`orchestrator.rollout`).
         sampling: sampling settings.
         reward_names: metric names of the reward functions, in order.
@@ -102,7 +104,7 @@ class Orchestrator:
         self,
         *,
         client_factory: Callable[[], GenerationClient],
-        prompts: Iterator[PromptItem],
+        prompts: PromptSampler,
         rollout: Rollout,
         sampling: SamplingSettings,
         reward_names: list[str],
@@ -136,7 +138,6 @@ class Orchestrator:
                 "would depend on when earlier groups finished. Fix: turn those off, or full_determinism off."
             )
         self.client_factory = client_factory
-        self.prompts = prompts
         self.rollout = rollout
         self.sampling = sampling
         self.reward_names = reward_names
@@ -160,6 +161,11 @@ class Orchestrator:
                 f"streaming_min_groups={streaming_min_groups} must divide groups_per_step={groups_per_step}"
             )
         self.streaming = streaming_min_groups is not None
+        queued_groups = queue.maxsize * self.chunk_groups
+        window = draw_window(
+            max_inflight_groups=max_inflight_groups, queued_groups=queued_groups, groups_per_step=groups_per_step
+        )
+        self.prompts = PromptLedger(prompts, window)
         self.steps_per_generation = steps_per_generation
         self.rollout_reuse = rollout_reuse
         self.sync_warmup_rollouts = sync_warmup_rollouts
@@ -184,18 +190,53 @@ class Orchestrator:
         self._gate_index = 0  # `scheduled_before`'s cursor (versions only grow)
 
     # ------------------------------------------------------------------ lifecycle
-    def restore_progress(self, *, rollouts: int, launched_before: int) -> None:
-        """Continue a resumed run's pacing and prompt ledger (call before `start`).
+    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
+        """Continue a resumed run from a checkpoint's `state_dict()` (call before `start`): the prompt ledger's
+        position, the replay buffer and the re-roll FIFO, the pacing, and under full_determinism the schedule (its
+        kept groups enter batches again in launch order and count as launched; later prompts are sampled again).
 
         Args:
+            state: the checkpoint's `ProducerState`; a field that is None leaves that part fresh.
             rollouts: rollouts the run had trained when its checkpoint was written: launches are paced from there
                 (`rollouts` x steps_per_generation x groups_per_step groups count as launched).
             launched_before: groups launched before this process started and counted in the restored drop
                 counters (they were dropped with a reason), so the ledger `launched_total - trained - dropped`
                 stays balanced across the resume.
+
+        Raises:
+            ValueError: the checkpoint holds a schedule and full_determinism is off in this run, or its sampler
+                position belongs to another dataset.
         """
+        if state.sampler is not None:
+            self.prompts.load_state_dict(state.sampler)
         self._launched = rollouts * self.steps_per_generation * self.groups_per_step
         self.launched_total = launched_before
+        if state.schedule is not None:
+            self._restore_schedule(state.schedule)
+        elif self.full_determinism:
+            logger.warning(
+                "full_determinism: the checkpoint holds no schedule (written without full_determinism); the resumed "
+                "run samples the untrained prompts again at its policy version and will not equal an uninterrupted one"
+            )
+        if self.replay is not None and state.replay is not None:
+            self.replay.load_state_dict(state.replay)
+        if self.reroll is not None and state.reroll is not None:
+            self.reroll.load_state_dict(state.reroll)
+
+    def state_dict(self, version: int, timeout_s: float) -> ProducerState:
+        """What a checkpoint written at policy version `version` keeps (between steps, from the trainer's thread):
+        the prompt ledger's trained position, the replay buffer, the re-roll FIFO and, under full_determinism, the
+        schedule (`schedule_state`, which waits up to `timeout_s` seconds for the older groups to be scored).
+
+        Raises:
+            RuntimeError / TimeoutError: as `schedule_state`.
+        """
+        return ProducerState(
+            sampler=self.prompts.state_dict(),
+            replay=self.replay.state_dict() if self.replay is not None else None,
+            reroll=self.reroll.state_dict() if self.reroll is not None else None,
+            schedule=self.schedule_state(version, timeout_s),
+        )
 
     def start(self) -> None:
         """Start the background thread."""
@@ -348,8 +389,10 @@ class Orchestrator:
         return time.monotonic() - t0
 
     def mark_trained(self, groups: list[RolloutGroup]) -> None:
-        """The trainer finished its steps on `groups` (full_determinism's checkpoint keeps only untrained ones; a
-        no-op otherwise). Called from the trainer's thread."""
+        """The trainer finished its steps on `groups`: the prompt ledger forgets their draws, and under
+        full_determinism the schedule its untrained groups (what a checkpoint keeps). Called from the trainer's
+        thread, once per step."""
+        self.prompts.mark_trained(groups)
         if self.schedule is not None:
             self.schedule.mark_trained(groups)
 
@@ -378,12 +421,10 @@ class Orchestrator:
         self._await(
             missing, timeout_s, what, "check the reward workers, or raise rollout_timeout_s", check_health=False
         )
-        live = getattr(self.prompts, "live_state_dict", None) or self.prompts.state_dict
-        return self.schedule.snapshot(keep_before, live)
+        return self.schedule.snapshot(keep_before, self.prompts.live_state_dict)
 
-    def restore_schedule(self, state: dict) -> None:
-        """Continue the schedule of a checkpoint's `schedule_state` (call before `start`, after `restore_progress`):
-        its kept groups enter batches again in launch order and count as launched; later prompts are sampled again.
+    def _restore_schedule(self, state: dict) -> None:
+        """Continue the schedule of a checkpoint's `schedule_state` (`load_state_dict`).
 
         Raises:
             ValueError: full_determinism is off in this run (the checkpoint's run had it on).

@@ -22,13 +22,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from async_grpo.errors import RunFailedError
-from async_grpo.transports.messages import TrainBatch
-from async_grpo.transports.queue import RolloutQueue
+from async_grpo.orchestrator.progress import ProducerState
+from async_grpo.transports.messages import RolloutGroup, TrainBatch
+from async_grpo.transports.queue import PolicyVersion, RolloutQueue
+
+if TYPE_CHECKING:
+    from async_grpo.inference.health import InferenceHealth
+    from async_grpo.orchestrator.orchestrator import Orchestrator
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +168,52 @@ class DataProducer(Protocol):
         """Called after each `produce` with what it returned."""
 
 
+@runtime_checkable
+class RunProducer(DataProducer, Protocol):
+    """A `DataProducer` with the run's lifecycle: what the training loop drives besides `produce`. Every
+    `BaseDataProducer` has it (no background work and no state by default); `load_data_producer` wraps a user
+    producer that has only the three `DataProducer` methods.
+    """
+
+    def start(self) -> None:
+        """Start producing in the background (before the first `produce`)."""
+
+    def stop(self) -> None:
+        """Stop the background work and count what was produced and never trained (idempotent)."""
+
+    def mark_trained(self, groups: list[RolloutGroup]) -> None:
+        """The trainer finished its steps on `groups` (once per step, from the trainer's thread)."""
+
+    def wait_before_push(self, version: int, timeout_s: float) -> float | None:
+        """Called before the trainer pushes policy version `version + 1`: wait (at most `timeout_s` seconds) until
+        what must be generated at `version` is (full_determinism); returns the seconds waited, None when the
+        producer has nothing to wait for.
+
+        Raises:
+            TimeoutError: not done within `timeout_s`.
+        """
+
+    def state_dict(self, version: int, timeout_s: float) -> ProducerState:
+        """What a checkpoint written at policy version `version` keeps of the producer (may wait up to
+        `timeout_s` seconds for groups being scored)."""
+
+    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
+        """Continue from a checkpoint's `state_dict()` (before `start`); `rollouts`: rollouts trained before it;
+        `launched_before`: groups launched before it and dropped with a reason (the prompt ledger's balance)."""
+
+    @property
+    def queue_depth(self) -> int:
+        """Step batches produced ahead and waiting (metric `queue/depth`)."""
+
+    @property
+    def launched_total(self) -> int | None:
+        """Groups launched since the start (or the checkpoint), the prompt ledger's "sampled" count; None: the
+        producer does not count them (`summary/prompts_lost` is then not logged)."""
+
+
 class BaseDataProducer:
-    """Convenience base: holds a `ProducerConfig` (default settings when None) and no-op hooks."""
+    """Convenience base: holds a `ProducerConfig` (default settings when None), no-op hooks, and the run's
+    lifecycle (`RunProducer`) of a producer with no background work and no state of its own."""
 
     def __init__(self, config: ProducerConfig | None = None):
         self.config = config or ProducerConfig()
@@ -174,6 +223,60 @@ class BaseDataProducer:
 
     def on_rollout_end(self, rollout: list[StepInput], global_step: int) -> None:
         """No-op."""
+
+    def start(self) -> None:
+        """No-op: `produce` does the work."""
+
+    def stop(self) -> None:
+        """No-op."""
+
+    def mark_trained(self, groups: list[RolloutGroup]) -> None:
+        """No-op."""
+
+    def wait_before_push(self, version: int, timeout_s: float) -> float | None:
+        """None: nothing to wait for."""
+        return None
+
+    def state_dict(self, version: int, timeout_s: float) -> ProducerState:
+        """Nothing: a resumed run calls the producer afresh."""
+        return ProducerState()
+
+    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
+        """No-op."""
+
+    @property
+    def queue_depth(self) -> int:
+        """0: nothing is produced ahead."""
+        return 0
+
+    @property
+    def launched_total(self) -> int | None:
+        """None: not counted."""
+        return None
+
+
+class UserDataProducer(BaseDataProducer):
+    """A user producer that has only the three `DataProducer` methods, with the default lifecycle.
+
+    Args:
+        producer: the user's object (`config`, `produce`, `on_rollout_begin`, `on_rollout_end`).
+    """
+
+    def __init__(self, producer: DataProducer):
+        super().__init__(producer.config)
+        self.producer = producer
+
+    def produce(self, model: Any, global_step: int, **kwargs: Any) -> list[StepInput]:
+        """The user producer's `produce`."""
+        return self.producer.produce(model, global_step, **kwargs)
+
+    def on_rollout_begin(self, global_step: int) -> None:
+        """The user producer's hook."""
+        self.producer.on_rollout_begin(global_step)
+
+    def on_rollout_end(self, rollout: list[StepInput], global_step: int) -> None:
+        """The user producer's hook."""
+        self.producer.on_rollout_end(rollout, global_step)
 
 
 class VLLMProducer(BaseDataProducer):
@@ -190,15 +293,63 @@ class VLLMProducer(BaseDataProducer):
     """
 
     def __init__(
-        self, orchestrator, queue: RolloutQueue, version, config: ProducerConfig, streaming: bool = False, health=None
+        self,
+        orchestrator: Orchestrator,
+        queue: RolloutQueue,
+        version: PolicyVersion,
+        config: ProducerConfig,
+        streaming: bool = False,
+        health: InferenceHealth | None = None,
     ):
         super().__init__(config)
         self.orchestrator = orchestrator
         self.queue = queue
         self.version = version
         self.streaming = streaming
-        self.health = health  # inference.health.InferenceHealth or None
+        self.health = health
         self._partial: list[StepInput] = []
+
+    def start(self) -> None:
+        """Start the orchestrator's background generation."""
+        self.orchestrator.start()
+
+    def stop(self) -> None:
+        """Stop the orchestrator and drain the queue (prefetched batches never trained are counted as
+        `unconsumed_at_end`)."""
+        self.orchestrator.stop()
+        self.queue.drain()
+
+    def mark_trained(self, groups: list[RolloutGroup]) -> None:
+        """`Orchestrator.mark_trained`: the prompt ledger and the full_determinism schedule."""
+        self.orchestrator.mark_trained(groups)
+
+    def wait_before_push(self, version: int, timeout_s: float) -> float | None:
+        """Under full_determinism, `Orchestrator.wait_generated(version)`; None otherwise.
+
+        Raises:
+            InferenceLost, RuntimeError, TimeoutError: as `Orchestrator.wait_generated`.
+        """
+        if not self.orchestrator.full_determinism:
+            return None
+        return self.orchestrator.wait_generated(version, timeout_s)
+
+    def state_dict(self, version: int, timeout_s: float) -> ProducerState:
+        """`Orchestrator.state_dict`."""
+        return self.orchestrator.state_dict(version, timeout_s)
+
+    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
+        """`Orchestrator.load_state_dict`."""
+        self.orchestrator.load_state_dict(state, rollouts=rollouts, launched_before=launched_before)
+
+    @property
+    def queue_depth(self) -> int:
+        """Batches waiting on the rollout queue."""
+        return self.queue.depth
+
+    @property
+    def launched_total(self) -> int | None:
+        """`Orchestrator.launched_total`."""
+        return self.orchestrator.launched_total
 
     def _check(self) -> None:
         if isinstance(self.orchestrator.error, RunFailedError):  # its message says what failed and the fix
@@ -251,20 +402,36 @@ def _get(queue: RolloutQueue, version: int, timeout_s: float, check, keep_empty_
                 ) from None
 
 
-def load_data_producer(spec: str, config: Any, tokenizer: Any) -> DataProducer:
-    """Build a user producer from `data_producer: module:factory` (same spec forms as reward functions).
+def resolve_producer_factory(spec: str) -> Callable[..., Any]:
+    """The factory `data_producer: pkg.module:factory` or `path/to/file.py:factory` names (`user_code`'s spec
+    forms; this imports it). There is no builtin producer: the builtin one is the vLLM orchestrator.
 
     Raises:
-        ValueError: the spec does not resolve, or the factory's result lacks `produce`/`config`
-            (the message names `data_producer` and the fix).
+        ValueError: the spec is malformed or `builtin:`, or does not import to a callable (the message names
+            `data_producer` and the fix).
     """
-    from async_grpo.rewards.loading import RewardSpecError, resolve_reward_func
+    from async_grpo.user_code import import_callable, parse_spec
 
-    try:
-        factory = resolve_reward_func(spec)
-    except RewardSpecError as err:
-        raise ValueError(f"data_producer={spec!r}: {err}") from None
-    producer = factory(config, tokenizer)
+    parsed = parse_spec(spec, what="data_producer", error=ValueError)
+    if parsed.kind == "builtin":
+        raise ValueError(
+            f"data_producer {spec!r}: there is no builtin data producer (the vLLM orchestrator is used when "
+            "data_producer is unset). Fix: unset data_producer, or write pkg.module:factory or "
+            "path/to/file.py:factory."
+        )
+    return import_callable(parsed, what="data_producer", error=ValueError, prefix="_async_grpo_producer",
+                           returns="a DataProducer from (config, tokenizer)")  # fmt: skip
+
+
+def load_data_producer(spec: str, config: Any, tokenizer: Any) -> RunProducer:
+    """Build a user producer: `resolve_producer_factory(spec)(config, tokenizer)`. One with only the three
+    `DataProducer` methods is wrapped in `UserDataProducer` (the default lifecycle).
+
+    Raises:
+        ValueError: as `resolve_producer_factory`, or the factory's result lacks the protocol or a
+            `config: ProducerConfig` (the message names `data_producer` and the fix).
+    """
+    producer = resolve_producer_factory(spec)(config, tokenizer)
     if not isinstance(producer, DataProducer) or not isinstance(getattr(producer, "config", None), ProducerConfig):
         raise ValueError(
             f"data_producer={spec!r} returned {type(producer).__name__}, which lacks the DataProducer protocol. "
@@ -272,4 +439,4 @@ def load_data_producer(spec: str, config: Any, tokenizer: Any) -> DataProducer:
             "**kwargs), on_rollout_begin(global_step), on_rollout_end(rollout, global_step) methods "
             "(subclass async_grpo.orchestrator.producer.BaseDataProducer)."
         )
-    return producer
+    return producer if isinstance(producer, RunProducer) else UserDataProducer(producer)

@@ -174,40 +174,41 @@ def resolve_specs(config: GRPOConfig, local: bool) -> tuple[dict[str, Callable],
 
 
 def check_data_producer(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[str]]:
-    """`data_producer` must resolve to a callable factory (`pkg.module:factory` or `path/file.py:factory`); it is
-    called only at launch, with the tokenizer. Off the local target a file is only read, never imported, and a
-    module is left to the trainer's image. Returns (problems, skip notes)."""
+    """`data_producer` must name a callable factory (`pkg.module:factory` or `path/file.py:factory`, `user_code`'s
+    forms; no `builtin:`); it is called only at launch, with the tokenizer. On the local target it is imported
+    (`user_code.import_callable`, as the producer loads it); off it a file is only read, never imported, and a module
+    is left to the trainer's image. Returns (problems, skip notes)."""
     spec = config.producer.data_producer
     if spec is None:
         return [], []
-    from async_grpo.rewards.loading import RewardSpecError, parse_reward_spec, resolve_reward_func
-    from async_grpo.user_code import check_file_statically
+    from async_grpo.user_code import check_file_statically, import_callable, parse_spec
+
+    field = "producer.data_producer"
+
+    def problem_of(err: ValueError) -> Problem:
+        fix = "give pkg.module:factory or path/to/file.py:factory returning a DataProducer"
+        return Problem(field, str(err), None if "Fix:" in str(err) else fix)
 
     try:
-        parsed = parse_reward_spec(spec)
-        if not local:
-            if not parsed.is_file:
-                return [], [f"data_producer: {spec!r} is resolved in the trainer's image"]
-            if not os.path.lexists(parsed.target):
-                return [], [f"data_producer: {spec!r} is not on this machine; it is read where it runs"]
-            problem = check_file_statically(parsed, what="data_producer spec")
-            return ([Problem("producer.data_producer", problem)] if problem else []), []
-        resolve_reward_func(spec)
-    except RewardSpecError as err:
-        message = (
-            str(err)
-            .replace("reward function spec", "spec")
-            .replace("f(prompts, completions, completion_ids, **kwargs)", "factory(config, tokenizer)")
-        )
-        return [
-            Problem(
-                "producer.data_producer",
-                message,
-                None
-                if "Fix:" in message
-                else "give pkg.module:factory or path/to/file.py:factory returning a DataProducer",
-            )
-        ], []
+        parsed = parse_spec(spec, what="data_producer", error=ValueError)
+    except ValueError as err:
+        return [problem_of(err)], []
+    if parsed.kind == "builtin":
+        return [Problem(field, f"data_producer {spec!r}: there is no builtin data producer",
+                        "unset data_producer (the vLLM orchestrator is the builtin one), or give "
+                        "pkg.module:factory or path/to/file.py:factory")], []  # fmt: skip
+    if not local:
+        if not parsed.is_file:
+            return [], [f"data_producer: {spec!r} is resolved in the trainer's image"]
+        if not os.path.lexists(parsed.target):
+            return [], [f"data_producer: {spec!r} is not on this machine; it is read where it runs"]
+        problem = check_file_statically(parsed, what="data_producer spec")
+        return ([Problem(field, problem)] if problem else []), []
+    try:
+        import_callable(parsed, what="data_producer", error=ValueError, prefix="_async_grpo_producer",
+                        returns="a DataProducer from (config, tokenizer)")  # fmt: skip
+    except ValueError as err:
+        return [problem_of(err)], []
     return [], []
 
 

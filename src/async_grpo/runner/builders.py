@@ -22,10 +22,9 @@ from async_grpo.inference.client import GenerationClient
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
 from async_grpo.orchestrator.orchestrator import Orchestrator
-from async_grpo.orchestrator.producer import DataProducer, ProducerConfig, VLLMProducer, load_data_producer
+from async_grpo.orchestrator.producer import ProducerConfig, RunProducer, VLLMProducer, load_data_producer
 from async_grpo.orchestrator.rollout import Rollout, SamplingSettings
 from async_grpo.runner import peft_setup, tool_setup
-from async_grpo.runner.checkpoints import TrainedPosition, draw_window
 from async_grpo.trainer.distributed import DataParallelLearner, DistInfo
 from async_grpo.trainer.protocol import Learner
 from async_grpo.trainer.schedule import LRSchedule, warmup_steps
@@ -38,8 +37,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from vllm.distributed.weight_transfer import WeightSource
 
-    from async_grpo.transports.weights.lora import LoRAAdapterPusher
-    from async_grpo.transports.weights.sync import WeightPusher
+    from async_grpo.transports.weights.push import WeightPush
 
 logger = logging.getLogger(__name__)
 
@@ -399,37 +397,26 @@ def build_producer(
     drops: DropCounter,
     world_size: int,
     health: InferenceHealth | None = None,
-) -> tuple[DataProducer, Orchestrator | None, RolloutQueue | None]:
+) -> RunProducer:
     """The run's rollout producer: a user `data_producer`, or the builtin `VLLMProducer` over a (not yet
     started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate. The
-    orchestrator draws its prompts from a `checkpoints.TrainedPosition` over the seeded `PromptSampler`, so a
-    checkpoint saves the position of the prompts trained rather than drawn.
-
-    Returns:
-        (producer, orchestrator or None, queue or None).
+    orchestrator draws its prompts from the seeded `PromptSampler` through its `PromptLedger`, so a checkpoint
+    saves the position of the prompts trained rather than drawn.
 
     Raises:
         ValueError: `data_producer` does not resolve or lacks the protocol.
     """
     prod = config.producer
     if prod.data_producer:
-        return load_data_producer(prod.data_producer, config, tokenizer), None, None
+        return load_data_producer(prod.data_producer, config, tokenizer)
     groups_per_step = config.groups_per_step * world_size  # TRL: per-device batch x accumulation x ranks
     chunks_per_step = groups_per_step // (prod.streaming_min_groups or groups_per_step)
-    window = draw_window(
-        max_inflight_groups=prod.max_inflight_groups,
-        prefetch_depth=prod.prefetch_depth,
-        steps_per_generation=prod.steps_per_generation,
-        groups_per_step=groups_per_step,
-    )
-    # the position of the prompts trained (not drawn) is what a checkpoint saves
-    prompts = TrainedPosition(PromptSampler(train_items, config.seed, shuffle=config.data.shuffle_dataset), window)
     queue = RolloutQueue(
         prod.prefetch_depth * prod.steps_per_generation * chunks_per_step, config.off_policy.max_staleness, drops
     )
     orchestrator = Orchestrator(
         client_factory=client_factory, rollout=rollout,
-        prompts=prompts,
+        prompts=PromptSampler(train_items, config.seed, shuffle=config.data.shuffle_dataset),
         sampling=sampling_settings(config), reward_names=reward_names, reward_weights=reward_weights,
         scale_rewards=config.rewards.scale_rewards,
         multi_objective_aggregation=config.rewards.multi_objective_aggregation,
@@ -443,7 +430,7 @@ def build_producer(
         reward_failure_timeout_s=config.rewards.reward_failure_timeout_s, **setup_batch_shaping(config),
         full_determinism=config.full_determinism, seed=config.seed,
     )  # fmt: skip
-    producer = VLLMProducer(
+    return VLLMProducer(
         orchestrator,
         queue,
         version,
@@ -451,7 +438,6 @@ def build_producer(
         streaming=prod.streaming_min_groups is not None,
         health=health,
     )
-    return producer, orchestrator, queue
 
 
 def push_source(config: GRPOConfig, learner: Learner) -> WeightSource:
@@ -462,9 +448,7 @@ def push_source(config: GRPOConfig, learner: Learner) -> WeightSource:
     return for_server(learner.named_parameters_for_push(), config.inference.vllm_dtype)
 
 
-def replica_pusher(
-    config: GRPOConfig, learner: Learner, url: str, source: WeightSource | None = None
-) -> WeightPusher | LoRAAdapterPusher:
+def replica_pusher(config: GRPOConfig, learner: Learner, url: str, source: WeightSource | None = None) -> WeightPush:
     """A weight pusher from `learner` to the one vLLM server at `url` (not yet set up): the adapter only with
     vllm_lora_sync (`peft_setup.adapter_pusher`; docs/deploy.md, "LoRA"), else every weight of `source` (default
     `push_source(config, learner)`; the run passes one `FrozenSource` to every replica's pusher under

@@ -1,12 +1,6 @@
 """Periodic checkpoints, their rotation, and checkpointing on a stop signal (the folders' layout, and which one a
-resume means: `async_grpo.checkpoint_layout`).
-
-Prompt order on resume: the orchestrator draws prompts ahead of the trainer (groups in flight, in the rollout
-queue, half-built batches). Those groups are not in a checkpoint; so the sampler position saved is not the live
-sampler's (which is ahead) but the position before the oldest prompt drawn and not yet trained
-(`TrainedPosition`), and a resumed run draws those prompts again. With groups batched in launch order (one
-group in flight, or requests that finish in order) the prompts of every later step equal an uninterrupted
-run's.
+resume means: `async_grpo.checkpoint_layout`). What a checkpoint keeps of the prompt order is the producer's
+(`orchestrator.progress`).
 """
 
 from __future__ import annotations
@@ -17,13 +11,11 @@ import shutil
 import signal
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from async_grpo.checkpoint_layout import META_FILE, PREFIX, STATE_FILE, checkpoint_dir, complete_checkpoints
-from async_grpo.data import PromptItem, PromptSampler
 
 logger = logging.getLogger(__name__)
 
@@ -60,19 +52,6 @@ def save_every(save_steps: int | float, max_steps: int) -> int:
     return int(save_steps)
 
 
-def draw_window(
-    *, max_inflight_groups: int, prefetch_depth: int, steps_per_generation: int, groups_per_step: int
-) -> int:
-    """Prompts the orchestrator can have drawn ahead of the trainer at most (in flight, pending, queued), with
-    room to spare: `TrainedPosition`'s window.
-
-    Args:
-        groups_per_step: groups per optimizer step over every trainer rank.
-    """
-    queued = prefetch_depth * steps_per_generation * groups_per_step
-    return 2 * (max_inflight_groups + queued + groups_per_step) + 16
-
-
 def resumed_run_id(path: Path | None) -> str | None:
     """The MLflow run id a resumed run continues (from the checkpoint's meta.json); None for a fresh run."""
     return read_meta(path)["mlflow_run_id"] if path is not None else None
@@ -90,8 +69,6 @@ class Checkpointer:
         max_steps: the run's optimizer steps.
         save: writes the run's `TrainState` and policy into a folder and returns it (`GRPORecipe.save_checkpoint`).
         guard: the run's `StopGuard` (a checkpoint is written only between steps).
-        prompts: the orchestrator's `TrainedPosition`, told which prompts each step trained; None without one (a
-            user `DataProducer`).
     """
 
     def __init__(
@@ -104,7 +81,6 @@ class Checkpointer:
         max_steps: int,
         save: Callable[[Path], Path],
         guard: StopGuard,
-        prompts: TrainedPosition | None,
     ):
         self.out_dir = out_dir
         self.save_total_limit = save_total_limit
@@ -112,16 +88,15 @@ class Checkpointer:
         self.every = save_every(save_steps, max_steps)
         self.save = save
         self.guard = guard
-        self.prompts = prompts
         self.failed_writes = 0  # periodic checkpoints that raised OSError (metric checkpoint/failed_writes)
 
     def due(self, step: int) -> bool:
         """True when `after_step(step, ...)` writes a periodic checkpoint (every `save_steps` steps)."""
         return bool(self.every) and step % self.every == 0
 
-    def after_step(self, step: int, groups: list, metrics: dict[str, float]) -> None:
-        """Step `step` (its weight push and its logged metrics) is complete: forget the trained prompts' draws,
-        settle the guarded section (`StopGuard.settle`; the caller ends it), and every `save_steps` steps write a
+    def after_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Step `step` (its weight push, its logged metrics and the producer's `mark_trained`) is complete: settle
+        the guarded section (`StopGuard.settle`; the caller ends it), and every `save_steps` steps write a
         checkpoint (its seconds go to `metrics["checkpoint/seconds"]`, which the caller logs at `step`). The
         checkpoint keeps the step's metrics that MLflow has not taken yet (`TrainState.unlogged_metrics`).
 
@@ -130,8 +105,6 @@ class Checkpointer:
         point), and `metrics["checkpoint/failed_writes"]` counts the failures so far; the next `save_steps` tries
         again.
         """
-        if self.prompts is not None:
-            self.prompts.mark_trained(groups)
         self.guard.settle()
         if self.due(step):
             try:
@@ -181,71 +154,6 @@ class Checkpointer:
         except Exception as err:
             logger.error("checkpoint on stop failed: %r", err)
             return None
-
-
-# ------------------------------------------------------------------------------------------------ prompt order
-class TrainedPosition(Iterator):
-    """A prompt sampler wrapper that remembers, for every prompt drawn and not yet trained, the sampler's
-    position before it, so a checkpoint can save the position of the prompts *trained* rather than the live one
-    (ahead by the groups the orchestrator has in flight or queued).
-
-    Args:
-        sampler: the `data.PromptSampler` (`__next__`, `state_dict`, `load_state_dict`).
-        window: draws kept at most; an older untrained draw is taken as dropped (a failed or filtered group),
-            so one lost group never pins the position. Use more than the groups that can be in flight, queued
-            and pending together.
-
-    Thread-safety: `__next__` runs in the orchestrator's thread, the rest in the trainer's; a lock guards both.
-    """
-
-    def __init__(self, sampler: PromptSampler, window: int):
-        self.sampler = sampler
-        self.window = max(1, window)
-        self._drawn: deque[tuple[tuple[int, ...], dict[str, Any]]] = deque()
-        self._lock = threading.Lock()
-
-    def __next__(self) -> PromptItem:
-        with self._lock:
-            before = self.sampler.state_dict()
-            item = next(self.sampler)
-            self._drawn.append((tuple(item.prompt_ids), before))
-            while len(self._drawn) > self.window:
-                self._drawn.popleft()
-            return item
-
-    def mark_trained(self, groups: Iterable[Any]) -> None:
-        """Forget the draws of `groups` just trained: fresh groups only (replayed and re-rolled ones were not
-        drawn from the sampler), each matched to its oldest outstanding draw of the same prompt."""
-        with self._lock:
-            for group in groups:
-                if getattr(group, "replayed", False) or getattr(group, "rerolled", False):
-                    continue
-                key = tuple(group.prompt_ids)
-                for index, (ids, _state) in enumerate(self._drawn):
-                    if ids == key:
-                        del self._drawn[index]
-                        break
-
-    def state_dict(self) -> dict[str, Any]:
-        """The sampler position before the oldest drawn-but-untrained prompt (the live one if none)."""
-        with self._lock:
-            return self._drawn[0][1] if self._drawn else self.sampler.state_dict()
-
-    def live_state_dict(self) -> dict[str, Any]:
-        """The sampler's live position, after every draw so far (what `full_determinism`'s checkpoint keeps: it
-        saves the drawn prompts itself, `orchestrator.schedule`)."""
-        with self._lock:
-            return self.sampler.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a `state_dict()` position (forgets the outstanding draws).
-
-        Raises:
-            ValueError: as `PromptSampler.load_state_dict` (another dataset).
-        """
-        with self._lock:
-            self.sampler.load_state_dict(state)
-            self._drawn.clear()
 
 
 # ------------------------------------------------------------------------------------------------ stop signals

@@ -48,22 +48,26 @@ def lora_sync_folder(config: GRPOConfig) -> Path:
 
 
 def adapter_pusher(config: GRPOConfig, learner: Learner, url: str) -> LoRAAdapterPusher:
-    """The adapter-only pusher (vllm_lora_sync) from `learner` (a `PeftLearner`, or a data-parallel learner over
-    one) to the server at `url`; its first push after each setup also sends the base weights once (full transfer,
-    `LoRAAdapterPusher.base_pusher`), so the server's base is the trainer's."""
+    """The adapter-only pusher (vllm_lora_sync) from `learner` (`Learner.adapter_for_push`) to the server at `url`;
+    its first push after each setup also sends the base weights once (full transfer, `LoRAAdapterPusher.base_pusher`),
+    so the server's base is the trainer's.
+
+    Raises:
+        TypeError: the learner's policy has no LoRA adapter.
+    """
     from async_grpo.transports.weights.sync import WeightPusher, rendezvous_address
 
-    local = getattr(learner, "learner", learner)  # DataParallelLearner drives a local learner; rank 0 holds it all
+    adapter = learner.adapter_for_push()
     sync = config.weight_sync
     base = WeightPusher(
-        local.base_weights_for_push(),
+        adapter.base,
         url,
         backend=sync.weight_sync_backend,
         timeout_s=sync.weight_sync_timeout_s,
         master_address=rendezvous_address(url),
     )
     return LoRAAdapterPusher(
-        local.save_adapter,
+        adapter.save_adapter,
         url,
         lora_sync_folder(config) / _slug(url),
         timeout_s=sync.weight_sync_timeout_s,

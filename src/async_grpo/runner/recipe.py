@@ -26,6 +26,8 @@ from async_grpo.evaluation import evaluate_reward
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.inference.replicas import BalancedClient, ReplicaSet
+from async_grpo.orchestrator.producer import RunProducer
+from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import Rollout
 from async_grpo.rewards.remote import make_reward_pool
 from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, scheduling
@@ -75,8 +77,8 @@ class GRPORecipe:
         self.eval_before: dict[str, float] = {}
         self.eval_after: dict[str, float] = {}
         self.t_start = time.perf_counter()
-        self.scorer = self.tracker = self.learner = self.pusher = self.producer = None
-        self.orchestrator = self.queue = None
+        self.scorer = self.tracker = self.learner = self.pusher = None
+        self.producer: RunProducer | None = None  # the builtin vLLM orchestrator's, or a user data_producer
         self.replicas: ReplicaSet | None = None  # the vLLM server(s): `vllm_replicas`
         self.health = InferenceHealth()  # lost / available: the orchestrator parks groups, `recovery` restores it
         self.guard = checkpoints.StopGuard(config.checkpoint.checkpoint_signal_grace_s / 2)
@@ -180,7 +182,7 @@ class GRPORecipe:
                 logger.info("weight_sync_overlap: each push runs beside the next optimizer step")
             else:
                 logger.warning("weight_sync_overlap is off for this run: %s; every push runs in its step", why)
-        self.producer, self.orchestrator, self.queue = builders.build_producer(
+        self.producer = builders.build_producer(
             config, tokenizer=self.tokenizer, train_items=self.train_items, rollout=self.rollout,
             client_factory=self.make_client, reward_names=self.scorer.names, reward_weights=self.scorer.weights,
             version=self.version, drops=self.drops, world_size=self.info.world_size, health=self.health,
@@ -197,7 +199,6 @@ class GRPORecipe:
             out_dir=self.out_dir, save_steps=ckpt.save_steps, save_total_limit=ckpt.save_total_limit,
             checkpoint_on_signal=ckpt.checkpoint_on_signal, max_steps=config.optim.max_steps,
             save=self.save_checkpoint, guard=self.guard,
-            prompts=self.orchestrator.prompts if self.orchestrator is not None else None,
         )  # fmt: skip
         if self.resume_from is not None:  # restore the checkpoint and serve its weights as its policy version
             t0 = time.perf_counter()
@@ -279,9 +280,10 @@ class GRPORecipe:
         config = self.config
         self.eval_before = {} if self.resume_from else self.evaluate()  # a resumed run measured it before
         if "eval/reward" in self.eval_before:  # the collapse guard's first held-out reward
-            self.collapse.observe_eval(self.step, self.eval_before["eval/reward"])
-        if self.orchestrator is not None:
-            self.orchestrator.start()
+            self.collapse.observe_eval(
+                self.step, self.eval_before["eval/reward"], self.eval_before.get("eval/reward_se", 0.0)
+            )
+        self.producer.start()
         t_train = time.perf_counter()
         bar = tqdm(
             total=config.optim.max_steps,
@@ -298,7 +300,7 @@ class GRPORecipe:
                     logger.info("max_rollouts=%d reached after %d steps", pconf.max_rollouts, self.step)
                     break
                 t_wait = time.perf_counter()
-                depth = self.queue.depth if self.queue is not None else 0
+                depth = self.producer.queue_depth
                 self.producer.on_rollout_begin(self.step)
                 rollout = self.recovery.surviving(
                     lambda: self.producer.produce(
@@ -313,9 +315,7 @@ class GRPORecipe:
         finally:
             bar.close()
             self.train_s = time.perf_counter() - t_train
-            if self.orchestrator is not None:
-                self.orchestrator.stop()
-                self.queue.drain()  # prefetched batches never trained: counted as `unconsumed_at_end`
+            self.producer.stop()  # prefetched batches never trained: counted as `unconsumed_at_end`
 
     def _train_on_rollout(self, rollout: list, depth: int, waited: float, bar) -> None:
         """Every optimizer step one rollout feeds: mini_epochs x step batches x num_iterations (pi_old cached once
@@ -361,15 +361,14 @@ class GRPORecipe:
         # replayed groups are old on purpose and exempt from max_staleness: they are counted by replayed_groups
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
-            orchestrator = self.orchestrator
-            if orchestrator is not None and orchestrator.full_determinism and self.step < config.optim.max_steps:
-                version = self.version.value  # every group the schedule samples at it is generated before the push
-                metrics["determinism/wait_seconds"] = self.recovery.surviving(
-                    lambda: orchestrator.wait_generated(version, config.producer.rollout_timeout_s)
-                )
+            if self.step < config.optim.max_steps:  # full_determinism: what is sampled at it is generated first
+                version, timeout_s = self.version.value, config.producer.rollout_timeout_s
+                waited = self.recovery.surviving(lambda: self.producer.wait_before_push(version, timeout_s))
+                if waited is not None:
+                    metrics["determinism/wait_seconds"] = waited
             if self.overlap is None:
                 metrics["weight_sync/seconds"] = self.recovery.push()
-                metrics.update(report.push_metrics(self.pusher))
+                metrics.update(self.pusher.last_report.metrics())
             else:  # the previous push must end first: at most one in flight, versions in order
                 self.settle_push()
                 self.overlap.start()
@@ -378,8 +377,7 @@ class GRPORecipe:
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
             metrics.setdefault(name, value)
         self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
-        if self.orchestrator is not None:
-            self.orchestrator.mark_trained(item.groups)
+        self.producer.mark_trained(item.groups)  # the prompt ledger and the schedule, before any checkpoint
         metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
         self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
         every = builders.eval_every(config)
@@ -387,7 +385,8 @@ class GRPORecipe:
             self.settle_push()  # vLLM serves this step's weights
             held_out = self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
             reward = held_out.get("eval/reward")
-            collapse = self.collapse.observe_eval(self.step, reward) if reward is not None else None
+            se = held_out.get("eval/reward_se", 0.0)
+            collapse = self.collapse.observe_eval(self.step, reward, se) if reward is not None else None
             if collapse is not None:
                 metrics.update(self.on_collapse(collapse))
         rewards = [r for g in item.groups if not g.replayed for r in g.rewards]
@@ -413,7 +412,7 @@ class GRPORecipe:
         saved: dict[str, float] = {}
         if self.checkpointer.due(self.step):
             self.settle_push()  # the checkpoint's policy version is the one vLLM serves
-        self.checkpointer.after_step(self.step, item.groups, saved)
+        self.checkpointer.after_step(self.step, saved)
         if saved:
             self.tracker.log_metrics(saved, step=self.step)
         return 0.0
@@ -482,7 +481,7 @@ class GRPORecipe:
             seconds = self.overlap.settle()
         except Exception as err:
             seconds = self.recovery.recover(f"a weight push failed: {err!r}")
-        self.settled_push = {"weight_sync/seconds": seconds, **report.push_metrics(self.pusher)}
+        self.settled_push = {"weight_sync/seconds": seconds, **self.pusher.last_report.metrics()}
 
     def push_weights(self) -> float:
         """Send the current weights to vLLM as the next policy version, then bump the shared version; returns the
@@ -525,8 +524,7 @@ class GRPORecipe:
             generation_tokens_per_s=sum(self.tokens_per_s) / max(len(self.tokens_per_s), 1),
             weight_sync_s_mean=sum(self.sync_times) / max(len(self.sync_times), 1), weight_syncs=len(self.sync_times),
             trainer_idle_fraction=self.idle_s / max(self.train_s, 1e-9), dropped_groups=self.drops.snapshot(),
-            model_dir=str(model_dir) if model_dir else None, prompts_lost=None if self.orchestrator is None else
-            report.prompts_lost(self.orchestrator.launched_total, self.trained_groups, self.drops.snapshot()),
+            model_dir=str(model_dir) if model_dir else None, prompts_lost=self._prompts_lost(),
         )  # fmt: skip
         self.tracker.log_metrics(
             {
@@ -544,20 +542,13 @@ class GRPORecipe:
     # ------------------------------------------------------------------ state and checkpoints
     def state(self) -> TrainState:
         """The run's `TrainState` now (between steps)."""
-        orch = self.orchestrator
+        producer = self.producer.state_dict(self.version.value, self.config.producer.rollout_timeout_s)
         return TrainState(
             step=self.step, policy_version=self.version.value, rollouts=self.rollouts,
             learner=self.learner.state_dict(), rng=capture_rng(),
-            sampler=orch.prompts.state_dict() if orch is not None else None,
-            replay=orch.replay.state_dict() if orch is not None and orch.replay is not None else None,
-            reroll=orch.reroll.state_dict() if orch is not None and orch.reroll is not None else None,
+            sampler=producer.sampler, replay=producer.replay, reroll=producer.reroll, schedule=producer.schedule,
             drops=self.drops.snapshot(), mlflow_run_id=self.tracker.run_id if self.tracker else None,
             weight_syncs=len(self.sync_times), num_tokens=self.num_tokens,
-            schedule=(
-                orch.schedule_state(self.version.value, self.config.producer.rollout_timeout_s)
-                if orch is not None
-                else None
-            ),
             unlogged_metrics=self.tracker.unlogged_metrics() if self.tracker is not None else [],
         )  # fmt: skip
 
@@ -567,24 +558,12 @@ class GRPORecipe:
         self.version.reset(state.policy_version)
         self.learner.load_state_dict(state.learner)
         self.drops.load_state_dict(state.drops)
-        orch = self.orchestrator
-        if orch is not None and state.sampler is not None:
-            orch.prompts.load_state_dict(state.sampler)
-        if orch is not None:  # pace from the rollouts trained; the ledger counts the restored drops as launched
-            orch.restore_progress(
-                rollouts=state.rollouts, launched_before=-report.prompts_lost(0, 0, self.drops.snapshot())
-            )
-        if orch is not None and state.schedule is not None:  # full_determinism: continue the schedule exactly
-            orch.restore_schedule(state.schedule)
-        elif orch is not None and orch.full_determinism:
-            logger.warning(
-                "full_determinism: the checkpoint holds no schedule (written without full_determinism); the resumed "
-                "run samples the untrained prompts again at its policy version and will not equal an uninterrupted one"
-            )
-        if orch is not None and orch.replay is not None and state.replay is not None:
-            orch.replay.load_state_dict(state.replay)
-        if orch is not None and orch.reroll is not None and state.reroll is not None:
-            orch.reroll.load_state_dict(state.reroll)
+        # the producer paces from the rollouts trained; the ledger counts the restored drops as launched
+        self.producer.load_state_dict(
+            ProducerState(sampler=state.sampler, replay=state.replay, reroll=state.reroll, schedule=state.schedule),
+            rollouts=state.rollouts,
+            launched_before=-report.prompts_lost(0, 0, self.drops.snapshot()),
+        )
         restore_rng(state.rng)
         if self.tracker is not None and state.unlogged_metrics:  # what MLflow had not taken before the checkpoint
             logger.info("writing %d metric(s) MLflow had not taken before the checkpoint", len(state.unlogged_metrics))
@@ -625,10 +604,14 @@ class GRPORecipe:
         has stopped and counted its unsettled groups under `shutdown`: `summary/prompts_lost` at the last step, 0
         unless a launched group was neither trained nor dropped with a reason (a resumed run draws the untrained
         prompts again from the checkpoint's position)."""
-        if self.orchestrator is None or self.tracker is None:
-            return
-        lost = report.prompts_lost(self.orchestrator.launched_total, self.trained_groups, self.drops.snapshot())
-        self.tracker.log_metrics({"summary/prompts_lost": float(lost)}, step=self.step)
+        lost = self._prompts_lost()
+        if lost is not None and self.tracker is not None:
+            self.tracker.log_metrics({"summary/prompts_lost": float(lost)}, step=self.step)
+
+    def _prompts_lost(self) -> int | None:
+        """`report.prompts_lost` of the producer's ledger; None when the producer does not count its launches."""
+        launched = self.producer.launched_total if self.producer is not None else None
+        return None if launched is None else report.prompts_lost(launched, self.trained_groups, self.drops.snapshot())
 
     def cleanup(self, status: str) -> None:
         """End what setup started, in reverse order, whatever happened; close the MLflow run with `status`
@@ -636,7 +619,7 @@ class GRPORecipe:
         interrupt the other trainer ranks got the same signal, so they are not waited for."""
         release_ranks = status != "KILLED"
         for name, stop in (
-            ("orchestrator", lambda: self.orchestrator and self.orchestrator.stop()),
+            ("rollout producer", lambda: self.producer and self.producer.stop()),
             ("prompt ledger", lambda: status != "FINISHED" and self._log_ledger_at_stop()),
             ("background weight push", lambda: self.overlap and self.overlap.close()),
             ("trainer ranks", lambda: self.learner and release_ranks and self.learner.close()),

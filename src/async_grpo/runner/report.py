@@ -143,18 +143,3 @@ def reward_log_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         for name, vals in grp.reward_metrics.items():
             values.setdefault(name, []).extend(vals)
     return {name: sum(vals) / len(vals) for name, vals in values.items() if vals}
-
-
-def push_metrics(pusher) -> dict[str, float]:
-    """What the last weight push sent: `weight_sync/bytes` (on the wire to one replica; bytes) when the pusher counts
-    them, `weight_sync/dense_bytes` (what a full push of the same weights takes; bytes; below it only with
-    weight_sync_mode: delta), and with several vLLM replicas `weight_sync/replica_<i>/seconds` (each replica's part of
-    the push; seconds)."""
-    out = {}
-    if getattr(pusher, "last_push_bytes", 0):
-        out["weight_sync/bytes"] = float(pusher.last_push_bytes)
-    if getattr(pusher, "last_dense_bytes", 0):
-        out["weight_sync/dense_bytes"] = float(pusher.last_dense_bytes)
-    if len(getattr(pusher, "replicas", ())) > 1:  # a ReplicaSet of several servers
-        out.update({f"weight_sync/replica_{i}/seconds": s for i, s in pusher.last_seconds.items()})
-    return out

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer import ParamMeta, WeightSource
 
+from async_grpo.trainer.protocol import AdapterPush
 from async_grpo.transports import ranks
 from async_grpo.transports.messages import TrainBatch
 
@@ -277,6 +278,14 @@ class DataParallelLearner:
     def named_parameters_for_push(self) -> WeightSource:
         """The policy's full weights; iterating them first tells the followers to join the FSDP all-gathers."""
         return _FollowedSource(self.learner.named_parameters_for_push(), self.learner.sharded)
+
+    def adapter_for_push(self) -> AdapterPush:
+        """Rank 0's learner's (LoRA runs without FSDP, so rank 0 holds the whole adapter and base; no collective).
+
+        Raises:
+            TypeError: the policy has no LoRA adapter.
+        """
+        return self.learner.adapter_for_push()
 
     def save_pretrained(self, path) -> None:
         """Write the full policy as a Hugging Face folder (every rank joins the gather under FSDP)."""

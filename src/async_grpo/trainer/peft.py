@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from vllm.distributed.weight_transfer import ParamMeta, WeightSource
 
+from async_grpo.trainer.protocol import AdapterPush
 from async_grpo.trainer.trainer import GRPOLearner
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,10 @@ class PeftLearner(GRPOLearner):
         """The base weights W alone (adapters left out) under their HF names: what vLLM must hold under the adapter
         with vllm_lora_sync (the base may differ from the server's model folder after a warm start or a resume)."""
         return MergedLoRASource(self.model, with_adapter=False)
+
+    def adapter_for_push(self) -> AdapterPush:
+        """The base weights (`base_weights_for_push`) and the adapter's writer (`save_adapter`) for vllm_lora_sync."""
+        return AdapterPush(base=self.base_weights_for_push(), save_adapter=self.save_adapter)
 
     def save_adapter(self, path: str | Path) -> int:
         """Write the adapter only (peft `save_pretrained`: adapter_config.json + adapter_model.safetensors) to

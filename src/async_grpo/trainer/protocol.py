@@ -7,6 +7,8 @@ runner holds a `Learner` and never checks which one it has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -14,6 +16,21 @@ import torch
 from vllm.distributed.weight_transfer import WeightSource
 
 from async_grpo.transports.messages import TrainBatch
+
+
+@dataclass(frozen=True)
+class AdapterPush:
+    """What a LoRA adapter push (vllm_lora_sync, `transports.weights.lora.LoRAAdapterPusher`) sends.
+
+    Attributes:
+        base: the base weights W alone (adapters left out) under their HF names, as vLLM's `WeightSource`: sent once
+            per setup, so the server's base is the trainer's.
+        save_adapter: writes the adapter files (peft `save_pretrained`) into the folder it is given and returns
+            their bytes.
+    """
+
+    base: WeightSource
+    save_adapter: Callable[[Path], int]
 
 
 @runtime_checkable
@@ -54,6 +71,13 @@ class Learner(Protocol):
     def named_parameters_for_push(self) -> WeightSource:
         """The full, unsharded (name, tensor) parameters to send to vLLM, as vLLM's `WeightSource` (metadata plus
         a re-iterable stream; iterating it is a collective under FSDP)."""
+
+    def adapter_for_push(self) -> AdapterPush:
+        """What an adapter-only push sends (vllm_lora_sync): the base weights and the adapter's writer.
+
+        Raises:
+            TypeError: the policy has no LoRA adapter (use_peft is off); the message names the fix.
+        """
 
     def save_pretrained(self, path: Path) -> None:
         """Write the policy as a Hugging Face model folder (loadable by transformers and `vllm serve`)."""

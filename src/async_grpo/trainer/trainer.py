@@ -29,6 +29,7 @@ from async_grpo.trainer.logprobs import chunked_token_logps
 from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics, take
 from async_grpo.trainer.packing import PackedBatch, pack_batch
 from async_grpo.trainer.prefix_sharing import check_model
+from async_grpo.trainer.protocol import AdapterPush
 from async_grpo.trainer.schedule import LRSchedule
 from async_grpo.transports.messages import TrainBatch
 
@@ -494,6 +495,13 @@ class GRPOLearner:
         from vllm.distributed.weight_transfer import ModuleSource
 
         return ModuleSource(self.model)
+
+    def adapter_for_push(self) -> AdapterPush:
+        """Raises TypeError: a full fine-tune has no adapter to push (`PeftLearner` has)."""
+        raise TypeError(
+            "vllm_lora_sync pushes a LoRA adapter, and this policy has none. Fix: set use_peft: true, or "
+            "vllm_lora_sync: false."
+        )
 
     def save_pretrained(self, path) -> None:
         """Write the full policy as a Hugging Face folder (a collective under FSDP)."""

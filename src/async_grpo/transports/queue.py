@@ -107,6 +107,7 @@ class RolloutQueue:
 
     def __init__(self, maxsize: int, max_staleness: int, drops: DropCounter):
         self._q: queue.Queue[TrainBatch] = queue.Queue(maxsize=maxsize)
+        self.maxsize = maxsize
         self.max_staleness = max_staleness
         self.drops = drops
         self._skipped_steps = 0

@@ -23,11 +23,11 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import requests
 
 from async_grpo.inference.client import auth_headers
+from async_grpo.transports.weights.push import PushReport, WeightPush
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,7 @@ class LoRASyncError(RuntimeError):
 
 
 class LoRAAdapterPusher:
-    """Pushes the trainer's LoRA adapter to one vLLM server; same interface as `sync.WeightPusher` (`setup`,
-    `push(version) -> seconds`, `close`, `last_push_bytes`).
+    """Pushes the trainer's LoRA adapter to one vLLM server (a `push.WeightPush`).
 
     Args:
         save_adapter: writes the adapter files into the folder it is given and returns their bytes (e.g.
@@ -58,6 +57,10 @@ class LoRAAdapterPusher:
             `setup()` before the first adapter: the server's base must equal the trainer's, which a warm start, a
             resumed checkpoint, an attached server or a restarted server (its model folder) would break. None: the
             server's base is trusted.
+
+    Attributes:
+        last_report: the latest push's `PushReport`: its wire bytes are the adapter files' (plus the base weights'
+            on the first push after a setup); no dense bytes.
     """
 
     def __init__(
@@ -68,7 +71,7 @@ class LoRAAdapterPusher:
         *,
         timeout_s: float = 300.0,
         keep: int = 2,
-        base_pusher: Any = None,
+        base_pusher: WeightPush | None = None,
     ):
         self.save_adapter = save_adapter
         self.url = server_url.rstrip("/")
@@ -78,7 +81,7 @@ class LoRAAdapterPusher:
         self.loaded: list[tuple[str, Path]] = []  # (adapter name, folder), oldest first
         self.retired: list[Path] = []  # folders of unloaded or replaced adapters, deleted one push later
         self.pushes = 0
-        self.last_push_bytes = 0  # bytes of the adapter files of the latest push (metric weight_sync/bytes)
+        self.last_report = PushReport()
         self.base_pusher = base_pusher
         self._base_pending = False
 
@@ -106,11 +109,11 @@ class LoRAAdapterPusher:
         base_bytes = 0
         if self._base_pending:  # the base weights first, once per setup (see base_pusher)
             self.base_pusher.push(version)
-            base_bytes, self._base_pending = self.base_pusher.last_push_bytes, False
+            base_bytes, self._base_pending = self.base_pusher.last_report.wire_bytes, False
         name = adapter_name(version)
         self.pushes += 1
         path = self.folder / f"{name}-{self.pushes}"
-        self.last_push_bytes = base_bytes + int(self.save_adapter(path))
+        wire_bytes = base_bytes + int(self.save_adapter(path))
         inplace = any(n == name for n, _ in self.loaded)  # the same version again (a recovery or resume push)
         resp = self._load(name, path, inplace)
         if resp.status_code == 400 and "already been loaded" in resp.text:  # loaded by an earlier trainer process
@@ -134,7 +137,9 @@ class LoRAAdapterPusher:
             old_name, old_path = self.loaded.pop(0)
             self._unload(old_name)
             self._retire(old_path)
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.last_report = PushReport(seconds=seconds, wire_bytes=wire_bytes)
+        return seconds
 
     def _load(self, name: str, path: Path, inplace: bool) -> requests.Response:
         return self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": inplace})

@@ -1,8 +1,7 @@
 """Every weight push reaches every live vLLM replica; a lost replica is brought back and rejoins behind none.
 
 vLLM's weight-transfer engine joins one trainer to the workers of one server, so each replica gets its own transfer
-group (one per-replica pusher: `WeightPusher`, or any object with `setup()`, `push(version) -> seconds` and
-`close()`). A push sends to all live replicas at once (one thread each): each pauses, receives and resumes on its
+group (one per-replica `push.WeightPush`: `WeightPusher` or `LoRAAdapterPusher`). A push sends to all live replicas at once (one thread each): each pauses, receives and resumes on its
 own, and the run's policy version moves only after every replica answered. A replica whose push fails is marked
 lost and the push still counts when another replica took it. A replica lost while others serve is recovered in the
 background (`InferenceEndpoint.recover`: restart the local process, or wait for Kubernetes to replace the pod) and
@@ -17,9 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from async_grpo.inference.replicas import Replica, ReplicaSet
+from async_grpo.transports.weights.push import PushReport, WeightPush
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ class NoReplicaError(RuntimeError):
 
 
 class ReplicaPusher:
-    """Weight pushes to all replicas of a `ReplicaSet`.
+    """Weight pushes to all replicas of a `ReplicaSet` (a `push.WeightPush` over one per replica).
 
     Args:
         replicas: the run's replicas.
@@ -45,14 +44,14 @@ class ReplicaPusher:
 
     Attributes:
         last_seconds: per replica index, the seconds of its part of the last push.
-        last_push_bytes: bytes sent to one replica by the last push (0 when the per-replica pusher does not say).
-        last_dense_bytes: what a full push of the same weights takes (bytes; 0 when the pusher does not say).
+        last_report: the last push's `PushReport`: its wall seconds, the most bytes any replica's pusher reported
+            (wire and dense), and with several replicas each one's seconds.
     """
 
     def __init__(
         self,
         replicas: ReplicaSet,
-        make: Callable[[str], Any],
+        make: Callable[[str], WeightPush],
         *,
         recovery_timeout_s: float = 600.0,
         max_restarts: int = 3,
@@ -63,10 +62,9 @@ class ReplicaPusher:
         self.make = make
         self.recovery_timeout_s = recovery_timeout_s
         self.max_restarts = max_restarts
-        self.pushers: dict[int, Any] = {}
+        self.pushers: dict[int, WeightPush] = {}
         self.last_seconds: dict[int, float] = {}
-        self.last_push_bytes = 0
-        self.last_dense_bytes = 0
+        self.last_report = PushReport()
         self.stop = threading.Event()
 
     def setup(self) -> None:
@@ -121,9 +119,15 @@ class ReplicaPusher:
                 self.replicas.mark_lost(replica, f"a weight push failed: {err!r}")
         if len(errors) == len(targets):
             raise NoReplicaError(f"no vLLM replica accepted policy version {version}: {errors[0]!r}") from errors[0]
-        self.last_push_bytes = max(int(getattr(self.pushers[i], "last_push_bytes", 0)) for i in self.last_seconds)
-        self.last_dense_bytes = max(int(getattr(self.pushers[i], "last_dense_bytes", 0)) for i in self.last_seconds)
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        reports = [self.pushers[i].last_report for i in self.last_seconds]
+        self.last_report = PushReport(
+            seconds=seconds,
+            wire_bytes=max(r.wire_bytes for r in reports),
+            dense_bytes=max(r.dense_bytes for r in reports),
+            replica_seconds=dict(self.last_seconds) if len(self.replicas) > 1 else {},
+        )
+        return seconds
 
     def _timed_push(self, replica: Replica, version: int) -> float:
         return float(self.pushers[replica.index].push(version))
@@ -209,7 +213,7 @@ class ReplicaPusher:
         self.pushers.clear()
 
 
-def _close_quietly(pusher: Any) -> None:
+def _close_quietly(pusher: WeightPush) -> None:
     try:
         pusher.close()
     except Exception as err:

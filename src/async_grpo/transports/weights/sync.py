@@ -21,6 +21,7 @@ from vllm.distributed.weight_transfer import ModuleSource, WeightSource, WeightT
 
 from async_grpo.inference.client import VersionedWeightSyncClient, VLLMControlClient
 from async_grpo.inference.server import free_port
+from async_grpo.transports.weights.push import PushReport
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def rendezvous_address(vllm_url: str) -> str:
 
 
 class WeightPusher:
-    """Sends the trainer's parameters to one vLLM server each time `push(version)` is called.
+    """Sends the trainer's parameters to one vLLM server each time `push(version)` is called (a `push.WeightPush`).
 
     Args:
         source: the parameters to send: vLLM's `WeightSource` (`Learner.named_parameters_for_push()`; HF
@@ -63,6 +64,9 @@ class WeightPusher:
         mode: `weight_sync_mode`: "full" sends every tensor whole; "delta" (gloo only) sends each tensor's changed
             elements against the last push (`transports.weights.delta`), keeping a snapshot of the last push on both
             sides (one copy of the pushed weights each).
+
+    Attributes:
+        last_report: the latest push's `PushReport` (wire bytes: what the gloo backend sent, else the dense bytes).
 
     Raises:
         ValueError: `mode` is not full or delta, or delta with a backend other than gloo.
@@ -95,8 +99,7 @@ class WeightPusher:
                 f"{self.backend!r}. Fix: set weight_sync_backend: gloo, or weight_sync_mode: full."
             )
         self.engine = None
-        self.last_push_bytes = 0  # bytes the latest push sent on the wire (weight_sync/bytes)
-        self.last_dense_bytes = 0  # bytes a full push of the same tensors takes (weight_sync/dense_bytes)
+        self.last_report = PushReport()
 
     def setup(self) -> None:
         """Rendezvous with the server's workers (once).
@@ -141,7 +144,7 @@ class WeightPusher:
         """
         if self.engine is None:
             self.setup()
-        if full and hasattr(self.engine, "restart_delta"):
+        if full and self.mode == "delta":  # delta runs on our gloo engine only (checked in __init__)
             self.engine.restart_delta()
         t0 = time.perf_counter()
         self.control.pause(mode="keep")
@@ -156,9 +159,11 @@ class WeightPusher:
                 logger.warning("could not resume vLLM after a failed weight push: %s", err)
             raise
         self.control.resume()
-        self.last_dense_bytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in self.source.metadata())
-        self.last_push_bytes = getattr(self.engine, "last_sent_bytes", self.last_dense_bytes)
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        dense = sum(math.prod(m.shape) * m.dtype.itemsize for m in self.source.metadata())
+        wire = self.engine.last_sent_bytes if self.backend == "gloo" else dense  # vLLM's NCCL engine does not count
+        self.last_report = PushReport(seconds=seconds, wire_bytes=wire, dense_bytes=dense)
+        return seconds
 
     def close(self) -> None:
         """Tear down the transfer group."""
