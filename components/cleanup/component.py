@@ -57,10 +57,12 @@ def cleanup(
     from async_grpo.launch.k8s_policy import check_work_dir, in_cluster_pod
     from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
     from async_grpo.launch.naming import pipeline_run_name
+    from async_grpo.launch.pipeline_step import check_backend_name
     from async_grpo.shared_volume import remove_tree
 
     log = logging.getLogger("cleanup")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_backend_name(launch_backend)
     check_work_dir(work_dir)  # in a cluster pod, only a folder on the workspace volume
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
     log.info(
@@ -77,8 +79,6 @@ def cleanup(
 
         options = with_trainer_api(backend_options, trainer_api)
         removed += [str(obj) for obj in KubernetesBackend(settings=options).cleanup(name)]
-    elif launch_backend != "local":
-        raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
     if work_dir:  # on the tenant-writable volume: a link on the way is refused, never followed (UnsafeVolumePath)
         staging = Path(work_dir) / name / "staging"
         volume_root = DEFAULT_DATA_MOUNT_PATH if in_cluster_pod() else work_dir

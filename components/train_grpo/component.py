@@ -141,21 +141,15 @@ def train_grpo(
     load_tracking_uri()  # the platform's MLflow server (no credential): the policy's decision below needs it
     import logging
     import os
-    import tempfile
     from collections import namedtuple
     from pathlib import Path
 
-    import yaml
-
-    from async_grpo.config import ConfigError, dump_config, flatten_mapping, load_config
-    from async_grpo.launch.k8s_policy import (
-        check_backend_choice,
-        check_step,
-        check_work_dir,
-        in_cluster_pod,
-        registry_model_name,
-    )
+    from async_grpo.config import ConfigError, dump_config
+    from async_grpo.launch.k8s_policy import check_step, check_work_dir, in_cluster_pod, registry_model_name
+    from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
     from async_grpo.launch.naming import pipeline_run_name
+    from async_grpo.launch.pipeline_step import backend_for, check_pipeline_config, resolve_run_config
+    from async_grpo.shared_volume import copy_tree, make_run_dir, remove_tree
 
     log = logging.getLogger("train_grpo")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -174,25 +168,14 @@ def train_grpo(
         "eval_num_prompts": eval_num_prompts, "num_generations_eval": num_generations_eval,
         "mlflow_experiment_name": mlflow_experiment_name,
     }  # fmt: skip
-    base = yaml.safe_load(config_yaml) if config_yaml.strip() else {}
-    if not isinstance(base, dict):
-        raise ConfigError("config_yaml must be a YAML mapping of GRPOConfig field: value.")
-    base = flatten_mapping(base)  # flat names, so the knobs and settings below replace a nested spelling
-    base.update({k: v for k, v in knobs.items() if v is not None})
-
-    check_backend_choice(launch_backend)
+    if warm_start not in ("none", "champion"):
+        raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
+    if warm_start == "champion" and not registered_model_name:
+        raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
+    # local inside a cluster pod is refused here; the kubernetes backend only reads the mounted policy (no call yet)
+    backend = backend_for(launch_backend, backend_options, trainer_api)
     check_work_dir(work_dir)
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
-    base["run_name"] = name
-    if work_dir:
-        base["output_dir"] = str(Path(work_dir) / name)
-    if mlflow_tracking_uri:
-        base["mlflow_tracking_uri"] = mlflow_tracking_uri
-    elif not base.get("mlflow_tracking_uri") and os.environ.get("MLFLOW_TRACKING_URI"):
-        base["mlflow_tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
-
-    from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
-    from async_grpo.shared_volume import copy_tree, make_run_dir, remove_tree
 
     # the workspace volume is tenant-writable: nothing on it is followed through a link (`async_grpo.shared_volume`),
     # and the run's folder, whose name holds the KFP run id, is made new (a folder planted under it is refused)
@@ -204,46 +187,15 @@ def train_grpo(
         remove_tree(staged.parent, root=volume_root)  # left by an earlier call of the same name (no KFP run id)
         copy_tree(dataset.path, staged, root=dataset.path, dst_root=volume_root)
     source = str(dataset.metadata.get("source", ""))
-    base["dataset"] = source if source.startswith("builtin:") else str(staged)
-    base["eval_dataset"] = str(staged)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.yaml"
-        path.write_text(yaml.safe_dump(base, sort_keys=False))
-        config = load_config(path, list(extra_overrides or []))
-    pinned = {
-        "run_name": (config.tracking.run_name, name),
-        "dataset": (config.data.dataset, base["dataset"]),
-        "eval_dataset": (config.data.eval_dataset, base["eval_dataset"]),
-    }
+    pinned = {"run_name": name, "dataset": source if source.startswith("builtin:") else str(staged),
+              "eval_dataset": str(staged)}  # fmt: skip
     if work_dir:
-        pinned["output_dir"] = (config.output_dir, base["output_dir"])
-    changed = sorted(field for field, (got, want) in pinned.items() if got != want)
-    if changed:  # a run may not take another run's name or folders: cleanup and MLflow key on them
-        raise ConfigError(
-            f"extra_overrides may not set {changed}: the pipeline sets them (the run's unique name, its "
-            "folder and the staged dataset). Fix: use the pipeline's run_name, work_dir and dataset "
-            "parameters instead."
-        )
-    if not config.checkpoint.save_model:
-        raise ConfigError(
-            "save_model is false, but the pipeline evaluates and registers the checkpoint. Fix: drop save_model=false."
-        )
-    if config.tracking.report_to != "mlflow":
-        raise ConfigError(
-            "report_to is none, but the pipeline evaluates and registers the model through the "
-            "run's MLflow run. Fix: report_to: mlflow."
-        )
-
-    from async_grpo.launch.k8s_settings import with_trainer_api
-
-    backend_options = with_trainer_api(backend_options, trainer_api)
-    if warm_start not in ("none", "champion"):
-        raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
-    if warm_start == "champion" and not registered_model_name:
-        raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
-    if launch_backend not in ("local", "kubernetes"):
-        raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
+        pinned["output_dir"] = str(Path(work_dir) / name)
+    config = resolve_run_config(
+        config_yaml, knobs, list(extra_overrides or []), tracking_uri=mlflow_tracking_uri,
+        default_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", ""), pinned=pinned,
+    )  # fmt: skip
+    check_pipeline_config(config)
 
     # The decision on the run, before any credential is loaded and before any network call (the champion read and
     # the warm-start download below send the MLflow credentials to the run's tracking URI): in a cluster pod the
@@ -259,12 +211,8 @@ def train_grpo(
         tracking_uri=config.tracking_uri if in_cluster_pod() else None,  # else the backend's check judges it
         registered_models=reads,
     )
-    backend = None
     decided = config  # the config the policy judged; a warm start below replaces the model, and it is judged again
     if launch_backend == "kubernetes":
-        from async_grpo.launch.kubernetes import KubernetesBackend
-
-        backend = KubernetesBackend(settings=dict(backend_options or {}))  # loads the mounted platform policy
         backend.check(config)
     load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
 
@@ -301,13 +249,7 @@ def train_grpo(
             tags={"kfp.pipeline_job_name": pipeline_job_name, "kfp.launch_backend": launch_backend},
         )  # fmt: skip
 
-    if launch_backend == "local":
-        from async_grpo.launch.local import LocalBackend
-
-        if backend_options:
-            log.warning("backend_options %s are ignored by the local backend", sorted(backend_options))
-        backend = LocalBackend()
-    else:  # kubernetes: the backend made above, before the credentials were loaded
+    if launch_backend == "kubernetes":  # the backend made above, before the credentials were loaded
         from async_grpo.preflight import check_config
 
         if pipeline_run is not None:  # it opens the MLflow runs once the policy allows the run

@@ -123,28 +123,25 @@ def _argument(name: str, arguments: dict[str, Any], params: dict[str, dict[str, 
 
 
 def submitted_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any]) -> GRPOConfig:
-    """The GRPOConfig the train step will build from `arguments` (as `train_grpo` merges them: config_yaml,
-    then the typed knobs that are config fields, then extra_overrides); the dataset and folders, which
-    the pipeline sets, keep their defaults.
+    """The GRPOConfig the train step will build from `arguments`, merged as it merges them
+    (`launch.pipeline_step.resolve_run_config`: config_yaml, then the typed knobs that are config fields, then
+    extra_overrides); the dataset and folders, which the pipeline sets, keep their defaults.
 
     Raises:
         ConfigError: the merged config is invalid.
     """
-    import tempfile
+    from async_grpo.launch.pipeline_step import resolve_run_config
 
-    base = flatten_mapping(yaml.safe_load(str(_argument("config_yaml", arguments, params) or "")) or {})
-    for name in params:
-        value = _argument(name, arguments, params)
-        if (
-            lookup_field(name) is not None
-            and name not in ("dataset", "eval_dataset", "run_name")
-            and value not in (None, "")
-        ):
-            base[name] = value
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.yaml"
-        path.write_text(yaml.safe_dump(base))
-        return load_config(path, list(_argument("extra_overrides", arguments, params) or []))
+    knobs = {
+        name: _argument(name, arguments, params)
+        for name in params
+        if lookup_field(name) is not None and name not in ("dataset", "eval_dataset", "run_name")
+    }
+    return resolve_run_config(
+        str(_argument("config_yaml", arguments, params) or ""),
+        knobs,
+        list(_argument("extra_overrides", arguments, params) or []),
+    )
 
 
 def preflight_config(params: dict[str, dict[str, Any]], arguments: dict[str, Any]) -> GRPOConfig:

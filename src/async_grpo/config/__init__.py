@@ -38,7 +38,14 @@ This package does not import torch: the launcher, the KFP components and the CLI
 before anything expensive starts.
 """
 
-from async_grpo.config.io import dump_config, flat_dump, flat_params, format_validation_error, load_config
+from async_grpo.config.io import (
+    config_from_mapping,
+    dump_config,
+    flat_dump,
+    flat_params,
+    format_validation_error,
+    load_config,
+)
 from async_grpo.config.keys import (
     ALIASES,
     FIELDS,
@@ -90,6 +97,7 @@ __all__ = [
     "SamplingConfig",
     "TrackingConfig",
     "WeightSyncConfig",
+    "config_from_mapping",
     "dump_config",
     "flat_dump",
     "flat_params",

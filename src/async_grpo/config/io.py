@@ -150,6 +150,18 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
                 f"{type(loaded).__name__}). Fix: write one `field: value` per line."
             )
         data.update(loaded)
+    return config_from_mapping(data, overrides)
+
+
+def config_from_mapping(data: Mapping[str, Any], overrides: list[str] | None = None) -> GRPOConfig:
+    """`load_config` of a mapping already read (flat TRL keys, nested sections, or both), with the same `key=value`
+    overrides: what a pipeline step merges from its parameters, without a temporary file.
+
+    Raises:
+        ConfigError: an override is malformed or unknown, or a value is invalid; the message names the field and the
+            fix.
+    """
+    data = dict(data)
     for item in overrides or []:
         for ref, value in _parse_override(item):
             if isinstance(ref, str):  # a TRL-only name
