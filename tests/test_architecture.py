@@ -45,11 +45,8 @@ ALLOWED = {
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config", "shared_volume"},
-    "registry": set(),
-    "promotion": set(),
-    "lineage": {"__init__"},
-    "warm_start": {"config", "registry", "shared_volume"},
-    "pipeline_tracking": set(),
+    # registry, promotion, lineage, registry_start (a run from a registered version), pipeline_tracking
+    "lifecycle": {"__init__", "config", "shared_volume"},
     "step_secrets": set(),  # a KFP step's mounted Secret files -> its environment (stdlib only)
     "preflight": {
         "checkpoint_layout",
@@ -57,7 +54,7 @@ ALLOWED = {
         "data",
         "environments",
         "hub",
-        "registry",
+        "lifecycle",
         "rewards",
         "tiny_model",
         "tools",
@@ -74,6 +71,7 @@ ALLOWED = {
         "evaluation",
         "hub",
         "inference",
+        "lifecycle",
         "orchestrator",
         "rewards",
         "tasks",
@@ -82,7 +80,6 @@ ALLOWED = {
         "tracking",
         "trainer",
         "transports",
-        "warm_start",
     },
     "launch": {
         "__init__",
@@ -90,7 +87,7 @@ ALLOWED = {
         "errors",
         "step_secrets",
         "inference",
-        "pipeline_tracking",
+        "lifecycle",
         "preflight",
         "rewards",
         "runner",
@@ -98,10 +95,10 @@ ALLOWED = {
         "transports",
         "user_code",
     },
-    "pipeline_local": {"config", "errors", "launch", "pipeline_tracking", "preflight", "tracking"},
+    "pipeline_local": {"config", "errors", "launch", "lifecycle", "preflight", "tracking"},
     "cli_render": {"config", "errors", "launch", "preflight"},
     "cli_pipeline": {"config", "errors", "launch", "pipeline_local", "preflight"},
-    "cli_model": {"config", "errors", "launch", "registry", "tracking"},  # launch: the policy's registered_models
+    "cli_model": {"config", "errors", "launch", "lifecycle", "tracking"},  # launch: the policy's registered_models
     "cli": {
         "__init__",
         "cli_model",
@@ -110,10 +107,9 @@ ALLOWED = {
         "config",
         "errors",
         "launch",
+        "lifecycle",
         "preflight",
-        "registry",
         "tiny_model",
-        "warm_start",
     },
 }
 

@@ -2,7 +2,7 @@
 
 import math
 
-from async_grpo import lineage
+from async_grpo.lifecycle import lineage
 
 
 def test_config_digest_ignores_key_order_and_layout_but_not_values():

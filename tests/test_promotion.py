@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from async_grpo.promotion import HeadToHead, decide, paired_bootstrap
+from async_grpo.lifecycle.promotion import HeadToHead, decide, paired_bootstrap
 
 
 def test_identical_models_give_a_zero_interval_and_no_promotion():

@@ -15,9 +15,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from async_grpo import registry
 from async_grpo.cli import main
-from async_grpo.registry import (
+from async_grpo.lifecycle import registry
+from async_grpo.lifecycle.registry import (
     CHAMPION_ALIAS,
     PREVIOUS_CHAMPION_ALIAS,
     ChampionChanged,
@@ -362,7 +362,12 @@ def test_the_cli_needs_a_tracking_uri_and_takes_it_from_the_environment(store, t
 # ---------------------------------------------------------------------------------------------- warm start
 def test_warm_start_downloads_the_champion_before_anything_starts(store, tmp_path):
     from async_grpo.config import GRPOConfig
-    from async_grpo.warm_start import PARENT_VERSION_TAG, WARM_START_TAG, resolve_warm_start, warm_start_of
+    from async_grpo.lifecycle.registry_start import (
+        PARENT_VERSION_TAG,
+        WARM_START_TAG,
+        registry_start_of,
+        resolve_registry_start,
+    )
 
     client = store.register("warm", versions=2)
     promote(client, "warm", "2", reason="test", actor="ci")
@@ -371,19 +376,19 @@ def test_warm_start_downloads_the_champion_before_anything_starts(store, tmp_pat
         warmup_sft_steps=5,
     )  # fmt: skip
 
-    resolved, warm = resolve_warm_start(config)
+    resolved, warm = resolve_registry_start(config)
 
     assert warm.parent_version == "warm/2" and warm.requested == "models:/warm@champion"
     assert Path(resolved.model_name_or_path) == tmp_path / "run" / "warm-start" / "warm-v2" == warm.path
     assert resolved.data.warmup_sft_steps == 0  # the registered version had its supervised warm start
     assert warm.tags() == {PARENT_VERSION_TAG: "warm/2", WARM_START_TAG: "registry models:/warm/2"}
-    assert warm_start_of(resolved.model_name_or_path).parent_version == "warm/2"  # what the trainer tags
+    assert registry_start_of(resolved.model_name_or_path).parent_version == "warm/2"  # what the trainer tags
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(resolved.model_name_or_path)
     logged = AutoModelForCausalLM.from_pretrained(store.checkpoint)
     assert all(torch_equal(a, b) for a, b in zip(loaded.state_dict().values(), logged.state_dict().values()))
-    again, _ = resolve_warm_start(config)  # a second rank (or a retry) finds it in place
+    again, _ = resolve_registry_start(config)  # a second rank (or a retry) finds it in place
     assert again.model_name_or_path == resolved.model_name_or_path
 
 
@@ -392,8 +397,8 @@ def test_warm_start_on_the_shared_volume_downloads_privately_and_takes_nothing_p
     marker (so the old way skipped the download and the run trained on the tenant's weights under the champion's
     name), or a link in its place, is refused; an honest run gets the registry's files, copied into a new folder."""
     from async_grpo.config import GRPOConfig
+    from async_grpo.lifecycle.registry_start import registry_start_of, resolve_registry_start
     from async_grpo.shared_volume import UnsafeVolumePath
-    from async_grpo.warm_start import resolve_warm_start, warm_start_of
 
     client = store.register("shared-warm", versions=1)
     promote(client, "shared-warm", "1", reason="test", actor="ci")
@@ -405,34 +410,38 @@ def test_warm_start_on_the_shared_volume_downloads_privately_and_takes_nothing_p
             mlflow_tracking_uri=store.uri,
         )  # fmt: skip
 
-    resolved, warm = resolve_warm_start(config("honest"), volume_root=volume)
+    resolved, warm = resolve_registry_start(config("honest"), volume_root=volume)
     assert Path(resolved.model_name_or_path) == volume / "honest" / "warm-start" / "shared-warm-v1" == warm.path
-    assert warm.parent_version == "shared-warm/1" == warm_start_of(warm.path).parent_version
+    assert warm.parent_version == "shared-warm/1" == registry_start_of(warm.path).parent_version
     assert (warm.path / "config.json").read_bytes() == (Path(store.checkpoint) / "config.json").read_bytes()
 
     forged = volume / "forged" / "warm-start" / "shared-warm-v1"
     shutil.copytree(warm.path, forged)  # the marker names the champion; the weights are the tenant's
     with pytest.raises(UnsafeVolumePath, match="shared-warm-v1 already exists"):
-        resolve_warm_start(config("forged"), volume_root=volume)
+        resolve_registry_start(config("forged"), volume_root=volume)
     (volume / "linked").mkdir()
     (volume / "linked" / "warm-start").symlink_to(tmp_path)
     with pytest.raises(UnsafeVolumePath, match="warm-start is a symbolic link"):
-        resolve_warm_start(config("linked"), volume_root=volume)
+        resolve_registry_start(config("linked"), volume_root=volume)
     assert not (tmp_path / "shared-warm-v1").exists()  # nothing written through the link
 
 
 def test_warm_start_leaves_other_models_alone_and_refuses_a_missing_alias(store, tmp_path):
     from async_grpo.config import GRPOConfig
-    from async_grpo.warm_start import resolve_warm_start
+    from async_grpo.lifecycle.registry_start import resolve_registry_start
 
     base = GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store.uri)
-    same, warm = resolve_warm_start(base)
-    assert same is base and warm.parent_version == "" and warm.tags()["async_grpo.warm_start"] == "base builtin:tiny"
+    same, warm = resolve_registry_start(base)
+    assert (
+        same is base
+        and warm.parent_version == ""
+        and warm.tags()["async_grpo.lifecycle.registry_start"] == "base builtin:tiny"
+    )
     store.register("no-champion", versions=1)
     with pytest.raises(RegistryError, match="model_name_or_path=.*no version of 'no-champion' has the alias"):
-        resolve_warm_start(base.model_copy(update={"model_name_or_path": "models:/no-champion@champion"}))
+        resolve_registry_start(base.model_copy(update={"model_name_or_path": "models:/no-champion@champion"}))
     with pytest.raises(RegistryError, match="model_name_or_path"):
-        resolve_warm_start(base.model_copy(update={"model_name_or_path": "models:/x/Production"}))
+        resolve_registry_start(base.model_copy(update={"model_name_or_path": "models:/x/Production"}))
 
 
 def torch_equal(a, b) -> bool:

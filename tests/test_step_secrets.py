@@ -63,4 +63,4 @@ def test_each_step_with_a_secret_loads_it_once_after_its_decision(module):
     before = ast.unparse(ast.Module(body=body[: body.index(loads[0])], type_ignores=[]))
     decision = "local_spec(dataset_uri)" if module == "prepare_dataset" else "check_step("
     assert decision in before, module
-    assert "MlflowClient" not in before and "resolve_warm_start" not in before, module
+    assert "MlflowClient" not in before and "resolve_registry_start" not in before, module

@@ -6,7 +6,7 @@ on the same held-out prompts, with the same per-prompt seeds, sampling and rewar
 paired difference: pushed into the same server through the weight-transfer plane when both checkpoints have the same
 layout (`transports.weights.checkpoint`: one server start instead of two), else by a second `vllm serve` after the
 first has stopped; the registration gate is the lower bound
-of a bootstrap interval of their mean (`async_grpo.promotion`), decided here where both scores are known. The
+of a bootstrap interval of their mean (`async_grpo.lifecycle.promotion`), decided here where both scores are known. The
 pipeline only branches on the returned boolean (`dsl.If`). Reward functions are submitter code: on Kubernetes they
 run in a reward pod of their own without credentials (`KubernetesBackend.reward_service`), never in this pod, which
 holds the MLflow credentials and the launcher's ServiceAccount token.
@@ -104,7 +104,6 @@ def evaluate(
     import yaml
     from transformers import AutoTokenizer
 
-    from async_grpo import registry
     from async_grpo.config import GRPOConfig
     from async_grpo.data import load_prompt_items
     from async_grpo.evaluation import score_held_out
@@ -112,7 +111,8 @@ def evaluate(
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
     from async_grpo.launch.k8s_policy import check_backend_choice, check_step
     from async_grpo.launch.pipeline_step import check_backend_name
-    from async_grpo.promotion import decide, paired_bootstrap
+    from async_grpo.lifecycle import registry
+    from async_grpo.lifecycle.promotion import decide, paired_bootstrap
     from async_grpo.rewards.pool import RewardPool
     from async_grpo.rewards.remote import RemoteRewardPool
     from async_grpo.runner.builders import build_rollout, sampling_settings
@@ -274,7 +274,7 @@ def evaluate(
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file="final_eval/completions.json")
         mlflow.set_tags(tags)
     if mlflow_parent_run_id:  # the pipeline's layout: a nested run for this step, the summary on the parent
-        from async_grpo import pipeline_tracking
+        from async_grpo.lifecycle import pipeline_tracking
 
         client = mlflow.MlflowClient(tracking_uri=tracking_uri)
         step_run = pipeline_tracking.open_step_run(client, mlflow_parent_run_id, "evaluate")

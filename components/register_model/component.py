@@ -3,7 +3,7 @@
 The pipeline calls it only inside `dsl.If(evaluate passed)`. The version points at the model the
 training run already logged with MLflow's `transformers` flavour (the run's tag `async_grpo.model_uri`;
 nothing is copied again), so `mlflow.transformers.load_model("models:/<name>/<version>")` loads it and
-`mlflow models serve` serves it. It carries its lineage as tags (`async_grpo.lineage`: parent version, data and
+`mlflow models serve` serves it. It carries its lineage as tags (`async_grpo.lifecycle.lineage`: parent version, data and
 config digests, code, KFP run, the head-to-head evaluation), and takes the champion alias only if the alias still
 points where `evaluate` found it (a concurrent run may have moved it since).
 """
@@ -34,8 +34,8 @@ def register_model(
     earlier versions: their `model` artifact folder) as a new version of `registered_model_name`, and move the
     champion alias to it.
 
-    The version gets the tags of `async_grpo.lineage.lineage_tags` plus `eval_reward`, `kfp.run_name` and
-    `base_model`. The alias moves with `async_grpo.registry.promote`, compare-and-set against the champion
+    The version gets the tags of `async_grpo.lifecycle.lineage.lineage_tags` plus `eval_reward`, `kfp.run_name` and
+    `base_model`. The alias moves with `async_grpo.lifecycle.registry.promote`, compare-and-set against the champion
     `evaluate` scored against (`metrics.metadata["champion_version"]`): when another run moved it meanwhile, the
     version is registered but not promoted (tag `promotion` says why; `promoted` is False), since it was never
     compared with the new champion. The previous champion keeps the alias `previous-champion`; the training run
@@ -76,11 +76,11 @@ def register_model(
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from async_grpo import registry
     from async_grpo.launch.k8s_policy import check_step
-    from async_grpo.lineage import lineage_tags
+    from async_grpo.lifecycle import registry
+    from async_grpo.lifecycle.lineage import lineage_tags
+    from async_grpo.lifecycle.registry_start import PARENT_VERSION_TAG
     from async_grpo.step_secrets import load_step_secrets
-    from async_grpo.warm_start import PARENT_VERSION_TAG
 
     log = logging.getLogger("register_model")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -174,7 +174,7 @@ def register_model(
         log.warning("registered %s v%s without promoting it: %s", registered_model_name, version.version, err)
     client.set_tag(mlflow_run_id, "registered_model_version", f"{registered_model_name}/{version.version}")
     if mlflow_parent_run_id:  # the pipeline's layout: a nested run for this step, the outcome on the parent
-        from async_grpo import pipeline_tracking
+        from async_grpo.lifecycle import pipeline_tracking
 
         done = {"registered_model_version": f"{registered_model_name}/{version.version}", "promoted": str(promoted)}
         step_run = pipeline_tracking.open_step_run(client, mlflow_parent_run_id, "register", tags=done)

@@ -100,9 +100,9 @@ def train_grpo(
         mlflow_tracking_uri: overrides the config's URI; when both are empty, the MLFLOW_TRACKING_URI
             environment variable (the cluster secret) is used, else sqlite under output_dir.
         warm_start: "none" trains `model_name_or_path`; "champion" trains the version of `registered_model_name`
-            that holds `champion_alias` (downloaded into `<output_dir>/warm-start/`, `async_grpo.warm_start`; the
+            that holds `champion_alias` (downloaded into `<output_dir>/warm-start/`, `async_grpo.lifecycle.registry_start`; the
             supervised warm start is skipped), or, with no champion yet, `model_name_or_path`, saying so in the
-            log and the run's tag `async_grpo.warm_start`. A `models:/` URI in `model_name_or_path` is resolved the
+            log and the run's tag `async_grpo.lifecycle.registry_start`. A `models:/` URI in `model_name_or_path` is resolved the
             same way whatever this says.
         registered_model_name: the registry entry whose champion `warm_start: champion` starts from; in a cluster
             pod it must be listed in the policy's `registered_models` (reading is allowed only for listed names).
@@ -112,7 +112,7 @@ def train_grpo(
 
     Returns:
         mlflow_run_id, tracking_uri, resolved_config (YAML of every field), run_name and mlflow_parent_run_id: the
-        pipeline run's MLflow parent run (`async_grpo.pipeline_tracking`: the resolved config as flat params; the
+        pipeline run's MLflow parent run (`async_grpo.lifecycle.pipeline_tracking`: the resolved config as flat params; the
         training run is its nested run `train`), "" when KFP's own MLflow integration opened this task's run
         (`MLFLOW_RUN_ID` set: the trainer logs into that run, nested as KFP nests it).
 
@@ -145,10 +145,21 @@ def train_grpo(
     from pathlib import Path
 
     from async_grpo.config import ConfigError, dump_config
-    from async_grpo.launch.k8s_policy import check_step, check_work_dir, in_cluster_pod, registry_model_name
+    from async_grpo.launch.k8s_policy import (
+        check_backend_choice,
+        check_step,
+        check_work_dir,
+        in_cluster_pod,
+        registry_model_name,
+    )
     from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
     from async_grpo.launch.naming import pipeline_run_name
-    from async_grpo.launch.pipeline_step import backend_for, check_pipeline_config, resolve_run_config
+    from async_grpo.launch.pipeline_step import (
+        backend_for,
+        check_backend_name,
+        check_pipeline_config,
+        resolve_run_config,
+    )
     from async_grpo.shared_volume import copy_tree, make_run_dir, remove_tree
 
     log = logging.getLogger("train_grpo")
@@ -172,8 +183,8 @@ def train_grpo(
         raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
     if warm_start == "champion" and not registered_model_name:
         raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
-    # local inside a cluster pod is refused here; the kubernetes backend only reads the mounted policy (no call yet)
-    backend = backend_for(launch_backend, backend_options, trainer_api)
+    check_backend_name(launch_backend)
+    check_backend_choice(launch_backend)  # local inside a cluster pod: refused before anything touches the volume
     check_work_dir(work_dir)
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
 
@@ -211,6 +222,8 @@ def train_grpo(
         tracking_uri=config.tracking_uri if in_cluster_pod() else None,  # else the backend's check judges it
         registered_models=reads,
     )
+    # the kubernetes backend reads the mounted platform policy (no call to the cluster yet)
+    backend = backend_for(launch_backend, backend_options, trainer_api)
     decided = config  # the config the policy judged; a warm start below replaces the model, and it is judged again
     if launch_backend == "kubernetes":
         backend.check(config)
@@ -220,7 +233,7 @@ def train_grpo(
     if warm_start == "champion":
         import mlflow
 
-        from async_grpo import registry
+        from async_grpo.lifecycle import registry
         from async_grpo.tracking import open_store
 
         open_store(config.tracking_uri)
@@ -231,15 +244,15 @@ def train_grpo(
             log.info("warm start: %s", start_note)
         else:
             config = config.model_copy(update={"model_name_or_path": f"models:/{registered_model_name}/{held.version}"})
-    from async_grpo.warm_start import WARM_START_TAG, resolve_warm_start
+    from async_grpo.lifecycle.registry_start import WARM_START_TAG, resolve_registry_start
 
     # a models:/ model is downloaded before anything starts: on the volume, privately first, then into a new folder
-    config, warm = resolve_warm_start(config, volume_root=volume_root or None)
+    config, warm = resolve_registry_start(config, volume_root=volume_root or None)
 
     import mlflow
 
     from async_grpo.config import flat_params
-    from async_grpo.pipeline_tracking import PipelineRun
+    from async_grpo.lifecycle.pipeline_tracking import PipelineRun
     from async_grpo.tracking import experiment_name, open_store
 
     pipeline_run = None  # None: KFP's MLflow integration opened (and nests) this task's run, MLFLOW_RUN_ID

@@ -52,13 +52,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.vllm_url:
         overrides.append(f"vllm_url={args.vllm_url}")
+    from async_grpo.lifecycle.registry import RegistryError
+    from async_grpo.lifecycle.registry_start import resolve_registry_start
     from async_grpo.preflight import check_config
-    from async_grpo.registry import RegistryError
-    from async_grpo.warm_start import resolve_warm_start
 
     try:
         config = load_config(args.config, overrides)
-        config, _ = resolve_warm_start(config)  # a models:/ URI becomes the downloaded registry version
+        config, _ = resolve_registry_start(config)  # a models:/ URI becomes the downloaded registry version
         check_config(config, target="local")  # before the heavy imports below, and before any process starts
     except (ConfigError, RegistryError) as err:
         return print_user_error(err)

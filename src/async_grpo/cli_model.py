@@ -1,6 +1,6 @@
 """`async-grpo model promote|rollback|show`: the champion alias of a registered model, from the command line.
 
-A thin shell over `async_grpo.registry` (which holds the rules: compare-and-set, previous-champion, the tags each
+A thin shell over `async_grpo.lifecycle.registry` (which holds the rules: compare-and-set, previous-champion, the tags each
 move records). The registry is the tracking server's: `--tracking-uri`, else `MLFLOW_TRACKING_URI`, as every MLflow
 tool. A refusal (no such model or version, nothing to roll back to, a champion that moved) exits 2 with
 `error: ... Fix: ...` on stderr and no traceback. In a cluster pod, or with `--policy FILE`, the platform policy
@@ -18,7 +18,7 @@ from pathlib import Path
 from async_grpo.config import ConfigError
 from async_grpo.errors import print_user_error
 from async_grpo.launch.k8s_policy import PolicyViolation, in_cluster_pod, load_policy, step_problems
-from async_grpo.registry import (
+from async_grpo.lifecycle.registry import (
     ANY,
     CHAMPION_ALIAS,
     RegistryError,

@@ -187,7 +187,7 @@ def run_local_pipeline(
     if unknown:
         raise ValueError(f"unknown pipeline parameters {unknown}. Fix: use names from {package_path}.")
     experiment = str(args.get("mlflow_experiment_name", params["mlflow_experiment_name"].get("defaultValue")))
-    from async_grpo.pipeline_tracking import ensure_experiment
+    from async_grpo.lifecycle.pipeline_tracking import ensure_experiment
     from async_grpo.tracking import open_store
 
     tracking_uri = str(args["mlflow_tracking_uri"])

@@ -797,5 +797,5 @@ def test_12_every_step_reads_and_copies_the_volume_only_through_shared_volume():
         assert calls == allowed, f"{path.relative_to(REPO)} calls {calls}: use async_grpo.shared_volume"
     train = (REPO / "components" / "train_grpo" / "component.py").read_text()
     assert "copy_tree(result.model_dir, model.path" in train and "make_run_dir(" in train
-    for module in ("warm_start.py", "tracking.py"):
+    for module in ("lifecycle/registry_start.py", "tracking.py"):
         assert "shared_volume.copy_tree(" in (REPO / "src" / "async_grpo" / module).read_text()

@@ -88,7 +88,7 @@ def events(monkeypatch):
     monkeypatch.setattr(step_secrets, "load_step_secrets", load_step_secrets)
     monkeypatch.setattr(mlflow, "MlflowClient", Client)
     monkeypatch.setattr("async_grpo.tracking.open_store", network("open_store"))
-    monkeypatch.setattr("async_grpo.warm_start.resolve_warm_start", network("resolve_warm_start"))
+    monkeypatch.setattr("async_grpo.lifecycle.registry_start.resolve_registry_start", network("resolve_registry_start"))
     monkeypatch.setattr(requests.Session, "send", network("http"))
     monkeypatch.setattr(k8s_policy, "check_step", check_step)
     yield log

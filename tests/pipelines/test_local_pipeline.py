@@ -87,7 +87,7 @@ def test_scheduled_retraining_builds_on_the_champion_and_promotes_only_a_proven_
     assert run.data.tags["kfp.run_name"] == first.name and run.info.status == "FINISHED"
     assert run.data.params["max_steps"] == "20" and run.data.params["warmup_sft_steps"] == "300"
     assert run.data.tags["kfp.launch_backend"] == "local"
-    assert run.data.tags["async_grpo.warm_start"].startswith("base builtin:tiny")
+    assert run.data.tags["async_grpo.lifecycle.registry_start"].startswith("base builtin:tiny")
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == list(range(1, 21))
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/reward")) == [0, 10, 20]
     final = run.data.metrics["final_eval/reward"]
@@ -144,7 +144,7 @@ def test_scheduled_retraining_builds_on_the_champion_and_promotes_only_a_proven_
         folder = folders[role]
         assert (folder / "final-model" / "config.json").is_file() and not (folder / "staging").exists()
         assert r.data.tags["async_grpo.parent_version"] == f"{MODEL}/1"
-        assert r.data.tags["async_grpo.warm_start"] == f"registry models:/{MODEL}/1"
+        assert r.data.tags["async_grpo.lifecycle.registry_start"] == f"registry models:/{MODEL}/1"
         assert r.data.params["warmup_sft_steps"] == "0"  # the champion had its warm start
         # judged against version 1 (or, for a run that evaluated after the other was promoted, against that one)
         assert r.data.tags["final_eval.champion_version"] in {"1", *promoted_versions}

@@ -147,7 +147,7 @@ def test_lineage_tags_and_a_champion_that_moved_meanwhile(tmp_path, store):
     tags = client.get_model_version(NAME, "1").tags
     assert tags["dataset.source"] == "/workspace/data/2026-11-26.jsonl" and tags["dataset.train_digest"] == "ab" * 32
     assert tags["kfp.run_id"] == "kfp-123" and tags["mlflow_run_id"] == first_run
-    from async_grpo.lineage import config_digest
+    from async_grpo.lifecycle.lineage import config_digest
 
     assert tags["config_sha256"] == config_digest("learning_rate: 0.1\nseed: 1\n")  # key order does not matter
     assert float(tags["eval.mean_difference"]) == 0.05 and "eval.ci_low" not in tags  # NaN left out

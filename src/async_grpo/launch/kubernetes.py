@@ -100,7 +100,7 @@ class MlflowRunTracking:
         the same moment). Raises MlflowException if unreachable."""
         from mlflow import MlflowClient
 
-        from async_grpo.pipeline_tracking import ensure_experiment
+        from async_grpo.lifecycle.pipeline_tracking import ensure_experiment
 
         client = MlflowClient(tracking_uri)
         exp_id = ensure_experiment(client, experiment_name)

@@ -222,8 +222,10 @@ def check_model(config: GRPOConfig) -> tuple[list[Problem], str | None]:
     name = config.model_name_or_path
     if name == "builtin:tiny":
         return [], None
-    if name.startswith("models:/"):  # the MLflow registry: resolved by `warm_start.resolve_warm_start` at launch
-        from async_grpo.registry import RegistryError, parse_model_uri
+    if name.startswith(
+        "models:/"
+    ):  # the MLflow registry: resolved by `registry_start.resolve_registry_start` at launch
+        from async_grpo.lifecycle.registry import RegistryError, parse_model_uri
 
         try:
             parse_model_uri(name)

@@ -26,6 +26,7 @@ from async_grpo.evaluation import evaluate_reward
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.inference.replicas import BalancedClient, ReplicaSet
+from async_grpo.lifecycle.registry_start import registry_start_of
 from async_grpo.orchestrator.producer import RunProducer
 from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import Rollout
@@ -43,7 +44,6 @@ from async_grpo.transports.messages import StepBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion
 from async_grpo.transports.weights.frozen import FrozenSource
 from async_grpo.transports.weights.replicas import ReplicaPusher
-from async_grpo.warm_start import warm_start_of
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class GRPORecipe:
         self.served_model = self.replicas.replicas[0].endpoint.model_name()
         self.tracker = Tracker(config, run_id=checkpoints.resumed_run_id(self.resume_from))  # same run on resume
         self.tracker.log_text(dump_config(config), "config.resolved.yaml")
-        self.tracker.set_tags(warm_start_of(model_path, config.model_name_or_path).tags())  # the registry parent
+        self.tracker.set_tags(registry_start_of(model_path, config.model_name_or_path).tags())  # the registry parent
         self.tracker.log_dataset(
             config.data.dataset, [item.prompt for item in self.train_items], context="training",
             digest=record.train_digest if record else None, source=record.resolved_uri if record else None,

@@ -349,7 +349,7 @@ def resolve_model_uri(uri: str, dest: Path, tracking_uri: str | None = None) -> 
         dest: the folder to create (its parent is created when missing). It is read and reused as it is (the
             marker, `config.json`) through plain paths, so it must be the caller's own folder: a process holding
             credentials passes a step-private one (`shared_volume.private_dir`) and copies the result onto a shared
-            volume with `shared_volume.copy_tree` (`warm_start.resolve_warm_start`, the evaluate step).
+            volume with `shared_volume.copy_tree` (`registry_start.resolve_registry_start`, the evaluate step).
         tracking_uri: the tracking server (its registry is used); None: MLflow's default (`MLFLOW_TRACKING_URI`).
 
     Raises:

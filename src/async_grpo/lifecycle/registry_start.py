@@ -21,19 +21,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from async_grpo import registry, shared_volume
+from async_grpo import shared_volume
 from async_grpo.config import GRPOConfig
+from async_grpo.lifecycle import registry
 
 logger = logging.getLogger(__name__)
 
 PARENT_VERSION_TAG = "async_grpo.parent_version"  # run tag: `<name>/<version>` the run warm-started from
-WARM_START_TAG = "async_grpo.warm_start"  # run tag: how the run started (`registry models:/...` or `base ...`)
+WARM_START_TAG = (
+    "async_grpo.lifecycle.registry_start"  # run tag: how the run started (`registry models:/...` or `base ...`)
+)
 MARKER_MAX_BYTES = 1 << 20  # a registry marker file is a few hundred bytes; a larger one is not ours
 LOCK_TIMEOUT_S = 600.0  # how long a trainer rank waits for another rank's download of the same version
 
 
 @dataclass(frozen=True)
-class WarmStart:
+class RegistryStart:
     """Where a run's initial weights came from.
 
     Attributes:
@@ -52,9 +55,9 @@ class WarmStart:
         return {PARENT_VERSION_TAG: self.parent_version, WARM_START_TAG: how}
 
 
-def resolve_warm_start(
+def resolve_registry_start(
     config: GRPOConfig, tracking_uri: str | None = None, *, volume_root: str | Path | None = None
-) -> tuple[GRPOConfig, WarmStart]:
+) -> tuple[GRPOConfig, RegistryStart]:
     """`config` with a `models:/` `model_name_or_path` replaced by the downloaded folder (and `warmup_sft_steps` set
     to 0: the registered version had its supervised warm start already); any other config unchanged.
 
@@ -76,7 +79,7 @@ def resolve_warm_start(
             caller's own.
 
     Returns:
-        (config, WarmStart).
+        (config, RegistryStart).
 
     Raises:
         RegistryError (a ValueError): a malformed URI, or no such model, version or alias (the message names
@@ -88,7 +91,7 @@ def resolve_warm_start(
     """
     requested = config.model_name_or_path
     if not registry.is_model_uri(requested):
-        return config, WarmStart(requested, Path(requested) if Path(requested).is_dir() else None)
+        return config, RegistryStart(requested, Path(requested) if Path(requested).is_dir() else None)
     try:
         ref = registry.parse_model_uri(requested)
     except registry.RegistryError as err:
@@ -124,11 +127,11 @@ def resolve_warm_start(
         )
         update["warmup_sft_steps"] = 0
     parent = f"{resolved.name}/{resolved.version}"
-    return config.model_copy(update=update), WarmStart(requested, resolved.path, parent)
+    return config.model_copy(update=update), RegistryStart(requested, resolved.path, parent)
 
 
-def warm_start_of(model_path: Path | str, requested: str = "") -> WarmStart:
-    """The WarmStart of a folder a run loads: its `registry.MARKER_FILE` names the registry version it holds; a
+def registry_start_of(model_path: Path | str, requested: str = "") -> RegistryStart:
+    """The RegistryStart of a folder a run loads: its `registry.MARKER_FILE` names the registry version it holds; a
     folder without one, or whose marker is a link, a special file or unreadable, is a base model."""
     path = Path(model_path)
     try:  # the folder may lie on the shared volume: the marker is read without following a link (UnsafeVolumePath)
@@ -136,7 +139,7 @@ def warm_start_of(model_path: Path | str, requested: str = "") -> WarmStart:
         parent = f"{marker['name']}/{marker['version']}"
     except (OSError, ValueError, KeyError, TypeError):
         parent = ""
-    return WarmStart(requested or str(model_path), path, parent)
+    return RegistryStart(requested or str(model_path), path, parent)
 
 
 def _alias_version(requested: str, ref: registry.ModelRef, tracking_uri: str) -> str:
