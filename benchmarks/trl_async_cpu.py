@@ -54,7 +54,7 @@ from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 from async_grpo.inference.client import VersionedWeightSyncClient, VLLMControlClient
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
-from async_grpo.runner.scheduling import vllm_cpu_threads
+from async_grpo.runner.resource_sharing import vllm_cpu_threads
 from async_grpo.transports.weights.gloo import GlooTrainerInitInfo
 from async_grpo.transports.weights.sync import resolve_backend
 

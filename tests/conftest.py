@@ -4,7 +4,7 @@ in which test modules are handed to the workers.
 
 Cores: each worker computes on its own share of the machine's cores (two workers on two cores: one core each), set as
 the worker's CPU affinity, which every process a test starts (vLLM, trainer, reward workers) inherits and which the
-product reads to size its thread pools (`runner.scheduling`, vLLM's OpenMP threads). Without it, two workers' runs
+product reads to size its thread pools (`runner.resource_sharing`, vLLM's OpenMP threads). Without it, two workers' runs
 each sized their pools for the whole machine: a torch pool of 2 threads beside another busy process took 0.47 s per
 warm-start step against 0.27 s on 1 thread (OpenMP threads spin waiting for a descheduled peer), and the suite took
 28.4 minutes against 24.0 pinned (2026-11-29, 2 cores). A benchmark that binds processes to cores of its own

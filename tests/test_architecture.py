@@ -274,7 +274,7 @@ FOREIGN_PROBES = {
     ("orchestrator/producer.py", "config"): "a user data_producer's object, checked before it is trusted",
     ("trainer/flattening.py", "config"): "a transformers model",
     ("trainer/prefix_sharing.py", "config"): "a transformers model",
-    ("trainer/schedule.py", "config"): "a transformers model",
+    ("trainer/policy_setup.py", "config"): "a transformers model",
     ("trainer/distributed.py", "get_decoder"): "a transformers model (not every architecture has a decoder)",
     ("transports/weights/gloo.py", "config"): "vLLM's model inside its worker",
     ("transports/weights/gloo.py", "lm_head"): "vLLM's model inside its worker",

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 from async_grpo.inference.client import AsyncVLLMClient, InferenceEndpoint, VLLMControlClient
 from async_grpo.inference.replicas import ReplicaSet
 from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
-from async_grpo.runner.scheduling import TimeSlice
+from async_grpo.runner.resource_sharing import TimeSlice
 from async_grpo.transports.weights.replicas import ReplicaPusher
 from async_grpo.transports.weights.sync import WeightPusher
 

@@ -29,7 +29,7 @@ from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
 from async_grpo.runner.checkpoints import StopGuard
 from async_grpo.runner.follower import run_follower
-from async_grpo.runner.scheduling import resolve_for_config, vllm_cpu_threads
+from async_grpo.runner.resource_sharing import resolve_for_config, vllm_cpu_threads
 from async_grpo.trainer.distributed import check_env, close_distributed, init_distributed
 from async_grpo.transports.weights.sync import resolve_backend
 
@@ -158,7 +158,7 @@ def start_judge_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | Non
 
 
 def vllm_thread_env(config: GRPOConfig) -> dict[str, str]:
-    """OMP_NUM_THREADS for the vLLM CPU servers this run launches (`scheduling.vllm_cpu_threads` of the resolved
+    """OMP_NUM_THREADS for the vLLM CPU servers this run launches (`resource_sharing.vllm_cpu_threads` of the resolved
     `resource_sharing`; e.g. 1 of 2 cores under adaptive); {} on GPU, under time_slice, or when the environment
     already sets OMP_NUM_THREADS (the user's choice wins)."""
     if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:

@@ -26,10 +26,10 @@ from async_grpo.inference.client import GenerationClient, GenerationError
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
 from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, rollout_metrics
+from async_grpo.orchestrator.determinism import ScheduleState
 from async_grpo.orchestrator.failures import DynamicSamplingError, RewardFailureWatch, RewardServiceError  # noqa: F401 - the errors are re-exported
 from async_grpo.orchestrator.progress import ProducerState, PromptLedger, draw_window
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
-from async_grpo.orchestrator.schedule import ScheduleState
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 from async_grpo.transports.scorer import RewardError

@@ -81,7 +81,7 @@ class PromptLedger(Iterator):
 
     def live_state_dict(self) -> dict[str, Any]:
         """The sampler's live position, after every draw so far (what `full_determinism`'s checkpoint keeps: it
-        saves the drawn prompts itself, `orchestrator.schedule`)."""
+        saves the drawn prompts itself, `orchestrator.determinism`)."""
         with self._lock:
             return self.sampler.state_dict()
 

@@ -26,8 +26,8 @@ from async_grpo.orchestrator.producer import ProducerConfig, RunProducer, VLLMPr
 from async_grpo.orchestrator.rollout import Rollout, SamplingSettings
 from async_grpo.runner import peft_setup, tool_setup
 from async_grpo.trainer.distributed import DataParallelLearner, DistInfo
+from async_grpo.trainer.lr_schedule import LRSchedule, warmup_steps
 from async_grpo.trainer.protocol import Learner
-from async_grpo.trainer.schedule import LRSchedule, warmup_steps
 from async_grpo.trainer.trainer import GRPOLearner
 from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
 from async_grpo.transports.scorer import Scorer
@@ -104,7 +104,7 @@ def load_policy(config: GRPOConfig, path: Path, *, weights: bool = True) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from async_grpo.trainer.schedule import prepare_policy
+    from async_grpo.trainer.policy_setup import prepare_policy
 
     kwargs = {k: v for k, v in (config.model_init_kwargs or {}).items() if k not in ("dtype", "torch_dtype")}
     remote = config.trust_remote_code
@@ -216,7 +216,8 @@ def warm_start(
     conversations for a tool-calling task (tool results are context, never trained; rendered with `tool_schemas`,
     the rollout's offered tools), then its check on the task's held-out split (`trainer.sft.warm_start_report`:
     teacher-forced, on items it never trained on); a warm start that did not converge is logged as a warning.
-    `after_step(seconds, padded_tokens)` is called after each SFT step (`scheduling.FasterThreads`); None: nothing.
+    `after_step(seconds, padded_tokens)` is called after each SFT step (`resource_sharing.FasterThreads`); None:
+    nothing.
 
     Returns:
         None when off, else the metrics `warmup/sft_loss` (the final training loss, nats per token) and

@@ -31,7 +31,7 @@ from async_grpo.orchestrator.producer import RunProducer
 from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import Rollout
 from async_grpo.rewards.remote import make_reward_pool
-from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, scheduling
+from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, resource_sharing
 from async_grpo.runner.collapse import Collapse, CollapseGuard
 from async_grpo.runner.memory import memory_metrics
 from async_grpo.runner.overlapped_push import OverlappedPush
@@ -129,15 +129,17 @@ class GRPORecipe:
         # ---- inference starts; the model loads and warm-starts meanwhile
         self.replicas = ReplicaSet.of(start_inference(model_path))
         model = builders.load_policy(config, model_path)
-        sft_threads = scheduling.warm_start_threads(
+        sft_threads = resource_sharing.warm_start_threads(
             config.optim.torch_num_threads,
             launched_here=all(r.endpoint.launched for r in self.replicas.replicas),
             local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             cuda=self.info.device.type == "cuda",
         )  # nothing generates yet: a trainer held below the cores for vLLM's sake takes them all meanwhile,
         # unless another process computes on them (measured as it goes: `FasterThreads`)
-        faster = None if sft_threads is None else scheduling.FasterThreads(sft_threads, config.optim.torch_num_threads)
-        with scheduling.torch_threads(sft_threads):
+        faster = (
+            None if sft_threads is None else resource_sharing.FasterThreads(sft_threads, config.optim.torch_num_threads)
+        )
+        with resource_sharing.torch_threads(sft_threads):
             if faster is not None:
                 faster.start()
             warm = (
@@ -174,7 +176,7 @@ class GRPORecipe:
             warm is not None or not launched or peft_setup.push_at_start(config)
         ):  # serve exactly the trainer's starting weights as version 0
             self.sync_times.append(self.pusher.push(self.version.value))  # (warm-started, or attached: unknown)
-        self.time_slice = scheduling.TimeSlice.for_run(config, self.replicas, launched, self.learner.model)
+        self.time_slice = resource_sharing.TimeSlice.for_run(config, self.replicas, launched, self.learner.model)
         if config.weight_sync.weight_sync_overlap:
             why = self.overlap_off()
             if why is None:

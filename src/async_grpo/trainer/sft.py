@@ -64,7 +64,7 @@ def supervised_warm_start(
         learning_rate: AdamW learning rate.
         batch_size: pairs per step.
         after_step: called after each step with its wall seconds and its padded tokens (batch x width), e.g.
-            `runner.scheduling.FasterThreads.after_step`; None: nothing.
+            `runner.resource_sharing.FasterThreads.after_step`; None: nothing.
 
     Returns:
         The mean loss (nats/token) of the last 10 steps.

@@ -26,11 +26,11 @@ import torch
 from async_grpo.algorithms import GRPOObjective, LossSettings, MicroBatchInputs
 from async_grpo.trainer.flattening import completion_hidden_states, completion_logps, flat_row_tokens
 from async_grpo.trainer.logprobs import chunked_token_logps
+from async_grpo.trainer.lr_schedule import LRSchedule
 from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics, take
 from async_grpo.trainer.packing import PackedBatch, pack_batch
 from async_grpo.trainer.prefix_sharing import check_model
 from async_grpo.trainer.protocol import AdapterPush
-from async_grpo.trainer.schedule import LRSchedule
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class GRPOLearner:
         fsdp: shard the model over the ranks with FSDP2 (several ranks only).
         mixed_precision: None (float32 everywhere) or "bf16": forward passes under bfloat16 autocast with float32
             master weights, gradients and optimizer state (TRL `bf16`; `_autocast`).
-        lr_schedule: the learning-rate schedule (`trainer.schedule.LRSchedule`, stepped after every optimizer
+        lr_schedule: the learning-rate schedule (`trainer.lr_schedule.LRSchedule`, stepped after every optimizer
             step, its state in `state_dict`); None keeps learning_rate constant.
         adam_betas, adam_epsilon: AdamW's betas and eps (transformers `adam_beta1/2`, `adam_epsilon`).
         max_tokens_per_microbatch, batch_flattening, group_by_length: see `trainer.microbatching.MicroBatching`

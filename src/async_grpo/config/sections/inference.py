@@ -1,7 +1,7 @@
 """The `inference` section: the vLLM servers that generate rollouts: attach to running ones or launch them (port,
 dtype, model length, KV cache, GPU memory, tensor parallelism, extra flags), how many replicas, where generation runs
 relative to training (`ResourceSharing`: whether the servers share the trainer's cores or GPU; `inference.replicas`
-and `runner.scheduling` implement it), request timeouts and recovery from a lost server."""
+and `runner.resource_sharing` implement it), request timeouts and recovery from a lost server."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class InferenceConfig(Section):
     """The vLLM server that generates rollouts: attach to one, or how to launch it."""
 
     # Where generation runs relative to training: how many vLLM servers, and whether they share the trainer's cores
-    # or GPU (`inference.replicas` and `runner.scheduling` implement them)
+    # or GPU (`inference.replicas` and `runner.resource_sharing` implement them)
     vllm_replicas: int = Field(
         1,
         ge=1,

@@ -10,7 +10,8 @@ import torch
 
 from async_grpo.config import GRPOConfig
 from async_grpo.runner.builders import build_local_learner, lr_schedule, with_epochs_resolved
-from async_grpo.trainer.schedule import prepare_policy, warmup_steps
+from async_grpo.trainer.lr_schedule import warmup_steps
+from async_grpo.trainer.policy_setup import prepare_policy
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 
 PAD = 256

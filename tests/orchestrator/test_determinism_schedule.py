@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from async_grpo.data import PromptItem
-from async_grpo.orchestrator.schedule import ScheduleState
+from async_grpo.orchestrator.determinism import ScheduleState
 from async_grpo.transports.messages import RolloutGroup
 
 

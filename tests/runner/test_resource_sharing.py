@@ -13,8 +13,8 @@ import torch
 from async_grpo.config import GRPOConfig
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import ReplicaSet
-from async_grpo.runner import scheduling
-from async_grpo.runner.scheduling import ThreadGovernor, TimeSlice, resolve_resource_sharing, vllm_cpu_threads
+from async_grpo.runner import resource_sharing
+from async_grpo.runner.resource_sharing import ThreadGovernor, TimeSlice, resolve_resource_sharing, vllm_cpu_threads
 
 
 @pytest.mark.parametrize(
@@ -183,7 +183,7 @@ def test_replica_set_measures_vllms_own_generation_speed():
     ],
 )
 def test_warm_start_threads(trainer_threads, launched_here, local_ranks, cuda, expected):
-    got = scheduling.warm_start_threads(
+    got = resource_sharing.warm_start_threads(
         trainer_threads, launched_here=launched_here, local_ranks=local_ranks, cores=4, cuda=cuda
     )
     assert got == expected
@@ -192,11 +192,11 @@ def test_warm_start_threads(trainer_threads, launched_here, local_ranks, cuda, e
 def test_torch_threads_sets_and_restores_the_count_even_on_error():
     before = torch.get_num_threads()
     target = 1 if before != 1 else 2
-    with pytest.raises(RuntimeError), scheduling.torch_threads(target):
+    with pytest.raises(RuntimeError), resource_sharing.torch_threads(target):
         assert torch.get_num_threads() == target
         raise RuntimeError("step failed")
     assert torch.get_num_threads() == before
-    with scheduling.torch_threads(None):
+    with resource_sharing.torch_threads(None):
         assert torch.get_num_threads() == before
 
 
@@ -216,21 +216,21 @@ class TestFasterThreads:
 
     def test_a_quiet_machine_keeps_every_core_and_probes_rarely(self):
         calls = []
-        chooser = scheduling.FasterThreads(2, 1, set_threads=calls.append)
+        chooser = resource_sharing.FasterThreads(2, 1, set_threads=calls.append)
         used = self.drive(chooser, lambda threads, step: {2: 0.109, 1: 0.200}[threads] * 1e-3, 400)
         assert chooser.chosen == 2 and used[:6] == [2, 2, 2, 1, 1, 1]
         assert used.count(1) <= 3 + 4 * 3  # the first probe, then one probe per (doubling) block
         assert calls[0] == 2 and chooser.switches == 0
 
     def test_a_busy_core_makes_it_narrow_at_a_cost_of_one_wide_step_per_probe(self):
-        chooser = scheduling.FasterThreads(2, 1, set_threads=lambda n: None)
+        chooser = resource_sharing.FasterThreads(2, 1, set_threads=lambda n: None)
         used = self.drive(chooser, lambda threads, step: {2: 2.3, 1: 0.192}[threads] * 1e-3, 400)
         assert chooser.chosen == 1
         assert used.count(2) <= 3 + 5  # the first probe, then one aborted step per later probe
 
     def test_it_follows_a_neighbour_that_comes_and_goes(self):
         busy = range(100, 250)  # another process computes on one of the cores during these steps
-        chooser = scheduling.FasterThreads(2, 1, set_threads=lambda n: None, block_steps=10, max_block_steps=40)
+        chooser = resource_sharing.FasterThreads(2, 1, set_threads=lambda n: None, block_steps=10, max_block_steps=40)
 
         def cost(threads, step):
             return ({2: 0.433, 1: 0.192} if step in busy else {2: 0.109, 1: 0.200})[threads] * 1e-3
@@ -241,6 +241,6 @@ class TestFasterThreads:
 
     def test_bad_counts_are_refused(self):
         with pytest.raises(ValueError, match="wide=1 must exceed narrow=1"):
-            scheduling.FasterThreads(1, 1)
+            resource_sharing.FasterThreads(1, 1)
         with pytest.raises(ValueError, match="probe_steps=0"):
-            scheduling.FasterThreads(2, 1, probe_steps=0)
+            resource_sharing.FasterThreads(2, 1, probe_steps=0)

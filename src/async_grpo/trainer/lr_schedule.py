@@ -1,8 +1,7 @@
-"""The learning-rate schedule and the policy's memory savers: transformers' own code, with TRL's knob names.
+"""The learning-rate schedule: transformers' own code, with TRL's knob names.
 
 `LRSchedule` is what a learner needs to build `transformers.get_scheduler` over its optimizer (the schedule
-steps once per optimizer step, like the HF Trainer's); `prepare_policy` applies `gradient_checkpointing` and
-`disable_dropout` to a freshly loaded policy.
+steps once per optimizer step, like the HF Trainer's); `warmup_steps` reads TRL's warm-up knobs.
 """
 
 from __future__ import annotations
@@ -57,41 +56,3 @@ def warmup_steps(warmup_steps: float, warmup_ratio: float | None, max_steps: int
     if 0 < warmup_steps < 1:
         return math.ceil(max_steps * warmup_steps)
     return int(warmup_steps)
-
-
-def prepare_policy(
-    model: torch.nn.Module,
-    *,
-    gradient_checkpointing: bool = False,
-    gradient_checkpointing_kwargs: dict[str, Any] | None = None,
-    disable_dropout: bool = False,
-) -> torch.nn.Module:
-    """Apply TRL's model options to a loaded policy, in place; returns it.
-
-    Args:
-        model: a transformers causal LM.
-        gradient_checkpointing: recompute decoder-layer activations in backward
-            (`model.gradient_checkpointing_enable`, non-reentrant by default; the KV cache is turned off, as
-            transformers requires). Gradients are those of the plain model; only memory and time change.
-        gradient_checkpointing_kwargs: its arguments (default {"use_reentrant": False}).
-        disable_dropout: set every `torch.nn.Dropout`'s p to 0 (TRL `disable_dropout_in_model`).
-
-    Raises:
-        ValueError: gradient checkpointing on a model that does not support it.
-    """
-    if gradient_checkpointing:
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise ValueError(
-                f"gradient_checkpointing: {type(model).__name__} does not support it. Fix: set "
-                "gradient_checkpointing=false."
-            )
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False}
-        )
-        if getattr(model, "config", None) is not None:
-            model.config.use_cache = False
-    if disable_dropout:
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-    return model
