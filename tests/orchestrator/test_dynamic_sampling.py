@@ -11,7 +11,9 @@ from async_grpo.orchestrator.batch_shaping import weighted_reward_std
 from async_grpo.orchestrator.orchestrator import DynamicSamplingError, Orchestrator
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
-from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.drops import DropCounter
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 
 from .test_orchestrator import STOP_TIMEOUT_S, WAIT_S, G, ScriptedClient, decode, wait_until
 

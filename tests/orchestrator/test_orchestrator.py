@@ -23,8 +23,10 @@ from async_grpo.orchestrator.orchestrator import Orchestrator
 from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
+from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import RolloutGroup
-from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 
 FNS = Path(__file__).with_name("orch_reward_fns.py")
 G = 4  # completions per group in the orchestrator runs

@@ -22,8 +22,10 @@ from async_grpo.orchestrator.producer import (
 from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import SamplingSettings, SingleTurnRollout
 from async_grpo.rewards.pool import RewardPool
+from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import TrainBatch
-from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 
 from .test_orchestrator import STOP_TIMEOUT_S, WAIT_S, G, ScriptedClient, decode, expected_advantages, spec
 

@@ -22,8 +22,10 @@ from async_grpo.runner.state import STATE_FILE, TrainState, load_checkpoint, sav
 from async_grpo.tiny_model import build_tiny_tokenizer
 from async_grpo.trainer.distributed import DistInfo
 from async_grpo.trainer.protocol import Learner
+from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
-from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 
 PAD = 256
 

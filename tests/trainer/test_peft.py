@@ -170,7 +170,7 @@ def test_build_local_learner_with_use_peft(tiny_model, tmp_path):
 
 
 def test_request_model_names_the_adapter_of_the_current_version(tmp_path):
-    from async_grpo.transports.queue import PolicyVersion
+    from async_grpo.transports.policy_version import PolicyVersion
 
     version = PolicyVersion(3)
     plain = GRPOConfig(output_dir=str(tmp_path))

@@ -10,8 +10,7 @@ import pytest
 
 from async_grpo.rewards.wire import ERRORS
 from async_grpo.runner.report import pipeline_metrics, prompts_lost
-from async_grpo.transports.drops import DROP_REASONS, NOT_LAUNCHED_DROPS
-from async_grpo.transports.queue import DropCounter
+from async_grpo.transports.drops import DROP_REASONS, NOT_LAUNCHED_DROPS, DropCounter
 from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "async_grpo"

@@ -7,8 +7,10 @@ import threading
 
 import pytest
 
+from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
-from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 
 JOIN_TIMEOUT_S = 10.0
 GET_TIMEOUT_S = 10.0

@@ -30,8 +30,10 @@ from async_grpo.orchestrator.determinism import ScheduleState
 from async_grpo.orchestrator.failures import DynamicSamplingError, RewardFailureWatch, RewardServiceError  # noqa: F401 - the errors are re-exported
 from async_grpo.orchestrator.progress import ProducerState, PromptLedger, draw_window
 from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
+from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
-from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 from async_grpo.transports.scorer import RewardError
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from async_grpo.errors import RunFailedError
 from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
-from async_grpo.transports.queue import PolicyVersion, RolloutQueue
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 
 if TYPE_CHECKING:
     from async_grpo.inference.health import InferenceHealth

@@ -29,7 +29,9 @@ from async_grpo.trainer.distributed import DataParallelLearner, DistInfo
 from async_grpo.trainer.lr_schedule import LRSchedule, warmup_steps
 from async_grpo.trainer.protocol import Learner
 from async_grpo.trainer.trainer import GRPOLearner
-from async_grpo.transports.queue import DropCounter, PolicyVersion, RolloutQueue
+from async_grpo.transports.drops import DropCounter
+from async_grpo.transports.policy_version import PolicyVersion
+from async_grpo.transports.queue import RolloutQueue
 from async_grpo.transports.scorer import Scorer
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import torch
 
 from async_grpo.config import GRPOConfig
 from async_grpo.trainer.protocol import Learner
-from async_grpo.transports.queue import PolicyVersion
+from async_grpo.transports.policy_version import PolicyVersion
 from async_grpo.transports.weights.lora import LoRAAdapterPusher, adapter_name
 
 LORA_SYNC_FOLDER = "lora_sync"  # <output_dir>/lora_sync/: the adapters pushed to vLLM (vllm_lora_sync)

@@ -40,8 +40,9 @@ from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, re
 from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
+from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import StepBatch
-from async_grpo.transports.queue import DropCounter, PolicyVersion
+from async_grpo.transports.policy_version import PolicyVersion
 from async_grpo.transports.weights.frozen import FrozenSource
 from async_grpo.transports.weights.replicas import ReplicaPusher
 

@@ -1,6 +1,7 @@
 """The bounded rollout queue between the orchestrator (producer) and the trainer (consumer).
 
-It is the only shared state between the two roles besides the policy-version counter. Bounding it
+It is the only shared state between the two roles besides the policy-version counter
+(`transports.policy_version`). Bounding it
 gives backpressure; dropping groups older than `max_staleness` on the way out keeps the trainer
 near on-policy, and every drop is counted by reason (`transports.drops.DropReason`) so nothing disappears
 silently.
@@ -9,89 +10,18 @@ silently.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import queue
 import threading
 import time
 
-from async_grpo.transports.drops import DROP_REASONS, DropReason
+from async_grpo.transports.drops import DropCounter, DropReason
 from async_grpo.transports.messages import TrainBatch
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
 ASYNC_PUT_POLL_S = 0.005  # `put_async`'s poll of a full queue (a non-blocking try: cheap, and room is taken at once)
-WARN_EVERY = 100  # groups between two warnings for the same drop reason
-
-
-class PolicyVersion:
-    """Thread-safe policy version counter: the trainer bumps it after each weight push (`GRPORecipe.push_weights`)."""
-
-    def __init__(self, value: int = 0):
-        self._value = value
-        self._lock = threading.Lock()
-
-    @property
-    def value(self) -> int:
-        """Current version: the one vLLM serves (the trainer bumps it once a push has finished)."""
-        with self._lock:
-            return self._value
-
-    def bump(self) -> int:
-        """Increment and return the new version."""
-        with self._lock:
-            self._value += 1
-            return self._value
-
-    def reset(self, value: int) -> None:
-        """Set the version (checkpoint resume, before any producer runs).
-
-        Raises:
-            ValueError: value < 0.
-        """
-        if value < 0:
-            raise ValueError(f"policy version {value} must be >= 0")
-        with self._lock:
-            self._value = value
-
-
-class DropCounter:
-    """Thread-safe counts of dropped groups by reason (`transports.drops.DropReason`: e.g. `stale`,
-    `reward_timeout`); the run's one ledger of drops, read by the metrics `dropped_groups/<reason>`."""
-
-    def __init__(self) -> None:
-        self._counts: collections.Counter[DropReason] = collections.Counter()
-        self._lock = threading.Lock()
-
-    def add(self, reason: DropReason, n: int = 1) -> None:
-        """Count `n` dropped groups under `reason` and log it (a warning for the first drop of each
-        reason and every `WARN_EVERY`-th after it, debug otherwise, so a progress bar stays readable).
-
-        Raises:
-            ValueError: `reason` is not a `DropReason` (a misspelt reason would be a metric nobody watches).
-        """
-        if reason not in DROP_REASONS:
-            raise ValueError(
-                f"drop reason {reason!r} is not one of {DROP_REASONS}. Fix: use one of them, or add it to "
-                "transports.drops.DropReason."
-            )
-        with self._lock:
-            before = self._counts[reason]
-            self._counts[reason] += n
-            total = self._counts[reason]
-        loud = before == 0 or before // WARN_EVERY != total // WARN_EVERY
-        logger.log(logging.WARNING if loud else logging.DEBUG, "dropped %d group(s): %s (total %d)", n, reason, total)
-
-    def snapshot(self) -> dict[DropReason, int]:
-        """Copy of the counts (reason -> dropped groups)."""
-        with self._lock:
-            return dict(self._counts)
-
-    def load_state_dict(self, counts: dict[str, int]) -> None:
-        """Replace the counts with a `snapshot()` (checkpoint resume; taken as saved, not re-validated)."""
-        with self._lock:
-            self._counts = collections.Counter({k: int(v) for k, v in counts.items()})
 
 
 class RolloutQueue:
