@@ -127,12 +127,26 @@ def _role(path: Path) -> str:
     return path.relative_to(SRC).parts[0].removesuffix(".py")
 
 
-def _async_grpo_imports(path: Path) -> list[tuple[str, str | None]]:
+def _type_only_imports(tree: ast.Module) -> set[int]:
+    """ids of the import nodes inside `if TYPE_CHECKING:` blocks (never executed)."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            ids |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return ids
+
+
+def _async_grpo_imports(path: Path, *, runtime_only: bool = False) -> list[tuple[str, str | None]]:
     """(module imported, name imported from it or None) for every import of async_grpo in `path`, relative ones
-    resolved, function bodies and TYPE_CHECKING blocks included (a lazy import is still a dependency)."""
+    resolved, function bodies and TYPE_CHECKING blocks included (a lazy import is still a dependency of the layers);
+    `runtime_only` leaves out the TYPE_CHECKING blocks (an import cycle is one that executes)."""
     package = list(path.relative_to(SRC.parent).with_suffix("").parts[:-1])  # the package `path` is in
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = _type_only_imports(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out += [(a.name, None) for a in node.names if a.name.split(".")[0] == "async_grpo"]
         elif isinstance(node, ast.ImportFrom):
@@ -200,7 +214,8 @@ def test_the_step_loop_holds_the_other_roles_through_their_protocols():
 
 
 def _module_graph() -> dict[str, set[str]]:
-    """Module -> the async_grpo modules it imports (a package's `__init__` counts as the package's module)."""
+    """Module -> the async_grpo modules it imports when it runs (a package's `__init__` counts as the package's
+    module; a TYPE_CHECKING import, for annotations only, is not an edge)."""
     modules = {}
     for path in SRC.rglob("*.py"):
         parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
@@ -208,7 +223,7 @@ def _module_graph() -> dict[str, set[str]]:
     graph = {}
     for module, path in modules.items():
         deps = set()
-        for imported, name in _async_grpo_imports(path):
+        for imported, name in _async_grpo_imports(path, runtime_only=True):
             target = f"{imported}.{name}" if name and f"{imported}.{name}" in modules else imported
             while target not in modules and "." in target:
                 target = target.rsplit(".", 1)[0]

@@ -159,3 +159,21 @@ def test_rollback_needs_periodic_checkpoints_and_refuses_full_determinism():
         GRPOConfig(on_collapse="rollback")
     with pytest.raises(ValueError, match="with full_determinism"):
         GRPOConfig(on_collapse="rollback", save_steps=10, full_determinism=True)
+
+
+def test_a_run_that_stays_collapsed_is_reported_once_per_fall():
+    """examples/guess_cpu.yaml at learning_rate 1e-3 (seed 1) fell from 0.69 to about 0.1 at step 21 and stayed
+    there: on_collapse=warn logged a warning every five steps to the end. Now once per fall; a recovery and a new
+    fall, or a rollback, report again."""
+    guard = CollapseGuard(0.5, window_steps=5)
+    steps = iter(range(1, 1000))
+    seen = [guard.observe_step(next(steps), [r], None) for r in [0.7, 0.69, 0.7, 0.71, 0.69] + [0.1] * 40]
+    assert sum(v is not None for v in seen) == 1 and guard.collapses == 1
+    again = [guard.observe_step(next(steps), [r], None) for r in [0.7] * 10 + [0.05] * 10]  # recovered, fell again
+    assert sum(v is not None for v in again) == 1 and guard.collapses == 2
+    guard.rolled_back()
+    held = CollapseGuard(0.5, window_steps=5)
+    assert held.observe_eval(0, 1.0) is None and held.observe_eval(10, 0.1) is not None
+    assert held.observe_eval(20, 0.1) is None  # still down
+    held.rolled_back()
+    assert held.observe_eval(30, 0.1) is not None  # the restored policy is judged anew

@@ -189,6 +189,13 @@ def test_warm_start_threads(trainer_threads, launched_here, local_ranks, cuda, e
     assert got == expected
 
 
+def test_full_determinism_keeps_the_warm_start_on_the_trainers_threads():
+    """The thread count changes the float sums, and the warm start's outcome is chaotic in them: under
+    full_determinism it neither widens nor lets `FasterThreads` switch (None: the trainer's own count)."""
+    assert resource_sharing.warm_start_threads(1, launched_here=True, cores=4) == 4
+    assert resource_sharing.warm_start_threads(1, launched_here=True, cores=4, full_determinism=True) is None
+
+
 def test_torch_threads_sets_and_restores_the_count_even_on_error():
     before = torch.get_num_threads()
     target = 1 if before != 1 else 2

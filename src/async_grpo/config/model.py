@@ -1,5 +1,5 @@
-"""`GRPOConfig`: the top-level fields, the fourteen sections, the flat-key mapper, cross-field checks and
-the values derived from several sections."""
+"""`GRPOConfig`: the top-level fields, the fourteen sections, the flat-key mapper, the validator that runs the
+cross-field rules (`config.rules`) and the values derived from several sections."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from async_grpo.config.keys import ALIASES, FIELDS, flatten_mapping, nest_mapping
+from async_grpo.config.rules import check_rules
 from async_grpo.config.sections import (
     SECTIONS,
     BatchShapingConfig,
@@ -30,11 +31,7 @@ from async_grpo.config.sections import (
     ToolsConfig,
     TrackingConfig,
     WeightSyncConfig,
-    check_environments,
-    check_peft,
-    check_tools,
 )
-from async_grpo.config.sections.rewards import MAX_GUIDED_JUDGE_SCORE
 from async_grpo.config.trl_names import adapt_trl_keys
 
 
@@ -88,191 +85,9 @@ class GRPOConfig(RunFields):
 
     @model_validator(mode="after")
     def _check_consistency(self) -> GRPOConfig:
-        """Cross-field checks; each error names the fields (flat names) and the fix."""
-        sampling, optim, loss, off, shaping = self.sampling, self.optim, self.loss, self.off_policy, self.batch_shaping
-        rewards, producer = self.rewards, self.producer
-        completions = optim.per_device_train_batch_size * optim.gradient_accumulation_steps
-        if completions % sampling.num_generations != 0:
-            raise ValueError(
-                f"per_device_train_batch_size x gradient_accumulation_steps = {completions} completions per step "
-                f"is not a multiple of num_generations={sampling.num_generations}; every step must hold whole "
-                f"groups. Fix: set per_device_train_batch_size to a multiple of {sampling.num_generations}."
-            )
-        if rewards.reward_weights is not None and len(rewards.reward_weights) != len(rewards.reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(rewards.reward_weights)} entries but reward_funcs has "
-                f"{len(rewards.reward_funcs)}. Fix: give one weight per reward function, or drop reward_weights."
-            )
-        judged = "builtin:llm_judge" in rewards.reward_funcs
-        if judged and not (rewards.judge_url or rewards.judge_model_name_or_path):
-            raise ValueError(
-                "reward_funcs has builtin:llm_judge but judge_url is not set. Fix: set judge_url to the judge's "
-                "OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1, or judge_model_name_or_path to a model "
-                "the launcher serves as the judge."
-            )
-        if rewards.judge_url and rewards.judge_model_name_or_path:
-            raise ValueError(
-                "judge_url and judge_model_name_or_path are both set. Fix: give judge_url for a judge that is "
-                "already served, or judge_model_name_or_path for one the launcher serves, not both."
-            )
-        if judged:
-            missing = [p for p in ("{prompt}", "{completion}") if p not in rewards.judge_rubric]
-            if missing:
-                raise ValueError(
-                    f"judge_rubric has no {' or '.join(missing)}. Fix: put both placeholders in the rubric."
-                )
-            if rewards.judge_guided_score and (
-                rewards.judge_max_score != int(rewards.judge_max_score)
-                or rewards.judge_max_score > MAX_GUIDED_JUDGE_SCORE
-            ):
-                raise ValueError(
-                    f"judge_max_score={rewards.judge_max_score:g} with judge_guided_score: the scale must be whole "
-                    f"numbers up to {MAX_GUIDED_JUDGE_SCORE}. Fix: set judge_max_score to an integer, or judge_guided_score: false."
-                )
-        if off.vllm_importance_sampling_clip_min is not None and (
-            off.vllm_importance_sampling_clip_min >= off.vllm_importance_sampling_cap
-        ):
-            raise ValueError(
-                "vllm_importance_sampling_clip_min must be below vllm_importance_sampling_cap. "
-                "Fix: lower clip_min or raise the cap."
-            )
-        if (
-            loss.use_liger_kernel
-            and loss.importance_sampling_level == "sequence"
-            and loss.loss_type in ("cispo", "sapo")
-        ):
-            raise ValueError(
-                f"use_liger_kernel: liger-kernel 0.8.5 has no sequence-level importance sampling for "
-                f"loss_type={loss.loss_type}. Fix: set use_liger_kernel=false or importance_sampling_level=token."
-            )
-        if optim.fsdp and (
-            optim.logprob_chunk_size is not None or loss.use_liger_kernel or optim.skip_zero_advantage_batches
-        ):
-            raise ValueError(
-                "fsdp shards the LM head and runs the same passes on every rank, so it cannot combine with "
-                "logprob_chunk_size, use_liger_kernel or skip_zero_advantage_batches. Fix: unset those, or set "
-                "fsdp=false."
-            )
-        if optim.share_prompt_prefix:
-            clashes = [
-                name
-                for name, on in (
-                    ("gradient_checkpointing", optim.gradient_checkpointing),
-                    ("batch_flattening", optim.batch_flattening),
-                    ("fsdp", optim.fsdp),
-                )
-                if on
-            ]
-            if clashes:
-                raise ValueError(
-                    f"share_prompt_prefix cannot combine with {', '.join(clashes)} (transformers drops the shared "
-                    "prompt's KV cache inside checkpointed layers; flattening is another micro-batch layout; fsdp is "
-                    f"not supported with it yet). Fix: set share_prompt_prefix=false, or {', '.join(clashes)}=false."
-                )
-        if loss.loss_type == "cispo" and self.epsilon_high_value < 1.0:
-            raise ValueError(
-                f"loss_type=cispo caps the importance ratio itself at epsilon_high (epsilon_max of ScaleRL, "
-                f"arXiv 2510.13786), but epsilon_high is {self.epsilon_high_value}: every on-policy ratio of 1 would "
-                "be clamped, which only shrinks the learning rate. Fix: set epsilon_high, e.g. 5.0 (ScaleRL's and "
-                "TRL's recommendation)."
-            )
-        if optim.skip_zero_advantage_batches and loss.beta > 0:
-            raise ValueError(
-                "skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL term. "
-                "Fix: set beta=0 or skip_zero_advantage_batches=false."
-            )
-        if shaping.replay_buffer_size > 0 and shaping.dynamic_sampling:
-            raise ValueError(
-                "replay_buffer_size > 0 has no effect with dynamic_sampling=true: dynamic sampling never lets a "
-                "zero-std group into a batch, so there is nothing to replace. Fix: set replay_buffer_size=0 or "
-                "dynamic_sampling=false."
-            )
-        if producer.streaming_min_groups is not None:
-            k, g = producer.streaming_min_groups, sampling.num_generations
-            problems = []
-            if self.groups_per_step % k:
-                problems.append(f"groups_per_step={self.groups_per_step} is not a multiple of it")
-            if (k * g) % optim.per_device_train_batch_size:
-                problems.append(
-                    f"a chunk of {k * g} completions is not a multiple of per_device_train_batch_size="
-                    f"{optim.per_device_train_batch_size} (micro-batches would straddle chunks)"
-                )
-            if rewards.scale_rewards == "batch":
-                problems.append("scale_rewards=batch needs the whole step's rewards before any advantage")
-            if rewards.multi_objective_aggregation == "normalize_then_sum":
-                problems.append("normalize_then_sum z-scores across the whole step")
-            if self.rollout_reuse > 1:
-                problems.append("steps_per_generation/mini_epochs/num_iterations > 1 reuse a complete rollout")
-            if problems:
-                raise ValueError(
-                    f"streaming_min_groups={k}: " + "; ".join(problems) + ". Fix: pick a divisor of groups_per_step "
-                    "whose completions fill whole micro-batches, and group scaling without reuse, or unset "
-                    "streaming_min_groups."
-                )
-        if producer.streaming_min_groups is not None and self.inference.resource_sharing == "time_slice":
-            raise ValueError(
-                "streaming_min_groups overlaps training with generation, and resource_sharing=time_slice "
-                "pauses generation while the trainer computes. Fix: set resource_sharing: overlap (or "
-                "auto), or unset streaming_min_groups."
-            )
-        if producer.data_producer is not None and (
-            shaping.dynamic_sampling
-            or shaping.replay_buffer_size
-            or shaping.reroll_start_fraction < 1.0
-            or producer.streaming_min_groups
-        ):
-            raise ValueError(
-                "data_producer replaces the builtin orchestrator, which is where dynamic_sampling, "
-                "replay_buffer_size, reroll_start_fraction and streaming_min_groups live. Fix: turn those off or "
-                "implement them in your producer."
-            )
-        if self.full_determinism and (shaping.dynamic_sampling or shaping.reroll_start_fraction < 1.0):
-            raise ValueError(
-                "full_determinism with dynamic_sampling or reroll_start_fraction < 1: which prompt is launched next "
-                "would depend on when earlier groups finished scoring. Fix: set dynamic_sampling=false and "
-                "reroll_start_fraction=1.0, or full_determinism=false."
-            )
-        self._check_trl_fields()
-        if sampling.max_completion_length + 8 > self.inference.vllm_max_model_len:
-            raise ValueError(
-                f"max_completion_length={sampling.max_completion_length} leaves no room for a prompt within "
-                f"vllm_max_model_len={self.inference.vllm_max_model_len}. Fix: raise vllm_max_model_len."
-            )
-        if self.checkpoint.on_collapse == "rollback" and not self.checkpoint.save_steps:
-            raise ValueError(
-                "on_collapse=rollback goes back to a checkpoint, but save_steps is 0 (none is written). Fix: set "
-                "save_steps (e.g. the eval_steps), or on_collapse: stop."
-            )
-        if self.checkpoint.on_collapse == "rollback" and self.full_determinism:
-            raise ValueError(
-                "on_collapse=rollback with full_determinism: the restored run would replay the same schedule into the "
-                "same collapse. Fix: on_collapse: stop (and look at the collapsing schedule), or full_determinism: false."
-            )
-        check_tools(self)
-        check_environments(self)
-        check_peft(self)
+        """The cross-field rules (`config.rules.RULES`); the first problem is raised, naming the fields and the fix."""
+        check_rules(self)
         return self
-
-    def _check_trl_fields(self) -> None:
-        """Cross-field checks of the TRL knobs (`sections/optim.py`, `sections/rewards.py`); each error names the fields
-        and the fix."""
-        optim, rewards = self.optim, self.rewards
-        if optim.warmup_ratio and optim.warmup_steps:
-            raise ValueError(
-                f"warmup_ratio={optim.warmup_ratio} and warmup_steps={optim.warmup_steps} are both "
-                "set. Fix: keep one (warmup_steps below 1 is a fraction of max_steps)."
-            )
-        overlong = "builtin:soft_overlong_penalty" in rewards.reward_funcs
-        if overlong != (rewards.overlong_buffer_len is not None):
-            raise ValueError(
-                "builtin:soft_overlong_penalty and overlong_buffer_len go together (DAPO's soft overlong "
-                "punishment). Fix: set both, or neither."
-            )
-        if overlong and rewards.overlong_buffer_len >= self.sampling.max_completion_length:
-            raise ValueError(
-                f"overlong_buffer_len={rewards.overlong_buffer_len} must be below max_completion_length="
-                f"{self.sampling.max_completion_length}. Fix: e.g. a quarter of max_completion_length."
-            )
 
     # ------------------------------------------------------------------ derived values (across sections)
     @property

@@ -121,6 +121,7 @@ class CollapseGuard:
         self.rolling_best: float | None = None
         self.rolling_best_se = 0.0
         self.collapses = 0  # collapses seen (each a metric `collapse/detected` at its step)
+        self.down: set[str] = set()  # signals in a collapse now: reported once, again only after they recovered
 
     def observe_eval(self, step: int, reward: float, se: float = 0.0) -> Collapse | None:
         """A held-out reward at `step` with its standard error `se` (`eval/reward_se`; 0 when unknown); returns the
@@ -133,8 +134,8 @@ class CollapseGuard:
             return None
         threshold = collapse_threshold(self.eval_best, self.eval_first, self.reward_drop)
         if reward < threshold and beyond_noise(self.eval_best, self.eval_best_se, reward, se):
-            self.collapses += 1
-            return Collapse(step, "eval/reward", reward, threshold, self.eval_best)
+            return self._report(Collapse(step, "eval/reward", reward, threshold, self.eval_best))
+        self.down.discard("eval/reward")
         if reward >= self.eval_best:
             self.eval_best, self.eval_best_se, self.eval_best_step = reward, se, step
         return None
@@ -158,24 +159,35 @@ class CollapseGuard:
             else:
                 threshold = collapse_threshold(self.rolling_best, self.rolling_first, self.reward_drop)
                 if rolling < threshold and beyond_noise(self.rolling_best, self.rolling_best_se, rolling, se):
-                    self.collapses += 1
                     self._rewards.clear()  # the next verdict needs a whole new window
-                    return Collapse(step, "rolling reward", rolling, threshold, self.rolling_best)
+                    return self._report(Collapse(step, "rolling reward", rolling, threshold, self.rolling_best))
+                self.down.discard("rolling reward")
                 if rolling > self.rolling_best:
                     self.rolling_best, self.rolling_best_se = rolling, se
         if self.min_entropy is not None and len(self._entropies) == self._entropies.maxlen:
             mean = sum(self._entropies) / len(self._entropies)
             if mean < self.min_entropy:
-                self.collapses += 1
                 self._entropies.clear()
-                return Collapse(step, "entropy", mean, self.min_entropy, self.min_entropy)
+                return self._report(Collapse(step, "entropy", mean, self.min_entropy, self.min_entropy))
+            self.down.discard("entropy")
         return None
+
+    def _report(self, collapse: Collapse) -> Collapse | None:
+        """`collapse`, counted, unless its signal is still down from an earlier one (None: a run that stays
+        collapsed is reported once per fall, not at every window; on_collapse=warn logged one warning every five
+        steps for the rest of such a run)."""
+        if collapse.signal in self.down:
+            return None
+        self.down.add(collapse.signal)
+        self.collapses += 1
+        return collapse
 
     def rolled_back(self) -> None:
         """The run went back to a checkpoint: the rolling windows start again (the held-out best is kept: it is
         what the restored policy is judged against)."""
         self._rewards.clear()
         self._entropies.clear()
+        self.down.clear()
 
     def rollback_target(self, checkpoints: list[tuple[int, Path]], collapse_step: int) -> Path | None:
         """The checkpoint to go back to: the newest of `checkpoints` ((step, folder) pairs that exist) written at or

@@ -135,6 +135,7 @@ class GRPORecipe:
             launched_here=all(r.endpoint.launched for r in self.replicas.replicas),
             local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             cuda=self.info.device.type == "cuda",
+            full_determinism=config.full_determinism,
         )  # nothing generates yet: a trainer held below the cores for vLLM's sake takes them all meanwhile,
         # unless another process computes on them (measured as it goes: `FasterThreads`)
         faster = (

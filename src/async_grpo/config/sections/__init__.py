@@ -19,7 +19,7 @@ from async_grpo.config.sections.base import Section
 from async_grpo.config.sections.batch_shaping import BatchShapingConfig
 from async_grpo.config.sections.checkpoint import CheckpointConfig
 from async_grpo.config.sections.data import DataConfig
-from async_grpo.config.sections.environments import EnvironmentsConfig, check_environments
+from async_grpo.config.sections.environments import EnvironmentsConfig
 from async_grpo.config.sections.inference import InferenceConfig, ResourceSharing
 from async_grpo.config.sections.loss import LossConfig, LossType
 from async_grpo.config.sections.off_policy import ISMode, OffPolicyConfig
@@ -28,7 +28,6 @@ from async_grpo.config.sections.peft import (
     VLLM_MAX_LORA_RANKS,
     VLLM_MAX_LORAS,
     PeftConfig,
-    check_peft,
     lora_server_args,
     vllm_max_lora_rank,
 )
@@ -36,7 +35,7 @@ from async_grpo.config.sections.producer import DataProducerConfig
 from async_grpo.config.sections.rewards import RewardsConfig
 from async_grpo.config.sections.run import RunFields
 from async_grpo.config.sections.sampling import RESERVED_GENERATION_KEYS, SamplingConfig
-from async_grpo.config.sections.tools import ToolsConfig, check_tools
+from async_grpo.config.sections.tools import ToolsConfig
 from async_grpo.config.sections.tracking import TrackingConfig
 from async_grpo.config.sections.weight_sync import WeightSyncConfig
 
@@ -85,9 +84,6 @@ __all__ = [
     "ToolsConfig",
     "TrackingConfig",
     "WeightSyncConfig",
-    "check_environments",
-    "check_peft",
-    "check_tools",
     "lora_server_args",
     "vllm_max_lora_rank",
 ]

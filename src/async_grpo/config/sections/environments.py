@@ -8,8 +8,6 @@ environment, implements the protocol and opens an episode on the dataset's first
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
@@ -67,20 +65,3 @@ class EnvironmentsConfig(Section):
         elif spec is not None:
             parse_spec(spec, what="environment spec", error=ValueError)
         return spec
-
-
-def check_environments(config: Any) -> None:
-    """Cross-field checks for an environment (called by `GRPOConfig`'s validator); each error names the fix.
-
-    Raises:
-        ValueError: an environment with a user `data_producer` (it replaces the rollout that drives the
-            environment). An environment with `tools` is accepted: the environment with tools
-            (`environments.tools.ToolEnvironment`).
-    """
-    if config.environments.environment is None:
-        return
-    if config.producer.data_producer is not None:
-        raise ValueError(
-            "environment runs inside the builtin environment rollout, which data_producer replaces. Fix: unset "
-            "data_producer, or drive the environment in your own producer and unset environment."
-        )

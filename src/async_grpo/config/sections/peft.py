@@ -128,26 +128,3 @@ def lora_server_args(config: Any) -> list[str]:
         "--max-cpu-loras",
         str(VLLM_MAX_LORAS),
     ]
-
-
-def check_peft(config: Any) -> None:
-    """Cross-field checks of the `peft` section (called by `GRPOConfig`'s validator); each error names the fields
-    and the fix.
-
-    Raises:
-        ValueError: vllm_lora_sync without use_peft, use_peft with fsdp, or lora_r above vLLM's largest rank with
-            vllm_lora_sync.
-    """
-    peft = config.peft
-    if peft.vllm_lora_sync and not peft.use_peft:
-        raise ValueError(
-            "peft.vllm_lora_sync pushes a LoRA adapter, but use_peft is false, so there is none. Fix: "
-            "set use_peft: true, or remove vllm_lora_sync."
-        )
-    if peft.use_peft and config.optim.fsdp:
-        raise ValueError(
-            "peft.use_peft with fsdp is not supported (the adapter is small: every rank holds a full "
-            "replica). Fix: set fsdp: false, or use_peft: false."
-        )
-    if peft.vllm_lora_sync:
-        vllm_max_lora_rank(peft.lora_r)

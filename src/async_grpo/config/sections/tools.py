@@ -8,7 +8,7 @@ before vLLM or any worker starts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -148,26 +148,3 @@ class ToolsConfig(Section):
         if repeated:
             raise ValueError(f"tools lists {repeated} more than once. Fix: list each tool once.")
         return specs
-
-
-def check_tools(config: Any) -> None:
-    """Cross-field checks for tool calling (called by `GRPOConfig`'s validator); each error names the fix.
-
-    Raises:
-        ValueError: tools with a user `data_producer` (it replaces the rollout that runs the tools);
-            builtin:python with python_tool_timeout_s not below tool_timeout_s.
-    """
-    t = config.tools
-    if not t.tools:
-        return
-    if PYTHON_TOOL in t.tools and t.python_tool_timeout_s >= t.tool_timeout_s:
-        raise ValueError(
-            f"python_tool_timeout_s={t.python_tool_timeout_s:g} must be below tool_timeout_s={t.tool_timeout_s:g}: "
-            "builtin:python stops its sandbox at python_tool_timeout_s and needs time to report it before the "
-            "worker's own limit. Fix: e.g. tool_timeout_s: python_tool_timeout_s + 2."
-        )
-    if config.producer.data_producer is not None:
-        raise ValueError(
-            "tools run inside the builtin multi-turn rollout, which data_producer replaces. Fix: unset "
-            "data_producer, or run the tools in your own producer and unset tools."
-        )
