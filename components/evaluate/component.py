@@ -109,8 +109,8 @@ def evaluate(
     from async_grpo.evaluation import score_held_out
     from async_grpo.inference.client import AsyncVLLMClient
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
-    from async_grpo.launch.k8s_policy import check_backend_choice, check_step
-    from async_grpo.launch.pipeline_step import check_backend_name
+    from async_grpo.launch.k8s_policy import check_step
+    from async_grpo.launch.pipeline_step import check_backend
     from async_grpo.lifecycle import registry
     from async_grpo.lifecycle.promotion import decide, paired_bootstrap
     from async_grpo.rewards.pool import RewardPool
@@ -125,8 +125,7 @@ def evaluate(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     config = GRPOConfig.model_validate(yaml.safe_load(resolved_config))
-    check_backend_name(launch_backend)
-    check_backend_choice(launch_backend)
+    check_backend(launch_backend)
     if not 0.0 < promotion_confidence < 1.0:
         raise ValueError(f"promotion_confidence={promotion_confidence} is not in (0, 1). Fix: use e.g. 0.95.")
     # The decision, before the credentials are loaded and before any call to MLflow or the cluster: in a cluster pod

@@ -145,18 +145,12 @@ def train_grpo(
     from pathlib import Path
 
     from async_grpo.config import ConfigError, dump_config
-    from async_grpo.launch.k8s_policy import (
-        check_backend_choice,
-        check_step,
-        check_work_dir,
-        in_cluster_pod,
-        registry_model_name,
-    )
+    from async_grpo.launch.k8s_policy import check_step, check_work_dir, in_cluster_pod, registry_model_name
     from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
     from async_grpo.launch.naming import pipeline_run_name
     from async_grpo.launch.pipeline_step import (
         backend_for,
-        check_backend_name,
+        check_backend,
         check_pipeline_config,
         resolve_run_config,
     )
@@ -183,8 +177,7 @@ def train_grpo(
         raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
     if warm_start == "champion" and not registered_model_name:
         raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
-    check_backend_name(launch_backend)
-    check_backend_choice(launch_backend)  # local inside a cluster pod: refused before anything touches the volume
+    check_backend(launch_backend)  # local inside a cluster pod: refused before anything touches the volume
     check_work_dir(work_dir)
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
 

@@ -93,6 +93,20 @@ def check_backend_name(launch_backend: str) -> None:
         raise ValueError(f"launch_backend={launch_backend!r} is not one of 'local', 'kubernetes'.")
 
 
+def check_backend(launch_backend: str) -> None:
+    """The backend a step may use here: a known name, and not `local` inside a cluster pod whose policy does not
+    allow it (`k8s_policy.check_backend_choice`: it would run the submitter's code beside the step's credentials).
+
+    Raises:
+        ValueError: an unknown `launch_backend`.
+        PolicyViolation: `local` inside a cluster pod.
+    """
+    from async_grpo.launch.k8s_policy import check_backend_choice
+
+    check_backend_name(launch_backend)
+    check_backend_choice(launch_backend)
+
+
 def backend_for(
     launch_backend: str, backend_options: Mapping[str, Any] | None = None, trainer_api: str = ""
 ) -> LaunchBackend:
@@ -106,10 +120,7 @@ def backend_for(
             or cluster settings the policy refuses (the namespace).
         ConfigError: `backend_options` are not valid cluster settings.
     """
-    from async_grpo.launch.k8s_policy import check_backend_choice
-
-    check_backend_name(launch_backend)
-    check_backend_choice(launch_backend)
+    check_backend(launch_backend)
     if launch_backend == "local":
         from async_grpo.launch.local import LocalBackend
 

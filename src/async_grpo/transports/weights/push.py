@@ -1,10 +1,10 @@
 """The weight push's contract: what the runner drives (`WeightPush`) and what each push reports (`PushReport`).
 
-Four pushers meet it: `sync.WeightPusher` (every weight to one vLLM server over vLLM's weight transfer, full or
-delta), `lora.LoRAAdapterPusher` (the adapter files to one server, the base weights once per setup),
-`replicas.ReplicaPusher` (one of those per replica, all at once) and, around the last, the runner's
-`OverlappedPush` (the same push on a background thread). The runner reads what a push sent from `last_report`,
-never from a pusher's own attributes.
+Three pushers meet it: `sync.WeightPusher` (every weight to one vLLM server over vLLM's weight transfer, full or
+delta), `lora.LoRAAdapterPusher` (the adapter files to one server, the base weights once per setup) and
+`replicas.ReplicaPusher` (one of those per replica, all at once). The runner's `OverlappedPush` runs the
+`ReplicaPusher`'s push on a background thread. The runner reads what a push sent from `last_report`, never from a
+pusher's own attributes.
 """
 
 from __future__ import annotations
