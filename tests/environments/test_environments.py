@@ -137,3 +137,27 @@ def test_the_builtin_task_its_transcripts_and_env_reward():
     assert reward([None, None], ["a", "b"], None, env_reward=[0.81, None]) == [0.81, 0.0]
     with pytest.raises(ValueError, match="Fix: set `environment`"):
         reward([None], ["a"], None)
+
+
+def test_the_warm_start_demonstrates_a_noisy_binary_search_inside_the_open_range():
+    """Every demonstrated guess lies in the range the replies leave open and every game ends on the secret; about
+    half the guesses are the middle (1 - EXPLORE, plus the uniform draws that land on it), the rest spread, so the
+    warm-started policy keeps choices for GRPO to weigh; the same seed gives the same demonstrations."""
+    task = get_task("guess")
+    convs = task.sft_transcripts(0, 400)
+    assert convs == task.sft_transcripts(0, 400) and convs != task.sft_transcripts(1, 400)
+    middle = guesses = 0
+    for conv, (_, answer) in zip(convs, task.sft_examples(0, 400), strict=True):
+        low, high = 1, 16
+        for turn, reply in zip(conv[1::2], [*conv[2::2], None], strict=True):
+            guess = int(turn["content"])
+            assert low <= guess <= high
+            guesses, middle = guesses + 1, middle + (guess == (low + high) // 2)
+            if reply is None:
+                assert guess == int(answer)
+            else:
+                low, high = (guess + 1, high) if reply["content"] == "higher" else (low, guess - 1)
+    assert 0.5 < middle / guesses < 0.75
+    assert guesses / len(convs) > 3.5  # longer than the exact search's 3.4 guesses on average
+    # the greedy check's reference (rng None) is the exact binary search
+    assert [m["content"] for m in guess_transcript("p", "16", None)[1::2]] == ["8", "12", "14", "15", "16"]

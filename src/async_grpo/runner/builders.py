@@ -235,7 +235,7 @@ def warm_start(
     held_out = [(row["prompt"], row["answer"]) for row in task.eval_dataset().select(range(HELD_OUT_WARM_START_PAIRS))]
     if task.transcript is not None:  # multi-turn reference conversations (tool calls): one pair per assistant turn
         pairs = tool_setup.warm_start_pairs(config, task, tokenizer, 2048, tool_schemas)
-        conversations = [task.transcript(_prompt_text(p), a) for p, a in held_out]
+        conversations = [task.transcript(_prompt_text(p), a, None) for p, a in held_out]  # the likeliest turns
         checks = tool_setup.warm_start_pairs(config, task, tokenizer, 0, tool_schemas, conversations)
     else:
         pairs = [_answer_pair(tokenizer, p, c) for p, c in task.sft_examples(config.seed, 4096)]

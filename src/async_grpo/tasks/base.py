@@ -43,9 +43,11 @@ class Task:
             ("builtin:calculator",); empty for tasks without tools.
         environment: the environment spec the task is played in (`environment: ...` in the config), e.g.
             "builtin:guess"; None for tasks without one.
-        transcript: (prompt text, answer) -> the reference conversation in TRL's conversational form (tool calls and
-            tool results included), for tasks whose warm start is multi-turn; None: the warm start trains the bare
-            answer (`sft_examples`).
+        transcript: (prompt text, answer, rng) -> the reference conversation in TRL's conversational form (tool
+            calls and tool results included), for tasks whose warm start is multi-turn; None: the warm start trains
+            the bare answer (`sft_examples`). A demonstration that samples its choices (the guess task's noisy
+            binary search) draws them from `rng`; with rng None it makes the most likely choice at every turn,
+            which is what the warm start's greedy held-out check compares against (`runner.builders.warm_start`).
     """
 
     name: str
@@ -57,7 +59,7 @@ class Task:
     chat: bool = False
     tools: tuple[str, ...] = ()
     environment: str | None = None
-    transcript: Callable[[str, str], list[dict]] | None = None
+    transcript: Callable[[str, str, random.Random | None], list[dict]] | None = None
 
     def _draw(self, rng: random.Random, n: int, exclude: frozenset[str], unique: bool) -> list[Item]:
         items: list[Item] = []
@@ -116,14 +118,17 @@ class Task:
         return [(prompt, answer) for _, prompt, answer in items]
 
     def sft_transcripts(self, seed: int, n: int) -> list[list[dict]]:
-        """`n` reference conversations (`transcript`) for a multi-turn warm start, never from the held-out split.
+        """`n` reference conversations (`transcript`) for a multi-turn warm start, never from the held-out split;
+        a demonstration's random choices come from one generator seeded with the task's name and `seed`, so the
+        same seed gives the same conversations.
 
         Raises:
             ValueError: the task has no `transcript`, or n < 0.
         """
         if self.transcript is None:
             raise ValueError(f"task {self.name!r} has no multi-turn transcripts. Fix: use sft_examples.")
-        return [self.transcript(prompt, answer) for prompt, answer in self.sft_examples(seed, n)]
+        rng = random.Random(f"{self.name}/transcript/{seed}")
+        return [self.transcript(prompt, answer, rng) for prompt, answer in self.sft_examples(seed, n)]
 
 
 def _to_dataset(items: list[Item], chat: bool = False) -> Any:

@@ -25,9 +25,10 @@ def sample_calc(rng: random.Random) -> tuple[str, str, str]:
     return f"{a}*{b}", f"{a}*{b}", str(a * b)
 
 
-def calc_transcript(prompt: str, answer: str) -> list[dict]:
+def calc_transcript(prompt: str, answer: str, rng: random.Random | None = None) -> list[dict]:
     """The reference conversation for one item (TRL's conversational form): the user's expression, an assistant
-    turn calling `calculator` on it, the tool's result, and the final answer."""
+    turn calling `calculator` on it, the tool's result, and the final answer. It has no random choice, so `rng`
+    (`Task.transcript`'s argument) is unused."""
     call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": prompt}}}
     return [
         {"role": "user", "content": prompt},

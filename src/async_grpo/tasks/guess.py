@@ -3,8 +3,14 @@
 A multi-turn task for an environment (`environment: builtin:guess`, `environments.builtin.GuessEnvironment`):
 the dataset row holds the secret (`answer`), the prompt states the range, and the model needs several turns unless
 it guesses right at once; binary search over LOW..HIGH needs at most ceil(log2(16)) + 1 = 5. The game's rules
-live here (the environment only wraps them) so that the warm start's reference conversations (`guess_transcript`,
-a binary search) answer exactly as the environment does.
+live here (the environment only wraps them) so that the warm start's reference conversations (`guess_transcript`)
+answer exactly as the environment does.
+
+The warm start demonstrates a noisy binary search (`EXPLORE`), not the optimal one: it teaches the rules (guess
+inside the range the replies leave) and a lean toward the middle, and leaves GRPO a better strategy to find. A warm
+start on the exact binary search left GRPO nothing: at 1e-3 it reached 0.76 of the 0.783 ceiling alone, at 3e-3
+it converged on some seeds only, and in both the episodes of a group walked the same guesses (entropy 0.03-0.15
+nats per token), so few groups carried an advantage (issue 48, docs/reproducibility.md).
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from async_grpo.tasks.base import Task
 LOW, HIGH = 1, 16
 SOLVED_REPLY = "correct"
 DISCOUNT = 0.9  # the reward of a win after k turns is DISCOUNT ** (k - 1): fewer turns, more reward
+# Share of the warm start's guesses drawn uniformly from the range still open instead of its middle. Played to the
+# end, the noisy search earns 0.715 in expectation (7% of its games need more than 5 turns), the binary search 0.783.
+EXPLORE = 0.5
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -56,13 +65,18 @@ def sample_guess(rng: random.Random) -> tuple[str, str, str]:
     return f"{secret}/{rng.getrandbits(48):x}", guess_prompt(), str(secret)
 
 
-def guess_transcript(prompt: str, answer: str) -> list[dict]:
-    """The reference conversation for a warm start: a binary search from the middle of the range to the secret,
-    each reply the environment's own (`guess_reply`)."""
+def guess_transcript(prompt: str, answer: str, rng: random.Random | None = None) -> list[dict]:
+    """The reference conversation for a warm start: a noisy binary search to the secret, each reply the
+    environment's own (`guess_reply`). Each guess is the middle of the range the replies leave open, or, with
+    probability `EXPLORE`, a number drawn uniformly from that range with `rng`; rng None: always the middle (the
+    exact binary search, at most 5 guesses; the most likely conversation, for the warm start's greedy check)."""
     secret, low, high = int(answer), LOW, HIGH
     conv: list[dict] = [{"role": "user", "content": prompt}]
     while True:
-        guess = (low + high) // 2
+        if rng is not None and rng.random() < EXPLORE:
+            guess = rng.randint(low, high)
+        else:
+            guess = (low + high) // 2
         reply, solved = guess_reply(secret, str(guess))
         conv.append({"role": "assistant", "content": str(guess)})
         if solved:
