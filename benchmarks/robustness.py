@@ -20,7 +20,8 @@ x both conditions, and the agentic environment (`guess_cpu`), the reward model (
 to build the reward model (`runs/reverse-reward-model`) before its cell when it is not there yet. Prints a row per cell and
 a summary per example (the mean gain, its spread over the seeds, and the smallest gain), and writes
 `robustness.csv` and `robustness.md` (the table for docs/reproducibility.md) into `--out`. Exits 1 when a cell
-collapsed or failed.
+collapsed or failed. `--examples` narrows the matrix to those examples, each with its own seeds and conditions;
+`--seeds` and `--conditions` replace them.
 
     .venv/bin/python benchmarks/robustness.py [--examples tiny_cpu tools_cpu] [--seeds 0 1 2]
         [--conditions quiet busy] [--set KEY=VALUE ...] [--out DIR] [--timeout-s 3600]
@@ -239,11 +240,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def matrix(args: argparse.Namespace) -> list[tuple[str, int, str]]:
-    """The (example, seed, condition) cells to run: the default matrix, narrowed or replaced by the flags."""
+    """The (example, seed, condition) cells to run: the default matrix, narrowed by the flags; an example named in
+    `--examples` keeps its seeds and conditions from the matrix, one outside it gets seeds 0-2 x quiet and busy."""
     if args.examples is None:
         rows = DEFAULT_MATRIX
     else:
-        rows = [(name, (0, 1, 2), ("quiet", "busy")) for name in args.examples]
+        known = {row[0]: row for row in DEFAULT_MATRIX}
+        rows = [known.get(name, (name, (0, 1, 2), ("quiet", "busy"))) for name in args.examples]
     return [(example, seed, condition) for example, seeds, conditions in rows
             for seed in (args.seeds or seeds) for condition in (args.conditions or conditions)]  # fmt: skip
 

@@ -211,6 +211,8 @@ def test_robustness_reads_gain_and_collapse_from_the_run_store(tmp_path):
     args = robustness.parse_args(["--examples", "tiny_cpu", "--seeds", "4", "--conditions", "busy"])
     assert robustness.matrix(args) == [("tiny_cpu", 4, "busy")]
     assert len(robustness.matrix(robustness.parse_args([]))) == 15  # issue 48's matrix
+    narrowed = robustness.matrix(robustness.parse_args(["--examples", "tiny_cpu", "lora_cpu"]))
+    assert len(narrowed) == 7 and ("lora_cpu", 0, "busy") in narrowed  # each keeps its own seeds and conditions
 
 
 def test_robustness_builds_an_examples_missing_prerequisite_once(tmp_path, monkeypatch):
