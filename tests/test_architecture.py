@@ -91,6 +91,8 @@ ALLOWED = {
         "preflight",
         "rewards",
         "runner",
+        "shared_volume",  # the train step stages the dataset and copies the model on the workspace volume
+        "tracking",
         "trainer",
         "transports",
         "user_code",

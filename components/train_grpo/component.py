@@ -136,28 +136,13 @@ def train_grpo(
             run id: a tenant made it), or a symbolic link, special file or hard link lies in the run's folder, the
             staging copy or the final model (`async_grpo.shared_volume`; nothing is read through it).
     """
-    from async_grpo.step_secrets import load_step_secrets, load_tracking_uri
+    from async_grpo.step_secrets import load_tracking_uri
 
-    load_tracking_uri()  # the platform's MLflow server (no credential): the policy's decision below needs it
+    load_tracking_uri()  # the platform's MLflow server (no credential): the policy's decision needs it
     import logging
-    import os
     from collections import namedtuple
-    from pathlib import Path
 
-    from async_grpo.config import ConfigError, dump_config
-    from async_grpo.launch.k8s_policy import check_step, check_work_dir, in_cluster_pod, registry_model_name
-    from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
-    from async_grpo.launch.naming import pipeline_run_name
-    from async_grpo.launch.pipeline_step import (
-        backend_for,
-        check_backend,
-        check_pipeline_config,
-        resolve_run_config,
-    )
-    from async_grpo.shared_volume import copy_tree, make_run_dir, remove_tree
-
-    log = logging.getLogger("train_grpo")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from async_grpo.launch.train_step import run_train_step
 
     knobs = {
         "model_name_or_path": model_name_or_path, "reward_funcs": reward_funcs, "reward_weights": reward_weights,
@@ -173,157 +158,14 @@ def train_grpo(
         "eval_num_prompts": eval_num_prompts, "num_generations_eval": num_generations_eval,
         "mlflow_experiment_name": mlflow_experiment_name,
     }  # fmt: skip
-    if warm_start not in ("none", "champion"):
-        raise ValueError(f"warm_start={warm_start!r} is not one of 'none', 'champion'.")
-    if warm_start == "champion" and not registered_model_name:
-        raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
-    check_backend(launch_backend)  # local inside a cluster pod: refused before anything touches the volume
-    check_work_dir(work_dir)
-    name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
-
-    # the workspace volume is tenant-writable: nothing on it is followed through a link (`async_grpo.shared_volume`),
-    # and the run's folder, whose name holds the KFP run id, is made new (a folder planted under it is refused)
-    volume_root = DEFAULT_DATA_MOUNT_PATH if in_cluster_pod() else work_dir
-    staged = Path(dataset.path)
-    if work_dir:
-        run_dir = make_run_dir(Path(work_dir) / name, root=volume_root, exist_ok=not pipeline_job_id)
-        staged = run_dir / "staging" / "dataset"
-        remove_tree(staged.parent, root=volume_root)  # left by an earlier call of the same name (no KFP run id)
-        copy_tree(dataset.path, staged, root=dataset.path, dst_root=volume_root)
-    source = str(dataset.metadata.get("source", ""))
-    pinned = {"run_name": name, "dataset": source if source.startswith("builtin:") else str(staged),
-              "eval_dataset": str(staged)}  # fmt: skip
-    if work_dir:
-        pinned["output_dir"] = str(Path(work_dir) / name)
-    config = resolve_run_config(
-        config_yaml, knobs, list(extra_overrides or []), tracking_uri=mlflow_tracking_uri,
-        default_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", ""), pinned=pinned,
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = run_train_step(
+        dataset_path=dataset.path, dataset_source=str(dataset.metadata.get("source", "")), model_path=model.path,
+        model_metadata=model.metadata, knobs=knobs, config_yaml=config_yaml, extra_overrides=extra_overrides or [],
+        launch_backend=launch_backend, launch_timeout_s=launch_timeout_s, backend_options=backend_options,
+        work_dir=work_dir, run_name=run_name, pipeline_job_name=pipeline_job_name, pipeline_job_id=pipeline_job_id,
+        mlflow_tracking_uri=mlflow_tracking_uri, warm_start=warm_start, registered_model_name=registered_model_name,
+        champion_alias=champion_alias, trainer_api=trainer_api,
     )  # fmt: skip
-    check_pipeline_config(config)
-
-    # The decision on the run, before any credential is loaded and before any network call (the champion read and
-    # the warm-start download below send the MLflow credentials to the run's tracking URI): in a cluster pod the
-    # step's own inputs (the tracking URI, the registered models it reads), and with the kubernetes backend the whole
-    # run (`KubernetesBackend.check`, the policy's `check_run`). Outside a pod with the local backend: nothing.
-    reads = [(registered_model_name, "read the champion of")] if warm_start == "champion" else []
-    held_name = registry_model_name(config.model_name_or_path)
-    if held_name is not None:
-        reads.append((held_name, "read a version of"))
-    check_step(
-        "train_grpo",
-        launch_backend=launch_backend,
-        tracking_uri=config.tracking_uri if in_cluster_pod() else None,  # else the backend's check judges it
-        registered_models=reads,
-    )
-    # the kubernetes backend reads the mounted platform policy (no call to the cluster yet)
-    backend = backend_for(launch_backend, backend_options, trainer_api)
-    decided = config  # the config the policy judged; a warm start below replaces the model, and it is judged again
-    if launch_backend == "kubernetes":
-        backend.check(config)
-    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
-
-    start_note = ""
-    if warm_start == "champion":
-        import mlflow
-
-        from async_grpo.lifecycle import registry
-        from async_grpo.tracking import open_store
-
-        open_store(config.tracking_uri)
-        held = registry.champion(mlflow.MlflowClient(config.tracking_uri), registered_model_name, champion_alias)
-        if held is None:
-            start_note = f"base {config.model_name_or_path} (warm_start=champion: {registered_model_name} has no "
-            start_note += f"{champion_alias} yet)"
-            log.info("warm start: %s", start_note)
-        else:
-            config = config.model_copy(update={"model_name_or_path": f"models:/{registered_model_name}/{held.version}"})
-    from async_grpo.lifecycle.registry_start import WARM_START_TAG, resolve_registry_start
-
-    # a models:/ model is downloaded before anything starts: on the volume, privately first, then into a new folder
-    config, warm = resolve_registry_start(config, volume_root=volume_root or None)
-
-    import mlflow
-
-    from async_grpo.config import flat_params
-    from async_grpo.lifecycle.pipeline_tracking import PipelineRun
-    from async_grpo.tracking import experiment_name, open_store
-
-    pipeline_run = None  # None: KFP's MLflow integration opened (and nests) this task's run, MLFLOW_RUN_ID
-    if not os.environ.get("MLFLOW_RUN_ID"):
-        pipeline_run = PipelineRun(
-            config.tracking_uri, experiment_name(config), name, pipeline_job_id, flat_params(config),
-            tags={"kfp.pipeline_job_name": pipeline_job_name, "kfp.launch_backend": launch_backend},
-        )  # fmt: skip
-
-    if launch_backend == "kubernetes":  # the backend made above, before the credentials were loaded
-        from async_grpo.preflight import check_config
-
-        if pipeline_run is not None:  # it opens the MLflow runs once the policy allows the run
-            backend.tracking = pipeline_run
-        # the policy first: nothing reads a submitter's file before the run is allowed, and preflight on the cluster
-        # target only parses such files (ast), never imports them, since this pod holds credentials
-        if config is not decided:  # a warm start replaced the model: judged again, as the pods will run it
-            backend.check(config)
-        check_config(config, target="cluster")  # the local backend runs preflight itself (run_local)
-
-    log.info(
-        "launching run %r with the %s backend (timeout %.0f s): model=%s dataset=%s max_steps=%d output_dir=%s",
-        name,
-        launch_backend,
-        launch_timeout_s,
-        config.model_name_or_path,
-        config.data.dataset,
-        config.optim.max_steps,
-        config.output_dir,
-    )
-    local_run = pipeline_run is not None and launch_backend == "local"
-    try:
-        if local_run:  # the Tracker logs into the nested train run (run_local runs in this process)
-            open_store(config.tracking_uri)
-            os.environ["MLFLOW_RUN_ID"] = pipeline_run.create_run()
-        result = backend.launch(config, timeout_s=launch_timeout_s)
-    except BaseException:
-        if local_run and pipeline_run.parent_run_id:  # the kubernetes backend ends its runs itself
-            pipeline_run.end_run(config.tracking_uri, pipeline_run.train_run_id, "FAILED")
-        raise
-    finally:
-        if local_run:
-            os.environ.pop("MLFLOW_RUN_ID", None)
-    parent_run_id = pipeline_run.parent_run_id if pipeline_run is not None else ""
-    log.info(
-        "run %r finished: MLflow run %s at %s; metrics %s",
-        name,
-        result.mlflow_run_id,
-        result.tracking_uri,
-        result.metrics,
-    )
-
-    no_checkpoint = RuntimeError(
-        f"run {name!r} finished but left no HF checkpoint at {result.model_dir!r}. "
-        "Fix: check the trainer logs; save_model must stay true."
-    )
-    if not result.model_dir:
-        raise no_checkpoint
-    try:  # the final model lies on the tenant-writable volume: copied without following a link (UnsafeVolumePath)
-        copy_tree(result.model_dir, model.path, root=volume_root or config.output_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        raise no_checkpoint from None
-    if not (Path(model.path) / "config.json").is_file():  # checked on the step's own copy
-        raise no_checkpoint
-    model.metadata.update({
-        "mlflow_run_id": result.mlflow_run_id, "tracking_uri": result.tracking_uri, "run_name": name,
-        "model_dir": str(result.model_dir), "base_model": warm.requested, "parent_version": warm.parent_version,
-        "launch_backend": launch_backend,
-        **{k: float(v) for k, v in result.metrics.items()},
-    })  # fmt: skip
-
-    client = mlflow.MlflowClient(tracking_uri=result.tracking_uri)
-    client.set_tag(result.mlflow_run_id, "kfp.run_name", name)
-    client.set_tag(result.mlflow_run_id, "kfp.launch_backend", launch_backend)
-    if start_note:  # the run tagged itself "base ..."; say why it did not start from a champion
-        client.set_tag(result.mlflow_run_id, WARM_START_TAG, start_note)
-    if parent_run_id:
-        client.set_tag(parent_run_id, "mlflow_run_id.train", result.mlflow_run_id)
-    names = ["mlflow_run_id", "tracking_uri", "resolved_config", "run_name", "mlflow_parent_run_id"]
-    outputs = namedtuple("TrainOutputs", names)
-    return outputs(result.mlflow_run_id, result.tracking_uri, dump_config(config), name, parent_run_id)
+    outputs = namedtuple("TrainOutputs", out._fields)
+    return outputs(*out)

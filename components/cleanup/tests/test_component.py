@@ -6,6 +6,7 @@ import types
 import pytest
 from kfp import dsl
 
+from components import ASYNC_GRPO_IMAGE
 from components.cleanup.component import cleanup
 from components.train_grpo.component import train_grpo
 
@@ -120,3 +121,32 @@ def test_two_runs_with_the_same_name_clean_up_only_their_own_staging(tmp_path):
 def test_unknown_backend_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="launch_backend='nomad'"):
         cleanup.python_func(pipeline_status=_status(), launch_backend="nomad", run_name="x")
+
+
+@pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")  # the cluster image, ignored locally
+def test_runs_as_the_exit_task_under_the_kfp_local_subprocess_runner(tmp_path):
+    """The component as KFP runs it: the exit task of an ExitHandler whose body failed, its final status filled in
+    by the local runner, its code in a subprocess from the IR. The staging folder goes; the outputs stay."""
+    from kfp import local
+
+    run = tmp_path / "demo-1"
+    (run / "staging" / "dataset").mkdir(parents=True)
+    (run / "final-model").mkdir()
+    (run / "final-model" / "config.json").write_text("{}")
+
+    @dsl.component(base_image=ASYNC_GRPO_IMAGE, install_kfp_package=False)
+    def failing_body():
+        raise RuntimeError("the run failed")
+
+    @dsl.pipeline
+    def body_then_cleanup(work_dir: str):
+        with dsl.ExitHandler(cleanup(launch_backend="local", run_name="demo-1", work_dir=work_dir)):
+            failing_body()
+
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"), raise_on_error=False
+    )
+    body_then_cleanup(work_dir=str(tmp_path))
+
+    assert not (run / "staging").exists()
+    assert (run / "final-model" / "config.json").is_file()

@@ -117,3 +117,31 @@ def test_the_policy_refuses_before_vllm_or_reward_code_starts(
             run_name="run-1",
         )
     assert child_pids() - before == set()
+
+
+@pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")  # the cluster image, ignored locally
+def test_runs_under_the_kfp_local_subprocess_runner_and_its_refusal_reaches_the_user(tmp_path, monkeypatch, capfd):
+    """The component as KFP runs it (artifacts through importers, code in a subprocess from the IR): inside a
+    cluster pod the local backend is refused before any server starts, and the task fails with the reason."""
+    from kfp import local
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # the component's subprocess inherits it
+    model, data = _artifacts(tmp_path)
+    config = dump_config(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri="http://mlflow:5000"))
+
+    @dsl.pipeline
+    def evaluate_only(resolved_config: str):
+        evaluate(
+            model=dsl.importer(artifact_uri=model.uri, artifact_class=dsl.Model).output,
+            dataset=dsl.importer(artifact_uri=data.uri, artifact_class=dsl.Dataset).output,
+            mlflow_run_id="r",
+            tracking_uri="http://mlflow:5000",
+            resolved_config=resolved_config,
+            launch_backend="local",
+            run_name="run-1",
+        )
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    with pytest.raises(RuntimeError, match="evaluate"):
+        evaluate_only(resolved_config=config)
+    assert "launch_backend='local' inside a cluster pod" in "".join(capfd.readouterr())

@@ -161,3 +161,42 @@ def test_lineage_tags_and_a_champion_that_moved_meanwhile(tmp_path, store):
     assert (second.model_version, second.promoted) == ("2", False)
     assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
     assert client.get_model_version(NAME, "2").tags["promotion"].startswith("skipped")
+
+
+@pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")  # the cluster image, ignored locally
+def test_runs_under_the_kfp_local_subprocess_runner(tmp_path, store):
+    """The component as KFP runs it: its artifacts arrive through importers (their metadata as `train_grpo` and
+    `evaluate` write it), its code runs in a subprocess from the IR, and its outputs come back typed."""
+    from kfp import local
+
+    uri, _ = store
+    run_id = _training_run(tmp_path, store)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "metrics").write_text("{}")
+
+    @dsl.pipeline
+    def register_only(tracking_uri: str, mlflow_run_id: str) -> str:
+        model = dsl.importer(
+            artifact_uri=str(tmp_path / "model"),
+            artifact_class=dsl.Model,
+            metadata={"run_name": "run-a", "base_model": "builtin:tiny"},
+        )
+        metrics = dsl.importer(
+            artifact_uri=str(tmp_path / "metrics"), artifact_class=dsl.Metrics, metadata={"eval_reward": 0.75}
+        )
+        task = register_model(
+            model=model.output,
+            metrics=metrics.output,
+            mlflow_run_id=mlflow_run_id,
+            tracking_uri=tracking_uri,
+            registered_model_name=NAME,
+        )
+        return task.outputs["model_uri"]
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    run = register_only(tracking_uri=uri, mlflow_run_id=run_id)
+
+    assert run.output == f"models:/{NAME}/1"
+    champion = MlflowClient(uri).get_model_version_by_alias(NAME, "champion")
+    assert str(champion.version) == "1" and champion.run_id == run_id
+    assert float(champion.tags["eval_reward"]) == 0.75 and champion.tags["kfp.run_name"] == "run-a"

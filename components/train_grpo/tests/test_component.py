@@ -214,3 +214,35 @@ def test_a_run_without_checkpoint_is_an_error(tmp_path, backend_module, monkeypa
             work_dir=str(tmp_path / "w"),
             mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
         )
+
+
+@pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")  # the cluster image, ignored locally
+def test_runs_under_the_kfp_local_subprocess_runner_and_its_refusal_reaches_the_user(tmp_path, monkeypatch, capfd):
+    """The component as KFP runs it (the dataset through an importer, every typed knob as the pipeline passes it,
+    the code in a subprocess from the IR): inside a cluster pod the local backend is refused before anything
+    launches, and the task fails with the reason. The whole local run is tests/pipelines/test_local_pipeline.py."""
+    from kfp import local
+
+    from pipelines.grpo_pipeline import TYPED_KNOBS, knob_defaults
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # the component's subprocess inherits both
+    monkeypatch.setenv("ASYNC_GRPO_POLICY_FILE", str(tmp_path / "policy.yaml"))
+    (tmp_path / "policy.yaml").write_text("user_code_with_credentials: false\n")
+    data = _dataset(tmp_path, "builtin:reverse")
+    knobs = {k: v for k, v in knob_defaults(gpu=False).items() if k in TYPED_KNOBS}
+
+    @dsl.pipeline
+    def train_only(work_dir: str):
+        train_grpo(
+            dataset=dsl.importer(artifact_uri=data.uri, artifact_class=dsl.Dataset, metadata=data.metadata).output,
+            config_yaml=BASE_YAML,
+            launch_backend="local",
+            work_dir=work_dir,
+            **knobs,
+        )
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    with pytest.raises(RuntimeError, match="train-grpo"):
+        train_only(work_dir=str(tmp_path / "w"))
+    assert "launch_backend='local' inside a cluster pod" in "".join(capfd.readouterr())
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").rglob("*.yaml"))  # nothing was launched

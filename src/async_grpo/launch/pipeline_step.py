@@ -2,7 +2,8 @@
 
 The train step and `async-grpo pipeline submit` (which checks a run before it is submitted) merge the same
 parameters the same way, through `resolve_run_config`; the train, evaluate and cleanup steps choose their backend
-through `backend_for`. A component body is then a few calls into the package.
+through `backend_for`. A component body is then a few calls into the package (the train step's whole order is
+`train_step.run_train_step`).
 """
 
 from __future__ import annotations
