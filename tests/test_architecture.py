@@ -84,7 +84,9 @@ ALLOWED = {
     "launch": {
         "__init__",
         "config",
+        "data",  # the evaluate step reads the held-out prompts
         "errors",
+        "evaluation",
         "step_secrets",
         "inference",
         "lifecycle",

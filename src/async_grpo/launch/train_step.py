@@ -24,13 +24,13 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from async_grpo import step_secrets
 from async_grpo.config import ConfigError, dump_config
-from async_grpo.launch.k8s_policy import check_step, check_work_dir, in_cluster_pod, registry_model_name
+from async_grpo.launch import k8s_policy
 from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
 from async_grpo.launch.naming import pipeline_run_name
 from async_grpo.launch.pipeline_step import backend_for, check_backend, check_pipeline_config, resolve_run_config
 from async_grpo.shared_volume import copy_tree, make_run_dir, remove_tree
-from async_grpo.step_secrets import load_step_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +113,12 @@ def run_train_step(
     if warm_start == "champion" and not registered_model_name:
         raise ConfigError("warm_start is champion, but registered_model_name is empty. Fix: name the entry.")
     check_backend(launch_backend)  # local inside a cluster pod: refused before anything touches the volume
-    check_work_dir(work_dir)
+    k8s_policy.check_work_dir(work_dir)
     name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
 
     # the workspace volume is tenant-writable: nothing on it is followed through a link (`async_grpo.shared_volume`),
     # and the run's folder, whose name holds the KFP run id, is made new (a folder planted under it is refused)
-    volume_root = DEFAULT_DATA_MOUNT_PATH if in_cluster_pod() else work_dir
+    volume_root = DEFAULT_DATA_MOUNT_PATH if k8s_policy.in_cluster_pod() else work_dir
     staged = Path(dataset_path)
     if work_dir:
         run_dir = make_run_dir(Path(work_dir) / name, root=volume_root, exist_ok=not pipeline_job_id)
@@ -140,13 +140,13 @@ def run_train_step(
     # step's own inputs (the tracking URI, the registered models it reads), and with the kubernetes backend the whole
     # run (`KubernetesBackend.check`, the policy's `check_run`). Outside a pod with the local backend: nothing.
     reads = [(registered_model_name, "read the champion of")] if warm_start == "champion" else []
-    held_name = registry_model_name(config.model_name_or_path)
+    held_name = k8s_policy.registry_model_name(config.model_name_or_path)
     if held_name is not None:
         reads.append((held_name, "read a version of"))
-    check_step(
+    k8s_policy.check_step(
         "train_grpo",
         launch_backend=launch_backend,
-        tracking_uri=config.tracking_uri if in_cluster_pod() else None,  # else the backend's check judges it
+        tracking_uri=config.tracking_uri if k8s_policy.in_cluster_pod() else None,  # else the backend's check judges it
         registered_models=reads,
     )
     # the kubernetes backend reads the mounted platform policy (no call to the cluster yet)
@@ -154,7 +154,7 @@ def run_train_step(
     decided = config  # the config the policy judged; a warm start below replaces the model, and it is judged again
     if launch_backend == "kubernetes":
         backend.check(config)
-    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
+    step_secrets.load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
 
     import mlflow
 
