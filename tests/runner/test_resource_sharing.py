@@ -172,11 +172,11 @@ def test_replica_set_measures_vllms_own_generation_speed():
 @pytest.mark.parametrize(
     ("trainer_threads", "launched_here", "local_ranks", "cuda", "expected"),
     [
-        (1, True, 1, False, 4),  # held to 1 thread for vLLM's sake: the warm start takes every core
-        (1, True, 2, False, 2),  # two trainer ranks on the machine share the cores
-        (3, True, 2, False, None),  # already above its share
-        (None, True, 1, False, None),  # torch's default is every core already
-        (4, True, 1, False, None),
+        (1, True, 1, False, (4, 1)),  # held to 1 thread for vLLM's sake: every core, or its own if faster
+        (1, True, 2, False, (2, 1)),  # two trainer ranks on the machine share the cores
+        (3, True, 2, False, (3, 2)),  # already above its share: its own, or one fewer
+        (None, True, 1, False, (4, 3)),  # torch's default, every core: all of them, or one left to a busy neighbour
+        (4, True, 1, False, (4, 3)),
         (1, False, 1, False, None),  # an attached server: torch_num_threads may be the pod's CPU limit
         (1, True, 1, True, None),  # a GPU trainer
         (1, True, 8, False, None),  # more ranks than cores: each keeps its one thread
@@ -192,8 +192,9 @@ def test_warm_start_threads(trainer_threads, launched_here, local_ranks, cuda, e
 def test_full_determinism_keeps_the_warm_start_on_the_trainers_threads():
     """The thread count changes the float sums, and the warm start's outcome is chaotic in them: under
     full_determinism it neither widens nor lets `FasterThreads` switch (None: the trainer's own count)."""
-    assert resource_sharing.warm_start_threads(1, launched_here=True, cores=4) == 4
+    assert resource_sharing.warm_start_threads(1, launched_here=True, cores=4) == (4, 1)
     assert resource_sharing.warm_start_threads(1, launched_here=True, cores=4, full_determinism=True) is None
+    assert resource_sharing.warm_start_threads(None, launched_here=True, cores=4, full_determinism=True) is None
 
 
 def test_torch_threads_sets_and_restores_the_count_even_on_error():

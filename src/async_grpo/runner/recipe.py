@@ -136,12 +136,10 @@ class GRPORecipe:
             local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             cuda=self.info.device.type == "cuda",
             full_determinism=config.full_determinism,
-        )  # nothing generates yet: a trainer held below the cores for vLLM's sake takes them all meanwhile,
-        # unless another process computes on them (measured as it goes: `FasterThreads`)
-        faster = (
-            None if sft_threads is None else resource_sharing.FasterThreads(sft_threads, config.optim.torch_num_threads)
-        )
-        with resource_sharing.torch_threads(sft_threads):
+        )  # nothing generates yet: a trainer held below the cores for vLLM's sake takes them all meanwhile, and one
+        # on every core may leave one, whichever is faster with the other processes on them (`FasterThreads`)
+        faster = None if sft_threads is None else resource_sharing.FasterThreads(*sft_threads)
+        with resource_sharing.torch_threads(sft_threads and sft_threads[0]):
             if faster is not None:
                 faster.start()
             warm = (

@@ -17,8 +17,9 @@ time-sliced, 7.36 s overlapped (vLLM on 1 thread, the trainer on 2) and 7.09 s o
 57% of 2 threads' throughput, and the vLLM CPU engine generates at 78% of its 2-thread speed on one (1.5k against
 1.9k tokens/s alone), so splitting the cores while both have work beats taking turns.
 
-Before any generation, the supervised warm start takes every core (`warm_start_threads`) on whichever thread count
-`FasterThreads` measures to be faster: another process on one of the cores makes every core a cliff, not a gain.
+Before any generation, the supervised warm start chooses between every core and fewer (`warm_start_threads`),
+whichever `FasterThreads` measures to be faster: another process on one of the cores makes every core a cliff, not a
+gain, whether the trainer was widened to them or sits on them by default (`torch_num_threads` unset).
 """
 
 from __future__ import annotations
@@ -91,19 +92,24 @@ def warm_start_threads(
     cores: int | None = None,
     cuda: bool = False,
     full_determinism: bool = False,
-) -> int | None:
-    """Torch threads for the supervised warm start (`warmup_sft_steps`), or None to keep the trainer's own.
+) -> tuple[int, int] | None:
+    """The two torch thread counts the supervised warm start (`warmup_sft_steps`) chooses between, measured as it
+    goes (`FasterThreads(wide, narrow)`), or None to keep the trainer's own count unmeasured.
 
     The warm start runs before any generation. A run that launched its vLLM servers on its own CPU machine and holds
     the trainer to fewer threads than the cores (`torch_num_threads`, e.g. 1 on 2 cores, so that vLLM generates on
-    the others during GRPO) would leave those cores idle for the whole warm start; it takes every core instead,
-    shared among the trainer ranks on this machine (`local_ranks`, torchrun's LOCAL_WORLD_SIZE). An attached
-    server, a GPU, or a trainer already on every core keeps its threads (on Kubernetes `torch_num_threads` may
-    stand for the pod's CPU limit, which the affinity mask does not show). Measured on 2 cores: the tool-calling
-    warm start took 0.33 s per step on 1 thread and 0.20 s on 2.
+    the others during GRPO) would leave those cores idle for the whole warm start: it may take every core instead
+    (`wide`, shared among the trainer ranks on this machine: `local_ranks`, torchrun's LOCAL_WORLD_SIZE), or keep
+    its own (`narrow`). A trainer already on every core (`torch_num_threads` unset: torch's default) may keep them
+    (`wide`) or leave one (`narrow` = wide - 1): beside a process that computes on one core, OpenMP's threads wait at
+    every operation for the one that shares it (measured on 2 cores: the demo's 400-step warm start had not finished
+    after 6 minutes on 2 threads beside a busy core, against about 40 s on 1). An attached server, a GPU, or a trainer
+    with one thread to its share keeps its threads (on Kubernetes `torch_num_threads` may stand for the pod's CPU
+    limit, which the affinity mask does not show). Measured on 2 cores, quiet: the tool-calling warm start took 0.33 s
+    per step on 1 thread and 0.20 s on 2.
 
     Args:
-        trainer_threads: `torch_num_threads` (None: torch's default, every core already).
+        trainer_threads: `torch_num_threads` (None: torch's default, every core).
         launched_here: every vLLM server of the run was launched by this process.
         local_ranks: trainer processes on this machine.
         cores: cores this process may run on (default: its affinity mask).
@@ -113,12 +119,18 @@ def warm_start_threads(
             ended its 200-step warm start at loss 0.058 in one run and 0.162 in another under another load (held-out
             reward 0.577 against 0.461 before GRPO); `FasterThreads` runs its probe steps on the other count at
             load-dependent steps, the one difference we know of between the two runs.
+
+    Returns:
+        (wide, narrow), wide > narrow >= 1, or None.
     """
-    if not launched_here or cuda or trainer_threads is None or full_determinism:
+    if not launched_here or cuda or full_determinism:
         return None
     cores = cores or len(os.sched_getaffinity(0))
-    threads = max(1, cores // max(1, local_ranks))
-    return threads if threads > trainer_threads else None
+    share = max(1, cores // max(1, local_ranks))
+    if trainer_threads is not None and trainer_threads < share:
+        return share, trainer_threads  # held below its share for vLLM's sake
+    wide = share if trainer_threads is None else trainer_threads
+    return (wide, wide - 1) if wide > 1 else None
 
 
 @contextmanager
@@ -139,7 +151,8 @@ class FasterThreads:
     """Runs a loop of similar CPU steps on whichever of two torch thread counts is faster now, measured (issue 48).
 
     The warm start widens a trainer held to `narrow` threads (`torch_num_threads`) to every core (`wide`,
-    `warm_start_threads`). That pays when the other cores are idle: the tool-calling warm start took 0.200 s per step
+    `warm_start_threads`), or keeps a trainer on every core (`wide`) against one fewer (`narrow`). Every core pays
+    when they are idle: the tool-calling warm start took 0.200 s per step
     on 1 thread and 0.109 s on 2 (2 cores). It is a cliff when another process computes on one of those cores, which
     the affinity mask cannot show: OpenMP's threads wait at every operation for the one that shares its core. Beside
     one busy process the same step took 0.192 s on 1 thread and 0.433 s on 2. In the robustness benchmark's busy cell,
