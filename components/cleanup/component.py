@@ -52,38 +52,21 @@ def cleanup(
         Exception: whatever the Kubernetes API raised while deleting (the task then shows failed).
     """
     import logging
-    from pathlib import Path
 
-    from async_grpo.launch.k8s_policy import check_work_dir, in_cluster_pod
-    from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
+    from async_grpo.launch.cleanup_step import run_cleanup_step
     from async_grpo.launch.naming import pipeline_run_name
-    from async_grpo.launch.pipeline_step import check_backend_name
-    from async_grpo.shared_volume import remove_tree
 
-    log = logging.getLogger("cleanup")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    check_backend_name(launch_backend)
-    check_work_dir(work_dir)  # in a cluster pod, only a folder on the workspace volume
-    name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
-    log.info(
+    logging.getLogger("cleanup").info(
         "pipeline %s ended %s %s",
         pipeline_status.pipeline_job_resource_name,
         pipeline_status.state,
         pipeline_status.error_message or "",
     )
-
-    removed: list[str] = []
-    if launch_backend == "kubernetes":
-        from async_grpo.launch.k8s_settings import with_trainer_api
-        from async_grpo.launch.kubernetes import KubernetesBackend
-
-        options = with_trainer_api(backend_options, trainer_api)
-        removed += [str(obj) for obj in KubernetesBackend(settings=options).cleanup(name)]
-    if work_dir:  # on the tenant-writable volume: a link on the way is refused, never followed (UnsafeVolumePath)
-        staging = Path(work_dir) / name / "staging"
-        volume_root = DEFAULT_DATA_MOUNT_PATH if in_cluster_pod() else work_dir
-        if remove_tree(staging, root=volume_root):
-            removed.append(str(staging))
-    summary = f"run {name} ({pipeline_status.state}): " + (", ".join(removed) if removed else "nothing to remove")
-    log.info(summary)
-    return summary
+    removed = run_cleanup_step(
+        state=pipeline_status.state, launch_backend=launch_backend, run_name=run_name,
+        pipeline_job_name=pipeline_job_name, pipeline_job_id=pipeline_job_id, work_dir=work_dir,
+        backend_options=backend_options, trainer_api=trainer_api,
+    )  # fmt: skip
+    name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
+    return f"run {name} ({pipeline_status.state}): " + (", ".join(removed) if removed else "nothing to remove")

@@ -2,8 +2,9 @@
 
 The train step and `async-grpo pipeline submit` (which checks a run before it is submitted) merge the same
 parameters the same way, through `resolve_run_config`; the train, evaluate and cleanup steps choose their backend
-through `backend_for`. A component body is then a few calls into the package (the train step's whole order is
-`train_step.run_train_step`).
+through `backend_for`. A component body is then its parameters and one call into the package: `train_step`,
+`evaluate_step`, `register_step` and `cleanup_step` hold each step's whole order (`prepare_dataset` calls
+`dataset_source`).
 """
 
 from __future__ import annotations
