@@ -3,8 +3,8 @@
 The train step and `async-grpo pipeline submit` (which checks a run before it is submitted) merge the same
 parameters the same way, through `resolve_run_config`; the train, evaluate and cleanup steps choose their backend
 through `backend_for`. A component body is then its parameters and one call into the package: `train_step`,
-`evaluate_step`, `register_step` and `cleanup_step` hold each step's whole order (`prepare_dataset` calls
-`dataset_source`).
+`evaluate_step`, `register_step` and `cleanup_step` hold each step's whole order (`prepare_dataset` still holds
+its own body, calls into `dataset_source` and `hub`).
 """
 
 from __future__ import annotations
