@@ -344,3 +344,18 @@ def test_no_module_probes_our_own_types_with_getattr():
                     probes.add((str(path.relative_to(SRC)), name.value))
     assert not probes - FOREIGN_PROBES.keys(), "probes of our own types; give the type the attribute instead"
     assert not FOREIGN_PROBES.keys() - probes, "FOREIGN_PROBES lists probes that are gone: remove them"
+
+
+def test_every_component_is_one_call_and_has_a_kfp_local_test():
+    """Issue 49: a KFP component is its parameters and one call into the package (the step's order lives in
+    `launch/<step>_step.py`, where it is tested), and each component runs once under kfp.local's SubprocessRunner,
+    from its IR in a subprocess, as KFP runs it."""
+    components = SRC.parents[1] / "components"
+    steps = {"train_grpo": "train_step", "evaluate": "evaluate_step", "register_model": "register_step",
+             "cleanup": "cleanup_step"}  # fmt: skip
+    folders = sorted(p.parent.name for p in components.glob("*/component.py"))
+    assert folders == sorted([*steps, "prepare_dataset"])
+    for name in folders:
+        assert "local.SubprocessRunner" in (components / name / "tests" / "test_component.py").read_text(), name
+    for name, step in steps.items():
+        assert f"from async_grpo.launch.{step} import run_{step}" in (components / name / "component.py").read_text()
