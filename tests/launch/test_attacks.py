@@ -787,15 +787,18 @@ def test_12_every_step_reads_and_copies_the_volume_only_through_shared_volume():
     import ast
 
     raw = {"copytree", "rmtree", "copy", "copy2", "copyfile", "walk", "rglob", "iterdir"}
-    for path in sorted((REPO / "components").glob("*/component.py")):
+    launch = REPO / "src" / "async_grpo" / "launch"
+    steps = [*sorted((REPO / "components").glob("*/component.py")), *sorted(launch.glob("*_step.py"))]
+    assert {p.name for p in steps} >= {"train_step.py", "evaluate_step.py", "register_step.py", "cleanup_step.py"}
+    for path in steps:
         calls = [
             node.func.attr
             for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in raw
         ]
-        allowed = ["rmtree"] if path.parent.name == "evaluate" else []  # its own private champion copy
+        allowed = ["rmtree"] if path.name == "evaluate_step.py" else []  # its own private champion copy
         assert calls == allowed, f"{path.relative_to(REPO)} calls {calls}: use async_grpo.shared_volume"
-    train = (REPO / "components" / "train_grpo" / "component.py").read_text()
-    assert "copy_tree(result.model_dir, model.path" in train and "make_run_dir(" in train
+    train = (launch / "train_step.py").read_text()
+    assert "copy_tree(result.model_dir, model_path" in train and "make_run_dir(" in train
     for module in ("lifecycle/registry_start.py", "tracking.py"):
         assert "shared_volume.copy_tree(" in (REPO / "src" / "async_grpo" / module).read_text()
