@@ -54,7 +54,6 @@ def cleanup(
     import logging
 
     from async_grpo.launch.cleanup_step import run_cleanup_step
-    from async_grpo.launch.naming import pipeline_run_name
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("cleanup").info(
@@ -63,10 +62,8 @@ def cleanup(
         pipeline_status.state,
         pipeline_status.error_message or "",
     )
-    removed = run_cleanup_step(
+    return run_cleanup_step(
         state=pipeline_status.state, launch_backend=launch_backend, run_name=run_name,
         pipeline_job_name=pipeline_job_name, pipeline_job_id=pipeline_job_id, work_dir=work_dir,
         backend_options=backend_options, trainer_api=trainer_api,
     )  # fmt: skip
-    name = pipeline_run_name(run_name, pipeline_job_name, pipeline_job_id)
-    return f"run {name} ({pipeline_status.state}): " + (", ".join(removed) if removed else "nothing to remove")

@@ -32,8 +32,8 @@ def run_cleanup_step(
     work_dir: str = "",
     backend_options: Mapping[str, Any] | None = None,
     trainer_api: str = "",
-) -> list[str]:
-    """Delete the run's leftover cluster objects (kubernetes) and its staging folder.
+) -> str:
+    """Delete the run's leftover cluster objects (kubernetes) and its staging folder; report what was removed.
 
     Args:
         state: the pipeline's final state (KFP's `PipelineTaskFinalStatus.state`), for the log.
@@ -41,7 +41,8 @@ def run_cleanup_step(
             component's parameters of the same names (`components/cleanup`, whose docstring gives their meaning).
 
     Returns:
-        What was removed: the deleted cluster objects, then the staging folder; empty when nothing was left.
+        One line: the run's name, `state`, and what was removed (the deleted cluster objects, then the staging
+        folder), or "nothing to remove".
 
     Raises:
         ValueError: unknown launch_backend.
@@ -65,5 +66,6 @@ def run_cleanup_step(
         volume_root = DEFAULT_DATA_MOUNT_PATH if in_cluster_pod() else work_dir
         if remove_tree(staging, root=volume_root):
             removed.append(str(staging))
-    logger.info("run %s (%s): removed %s", name, state, removed or "nothing")
-    return removed
+    summary = f"run {name} ({state}): " + (", ".join(removed) if removed else "nothing to remove")
+    logger.info(summary)
+    return summary
