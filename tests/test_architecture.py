@@ -84,9 +84,11 @@ ALLOWED = {
     "launch": {
         "__init__",
         "config",
-        "data",  # the evaluate step reads the held-out prompts
+        "data",  # the evaluate step reads the held-out prompts; the dataset step loads and splits them
+        "dataset_source",  # the dataset step: `{date}` paths, newest-file folders, the digests record
         "errors",
         "evaluation",
+        "hub",  # the dataset step: hub ids and their pinned snapshots
         "step_secrets",
         "inference",
         "lifecycle",
@@ -94,6 +96,7 @@ ALLOWED = {
         "rewards",
         "runner",
         "shared_volume",  # the train step stages the dataset and copies the model on the workspace volume
+        "tiny_model",  # the dataset step checks prompts with builtin:tiny's tokenizer
         "tracking",
         "trainer",
         "transports",
@@ -352,9 +355,9 @@ def test_every_component_is_one_call_and_has_a_kfp_local_test():
     from its IR in a subprocess, as KFP runs it."""
     components = SRC.parents[1] / "components"
     steps = {"train_grpo": "train_step", "evaluate": "evaluate_step", "register_model": "register_step",
-             "cleanup": "cleanup_step"}  # fmt: skip
+             "cleanup": "cleanup_step", "prepare_dataset": "prepare_step"}  # fmt: skip
     folders = sorted(p.parent.name for p in components.glob("*/component.py"))
-    assert folders == sorted([*steps, "prepare_dataset"])
+    assert folders == sorted(steps)
     for name in folders:
         assert "local.SubprocessRunner" in (components / name / "tests" / "test_component.py").read_text(), name
     for name, step in steps.items():

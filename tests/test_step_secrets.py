@@ -52,6 +52,7 @@ STEP_FUNCTIONS = {
     "train_grpo": ("async_grpo.launch.train_step", "run_train_step"),
     "evaluate": ("async_grpo.launch.evaluate_step", "run_evaluate_step"),
     "register_model": ("async_grpo.launch.register_step", "run_register_step"),
+    "prepare_dataset": ("async_grpo.launch.prepare_step", "run_prepare_step"),
 }
 
 
@@ -65,11 +66,10 @@ def test_each_step_with_a_secret_loads_it_once_after_its_decision(module):
     import importlib
 
     component = getattr(importlib.import_module(f"components.{module}.component"), module)
-    step = STEP_FUNCTIONS.get(module)  # the component's body is one call into the package: read that function
-    if step is not None:
-        calls = ast.unparse(ast.parse(inspect.getsource(component.python_func)))
-        assert f"{step[1]}(" in calls and "load_step_secrets" not in calls, module
-    func = getattr(importlib.import_module(step[0]), step[1]) if step else component.python_func
+    step = STEP_FUNCTIONS[module]  # the component's body is one call into the package: read that function
+    calls = ast.unparse(ast.parse(inspect.getsource(component.python_func)))
+    assert f"{step[1]}(" in calls and "load_step_secrets" not in calls, module
+    func = getattr(importlib.import_module(step[0]), step[1])
     body = ast.parse(inspect.getsource(func)).body[0].body
     loads = [
         s
@@ -78,6 +78,11 @@ def test_each_step_with_a_secret_loads_it_once_after_its_decision(module):
     ]
     assert len(loads) == 1, module
     before = ast.unparse(ast.Module(body=body[: body.index(loads[0])], type_ignores=[]))
-    decision = "local_spec(dataset_uri)" if module == "prepare_dataset" else "check_step("
-    assert decision in before, module
+    decisions = (
+        ["resolve_dataset_path(dataset_uri, when)", "resolve_dataset_path(eval_dataset_uri, when)",
+         "check_tokenizer_path(model_name_or_path)"]
+        if module == "prepare_dataset"
+        else ["check_step("]
+    )  # fmt: skip
+    assert all(decision in before for decision in decisions), module
     assert "MlflowClient" not in before and "resolve_registry_start" not in before, module

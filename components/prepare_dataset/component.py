@@ -89,140 +89,16 @@ def prepare_dataset(
     import logging
     from collections import namedtuple
 
-    from async_grpo import dataset_source, hub
-    from async_grpo.data import encode_prompt, load_prompt_dataset
-    from async_grpo.launch.k8s_policy import in_cluster_pod, work_dir_problems
-    from async_grpo.step_secrets import load_step_secrets
+    from async_grpo.launch.prepare_step import run_prepare_step
 
-    log = logging.getLogger("prepare_dataset")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    when = dataset_source.run_date(schedule_time_utc, create_time_utc)
-    log.info("run date %s (from %s; {date} in a dataset path stands for it)", when.text, when.source)
-
-    def on_volume(spec: str, given: str) -> None:
-        if in_cluster_pod() and work_dir_problems(spec):  # this pod holds HF_TOKEN: no other files
-            raise ValueError(
-                f"dataset {given!r}"
-                + (f" (resolved to {spec!r})" if spec != given else "")
-                + ": in a cluster pod a dataset file must be a normalized path on the workspace volume "
-                "(/workspace/...). Fix: copy it there."
-            )
-
-    def local_spec(uri: str) -> str:
-        """The file or saved folder `uri` names for this run (hub ids and builtin tasks unchanged), on the volume."""
-        spec = uri.removeprefix("file://")
-        if spec.startswith("builtin:") or hub.looks_like_repo_id(spec):
-            return spec
-        on_volume(dataset_source.substitute_date(spec, when), spec)  # before listing or reading anything
-        resolved = dataset_source.resolve_local_path(spec, when)
-        on_volume(resolved.path, spec)
-        if resolved.path != spec:
-            log.info("dataset %s", resolved.describe())
-        return resolved.path
-
-    source = local_spec(dataset_uri)  # what is read: `{date}` replaced, a folder's newest file
-    eval_resolved = local_spec(eval_dataset_uri) if eval_dataset_uri else source
-    model_spec = model_name_or_path
-    local_model = model_spec and not model_spec.startswith("builtin:") and not hub.looks_like_repo_id(model_spec)
-    if in_cluster_pod() and local_model and work_dir_problems(model_spec):  # the tokenizer's files: on the volume
-        raise ValueError(
-            f"model_name_or_path={model_spec!r}: in a cluster pod the tokenizer's folder must be a normalized path "
-            "on the workspace volume (/workspace/...), builtin:tiny or a hub id. Fix: copy it there."
-        )
-    # Every path is decided: only now the hub token (HF_TOKEN, for gated hub datasets) enters this process.
-    load_step_secrets()  # the Secrets mounted as files: never in the container spec, where $(NAME) expands
-    options = {"config_name": dataset_config or None, "system_prompt": system_prompt or None, "when": when}
-    train = load_prompt_dataset(source, split="train", seed=seed, split_name=dataset_train_split, **options)
-    held_out = None
-    if eval_dataset_uri:
-        eval_source = eval_dataset_uri.removeprefix("file://")
-        held_out = load_prompt_dataset(
-            eval_resolved, split="eval", seed=seed, system_prompt=system_prompt or None, when=when
-        )
-    elif source.startswith("builtin:"):
-        eval_source = source
-        held_out = load_prompt_dataset(source, split="eval", seed=seed)
-    elif hub.looks_like_repo_id(source):
-        try:
-            held_out = load_prompt_dataset(source, split="eval", seed=seed, split_name=dataset_test_split, **options)
-            eval_source = f"{source} ({dataset_test_split})"
-        except ValueError as err:  # no such split: hold out a fraction below
-            log.warning(
-                "dataset %s has no usable %r split (%s); holding out %g of the training rows",
-                source,
-                dataset_test_split,
-                str(err).splitlines()[0],
-                eval_fraction,
-            )
-    if held_out is None:
-        if not 0.0 < eval_fraction <= 0.5:
-            raise ValueError(
-                f"eval_fraction={eval_fraction} must be in (0, 0.5] when no eval_dataset_uri is given. "
-                "Fix: set eval_fraction (e.g. 0.05) or pass eval_dataset_uri."
-            )
-        if len(train) < 2:
-            raise ValueError(f"dataset {source!r} has {len(train)} row(s); cannot hold any out. Fix: add prompts.")
-        parts = train.train_test_split(test_size=eval_fraction, seed=seed, shuffle=True)
-        train, held_out = parts["train"], parts["test"]
-        eval_source = f"{source} (held-out {eval_fraction:g})"
-
-    conversational = any(not isinstance(p, str) for p in train[:64]["prompt"] + held_out[:64]["prompt"])
-    prompt_format = "conversational" if conversational else "standard"
-    too_long = 0
-    if model_name_or_path and (conversational or max_prompt_length > 0):
-        if model_name_or_path == "builtin:tiny":
-            from async_grpo.tiny_model import build_tiny_tokenizer
-
-            tokenizer = build_tiny_tokenizer()
-        else:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-        if conversational and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                f"dataset {source!r} has conversational prompts but the tokenizer of {model_name_or_path!r} has no "
-                "chat_template. Fix: use a chat model, or give string prompts."
-            )
-        lengths = [len(encode_prompt(tokenizer, p)) for p in list(train["prompt"])]
-        if max_prompt_length > 0:
-            too_long = sum(n > max_prompt_length for n in lengths)
-            if too_long == len(lengths):
-                raise ValueError(
-                    f"every prompt of {source!r} is longer than max_prompt_length={max_prompt_length} tokens "
-                    f"(shortest: {min(lengths)}). Fix: raise max_prompt_length or shorten the prompts."
-                )
-            if too_long:
-                log.warning(
-                    "%d of %d training prompts exceed %d tokens; training drops them",
-                    too_long,
-                    len(lengths),
-                    max_prompt_length,
-                )
-
-    import datasets
-
-    datasets.DatasetDict({"train": train, "eval": held_out}).save_to_disk(dataset.path)
-    record = dataset_source.DatasetRecord(
-        resolved_uri=source, eval_resolved_uri=eval_resolved, run_date=when.text, date_source=when.source,
-        train_digest=dataset_source.rows_digest(train), eval_digest=dataset_source.rows_digest(held_out),
+    result = run_prepare_step(
+        dataset_uri=dataset_uri, output_path=dataset.path, eval_dataset_uri=eval_dataset_uri,
+        eval_fraction=eval_fraction, model_name_or_path=model_name_or_path, max_prompt_length=max_prompt_length,
+        seed=seed, dataset_config=dataset_config, system_prompt=system_prompt,
+        dataset_train_split=dataset_train_split, dataset_test_split=dataset_test_split,
+        schedule_time_utc=schedule_time_utc, create_time_utc=create_time_utc,
     )  # fmt: skip
-    record.write(dataset.path)  # the trainer reads the folder, not KFP metadata
-    dataset.metadata.update({
-        "source": dataset_uri.removeprefix("file://"), "eval_source": eval_source, "train_rows": len(train),
-        "eval_rows": len(held_out), "prompt_format": prompt_format, "columns": list(train.column_names),
-        "too_long_prompts": too_long,
-        "resolved_uri": record.resolved_uri, "eval_resolved_uri": record.eval_resolved_uri,
-        "run_date": record.run_date, "date_source": record.date_source,
-        "train_digest": record.train_digest, "eval_digest": record.eval_digest,
-    })  # fmt: skip
-    log.info(
-        "dataset %s: %d train / %d held-out prompts (%s; train digest %s) -> %s",
-        source,
-        len(train),
-        len(held_out),
-        prompt_format,
-        record.train_digest[:12],
-        dataset.path,
-    )
+    dataset.metadata.update(result.metadata)
     outputs = namedtuple("PrepareOutputs", ["train_rows", "eval_rows", "prompt_format", "resolved_uri", "train_digest"])
-    return outputs(len(train), len(held_out), prompt_format, record.resolved_uri, record.train_digest)
+    return outputs(result.train_rows, result.eval_rows, result.prompt_format, result.resolved_uri, result.train_digest)
