@@ -21,9 +21,12 @@ STATE_FILE = "train_state.pt"
 META_FILE = "meta.json"
 MODEL_DIR = "model"
 # The layout of train_state.pt (`runner.state`), written into it and into meta.json. Raise it when a TrainState field
-# is added, removed, renamed or changes meaning; a checkpoint of another version is then refused before anything
-# starts (`format_mismatch`, preflight) and again when it is loaded (`runner.state.check_format`).
-FORMAT_VERSION = 1
+# is added, removed, renamed or changes meaning, and give the old version an upgrade (`runner.state.UPGRADES`) or drop
+# it from READABLE_FORMAT_VERSIONS; a checkpoint of a version outside them is refused before anything starts
+# (`format_mismatch`, preflight) and again when it is loaded (`runner.state.check_format`).
+FORMAT_VERSION = 2
+# The versions this release resumes: older ones are carried forward field by field (`runner.state.UPGRADES`).
+READABLE_FORMAT_VERSIONS = (1, 2)
 FORMAT_KEY = "format_version"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
@@ -76,17 +79,18 @@ def resolve_resume(resume: bool | str | None, output_dir: str | Path) -> Path | 
 def format_mismatch(checkpoint: str | Path) -> str | None:
     """Why this version cannot resume the checkpoint folder `checkpoint`, from its meta.json alone (no torch, no
     train_state.pt read: preflight's check): a message naming the folder, its format version and the fix when
-    meta.json names a version other than FORMAT_VERSION; None when it names this one, names none (written before
+    meta.json names a version outside READABLE_FORMAT_VERSIONS; None when it names one of those, names none (written before
     versioning: the keys of train_state.pt decide when it is loaded) or cannot be read (the load reports that)."""
     try:
         meta = json.loads((Path(checkpoint) / META_FILE).read_text())
     except (OSError, ValueError):
         return None
     version = meta.get(FORMAT_KEY) if isinstance(meta, dict) else None
-    if version is None or version == FORMAT_VERSION:
+    if version is None or version in READABLE_FORMAT_VERSIONS:
         return None
     return (
-        f"{checkpoint} has checkpoint format version {version!r}; this async-grpo reads version {FORMAT_VERSION}. "
+        f"{checkpoint} has checkpoint format version {version!r}; this async-grpo reads versions "
+        f"{READABLE_FORMAT_VERSIONS[0]}-{FORMAT_VERSION}. "
         "Fix: resume with the async-grpo version that wrote it, or start a fresh run (resume_from_checkpoint=false, "
         "or another output_dir)."
     )

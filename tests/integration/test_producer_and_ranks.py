@@ -142,7 +142,7 @@ def test_user_data_producer_with_rollout_reuse_and_max_rollouts(vllm_server, tin
         ["begin", 4],
         ["end", 4, 2],
     ]
-    assert history(summary, "rollouts") == [1.0] * 4 + [2.0] * 4
+    assert history(summary, "generation_rounds") == [1.0] * 4 + [2.0] * 4
     clipped = history(summary, "clip_ratio/region_mean")
     assert clipped[0] == 0.0  # first update of a rollout: pi_theta == pi_old
     assert history(summary, "policy_version")[-1] == 8.0  # every step pushed to vLLM

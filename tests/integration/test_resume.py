@@ -69,7 +69,7 @@ def test_resume_continues_the_run_with_the_uninterrupted_prompts(vllm_server, ti
     ((step, ckpt),) = complete_checkpoints(out)
     assert step == 3 and read_meta(ckpt)["mlflow_run_id"] == first.run_id
     saved = load_checkpoint(ckpt)
-    assert (saved.step, saved.policy_version, saved.rollouts) == (3, 3, 3)
+    assert (saved.step, saved.policy_version, saved.generation_rounds) == (3, 3, 3)
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(ckpt / "model")  # the HF folder loads
@@ -82,10 +82,16 @@ def test_resume_continues_the_run_with_the_uninterrupted_prompts(vllm_server, ti
         recipe.setup(lambda model_path: InferenceEndpoint(vllm_server.url))
         resume_s = time.perf_counter() - t0
         restored = recipe.state()
-        assert (restored.step, restored.policy_version, restored.rollouts, restored.num_tokens, restored.drops) == (
+        assert (
+            restored.step,
+            restored.policy_version,
+            restored.generation_rounds,
+            restored.num_tokens,
+            restored.drops,
+        ) == (
             saved.step,
             saved.policy_version,
-            saved.rollouts,
+            saved.generation_rounds,
             saved.num_tokens,
             saved.drops,
         )

@@ -734,7 +734,7 @@ def test_a_full_determinism_schedule_resumed_from_its_snapshot_continues_exactly
     version = PolicyVersion(version.value)  # the resumed trainer serves the checkpoint's weights at its version
     client = TimedClient(version, "flat")  # other timings after the resume
     resumed = make_orchestrator(client, pool, ["ok"] * 16, version=version, **kwargs)
-    resumed.load_state_dict(state, rollouts=3, launched_before=0)
+    resumed.load_state_dict(state, generation_rounds=3, launched_before=0)
     started.append(resumed)
     resumed.start()
     rest = train_on_schedule(resumed, version, steps=5)

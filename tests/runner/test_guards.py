@@ -43,12 +43,12 @@ def test_gspo_with_a_token_summing_loss_warns_as_trl_does(loss_type, warns, capl
 
 def test_staleness_metrics_describe_the_groups_they_are_given():
     metrics = pipeline_metrics(
-        [2, 0, 1], version=5, depth=1, waited_s=0.5, step_s=1.0, rollouts=3, world_size=1, drops={"stale": 2}
+        [2, 0, 1], version=5, depth=1, waited_s=0.5, step_s=1.0, generation_rounds=3, world_size=1, drops={"stale": 2}
     )
     assert metrics["staleness/mean"] == 1.0 and metrics["staleness/max"] == 2.0
     assert metrics["dropped_groups/total"] == 2.0 and metrics["dropped_groups/stale"] == 2.0
     assert (
-        pipeline_metrics([], version=5, depth=0, waited_s=0, step_s=0, rollouts=1, world_size=1, drops={})[
+        pipeline_metrics([], version=5, depth=0, waited_s=0, step_s=0, generation_rounds=1, world_size=1, drops={})[
             "staleness/max"
         ]
         == 0.0

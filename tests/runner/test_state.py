@@ -81,7 +81,7 @@ def test_checkpoint_round_trip_is_bit_identical(tiny_model_path, tmp_path):
     original.producer.mark_trained([dataclasses.replace(batch.groups[0], prompt_ids=i.prompt_ids) for i in drawn])
     orch.replay.add(group(3, [1.0, 0.0], [0.7, -0.7]))
     orch.reroll.offer(PromptItem("zero", [9], {}), [[0.0], [0.0]], [1.0])
-    original.step, original.rollouts = 1, 1
+    original.step, original.generation_rounds = 1, 1
     original.version.reset(1)
     original.drops.add("stale", 4)
     torch.manual_seed(11), random.seed(12), np.random.seed(13)
@@ -104,7 +104,7 @@ def test_checkpoint_round_trip_is_bit_identical(tiny_model_path, tmp_path):
     for key in opt_a["state"]:
         for field_name, value in opt_a["state"][key].items():
             assert torch.equal(value, opt_b["state"][key][field_name]), (key, field_name)
-    assert (resumed.step, resumed.rollouts, resumed.version.value) == (1, 1, 1)
+    assert (resumed.step, resumed.generation_rounds, resumed.version.value) == (1, 1, 1)
     assert resumed.drops.snapshot() == {"stale": 4}
     # the orchestrator paces from the rollouts trained; the stale drops were launched before the resume
     r_orch = resumed.producer.orchestrator
@@ -162,7 +162,9 @@ def test_a_checkpoint_carries_its_format_version_and_one_of_another_version_is_r
     assert format_mismatch(path) is None and load_checkpoint(path).step == 3
 
     _rewrite_state(path, lambda d: d.update(format_version=FORMAT_VERSION + 1))
-    with pytest.raises(CheckpointFormatError, match=rf"format version {FORMAT_VERSION + 1}; .*reads version 1\. Fix:"):
+    with pytest.raises(
+        CheckpointFormatError, match=rf"format version {FORMAT_VERSION + 1}; .*reads versions 1-{FORMAT_VERSION}\. Fix:"
+    ):
         load_checkpoint(path)
     meta = json.loads((path / META_FILE).read_text())
     (path / META_FILE).write_text(json.dumps({**meta, "format_version": FORMAT_VERSION + 1}))
@@ -171,14 +173,29 @@ def test_a_checkpoint_carries_its_format_version_and_one_of_another_version_is_r
     assert problem.field == "checkpoint.resume_from_checkpoint" and f"version {FORMAT_VERSION + 1}" in problem.message
 
 
+def test_a_version_1_checkpoint_resumes_with_its_rollouts_counted_as_generation_rounds(tmp_path):
+    """Format version 2 renamed `rollouts` (the `produce` calls trained, axolotl's name) to `generation_rounds`: a
+    version-1 checkpoint, written before the rename, is carried forward by `UPGRADES` and passes preflight."""
+    import json
+
+    from async_grpo.checkpoint_layout import META_FILE, format_mismatch
+
+    path = save_checkpoint(TrainState(step=6, generation_rounds=3, num_tokens=90), tmp_path / "checkpoint-6")
+    _rewrite_state(path, lambda d: (d.update(format_version=1), d.update(rollouts=d.pop("generation_rounds"))))
+    (path / META_FILE).write_text(json.dumps({**json.loads((path / META_FILE).read_text()), "format_version": 1}))
+    assert format_mismatch(path) is None
+    restored = load_checkpoint(path)
+    assert (restored.step, restored.generation_rounds, restored.num_tokens) == (6, 3, 90)
+
+
 def test_a_checkpoint_with_other_keys_or_damaged_is_refused_and_an_unversioned_one_with_these_keys_resumes(tmp_path):
     """A checkpoint written before versioning resumes when its keys are this version's fields; missing or unknown
     keys, a field of the wrong type and a truncated file are refused before anything is restored, naming them."""
     from async_grpo.runner.state import CheckpointFormatError
 
-    path = save_checkpoint(TrainState(step=4, policy_version=4), tmp_path / "checkpoint-4")
-    _rewrite_state(path, lambda d: d.pop("format_version"))  # what the last unversioned release wrote
-    assert load_checkpoint(path).policy_version == 4
+    path = save_checkpoint(TrainState(step=4, policy_version=4, generation_rounds=2), tmp_path / "checkpoint-4")
+    _rewrite_state(path, lambda d: (d.pop("format_version"), d.update(rollouts=d.pop("generation_rounds"))))
+    assert (load_checkpoint(path).policy_version, load_checkpoint(path).generation_rounds) == (4, 2)  # version 1
 
     _rewrite_state(path, lambda d: (d.pop("schedule"), d.update(sampler_v2={})))
     with pytest.raises(

@@ -38,7 +38,7 @@ def test_metrics_and_ledger_read_the_same_counts():
     drops.add("stale", 2)
     drops.add("prompt_too_long", 5)  # counted at load time: not a launched group
     metrics = pipeline_metrics(
-        [0], version=0, depth=0, waited_s=0.0, step_s=0.0, rollouts=0, world_size=1, drops=drops.snapshot()
+        [0], version=0, depth=0, waited_s=0.0, step_s=0.0, generation_rounds=0, world_size=1, drops=drops.snapshot()
     )
     assert metrics["dropped_groups/stale"] == 2.0 and metrics["dropped_groups/prompt_too_long"] == 5.0
     assert metrics["dropped_groups/total"] == 7.0

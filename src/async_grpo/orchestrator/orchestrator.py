@@ -192,15 +192,16 @@ class Orchestrator:
         self._gate_index = 0  # `scheduled_before`'s cursor (versions only grow)
 
     # ------------------------------------------------------------------ lifecycle
-    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
+    def load_state_dict(self, state: ProducerState, *, generation_rounds: int, launched_before: int) -> None:
         """Continue a resumed run from a checkpoint's `state_dict()` (call before `start`): the prompt ledger's
         position, the replay buffer and the re-roll FIFO, the pacing, and under full_determinism the schedule (its
         kept groups enter batches again in launch order and count as launched; later prompts are sampled again).
 
         Args:
             state: the checkpoint's `ProducerState`; a field that is None leaves that part fresh.
-            rollouts: rollouts the run had trained when its checkpoint was written: launches are paced from there
-                (`rollouts` x steps_per_generation x groups_per_step groups count as launched).
+            generation_rounds: generation rounds (`produce` calls) the run had trained when its checkpoint was
+                written: launches are paced from there (`generation_rounds` x steps_per_generation x groups_per_step
+                groups count as launched).
             launched_before: groups launched before this process started and counted in the restored drop
                 counters (they were dropped with a reason), so the ledger `launched_total - trained - dropped`
                 stays balanced across the resume.
@@ -211,7 +212,7 @@ class Orchestrator:
         """
         if state.sampler is not None:
             self.prompts.load_state_dict(state.sampler)
-        self._launched = rollouts * self.steps_per_generation * self.groups_per_step
+        self._launched = generation_rounds * self.steps_per_generation * self.groups_per_step
         self.launched_total = launched_before
         if state.schedule is not None:
             self._restore_schedule(state.schedule)

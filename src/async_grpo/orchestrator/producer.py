@@ -1,9 +1,12 @@
 """The DataProducer protocol: where the trainer's rollouts come from.
 
-The training loop (`runner.GRPORecipe.train`) asks a producer for one *rollout* at a time,
-`producer.produce(model, global_step)`, and trains on it: a rollout holds `steps_per_generation`
-step batches, each trained `num_iterations` times in a row, the whole rollout `mini_epochs` times.
-`on_rollout_begin` / `on_rollout_end` bracket every `produce` call. This mirrors axolotl's async GRPO
+The training loop (`runner.GRPORecipe.train`) asks a producer for one *generation round* at a time,
+`producer.produce(model, global_step)`, and trains on it: a round holds `steps_per_generation`
+step batches, each trained `num_iterations` times in a row, the whole round `mini_epochs` times.
+`on_rollout_begin` / `on_rollout_end` bracket every `produce` call. axolotl calls a round a "rollout", and its
+names stay where a user meets them (`max_rollouts`, `sync_warmup_rollouts`, `on_rollout_*`, the run's
+`generation_rounds` metric counts them); everywhere else in this package a rollout is what the field means by it, one
+sampled episode or group (`orchestrator.rollout.Rollout`). This mirrors axolotl's async GRPO
 `DataProducer` / `ProducerConfig` (itself a proposal for TRL), so a user who brings their own rollout
 source (an environment, a different server, offline data) implements three methods and keeps the
 rest: advantages travel with the batch, and the trainer's loss, stale-rollout correction, weight sync
@@ -45,11 +48,12 @@ class ProducerConfig:
 
     Attributes:
         mini_epochs: passes over each whole rollout (>= 1).
-        max_rollouts: stop after this many rollouts; None for no limit (the run still ends at max_steps).
+        max_rollouts: stop after this many generation rounds (`produce` calls; axolotl's rollouts); None for no
+            limit (the run still ends at max_steps).
         steps_per_generation: step batches per rollout (TRL `steps_per_generation`, >= 1).
         num_iterations: consecutive optimizer steps on each step batch (TRL `num_iterations`, GRPO's mu, >= 1).
-        prefetch_depth: rollouts produced ahead of training at most (>= 1).
-        sync_warmup_rollouts: leading rollouts generated strictly on-policy (>= 0).
+        prefetch_depth: generation rounds produced ahead of training at most (>= 1).
+        sync_warmup_rollouts: leading generation rounds generated strictly on-policy (>= 0).
 
     Raises:
         ValueError: a field is out of range (the message names it).
@@ -198,8 +202,8 @@ class RunProducer(DataProducer, Protocol):
         """What a checkpoint written at policy version `version` keeps of the producer (may wait up to
         `timeout_s` seconds for groups being scored)."""
 
-    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
-        """Continue from a checkpoint's `state_dict()` (before `start`); `rollouts`: rollouts trained before it;
+    def load_state_dict(self, state: ProducerState, *, generation_rounds: int, launched_before: int) -> None:
+        """Continue from a checkpoint's `state_dict()` (before `start`); `generation_rounds`: generation rounds trained before it;
         `launched_before`: groups launched before it and dropped with a reason (the prompt ledger's balance)."""
 
     @property
@@ -242,7 +246,7 @@ class BaseDataProducer:
         """Nothing: a resumed run calls the producer afresh."""
         return ProducerState()
 
-    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
+    def load_state_dict(self, state: ProducerState, *, generation_rounds: int, launched_before: int) -> None:
         """No-op."""
 
     @property
@@ -338,9 +342,9 @@ class VLLMProducer(BaseDataProducer):
         """`Orchestrator.state_dict`."""
         return self.orchestrator.state_dict(version, timeout_s)
 
-    def load_state_dict(self, state: ProducerState, *, rollouts: int, launched_before: int) -> None:
+    def load_state_dict(self, state: ProducerState, *, generation_rounds: int, launched_before: int) -> None:
         """`Orchestrator.load_state_dict`."""
-        self.orchestrator.load_state_dict(state, rollouts=rollouts, launched_before=launched_before)
+        self.orchestrator.load_state_dict(state, generation_rounds=generation_rounds, launched_before=launched_before)
 
     @property
     def queue_depth(self) -> int:

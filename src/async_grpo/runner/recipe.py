@@ -68,7 +68,7 @@ class GRPORecipe:
         self.drops = DropCounter()
         self.version = PolicyVersion(0)
         self.step = 0
-        self.rollouts = 0
+        self.generation_rounds = 0  # `produce` calls trained on (axolotl's rollouts: `max_rollouts`)
         self.sync_times: list[float] = []
         self.tokens_per_s: list[float] = []
         self.idle_s = 0.0
@@ -298,38 +298,38 @@ class GRPORecipe:
         pconf = self.producer.config
         try:
             while self.step < config.optim.max_steps and not self.stopped_by_collapse:
-                if pconf.max_rollouts is not None and self.rollouts >= pconf.max_rollouts:
+                if pconf.max_rollouts is not None and self.generation_rounds >= pconf.max_rollouts:
                     logger.info("max_rollouts=%d reached after %d steps", pconf.max_rollouts, self.step)
                     break
                 t_wait = time.perf_counter()
                 depth = self.producer.queue_depth
                 self.producer.on_rollout_begin(self.step)
-                rollout = self.recovery.surviving(
+                batches = self.recovery.surviving(
                     lambda: self.producer.produce(
                         self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s
                     ),
                 )
-                self.producer.on_rollout_end(rollout, self.step)
-                self.rollouts += 1
+                self.producer.on_rollout_end(batches, self.step)
+                self.generation_rounds += 1
                 waited = time.perf_counter() - t_wait
                 self.idle_s += waited
-                self._train_on_rollout(rollout, depth, waited, bar)
+                self._train_on_round(batches, depth, waited, bar)
         finally:
             bar.close()
             self.train_s = time.perf_counter() - t_train
             self.producer.stop()  # prefetched batches never trained: counted as `unconsumed_at_end`
 
-    def _train_on_rollout(self, rollout: list, depth: int, waited: float, bar) -> None:
-        """Every optimizer step one rollout feeds: mini_epochs x step batches x num_iterations (pi_old cached once
-        when the rollout is trained more than once)."""
+    def _train_on_round(self, batches: list[StepBatch], depth: int, waited: float, bar) -> None:
+        """Every optimizer step one generation round feeds (the step batches of one `produce` call): mini_epochs x
+        step batches x num_iterations (pi_old cached once when the round is trained more than once)."""
         pconf = self.producer.config
         reuse = pconf.mini_epochs * pconf.num_iterations
-        cache = [self.learner.old_logps(item) for item in rollout] if reuse * len(rollout) > 1 else None
+        cache = [self.learner.old_logps(item) for item in batches] if reuse * len(batches) > 1 else None
         trained: set[int] = set()
         completed = False
         try:
             for _epoch in range(pconf.mini_epochs):
-                for index, item in enumerate(rollout):
+                for index, item in enumerate(batches):
                     for _ in range(pconf.num_iterations):
                         if self.step >= self.config.optim.max_steps or self.stopped_by_collapse:
                             break
@@ -341,8 +341,8 @@ class GRPORecipe:
                         self.guard.end()  # the step, its metrics and the ledger are complete
                         self.guard.check()  # a stop signal that came during the step: stop now, between steps
             completed = True
-        finally:  # batches of this rollout never trained: max_steps reached inside it, or the run stops
-            for index, item in enumerate(rollout):
+        finally:  # batches of this round never trained: max_steps reached inside it, or the run stops
+            for index, item in enumerate(batches):
                 self.learner.forget(item)
                 if index not in trained and item.groups:
                     self.drops.add("unconsumed_at_end" if completed else "shutdown", len(item.groups))
@@ -400,7 +400,7 @@ class GRPORecipe:
         metrics["groups"] = float(len(item.groups))
         metrics.update(pipeline_metrics(
             staleness, version=self.version.value, depth=depth, waited_s=waited,
-            step_s=time.perf_counter() - t0, rollouts=self.rollouts, world_size=self.info.world_size,
+            step_s=time.perf_counter() - t0, generation_rounds=self.generation_rounds, world_size=self.info.world_size,
             drops=self.drops.snapshot(),
         ))  # fmt: skip
         if self.step % config.tracking.logging_steps == 0 or self.step == config.optim.max_steps:
@@ -546,7 +546,7 @@ class GRPORecipe:
         """The run's `TrainState` now (between steps)."""
         producer = self.producer.state_dict(self.version.value, self.config.producer.rollout_timeout_s)
         return TrainState(
-            step=self.step, policy_version=self.version.value, rollouts=self.rollouts,
+            step=self.step, policy_version=self.version.value, generation_rounds=self.generation_rounds,
             learner=self.learner.state_dict(), rng=capture_rng(),
             sampler=producer.sampler, replay=producer.replay, reroll=producer.reroll, schedule=producer.schedule,
             drops=self.drops.snapshot(), mlflow_run_id=self.tracker.run_id if self.tracker else None,
@@ -556,14 +556,14 @@ class GRPORecipe:
 
     def restore(self, state: TrainState) -> None:
         """Put `state` into the live roles (after `setup`, before `train`)."""
-        self.step, self.rollouts, self.num_tokens = state.step, state.rollouts, state.num_tokens
+        self.step, self.generation_rounds, self.num_tokens = state.step, state.generation_rounds, state.num_tokens
         self.version.reset(state.policy_version)
         self.learner.load_state_dict(state.learner)
         self.drops.load_state_dict(state.drops)
-        # the producer paces from the rollouts trained; the ledger counts the restored drops as launched
+        # the producer paces from the generation rounds trained; the ledger counts the restored drops as launched
         self.producer.load_state_dict(
             ProducerState(sampler=state.sampler, replay=state.replay, reroll=state.reroll, schedule=state.schedule),
-            rollouts=state.rollouts,
+            generation_rounds=state.generation_rounds,
             launched_before=-report.prompts_lost(0, 0, self.drops.snapshot()),
         )
         restore_rng(state.rng)

@@ -65,7 +65,7 @@ def pipeline_metrics(
     depth: int,
     waited_s: float,
     step_s: float,
-    rollouts: int,
+    generation_rounds: int,
     world_size: int,
     drops: dict[DropReason, int],
 ) -> dict[str, float]:
@@ -78,20 +78,20 @@ def pipeline_metrics(
         depth: step batches waiting in the rollout queue when the step began.
         waited_s: seconds the trainer waited for this step's rollouts.
         step_s: seconds of the optimizer step (and push).
-        rollouts: rollouts produced so far.
+        generation_rounds: generation rounds (`produce` calls; axolotl's rollouts, `max_rollouts`) trained so far.
         world_size: trainer ranks.
         drops: dropped groups by reason (`transports.drops.DropReason`), cumulative.
 
     Returns:
         `staleness/mean|max` (policy versions between sampling and training, per fresh group), `queue/depth`,
-        `trainer/idle_seconds`, `trainer/step_seconds`, `policy_version`, `rollouts`, `trainer/ranks`,
+        `trainer/idle_seconds`, `trainer/step_seconds`, `policy_version`, `generation_rounds`, `trainer/ranks`,
         `dropped_groups/total` and `dropped_groups/<reason>`.
     """
     metrics = {
         "staleness/mean": sum(staleness) / max(len(staleness), 1),
         "staleness/max": float(max(staleness, default=0)),
         "queue/depth": float(depth), "trainer/idle_seconds": waited_s, "trainer/step_seconds": step_s,
-        "policy_version": float(version), "rollouts": float(rollouts),
+        "policy_version": float(version), "generation_rounds": float(generation_rounds),
         "trainer/ranks": float(world_size), "dropped_groups/total": float(sum(drops.values())),
     }  # fmt: skip
     metrics.update({f"dropped_groups/{k}": float(v) for k, v in drops.items()})

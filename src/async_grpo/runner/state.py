@@ -16,8 +16,9 @@ leaves a folder that looks complete.
 The file carries `FORMAT_VERSION`, and `load_checkpoint` checks it and the set of keys before anything is restored:
 a checkpoint of another format, or a damaged one, is refused at once with `CheckpointFormatError`, naming what
 differs, instead of failing late inside a role or resuming with a field silently defaulted. A checkpoint written
-before the version existed (no `format_version`) resumes when its keys are exactly this version's fields (what the
-last unversioned release wrote), and is refused otherwise.
+before the version existed (no `format_version`) is read as version 1 (what the last unversioned release wrote). An
+older version this release still reads (`READABLE_FORMAT_VERSIONS`) is carried forward by `UPGRADES`, one version at
+a time, before its keys are checked.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from async_grpo.checkpoint_layout import FORMAT_KEY, FORMAT_VERSION, META_FILE, MODEL_DIR, STATE_FILE
+from async_grpo.checkpoint_layout import (
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    META_FILE,
+    MODEL_DIR,
+    READABLE_FORMAT_VERSIONS,
+    STATE_FILE,
+)
 from async_grpo.transports.drops import DropReason
 
 
@@ -53,7 +62,8 @@ class TrainState:
     Attributes:
         step: optimizer steps completed.
         policy_version: the version vLLM serves (bumped at each weight push).
-        rollouts: rollouts produced so far (`max_rollouts`).
+        generation_rounds: generation rounds trained so far (`produce` calls; axolotl's rollouts, `max_rollouts`).
+            Format version 1 named it `rollouts`.
         learner: `Learner.state_dict()`: model weights, optimizer and scheduler state, counters.
         rng: the process RNG states (`capture_rng()`): python, numpy, torch CPU and CUDA.
         sampler: the prompt sampler's position (`PromptSampler.state_dict()`), None without one.
@@ -72,7 +82,7 @@ class TrainState:
 
     step: int = 0
     policy_version: int = 0
-    rollouts: int = 0
+    generation_rounds: int = 0
     learner: dict[str, Any] = field(default_factory=dict)
     rng: dict[str, Any] = field(default_factory=dict)
     sampler: dict[str, Any] | None = None
@@ -193,11 +203,30 @@ def load_checkpoint(path: str | os.PathLike) -> TrainState:
     return TrainState(**check_format(data, file))
 
 
+def _rename(old: str, new: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """An upgrade that renames the key `old` to `new` (a key that is absent is left for the key check to name)."""
+
+    def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+        return {(new if key == old else key): value for key, value in data.items()}
+
+    return upgrade
+
+
+# version -> the function that turns that version's train-state dict into the next version's; a rename or a new field
+# with a default belongs here, so older checkpoints keep resuming (`checkpoint_layout.READABLE_FORMAT_VERSIONS`).
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _rename(
+        "rollouts", "generation_rounds"
+    ),  # issue 49: a rollout is a sampled episode; a `produce` call is a round
+}
+
+
 def check_format(data: object, file: str | os.PathLike = STATE_FILE) -> dict[str, Any]:
     """The TrainState fields of a loaded train_state.pt, after checking its format; `file` names it in messages.
 
     Accepted: `format_version` == `FORMAT_VERSION` with exactly the TrainState fields, or no `format_version` (written
-    before versioning) with exactly the TrainState fields. `step`, `policy_version`, `rollouts`, `weight_syncs` and
+    before versioning) with exactly version 1's fields, or an older version that `UPGRADES` carries forward (version
+    1 -> 2: `rollouts` renamed `generation_rounds`). `step`, `policy_version`, `generation_rounds`, `weight_syncs` and
     `num_tokens` must be non-negative integers and `learner` a dict.
 
     Raises:
@@ -210,11 +239,17 @@ def check_format(data: object, file: str | os.PathLike = STATE_FILE) -> dict[str
     if not isinstance(data, dict):
         raise CheckpointFormatError(f"{file} holds a {type(data).__name__}, not a train state dict. {fix}")
     data = dict(data)
-    version = data.pop(FORMAT_KEY, None)
-    if version is not None and version != FORMAT_VERSION:
+    written_as = data.pop(FORMAT_KEY, None)
+    version = 1 if written_as is None else written_as  # the last unversioned release wrote version 1's fields
+    if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
         raise CheckpointFormatError(
-            f"{file} has checkpoint format version {version!r}; this async-grpo reads version {FORMAT_VERSION}. {fix}"
+            f"{file} has checkpoint format version {version!r}; this async-grpo reads versions "
+            f"{READABLE_FORMAT_VERSIONS[0]}-{FORMAT_VERSION}. {fix}"
         )
+    while version < FORMAT_VERSION:
+        data = UPGRADES[version](data)
+        version += 1
+    version = written_as
     expected = {f.name for f in fields(TrainState)}
     missing, unknown = sorted(expected - data.keys()), sorted(data.keys() - expected)
     if missing or unknown:
@@ -223,7 +258,7 @@ def check_format(data: object, file: str | os.PathLike = STATE_FILE) -> dict[str
             f"{file} ({written}) does not hold this version's train state: missing {missing or 'none'}, unknown "
             f"{unknown or 'none'}. {fix}"
         )
-    for name in ("step", "policy_version", "rollouts", "weight_syncs", "num_tokens"):
+    for name in ("step", "policy_version", "generation_rounds", "weight_syncs", "num_tokens"):
         value = data[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise CheckpointFormatError(f"{file}: {name}={value!r} is not a non-negative integer. {fix}")

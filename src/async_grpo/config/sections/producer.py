@@ -39,21 +39,23 @@ class DataProducerConfig(Section):
     mini_epochs: int = Field(
         1,
         ge=1,
-        description="Passes over a whole rollout (all its step batches, in order) before the next one "
-        "(axolotl ProducerConfig name). Old logprobs are computed once per rollout, as for num_iterations.",
+        description="Passes over a whole generation round (the step batches of one `produce` call, in order) "
+        "before the next one (axolotl ProducerConfig name). Old logprobs are computed once per round, as for "
+        "num_iterations.",
         json_schema_extra=tenant(),
     )
     max_rollouts: int | None = Field(
         None,
         ge=1,
-        description="Stop after this many produce-then-train rounds even if max_steps is not reached "
-        "(axolotl ProducerConfig name). None: no limit.",
+        description="Stop after this many generation rounds (`produce` calls, each steps_per_generation step "
+        "batches; axolotl's rollouts, whence the ProducerConfig name) even if max_steps is not reached; the metric "
+        "`generation_rounds` counts them. None: no limit.",
         json_schema_extra=tenant(),
     )
     prefetch_depth: int = Field(
         2,
         ge=1,
-        description="Rollouts produced ahead of training at most (axolotl ProducerConfig name): the "
+        description="Generation rounds produced ahead of training at most (axolotl ProducerConfig name): the "
         "builtin orchestrator's queue holds prefetch_depth x steps_per_generation step batches. Deeper keeps "
         "vLLM busier at the cost of staleness (bounded separately by max_staleness).",
         json_schema_extra=tenant(),
@@ -61,9 +63,9 @@ class DataProducerConfig(Section):
     sync_warmup_rollouts: int = Field(
         0,
         ge=0,
-        description="The first this-many rollouts are generated strictly on-policy (axolotl "
+        description="The first this-many generation rounds are generated strictly on-policy (axolotl "
         "ProducerConfig name): the orchestrator waits for the weights of the step that will consume them "
-        "(staleness 0) before launching, so a cold policy bootstraps from fresh samples; later rollouts run ahead "
+        "(staleness 0) before launching, so a cold policy bootstraps from fresh samples; later rounds run ahead "
         "up to max_staleness.",
         json_schema_extra=tenant(),
     )
