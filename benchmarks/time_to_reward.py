@@ -146,8 +146,8 @@ def make_warm_start(out: Path, sft_steps: int | None = None) -> tuple[Path, dict
     overrides = [f"output_dir={out / 'base'}"] + ([] if sft_steps is None else [f"warmup_sft_steps={sft_steps}"])
     config = demo_config(overrides)
     t0 = time.perf_counter()
-    if config.optim.torch_num_threads:
-        torch.set_num_threads(config.optim.torch_num_threads)
+    if config.compute.torch_num_threads:
+        torch.set_num_threads(config.compute.torch_num_threads)
     base = builders.resolve_model_path(config)
     tokenizer = AutoTokenizer.from_pretrained(base)
     torch.manual_seed(config.seed)
@@ -335,21 +335,21 @@ def ours_checkpoints(out: Path, t0: float) -> list[Checkpoint]:
 def trl_spec(system: str, seed: int, model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """What a TRL child run needs (JSON): the demo config's values TRL takes, the budget and the checkpoint grid."""
     config = demo_config()
-    o, s, loss = config.optim, config.sampling, config.loss
+    o, b, c, s, loss = config.optim, config.batch, config.compute, config.sampling, config.loss
     return {
         "system": system, "seed": seed, "model": str(model), "out": str(out), "budget_s": args.budget_s,
         "checkpoint_every_s": args.checkpoint_every_s, "dataset": config.data.dataset,
         "reward_funcs": list(config.rewards.reward_funcs), "reward_weights": list(config.rewards.reward_weights),
-        "threads": args.threads or o.torch_num_threads, "num_generations": s.num_generations,
+        "threads": args.threads or c.torch_num_threads, "num_generations": s.num_generations,
         "max_completion_length": s.max_completion_length, "temperature": s.temperature, "top_p": s.top_p,
-        "per_device_train_batch_size": o.per_device_train_batch_size,
-        "gradient_accumulation_steps": o.gradient_accumulation_steps, "learning_rate": o.learning_rate,
+        "per_device_train_batch_size": b.per_device_train_batch_size,
+        "gradient_accumulation_steps": b.gradient_accumulation_steps, "learning_rate": o.learning_rate,
         "lr_scheduler_type": o.lr_scheduler_type, "loss_type": loss.loss_type, "beta": loss.beta,
         "epsilon": loss.epsilon, "epsilon_high": config.epsilon_high_value,
         "scale_rewards": config.rewards.scale_rewards,
         "max_grad_norm": o.max_grad_norm, "weight_decay": o.weight_decay, "adam_beta1": o.adam_beta1,
         "adam_beta2": o.adam_beta2, "adam_epsilon": o.adam_epsilon,
-        "gradient_checkpointing": o.gradient_checkpointing, "max_staleness": 2,
+        "gradient_checkpointing": c.gradient_checkpointing, "max_staleness": 2,
     }  # fmt: skip
 
 

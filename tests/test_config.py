@@ -43,7 +43,7 @@ def test_yaml_file_then_overrides_parsed_as_yaml_types(tmp_path):
         "eval_dataset=",
         "temperature=0.7",
     ])  # fmt: skip
-    assert config.optim.max_steps == 7 and isinstance(config.optim.max_steps, int)  # override wins over the file
+    assert config.batch.max_steps == 7 and isinstance(config.batch.max_steps, int)  # override wins over the file
     assert config.optim.learning_rate == pytest.approx(2.5e-5)
     assert config.loss.mask_truncated_completions is True
     assert config.rewards.reward_weights == [1.0, 0.5]
@@ -85,7 +85,7 @@ def test_examples_tiny_cpu_yaml_loads():
     for key, value in raw.items():
         assert flat_dump(config)[key] == value, key
     assert config.groups_per_step * config.sampling.num_generations == (
-        config.optim.per_device_train_batch_size * config.optim.gradient_accumulation_steps
+        config.batch.per_device_train_batch_size * config.batch.gradient_accumulation_steps
     )
 
 

@@ -116,7 +116,7 @@ def test_mixed_flat_dotted_and_nested_keys(tmp_path):
         },
     )
     config = load_config(path)
-    assert (config.optim.learning_rate, config.optim.max_steps, config.loss.loss_type) == (2e-5, 7, "grpo")
+    assert (config.optim.learning_rate, config.batch.max_steps, config.loss.loss_type) == (2e-5, 7, "grpo")
     assert config.off_policy.vllm_importance_sampling_cap == 4.0
     assert (config.sampling.temperature, config.seed) == (0.5, 3)
     assert config.optim.weight_decay == 0.0  # the rest of a partly given section keeps its defaults
@@ -129,7 +129,7 @@ def test_same_field_twice_with_the_same_value_is_fine():
 
 @pytest.mark.parametrize(("data", "first", "second"), [
     ({"learning_rate": 1e-5, "optim": {"learning_rate": 2e-5}}, "learning_rate", "optim.learning_rate"),
-    ({"optim.max_steps": 3, "max_steps": 4}, "optim.max_steps", "max_steps"),
+    ({"batch.max_steps": 3, "max_steps": 4}, "batch.max_steps", "max_steps"),
     ({"vllm_importance_sampling_cap": 3.0, "vllm_importance_sampling_clip_max": 5.0},
      "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max"),
 ])  # fmt: skip
@@ -146,8 +146,8 @@ def test_override_wins_over_the_file_however_either_spells_the_field(tmp_path):
         tmp_path,
         {"optim": {"learning_rate": 1e-4}, "max_steps": 9, "off_policy": {"vllm_importance_sampling_clip_max": 4.0}},
     )
-    config = load_config(path, ["learning_rate=2e-5", "optim.max_steps=3", "vllm_importance_sampling_cap=6"])
-    assert (config.optim.learning_rate, config.optim.max_steps) == (2e-5, 3)
+    config = load_config(path, ["learning_rate=2e-5", "batch.max_steps=3", "vllm_importance_sampling_cap=6"])
+    assert (config.optim.learning_rate, config.batch.max_steps) == (2e-5, 3)
     assert config.off_policy.vllm_importance_sampling_cap == 6.0
 
 
@@ -233,7 +233,7 @@ def test_override_typos_suggest_the_field():
 
 def test_every_error_is_reported_with_its_section_path(tmp_path):
     msg = config_error(path=write_yaml(tmp_path, {"optim": {"max_steps": 0, "learning_rat": 1}, "beta": -1}))
-    assert "optim.max_steps:" in msg and "optim.learning_rat: unknown field" in msg and "loss.beta:" in msg
+    assert "batch.max_steps:" in msg and "optim.learning_rat: unknown field" in msg and "loss.beta:" in msg
 
 
 def test_reading_a_flat_name_says_where_the_field_is():
@@ -249,18 +249,18 @@ def test_reading_a_flat_name_says_where_the_field_is():
 def test_assigning_sections_and_fields_is_validated():
     config = GRPOConfig()
     config.seed = 5
-    config.optim = {"max_steps": 4}
+    config.batch = {"max_steps": 4}
     config.loss = GRPOConfig(loss_type="grpo").loss
     config.sampling.temperature = 0.5
-    assert (config.seed, config.optim.max_steps, config.loss.loss_type, config.sampling.temperature) == (
+    assert (config.seed, config.batch.max_steps, config.loss.loss_type, config.sampling.temperature) == (
         5,
         4,
         "grpo",
         0.5,
     )
-    assert config.optim.learning_rate == 1e-6  # a section given as a mapping starts from its defaults
+    assert config.batch.num_train_epochs == 3.0  # a section given as a mapping starts from its defaults
     with pytest.raises(ValidationError, match="max_steps"):
-        config.optim.max_steps = 0
+        config.batch.max_steps = 0
     with pytest.raises(ValidationError, match="not a multiple of num_generations=3"):
         config.sampling = {"num_generations": 3}  # cross-section checks run on a section assignment
 
@@ -281,7 +281,7 @@ def test_dump_is_nested_and_round_trips(tmp_path):
 def test_model_copy_takes_flat_or_nested_keys_and_validates():
     config = GRPOConfig()
     copy = config.model_copy(update={"reward_url": "http://rewards:9000", "optim": {"max_steps": 7}})
-    assert copy.rewards.reward_url == "http://rewards:9000" and copy.optim.max_steps == 7
+    assert copy.rewards.reward_url == "http://rewards:9000" and copy.batch.max_steps == 7
     assert copy.optim.learning_rate == config.optim.learning_rate and config.rewards.reward_url is None
     assert "reward_url" not in copy.__dict__  # not a stray top-level attribute
     with pytest.raises(ValidationError, match="reward_url"):
@@ -311,3 +311,26 @@ def test_flatten_and_lookup_helpers():
         "typo": 2,
         "optim.typo": 3,
     }
+
+
+def test_fields_that_left_optim_keep_loading_from_their_old_spellings(tmp_path):
+    """Issue 49 split `optim` into `batch` (geometry, steps), `optim` (AdamW, schedule) and `compute` (how the learner
+    computes): a YAML or override written against the old section keeps loading, into the new one; a conflict between
+    the old and the new spelling is refused naming both."""
+    path = tmp_path / "old.yaml"
+    path.write_text("optim:\n  learning_rate: 2.0e-5\n  max_steps: 7\n  fsdp: true\n  bf16: true\n")
+    config = load_config(path, ["optim.per_device_train_batch_size=16", "optim.torch_num_threads=2"])
+    assert (config.optim.learning_rate, config.batch.max_steps, config.batch.per_device_train_batch_size) == (
+        2e-5,
+        7,
+        16,
+    )
+    assert (config.compute.fsdp, config.compute.bf16, config.compute.torch_num_threads) == (True, True, 2)
+    assert GRPOConfig(optim={"max_steps": 3}).batch.max_steps == 3
+    assert load_config(None, ["batch.max_steps=4"]).batch.max_steps == 4
+    dumped = yaml.safe_load(dump_config(config))
+    assert dumped["batch"]["max_steps"] == 7 and "max_steps" not in dumped["optim"] and dumped["compute"]["fsdp"]
+    with pytest.raises(ValueError, match=r"optim.max_steps and batch.max_steps are both given"):
+        GRPOConfig(**{"optim.max_steps": 3, "batch.max_steps": 4})
+    with pytest.raises(ValueError, match="loss.max_steps"):  # only the section a field came from is accepted
+        GRPOConfig(**{"loss.max_steps": 3})

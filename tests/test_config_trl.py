@@ -55,7 +55,7 @@ def test_the_issues_trl_fields_all_load(caplog):
     with caplog.at_level(logging.WARNING):
         config = GRPOConfig(**ISSUE_FIELDS)
     assert config.optim.lr_scheduler_type == "cosine" and config.optim.warmup_ratio == 0.1
-    assert config.optim.gradient_checkpointing and config.tracking.report_to == "mlflow"
+    assert config.compute.gradient_checkpointing and config.tracking.report_to == "mlflow"
     assert config.tracking.log_completions and config.data.dataset == "builtin:add"
     assert config.checkpoint.save_steps == 100
 
@@ -68,7 +68,7 @@ def test_trl_example_yaml_validates_offline_with_hub_ids():
         "main",
         "test",
     )
-    assert config.optim.bf16 and config.optim.gradient_checkpointing and config.optim.lr_scheduler_type == "cosine"
+    assert config.compute.bf16 and config.compute.gradient_checkpointing and config.optim.lr_scheduler_type == "cosine"
     assert config.inference.vllm_max_model_len == 1024 and config.off_policy.vllm_importance_sampling_cap == 3.0
     assert config.data.eval_strategy == "steps" and config.data.eval_steps == 50
 
@@ -182,7 +182,7 @@ def test_a_resolved_trl_grpo_config_loads_with_every_shared_field_equal(tmp_path
         checked.append(name)
     assert len(checked) >= 60, checked
     # spot checks of fields whose meaning we verified by hand
-    assert config.optim.max_steps == 40 and config.optim.warmup_steps == 5
+    assert config.batch.max_steps == 40 and config.optim.warmup_steps == 5
     assert config.producer.steps_per_generation == 2 and config.data.num_generations_eval == 2
     assert config.inference.vllm_url == "http://vllm:8000" and config.inference.vllm_startup_timeout_s == 300.0
     assert config.off_policy.vllm_importance_sampling_cap == 2.5 and config.tracking.report_to == "mlflow"
@@ -199,8 +199,8 @@ def test_a_default_trl_dump_loads_once_vllm_server_mode_is_chosen(tmp_path):
         vllm_max_model_length=1024,
     ).to_dict()
     config = GRPOConfig.model_validate(data)
-    assert config.optim.max_steps == -1 and config.optim.num_train_epochs == 3.0  # TRL: epochs decide
-    assert config.optim.gradient_checkpointing  # TRL's default
+    assert config.batch.max_steps == -1 and config.batch.num_train_epochs == 3.0  # TRL: epochs decide
+    assert config.compute.gradient_checkpointing  # TRL's default
     assert config.tracking.report_to == "none"  # TRL's default report_to is "none"
     assert config.sampling.top_k == 0 and config.off_policy.vllm_importance_sampling_mode == "sequence_mask"
 

@@ -42,7 +42,7 @@ def test_the_trl_example_trains_on_the_tiny_model_with_local_paths(child_pids, v
         "log_completions_steps=2", "mlflow_tracking_uri=null",
     ]  # fmt: skip
     config = load_config(EXAMPLE, overrides)
-    assert config.optim.gradient_checkpointing and config.optim.lr_scheduler_type == "cosine"
+    assert config.compute.gradient_checkpointing and config.optim.lr_scheduler_type == "cosine"
     before = child_pids()
     summary = run_local(config, progress=False)
 

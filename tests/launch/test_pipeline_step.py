@@ -25,7 +25,7 @@ def test_precedence_is_yaml_then_knobs_then_the_step_then_overrides():
         ["max_steps=9", "beta=0.1"],
         pinned={"run_name": "run-abc", "output_dir": "/work/run-abc"},
     )
-    assert config.optim.learning_rate == 3e-4 and config.optim.max_steps == 9 and config.seed == 0
+    assert config.optim.learning_rate == 3e-4 and config.batch.max_steps == 9 and config.seed == 0
     assert config.sampling.num_generations == 4 and config.loss.beta == 0.1
     assert config.tracking.run_name == "run-abc" and config.output_dir == "/work/run-abc"
     assert config.tracking.mlflow_tracking_uri == "http://from-yaml:5000"  # the YAML's, when the step names none

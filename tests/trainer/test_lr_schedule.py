@@ -94,6 +94,6 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_path):
 
 def test_max_steps_from_epochs():
     cfg = config(max_steps=-1, num_train_epochs=2.5)  # 1 group per step
-    assert with_epochs_resolved(cfg, num_prompts=7, world_size=1).optim.max_steps == 18  # ceil(2.5 x 7 / 1)
-    assert with_epochs_resolved(cfg, num_prompts=7, world_size=2).optim.max_steps == 9
-    assert with_epochs_resolved(config(max_steps=5), 7, 1).optim.max_steps == 5
+    assert with_epochs_resolved(cfg, num_prompts=7, world_size=1).batch.max_steps == 18  # ceil(2.5 x 7 / 1)
+    assert with_epochs_resolved(cfg, num_prompts=7, world_size=2).batch.max_steps == 9
+    assert with_epochs_resolved(config(max_steps=5), 7, 1).batch.max_steps == 5

@@ -53,7 +53,7 @@ class RecordingBackend:
         if self.tracking is not None:
             run_id = self.tracking.create_run(config.tracking_uri, "", config.tracking.run_name)
         with mlflow.start_run(run_id=run_id, run_name=None if run_id else config.tracking.run_name) as run:
-            mlflow.log_param("max_steps", config.optim.max_steps)
+            mlflow.log_param("max_steps", config.batch.max_steps)
         model_dir = Path(config.output_dir) / "final-model"
         if self.save_checkpoint:
             model_dir.mkdir(parents=True)
@@ -103,9 +103,9 @@ def test_precedence_staging_and_outputs(tmp_path, backend_module):
     (backend,) = backend_module
     ((config, timeout_s),) = backend.launches
     assert backend.options == {"namespace": "ml"} and timeout_s == 123.0
-    assert config.optim.max_steps == 7  # the typed knob beats config_yaml
+    assert config.batch.max_steps == 7  # the typed knob beats config_yaml
     assert config.optim.learning_rate == 0.01  # extra_overrides beat both
-    assert config.optim.torch_num_threads == 1 and config.sampling.num_generations == 4  # config_yaml fills the rest
+    assert config.compute.torch_num_threads == 1 and config.sampling.num_generations == 4  # config_yaml fills the rest
     assert config.tracking.run_name == "my-run-1-3f2a9c1e" and out.run_name == "my-run-1-3f2a9c1e"  # + the KFP run id
     assert config.output_dir == str(work / "my-run-1-3f2a9c1e")
     assert config.data.dataset == "builtin:reverse"  # kept for the warm start

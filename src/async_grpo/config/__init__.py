@@ -1,11 +1,14 @@
 """The one run configuration: a pydantic model in sections, loaded from YAML, overridable from the CLI.
 
 Sections (prime-rl style). `GRPOConfig` has five top-level fields (`model_name_or_path`, `seed`,
-`output_dir`, `trust_remote_code`, `model_init_kwargs`) and fourteen sections, one pydantic model each (`sections/`, a module per section), in the order below:
+`output_dir`, `trust_remote_code`, `model_init_kwargs`) and seventeen sections, one pydantic model each (`sections/`, a
+module per section), in the order below:
 
     data           training / held-out prompts, evaluation, supervised warm start
     sampling       group size, completion length, temperature, top_p, top_k
-    optim          AdamW, batch geometry, max_steps, how the learner computes (chunking, FSDP, skipping)
+    batch          completions per micro-batch, accumulation, max_steps or epochs
+    optim          AdamW, gradient clipping, the learning-rate schedule
+    compute        how the learner computes a step: micro-batch layout, memory savers, bf16, FSDP, threads
     loss           the GRPO objective: loss_type, clipping, KL, token masks, liger
     off_policy     vLLM importance-sampling correction, OPSM, max_staleness
     batch_shaping  dynamic sampling, replay buffer, deferred re-roll (the orchestrator)
@@ -16,7 +19,11 @@ Sections (prime-rl style). `GRPOConfig` has five top-level fields (`model_name_o
     tracking       MLflow
     checkpoint     what the run saves
     tools          tool calling
+    environments   multi-turn environments the model acts in
     peft           LoRA training and adapter-only weight sync
+
+A field that moved to another section keeps its old dotted and nested spellings (`sections.FORMER_SECTIONS`:
+`optim.max_steps` is `batch.max_steps`); its flat name never changes.
 
 Code reads fields through their section: `config.optim.learning_rate`, `config.loss.loss_type`.
 Values that combine sections stay on `GRPOConfig` (`groups_per_step`, `rollout_reuse`,
@@ -58,8 +65,10 @@ from async_grpo.config.keys import (
 from async_grpo.config.model import GRPOConfig
 from async_grpo.config.sections import (
     SECTIONS,
+    BatchConfig,
     BatchShapingConfig,
     CheckpointConfig,
+    ComputeConfig,
     DataConfig,
     DataProducerConfig,
     InferenceConfig,
@@ -79,8 +88,10 @@ __all__ = [
     "ALIASES",
     "FIELDS",
     "SECTIONS",
+    "BatchConfig",
     "BatchShapingConfig",
     "CheckpointConfig",
+    "ComputeConfig",
     "ConfigError",
     "DataConfig",
     "DataProducerConfig",

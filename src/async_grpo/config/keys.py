@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from async_grpo.config.sections import SECTIONS, RunFields
+from async_grpo.config.sections import FORMER_SECTIONS, SECTIONS, RunFields
 
 # TRL's spelling -> ours, for fields whose meaning is the same (trl_names.py has every other TRL name)
 ALIASES = {
@@ -68,13 +68,14 @@ FIELDS: dict[str, FieldRef] = _all_fields()  # flat name -> field, top level fir
 
 
 def lookup_field(key: Any) -> FieldRef | None:
-    """The field `key` names: a flat name, a TRL alias, or `section.name`; None if it names no field
-    (including a real name under the wrong section, such as `loss.learning_rate`)."""
+    """The field `key` names: a flat name, a TRL alias, or `section.name` (its section, or the one it moved from:
+    `FORMER_SECTIONS`, so `optim.max_steps` still names `batch.max_steps`); None if it names no field (including a
+    real name under the wrong section, such as `loss.learning_rate`)."""
     if not isinstance(key, str):
         return None
     section, dot, name = key.strip().rpartition(".")
     ref = FIELDS.get(ALIASES.get(name, name))
-    if ref is None or (dot and section != ref.section):
+    if ref is None or (dot and section not in (ref.section, FORMER_SECTIONS.get(ref.name))):
         return None
     return ref
 

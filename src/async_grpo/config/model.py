@@ -1,4 +1,4 @@
-"""`GRPOConfig`: the top-level fields, the fourteen sections, the flat-key mapper, the validator that runs the
+"""`GRPOConfig`: the top-level fields, the seventeen sections, the flat-key mapper, the validator that runs the
 cross-field rules (`config.rules`) and the values derived from several sections."""
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from async_grpo.config.keys import ALIASES, FIELDS, flatten_mapping, nest_mappin
 from async_grpo.config.rules import check_rules
 from async_grpo.config.sections import (
     SECTIONS,
+    BatchConfig,
     BatchShapingConfig,
     CheckpointConfig,
+    ComputeConfig,
     DataConfig,
     DataProducerConfig,
     EnvironmentsConfig,
@@ -51,7 +53,9 @@ class GRPOConfig(RunFields):
 
     data: DataConfig = _section(DataConfig)
     sampling: SamplingConfig = _section(SamplingConfig)
+    batch: BatchConfig = _section(BatchConfig)
     optim: OptimConfig = _section(OptimConfig)
+    compute: ComputeConfig = _section(ComputeConfig)
     loss: LossConfig = _section(LossConfig)
     off_policy: OffPolicyConfig = _section(OffPolicyConfig)
     batch_shaping: BatchShapingConfig = _section(BatchShapingConfig)
@@ -94,8 +98,8 @@ class GRPOConfig(RunFields):
     def groups_per_step(self) -> int:
         """Prompt groups consumed per optimizer step (single trainer rank)."""
         return (
-            self.optim.per_device_train_batch_size
-            * self.optim.gradient_accumulation_steps
+            self.batch.per_device_train_batch_size
+            * self.batch.gradient_accumulation_steps
             // self.sampling.num_generations
         )
 
@@ -110,7 +114,7 @@ class GRPOConfig(RunFields):
         (fraction 1.0: the run would end first)."""
         if self.batch_shaping.reroll_start_fraction >= 1.0:
             return None
-        return math.ceil(self.batch_shaping.reroll_start_fraction * self.optim.max_steps)
+        return math.ceil(self.batch_shaping.reroll_start_fraction * self.batch.max_steps)
 
     @property
     def epsilon_high_value(self) -> float:
@@ -170,8 +174,12 @@ class GRPOConfig(RunFields):
 
 
 def _in_shape(key: str, value: Any) -> bool:
-    """False for a section name given a field's value: `tools: [...]` is the field `tools.tools`."""
-    return key not in SECTIONS or value is None or isinstance(value, (Mapping, BaseModel))
+    """False for a section name given a field's value (`tools: [...]` is the field `tools.tools`), or a mapping holding
+    a key that is not its own field (a field's former section, `optim: {max_steps: 5}`, or a typo: the mapper moves
+    or reports it)."""
+    if key not in SECTIONS or value is None or isinstance(value, BaseModel):
+        return True
+    return isinstance(value, Mapping) and all(sub in SECTIONS[key].model_fields for sub in value)
 
 
 def _moved(name: str, verb: str) -> AttributeError | None:

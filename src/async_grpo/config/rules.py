@@ -41,7 +41,7 @@ class Rule:
 
 def whole_groups_per_step(c: GRPOConfig) -> str | None:
     """Every step holds whole groups (TRL's generation_batch_size rule)."""
-    completions = c.optim.per_device_train_batch_size * c.optim.gradient_accumulation_steps
+    completions = c.batch.per_device_train_batch_size * c.batch.gradient_accumulation_steps
     g = c.sampling.num_generations
     if completions % g:
         return (
@@ -125,9 +125,9 @@ def liger_supports_the_loss(c: GRPOConfig) -> str | None:
 
 def fsdp_runs_the_same_passes(c: GRPOConfig) -> str | None:
     """FSDP shards the LM head and runs the same passes on every rank."""
-    optim = c.optim
-    if optim.fsdp and (
-        optim.logprob_chunk_size is not None or c.loss.use_liger_kernel or optim.skip_zero_advantage_batches
+    compute = c.compute
+    if compute.fsdp and (
+        compute.logprob_chunk_size is not None or c.loss.use_liger_kernel or compute.skip_zero_advantage_batches
     ):
         return (
             "fsdp shards the LM head and runs the same passes on every rank, so it cannot combine with "
@@ -139,11 +139,11 @@ def fsdp_runs_the_same_passes(c: GRPOConfig) -> str | None:
 
 def prompt_sharing_layout(c: GRPOConfig) -> str | None:
     """share_prompt_prefix needs the plain padded micro-batch layout without checkpointing or fsdp."""
-    optim = c.optim
-    if not optim.share_prompt_prefix:
+    compute = c.compute
+    if not compute.share_prompt_prefix:
         return None
-    named = (("gradient_checkpointing", optim.gradient_checkpointing), ("batch_flattening", optim.batch_flattening),
-             ("fsdp", optim.fsdp))  # fmt: skip
+    named = (("gradient_checkpointing", compute.gradient_checkpointing), ("batch_flattening", compute.batch_flattening),
+             ("fsdp", compute.fsdp))  # fmt: skip
     clashes = [name for name, on in named if on]
     if clashes:
         return (
@@ -168,7 +168,7 @@ def cispo_caps_above_one(c: GRPOConfig) -> str | None:
 
 def skipping_keeps_the_kl(c: GRPOConfig) -> str | None:
     """A skipped zero-advantage micro-batch would lose its KL term."""
-    if c.optim.skip_zero_advantage_batches and c.loss.beta > 0:
+    if c.compute.skip_zero_advantage_batches and c.loss.beta > 0:
         return (
             "skip_zero_advantage_batches needs beta=0: a skipped micro-batch would lose its KL term. "
             "Fix: set beta=0 or skip_zero_advantage_batches=false."
@@ -195,10 +195,10 @@ def streaming_chunks_fit(c: GRPOConfig) -> str | None:
     problems = []
     if c.groups_per_step % k:
         problems.append(f"groups_per_step={c.groups_per_step} is not a multiple of it")
-    if (k * c.sampling.num_generations) % c.optim.per_device_train_batch_size:
+    if (k * c.sampling.num_generations) % c.batch.per_device_train_batch_size:
         problems.append(
             f"a chunk of {k * c.sampling.num_generations} completions is not a multiple of per_device_train_batch_size="
-            f"{c.optim.per_device_train_batch_size} (micro-batches would straddle chunks)"
+            f"{c.batch.per_device_train_batch_size} (micro-batches would straddle chunks)"
         )
     if c.rewards.scale_rewards == "batch":
         problems.append("scale_rewards=batch needs the whole step's rewards before any advantage")
@@ -337,7 +337,7 @@ def lora_sync_has_an_adapter(c: GRPOConfig) -> str | None:
             "peft.vllm_lora_sync pushes a LoRA adapter, but use_peft is false, so there is none. Fix: "
             "set use_peft: true, or remove vllm_lora_sync."
         )
-    if p.use_peft and c.optim.fsdp:
+    if p.use_peft and c.compute.fsdp:
         return (
             "peft.use_peft with fsdp is not supported (the adapter is small: every rank holds a full "
             "replica). Fix: set fsdp: false, or use_peft: false."

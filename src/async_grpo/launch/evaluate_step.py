@@ -253,7 +253,7 @@ def run_evaluate_step(
     tags = {"final_eval.decision": decision.reason, "final_eval.champion_version": champion_version}
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=mlflow_run_id):
-        mlflow.log_metrics(final, step=config.optim.max_steps)
+        mlflow.log_metrics(final, step=config.batch.max_steps)
         rows = challenger.rows
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file="final_eval/completions.json")
         mlflow.set_tags(tags)
@@ -263,7 +263,7 @@ def run_evaluate_step(
         client = mlflow.MlflowClient(tracking_uri=tracking_uri)
         step_run = pipeline_tracking.open_step_run(client, mlflow_parent_run_id, "evaluate")
         with mlflow.start_run(run_id=step_run):
-            mlflow.log_metrics(final, step=config.optim.max_steps)
+            mlflow.log_metrics(final, step=config.batch.max_steps)
             mlflow.set_tags(tags)
             if held_out is not None:
                 table = {
@@ -274,7 +274,7 @@ def run_evaluate_step(
                 }
                 mlflow.log_table(table, artifact_file="head_to_head/per_prompt.json")
         with mlflow.start_run(run_id=mlflow_parent_run_id):
-            mlflow.log_metrics(final, step=config.optim.max_steps)
+            mlflow.log_metrics(final, step=config.batch.max_steps)
             mlflow.set_tags(tags)
     artifact_metrics = {"eval_reward": reward}
     artifact_metrics.update({k.removeprefix("eval/"): v for k, v in challenger.metrics.items() if k != "eval/reward"})

@@ -86,8 +86,8 @@ def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterabl
         )
     for noisy in ("httpx", "urllib3"):  # one INFO line per generation request would drown the run's own logs
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
-    if config.optim.torch_num_threads:
-        torch.set_num_threads(config.optim.torch_num_threads)
+    if config.compute.torch_num_threads:
+        torch.set_num_threads(config.compute.torch_num_threads)
     _INTERRUPTED.clear()
     _install_signal_handlers()
     info = init_distributed(collective_timeout_s(config))
@@ -163,7 +163,7 @@ def vllm_thread_env(config: GRPOConfig) -> dict[str, str]:
     already sets OMP_NUM_THREADS (the user's choice wins)."""
     if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
         return {}
-    n = vllm_cpu_threads(resolve_for_config(config, launched_here=True), config.optim.torch_num_threads)
+    n = vllm_cpu_threads(resolve_for_config(config, launched_here=True), config.compute.torch_num_threads)
     return {} if n is None else {"OMP_NUM_THREADS": str(n)}
 
 

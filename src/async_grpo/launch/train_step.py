@@ -206,7 +206,7 @@ def run_train_step(
         launch_timeout_s,
         config.model_name_or_path,
         config.data.dataset,
-        config.optim.max_steps,
+        config.batch.max_steps,
         config.output_dir,
     )
     local_run = pipeline_run is not None and launch_backend == "local"

@@ -407,7 +407,7 @@ def probe_rewards(
                     completions,
                     ids,
                     columns,
-                    trainer_state=RewardTrainerState(0, config.optim.max_steps),
+                    trainer_state=RewardTrainerState(0, config.batch.max_steps),
                     log=RewardLog(),
                     bound=bound.get(spec),
                 )

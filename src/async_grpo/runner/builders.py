@@ -118,9 +118,9 @@ def load_policy(config: GRPOConfig, path: Path, *, weights: bool = True) -> Any:
         )
     return prepare_policy(
         model,
-        gradient_checkpointing=config.optim.gradient_checkpointing,
-        gradient_checkpointing_kwargs=config.optim.gradient_checkpointing_kwargs,
-        disable_dropout=config.optim.disable_dropout,
+        gradient_checkpointing=config.compute.gradient_checkpointing,
+        gradient_checkpointing_kwargs=config.compute.gradient_checkpointing_kwargs,
+        disable_dropout=config.compute.disable_dropout,
     )
 
 
@@ -132,10 +132,10 @@ def with_epochs_resolved(config: GRPOConfig, num_prompts: int, world_size: int) 
         num_prompts: rows of the training dataset (before the max_prompt_length filter, so every rank agrees).
         world_size: trainer ranks (each step consumes groups_per_step prompts per rank).
     """
-    if config.optim.max_steps != -1:
+    if config.batch.max_steps != -1:
         return config
-    steps = max(1, math.ceil(config.optim.num_train_epochs * num_prompts / (config.groups_per_step * world_size)))
-    logger.info("max_steps=-1: %g epochs over %d prompts = %d steps", config.optim.num_train_epochs, num_prompts, steps)
+    steps = max(1, math.ceil(config.batch.num_train_epochs * num_prompts / (config.groups_per_step * world_size)))
+    logger.info("max_steps=-1: %g epochs over %d prompts = %d steps", config.batch.num_train_epochs, num_prompts, steps)
     return config.model_copy(update={"max_steps": steps})
 
 
@@ -173,7 +173,7 @@ def eval_every(config: GRPOConfig) -> int | None:
     if data.eval_steps is None:
         return config.tracking.logging_steps
     if data.eval_steps < 1:
-        return max(1, math.ceil(data.eval_steps * config.optim.max_steps))
+        return max(1, math.ceil(data.eval_steps * config.batch.max_steps))
     return int(data.eval_steps)
 
 
@@ -323,13 +323,13 @@ def build_local_learner(config: GRPOConfig, model: torch.nn.Module, pad_token_id
     learner_cls, model = peft_setup.lora_policy(config, model) if config.peft.use_peft else (GRPOLearner, model)
     return learner_cls(
         model, learning_rate=config.optim.learning_rate, weight_decay=config.optim.weight_decay,
-        max_grad_norm=config.optim.max_grad_norm, micro_batch_size=config.optim.per_device_train_batch_size,
-        pad_token_id=pad_token_id, logprob_chunk_size=config.optim.logprob_chunk_size,
-        skip_zero_advantage_batches=config.optim.skip_zero_advantage_batches, loss=loss_settings(config),
-        fsdp=config.optim.fsdp, mixed_precision="bf16" if config.optim.bf16 else None, lr_schedule=lr_schedule(config),
+        max_grad_norm=config.optim.max_grad_norm, micro_batch_size=config.batch.per_device_train_batch_size,
+        pad_token_id=pad_token_id, logprob_chunk_size=config.compute.logprob_chunk_size,
+        skip_zero_advantage_batches=config.compute.skip_zero_advantage_batches, loss=loss_settings(config),
+        fsdp=config.compute.fsdp, mixed_precision="bf16" if config.compute.bf16 else None, lr_schedule=lr_schedule(config),
         adam_betas=(config.optim.adam_beta1, config.optim.adam_beta2), adam_epsilon=config.optim.adam_epsilon,
-        max_tokens_per_microbatch=config.optim.max_tokens_per_microbatch, batch_flattening=config.optim.batch_flattening,
-        group_by_length=config.optim.group_by_length, share_prompt_prefix=config.optim.share_prompt_prefix,
+        max_tokens_per_microbatch=config.compute.max_tokens_per_microbatch, batch_flattening=config.compute.batch_flattening,
+        group_by_length=config.compute.group_by_length, share_prompt_prefix=config.compute.share_prompt_prefix,
     )  # fmt: skip
 
 
@@ -339,13 +339,13 @@ def lr_schedule(config: GRPOConfig) -> LRSchedule:
     Raises:
         ValueError: max_steps is still -1 (resolve it with `with_epochs_resolved` first).
     """
-    o = config.optim
-    if o.max_steps < 1:
+    o, max_steps = config.optim, config.batch.max_steps
+    if max_steps < 1:
         raise ValueError("max_steps=-1 must be resolved from num_train_epochs before the learner is built.")
     return LRSchedule(
         o.lr_scheduler_type,
-        o.max_steps,
-        warmup_steps(o.warmup_steps, o.warmup_ratio, o.max_steps),
+        max_steps,
+        warmup_steps(o.warmup_steps, o.warmup_ratio, max_steps),
         dict(o.lr_scheduler_kwargs or {}),
     )
 

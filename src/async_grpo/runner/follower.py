@@ -31,7 +31,7 @@ def run_follower(config: GRPOConfig, info: DistInfo) -> int:
     model.to(info.device)
     broadcast_parameters(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
-    if config.optim.max_steps == -1:  # the same step count as rank 0, for the same learning-rate schedule
+    if config.batch.max_steps == -1:  # the same step count as rank 0, for the same learning-rate schedule
         options = {k: v for k, v in builders.dataset_options(config, "train").items() if k != "chat_template_kwargs"}
         rows = len(load_prompt_dataset(config.data.dataset, split="train", seed=config.seed, **options))
         config = builders.with_epochs_resolved(config, rows, info.world_size)

@@ -36,7 +36,7 @@ def lora_policy(config: GRPOConfig, model: torch.nn.Module) -> tuple[type, Any]:
             alpha=p.lora_alpha,
             dropout=p.lora_dropout,
             target_modules=p.lora_target_modules,
-            disable_dropout=config.optim.disable_dropout,
+            disable_dropout=config.compute.disable_dropout,
         )
     return PeftLearner, wrapped
 

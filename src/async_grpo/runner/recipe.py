@@ -131,7 +131,7 @@ class GRPORecipe:
         self.replicas = ReplicaSet.of(start_inference(model_path))
         model = builders.load_policy(config, model_path)
         sft_threads = resource_sharing.warm_start_threads(
-            config.optim.torch_num_threads,
+            config.compute.torch_num_threads,
             launched_here=all(r.endpoint.launched for r in self.replicas.replicas),
             local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             cuda=self.info.device.type == "cuda",
@@ -199,7 +199,7 @@ class GRPORecipe:
         ckpt = config.checkpoint
         self.checkpointer = checkpoints.Checkpointer(
             out_dir=self.out_dir, save_steps=ckpt.save_steps, save_total_limit=ckpt.save_total_limit,
-            checkpoint_on_signal=ckpt.checkpoint_on_signal, max_steps=config.optim.max_steps,
+            checkpoint_on_signal=ckpt.checkpoint_on_signal, max_steps=config.batch.max_steps,
             save=self.save_checkpoint, guard=self.guard,
         )  # fmt: skip
         if self.resume_from is not None:  # restore the checkpoint and serve its weights as its policy version
@@ -240,7 +240,7 @@ class GRPORecipe:
             lambda url: builders.replica_pusher(self.config, self.learner, url, self.push_source),
             recovery_timeout_s=inf.vllm_recovery_timeout_s,
             max_restarts=inf.max_inference_restarts,
-            parallel=not self.config.optim.fsdp,
+            parallel=not self.config.compute.fsdp,
         )
 
     def make_client(self) -> BalancedClient:
@@ -288,7 +288,7 @@ class GRPORecipe:
         self.producer.start()
         t_train = time.perf_counter()
         bar = tqdm(
-            total=config.optim.max_steps,
+            total=config.batch.max_steps,
             initial=self.step,
             desc="GRPO",
             unit="step",
@@ -297,7 +297,7 @@ class GRPORecipe:
         )  # sparse lines in logs
         pconf = self.producer.config
         try:
-            while self.step < config.optim.max_steps and not self.stopped_by_collapse:
+            while self.step < config.batch.max_steps and not self.stopped_by_collapse:
                 if pconf.max_rollouts is not None and self.generation_rounds >= pconf.max_rollouts:
                     logger.info("max_rollouts=%d reached after %d steps", pconf.max_rollouts, self.step)
                     break
@@ -331,7 +331,7 @@ class GRPORecipe:
             for _epoch in range(pconf.mini_epochs):
                 for index, item in enumerate(batches):
                     for _ in range(pconf.num_iterations):
-                        if self.step >= self.config.optim.max_steps or self.stopped_by_collapse:
+                        if self.step >= self.config.batch.max_steps or self.stopped_by_collapse:
                             break
                         waited = self._one_step(item, cache[index] if cache else None, depth, waited)
                         if index not in trained:  # the prompt ledger counts a batch's groups once, when first trained
@@ -362,8 +362,8 @@ class GRPORecipe:
         self.step += 1
         # replayed groups are old on purpose and exempt from max_staleness: they are counted by replayed_groups
         staleness = [self.version.value - g.policy_version for g in item.groups if not g.replayed]
-        if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.optim.max_steps:
-            if self.step < config.optim.max_steps:  # full_determinism: what is sampled at it is generated first
+        if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.batch.max_steps:
+            if self.step < config.batch.max_steps:  # full_determinism: what is sampled at it is generated first
                 version, timeout_s = self.version.value, config.producer.rollout_timeout_s
                 waited = self.recovery.surviving(lambda: self.producer.wait_before_push(version, timeout_s))
                 if waited is not None:
@@ -381,9 +381,9 @@ class GRPORecipe:
         self.num_tokens += report.step_tokens(item.groups)  # TRL num_tokens: prompt + completion, cumulative
         self.producer.mark_trained(item.groups)  # the prompt ledger and the schedule, before any checkpoint
         metrics.update({"num_tokens": float(self.num_tokens), "num_tokens/step": metrics.pop("num_tokens", 0.0)})
-        self.scorer.set_trainer_state(global_step=self.step, max_steps=config.optim.max_steps)
+        self.scorer.set_trainer_state(global_step=self.step, max_steps=config.batch.max_steps)
         every = builders.eval_every(config)
-        if every and self.step % every == 0 and self.step < config.optim.max_steps:  # the last: `finish`
+        if every and self.step % every == 0 and self.step < config.batch.max_steps:  # the last: `finish`
             self.settle_push()  # vLLM serves this step's weights
             held_out = self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
             reward = held_out.get("eval/reward")
@@ -403,7 +403,7 @@ class GRPORecipe:
             step_s=time.perf_counter() - t0, generation_rounds=self.generation_rounds, world_size=self.info.world_size,
             drops=self.drops.snapshot(),
         ))  # fmt: skip
-        if self.step % config.tracking.logging_steps == 0 or self.step == config.optim.max_steps:
+        if self.step % config.tracking.logging_steps == 0 or self.step == config.batch.max_steps:
             metrics.update(memory_metrics())  # resident memory by role: a slow leak shows as a slope
             self.tracker.log_metrics(metrics, step=self.step)
         if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:

@@ -78,7 +78,7 @@ def resolve_for_config(config, launched_here: bool) -> str:
         config.inference.resource_sharing,
         launched_here=launched_here,
         streaming=config.producer.streaming_min_groups is not None,
-        trainer_threads=config.optim.torch_num_threads,
+        trainer_threads=config.compute.torch_num_threads,
         cuda=torch.cuda.is_available(),
         on_policy=config.off_policy.max_staleness == 0,
     )
@@ -287,7 +287,7 @@ class TimeSlice:
         mode = resolve_for_config(config, launched_here)
         logger.info("resource_sharing=%s -> %s", config.inference.resource_sharing, mode)
         if mode == "adaptive" and model is not None:
-            full = config.optim.torch_num_threads or torch.get_num_threads()
+            full = config.compute.torch_num_threads or torch.get_num_threads()
             cores = len(os.sched_getaffinity(0))  # low: the cores vLLM does not compute on (never oversubscribed)
             low = max(1, min(full, cores - (vllm_cpu_threads(mode, cores=cores) or 0)))
             return ThreadGovernor(replicas, full, low).install(model)

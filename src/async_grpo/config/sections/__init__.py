@@ -16,8 +16,10 @@ params follow.
 from __future__ import annotations
 
 from async_grpo.config.sections.base import Section
+from async_grpo.config.sections.batch import BatchConfig
 from async_grpo.config.sections.batch_shaping import BatchShapingConfig
 from async_grpo.config.sections.checkpoint import CheckpointConfig
+from async_grpo.config.sections.compute import ComputeConfig
 from async_grpo.config.sections.data import DataConfig
 from async_grpo.config.sections.environments import EnvironmentsConfig
 from async_grpo.config.sections.inference import InferenceConfig, ResourceSharing
@@ -43,7 +45,9 @@ from async_grpo.config.sections.weight_sync import WeightSyncConfig
 SECTIONS: dict[str, type[Section]] = {
     "data": DataConfig,
     "sampling": SamplingConfig,
+    "batch": BatchConfig,
     "optim": OptimConfig,
+    "compute": ComputeConfig,
     "loss": LossConfig,
     "off_policy": OffPolicyConfig,
     "batch_shaping": BatchShapingConfig,
@@ -61,11 +65,14 @@ SECTIONS: dict[str, type[Section]] = {
 __all__ = [
     "LR_SCHEDULERS",
     "RESERVED_GENERATION_KEYS",
+    "FORMER_SECTIONS",
     "SECTIONS",
     "VLLM_MAX_LORAS",
     "VLLM_MAX_LORA_RANKS",
+    "BatchConfig",
     "BatchShapingConfig",
     "CheckpointConfig",
+    "ComputeConfig",
     "DataConfig",
     "DataProducerConfig",
     "EnvironmentsConfig",
@@ -87,3 +94,10 @@ __all__ = [
     "lora_server_args",
     "vllm_max_lora_rank",
 ]
+
+# Fields that moved to another section, by flat name -> the section that held them before. Their old dotted and nested
+# spellings keep loading (`optim.max_steps`, `optim: {max_steps: 5}`); code and `dump_config` use the new place.
+FORMER_SECTIONS: dict[str, str] = {
+    **{name: "optim" for name in BatchConfig.model_fields},  # issue 49: `optim` held the batch geometry and
+    **{name: "optim" for name in ComputeConfig.model_fields},  # how the learner computes, beside AdamW
+}
