@@ -56,6 +56,19 @@ def test_short_run_logs_everything_to_mlflow(child_pids, vllm_server, tiny_model
     assert [m.step for m in client.get_metric_history(summary.run_id, "loss")] == [1, 2, 3, 4]
     versions = [m.value for m in client.get_metric_history(summary.run_id, "policy_version")]
     assert versions == [0, 1, 1, 2]
+    # every step reports its idle time, push steps included (a push step used to lose it to the determinism wait)
+    assert [m.step for m in client.get_metric_history(summary.run_id, "trainer/idle_seconds")] == [1, 2, 3, 4]
+    # the time split (issue 53): the named phases and `other` add up to each step's wall time, `other` stays small
+    split = {
+        key: {m.step: m.value for m in client.get_metric_history(summary.run_id, f"time/{key}_s")}
+        for key in ("step", "wait", "compute", "push", "eval", "checkpoint", "log", "other")
+    }
+    for step in (1, 2, 3, 4):
+        parts = sum(split[key][step] for key in split if key != "step")
+        assert parts == pytest.approx(split["step"][step], rel=1e-6), step
+        assert split["compute"][step] > 0 and split["log"][step] > 0, step
+    assert split["push"][2] > 0 and split["push"][4] > 0  # vllm_sync_interval=2
+    assert sum(split["other"].values()) <= 0.05 * sum(split["step"].values()), split
 
     artifacts = {a.path for a in client.list_artifacts(summary.run_id)}
     assert {"config.yaml", "completions"} <= artifacts

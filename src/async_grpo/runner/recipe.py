@@ -37,6 +37,7 @@ from async_grpo.runner.memory import memory_metrics
 from async_grpo.runner.overlapped_push import OverlappedPush
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from async_grpo.runner.step_time import StepClock
 from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
@@ -73,6 +74,7 @@ class GRPORecipe:
         self.tokens_per_s: list[float] = []
         self.idle_s = 0.0
         self.train_s = 0.0
+        self.clock = StepClock()  # the time split of each step (`time/*`), restarted when the step loop starts
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
         self.trained_groups = 0  # groups of the step batches trained on (the prompt ledger, `report.prompts_lost`)
         self.eval_before: dict[str, float] = {}
@@ -296,6 +298,7 @@ class GRPORecipe:
             mininterval=0.5 if sys.stderr.isatty() else PROGRESS_LOG_INTERVAL_S,
         )  # sparse lines in logs
         pconf = self.producer.config
+        self.clock = StepClock()
         try:
             while self.step < config.batch.max_steps and not self.stopped_by_collapse:
                 if pconf.max_rollouts is not None and self.generation_rounds >= pconf.max_rollouts:
@@ -303,13 +306,14 @@ class GRPORecipe:
                     break
                 t_wait = time.perf_counter()
                 depth = self.producer.queue_depth
-                self.producer.on_rollout_begin(self.step)
-                batches = self.recovery.surviving(
-                    lambda: self.producer.produce(
-                        self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s
-                    ),
-                )
-                self.producer.on_rollout_end(batches, self.step)
+                with self.clock.phase("wait"):
+                    self.producer.on_rollout_begin(self.step)
+                    batches = self.recovery.surviving(
+                        lambda: self.producer.produce(
+                            self.learner.model, self.step, timeout_s=config.producer.rollout_timeout_s
+                        ),
+                    )
+                    self.producer.on_rollout_end(batches, self.step)
                 self.generation_rounds += 1
                 waited = time.perf_counter() - t_wait
                 self.idle_s += waited
@@ -324,7 +328,8 @@ class GRPORecipe:
         step batches x num_iterations (pi_old cached once when the round is trained more than once)."""
         pconf = self.producer.config
         reuse = pconf.mini_epochs * pconf.num_iterations
-        cache = [self.learner.old_logps(item) for item in batches] if reuse * len(batches) > 1 else None
+        with self.clock.phase("compute"):
+            cache = [self.learner.old_logps(item) for item in batches] if reuse * len(batches) > 1 else None
         trained: set[int] = set()
         completed = False
         try:
@@ -354,9 +359,10 @@ class GRPORecipe:
         t0 = time.perf_counter()
         metrics = dict(item.metrics)
         self.guard.begin()  # a stop signal waits for the step's end (checkpoint_on_signal)
-        with self.time_slice:
+        with self.clock.phase("compute"), self.time_slice:
             metrics.update(self.recovery.surviving(lambda: self.learner.step(item, old_logps=old_logps)))
         metrics.update(item.metrics)  # a streamed step knows its chunk count and waits once it consumed them
+        self.clock.move(item.wait_s, source="compute", target="wait")  # a streamed step waited inside the step
         waited += item.wait_s
         self.idle_s += item.wait_s
         self.step += 1
@@ -365,15 +371,17 @@ class GRPORecipe:
         if self.step % config.weight_sync.vllm_sync_interval == 0 or self.step == config.batch.max_steps:
             if self.step < config.batch.max_steps:  # full_determinism: what is sampled at it is generated first
                 version, timeout_s = self.version.value, config.producer.rollout_timeout_s
-                waited = self.recovery.surviving(lambda: self.producer.wait_before_push(version, timeout_s))
-                if waited is not None:
-                    metrics["determinism/wait_seconds"] = waited
-            if self.overlap is None:
-                metrics["weight_sync/seconds"] = self.recovery.push()
-                metrics.update(self.pusher.last_report.metrics())
-            else:  # the previous push must end first: at most one in flight, versions in order
-                self.settle_push()
-                self.overlap.start()
+                with self.clock.phase("wait"):
+                    scheduled = self.recovery.surviving(lambda: self.producer.wait_before_push(version, timeout_s))
+                if scheduled is not None:
+                    metrics["determinism/wait_seconds"] = scheduled
+            with self.clock.phase("push"):
+                if self.overlap is None:
+                    metrics["weight_sync/seconds"] = self.recovery.push()
+                    metrics.update(self.pusher.last_report.metrics())
+                else:  # the previous push must end first: at most one in flight, versions in order
+                    self.settle_push()
+                    self.overlap.start()
         metrics.update(self.replicas.metrics(), **self.time_slice.metrics())  # resource_sharing
         self.tokens_per_s.append(metrics.get("generation/tokens_per_s", 0.0))
         for name, value in report.reward_log_metrics(item.groups).items():  # TRL log_metric, never over ours
@@ -384,8 +392,10 @@ class GRPORecipe:
         self.scorer.set_trainer_state(global_step=self.step, max_steps=config.batch.max_steps)
         every = builders.eval_every(config)
         if every and self.step % every == 0 and self.step < config.batch.max_steps:  # the last: `finish`
-            self.settle_push()  # vLLM serves this step's weights
-            held_out = self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
+            with self.clock.phase("push"):
+                self.settle_push()  # vLLM serves this step's weights
+            with self.clock.phase("eval"):
+                held_out = self.evaluate()  # held-out reward between pushes, logged as eval/* at this step
             reward = held_out.get("eval/reward")
             se = held_out.get("eval/reward_se", 0.0)
             collapse = self.collapse.observe_eval(self.step, reward, se) if reward is not None else None
@@ -403,20 +413,26 @@ class GRPORecipe:
             step_s=time.perf_counter() - t0, generation_rounds=self.generation_rounds, world_size=self.info.world_size,
             drops=self.drops.snapshot(),
         ))  # fmt: skip
-        if self.step % config.tracking.logging_steps == 0 or self.step == config.batch.max_steps:
-            metrics.update(memory_metrics())  # resident memory by role: a slow leak shows as a slope
-            self.tracker.log_metrics(metrics, step=self.step)
-        if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
-            rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
-            self.tracker.log_completions(rows, step=self.step)
+        logged = self.step % config.tracking.logging_steps == 0 or self.step == config.batch.max_steps
+        with self.clock.phase("log"):
+            if logged:
+                metrics.update(memory_metrics())  # resident memory by role: a slow leak shows as a slope
+                self.tracker.log_metrics(metrics, step=self.step)
+            if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
+                rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
+                self.tracker.log_completions(rows, step=self.step)
         # the step is complete: the save_steps checkpoint, written after the step's metrics were logged so that it
-        # keeps those MLflow has not taken yet (`TrainState.unlogged_metrics`); its own seconds are logged after it
+        # keeps those MLflow has not taken yet (`TrainState.unlogged_metrics`); its own seconds and the step's time
+        # split (`time/*`, which includes the checkpoint) are logged after it
         saved: dict[str, float] = {}
         if self.checkpointer.due(self.step):
-            self.settle_push()  # the checkpoint's policy version is the one vLLM serves
-        self.checkpointer.after_step(self.step, saved)
-        if saved:
-            self.tracker.log_metrics(saved, step=self.step)
+            with self.clock.phase("push"):
+                self.settle_push()  # the checkpoint's policy version is the one vLLM serves
+        with self.clock.phase("checkpoint"):
+            self.checkpointer.after_step(self.step, saved)
+        split = self.clock.lap()
+        if logged or saved:
+            self.tracker.log_metrics({**saved, **(split if logged else {})}, step=self.step)
         return 0.0
 
     def on_collapse(self, collapse: Collapse) -> dict[str, float]:
