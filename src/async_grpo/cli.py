@@ -104,6 +104,8 @@ def _print_summary(s) -> None:
     if s.prompts_lost is not None:
         table.add_row("prompts lost (neither trained nor dropped)", str(s.prompts_lost))
     table.add_row("final model", str(s.model_dir))
+    if s.summary_plot:
+        table.add_row("summary figure", s.summary_plot)
     table.add_row("MLflow run", s.run_id)
     table.add_row("look at it", f"mlflow ui --backend-store-uri {s.tracking_uri}")
     Console().print(table)

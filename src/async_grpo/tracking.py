@@ -39,12 +39,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 
 from async_grpo import shared_volume
 from async_grpo.config import GRPOConfig, dump_config, flat_params
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -365,6 +368,21 @@ class Tracker:
             columns = list(dict.fromkeys(k for r in rows for k in r))
             table = {k: [r.get(k) for r in rows] for k in columns}
             self._submit(self._client.log_table, self.run_id, table, f"{folder}/step_{step:06d}.json")
+
+    def log_figure(self, render: Callable[[], Figure], artifact_file: str) -> None:
+        """A figure as the artifact `artifact_file` (e.g. `plots/staleness/step_000050.png`): `render()` draws it on
+        the writer thread, off the training loop, and it is logged there; returns at once. A render that raises
+        counts as a failed record."""
+        if self.enabled:
+            self._submit(self._log_figure_now, render, artifact_file)
+
+    def _log_figure_now(self, render: Callable[[], Figure], artifact_file: str) -> None:
+        self._client.log_figure(self.run_id, render(), artifact_file)
+
+    def log_artifact(self, path: Path, folder: str) -> None:
+        """The local file `path` as an artifact under `folder`; returns at once."""
+        if self.enabled:
+            self._submit(self._client.log_artifact, self.run_id, str(path), folder)
 
     def log_text(self, text: str, name: str) -> None:
         """A text artifact; returns at once."""

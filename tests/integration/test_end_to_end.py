@@ -34,7 +34,7 @@ def test_short_run_logs_everything_to_mlflow(child_pids, vllm_server, tiny_model
         vllm_url=vllm_server.url, warmup_sft_steps=20, max_steps=4, vllm_sync_interval=2, beta=0.04,
         per_device_train_batch_size=16, gradient_accumulation_steps=1, num_generations=4,
         max_completion_length=8, eval_num_prompts=8, log_completions_steps=2, torch_num_threads=1,
-        learning_rate=1e-4,
+        learning_rate=1e-4, log_plots_steps=2,
     )  # fmt: skip
     before = child_pids()  # the shared vLLM server and its engine
     summary = run_local(config, progress=False)
@@ -78,3 +78,9 @@ def test_short_run_logs_everything_to_mlflow(child_pids, vllm_server, tiny_model
     assert "config.json" in model_files and "model.safetensors" in model_files
     tables = [a.path for a in client.list_artifacts(summary.run_id, "completions")]
     assert any(p.endswith("step_000002.json") for p in tables)
+    # the figures (issue 53): a staleness histogram every log_plots_steps, the end-of-run summary here and in MLflow
+    staleness_plots = {a.path for a in client.list_artifacts(summary.run_id, "plots/staleness")}
+    assert staleness_plots == {"plots/staleness/step_000002.png", "plots/staleness/step_000004.png"}
+    assert summary.summary_plot == str(tmp_path / "run" / "summary.png")
+    assert Path(summary.summary_plot).read_bytes()[:4] == b"\x89PNG"
+    assert "plots/summary.png" in {a.path for a in client.list_artifacts(summary.run_id, "plots")}

@@ -31,10 +31,11 @@ from async_grpo.orchestrator.producer import RunProducer
 from async_grpo.orchestrator.progress import ProducerState
 from async_grpo.orchestrator.rollout import Rollout
 from async_grpo.rewards.remote import make_reward_pool
-from async_grpo.runner import builders, checkpoints, peft_setup, recovery, report, resource_sharing
+from async_grpo.runner import builders, checkpoints, peft_setup, plots, recovery, report, resource_sharing
 from async_grpo.runner.collapse import Collapse, CollapseGuard
 from async_grpo.runner.memory import memory_metrics
 from async_grpo.runner.overlapped_push import OverlappedPush
+from async_grpo.runner.plots import StepHistory
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.runner.step_time import StepClock
@@ -75,6 +76,7 @@ class GRPORecipe:
         self.idle_s = 0.0
         self.train_s = 0.0
         self.clock = StepClock()  # the time split of each step (`time/*`), restarted when the step loop starts
+        self.history = StepHistory()  # what the staleness and summary figures draw (`runner.plots`)
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
         self.trained_groups = 0  # groups of the step batches trained on (the prompt ledger, `report.prompts_lost`)
         self.eval_before: dict[str, float] = {}
@@ -433,6 +435,14 @@ class GRPORecipe:
         split = self.clock.lap()
         if logged or saved:
             self.tracker.log_metrics({**saved, **(split if logged else {})}, step=self.step)
+        self.history.record(self.step, {**metrics, **split}, staleness)
+        every = config.tracking.log_plots_steps
+        if every and self.step % every == 0:  # drawn on the tracker's writer thread
+            counts, first, last = self.history.take_window(self.step)
+            bound = config.off_policy.max_staleness
+            self.tracker.log_figure(
+                lambda: plots.staleness_figure(counts, first, last, bound), f"plots/staleness/step_{self.step:06d}.png"
+            )
         return 0.0
 
     def on_collapse(self, collapse: Collapse) -> dict[str, float]:
@@ -534,6 +544,7 @@ class GRPORecipe:
             self.eval_after.update(self.evaluate(without_tools, prefix="eval_no_tools"))
         if model_dir is not None:
             self.tracker.log_model(model_dir)
+        summary_plot = self._save_summary_plot()
         s = RunSummary(
             run_id=self.tracker.run_id, tracking_uri=self.tracker.tracking_uri, output_dir=str(self.out_dir),
             eval_before=self.eval_before, eval_after=self.eval_after, steps=self.step,
@@ -543,6 +554,7 @@ class GRPORecipe:
             weight_sync_s_mean=sum(self.sync_times) / max(len(self.sync_times), 1), weight_syncs=len(self.sync_times),
             trainer_idle_fraction=self.idle_s / max(self.train_s, 1e-9), dropped_groups=self.drops.snapshot(),
             model_dir=str(model_dir) if model_dir else None, prompts_lost=self._prompts_lost(),
+            summary_plot=str(summary_plot) if summary_plot else None,
         )  # fmt: skip
         self.tracker.log_metrics(
             {
@@ -556,6 +568,21 @@ class GRPORecipe:
             step=self.step,
         )
         return s
+
+    def _save_summary_plot(self) -> Path | None:
+        """Draw the end-of-run figure (`plots.summary_figure`) to `<output_dir>/summary.png` and log it as
+        `plots/summary.png`; None (logged) when there is no step to draw or the file cannot be written."""
+        if not self.history.steps:
+            return None
+        path = self.out_dir / "summary.png"
+        title = f"{self.config.tracking.run_name or self.out_dir.name}: {self.step} steps"
+        try:
+            plots.summary_figure(self.history, title).savefig(path, dpi=100)
+        except OSError as err:
+            logger.warning("the summary figure was not written to %s (%s)", path, err)
+            return None
+        self.tracker.log_artifact(path, "plots")
+        return path
 
     # ------------------------------------------------------------------ state and checkpoints
     def state(self) -> TrainState:

@@ -30,6 +30,8 @@ class RunSummary:
         model_dir: the saved final model folder, or None.
         prompts_lost: launched groups that were neither trained nor dropped with a reason (the prompt ledger,
             `prompts_lost`; 0 unless something is broken), None with a user data producer.
+        summary_plot: the end-of-run figure (`<output_dir>/summary.png`, `runner.plots.summary_figure`), None when no
+            step ran or it could not be written.
     """
 
     run_id: str
@@ -48,6 +50,7 @@ class RunSummary:
     dropped_groups: dict[DropReason, int] = field(default_factory=dict)
     model_dir: str | None = None
     prompts_lost: int | None = None
+    summary_plot: str | None = None
 
 
 def prompts_lost(launched: int, trained: int, drops: dict[DropReason, int]) -> int:

@@ -185,11 +185,11 @@ def load_checkpoint(path: str | os.PathLike) -> TrainState:
             f"{path} is not a checkpoint (no {STATE_FILE}). Fix: point at a folder written by save_checkpoint."
         )
     from async_grpo.data import PromptItem
-    from async_grpo.transports.messages import RolloutGroup
+    from async_grpo.transports.messages import EpisodeSpan, RolloutGroup
 
     # our own dataclasses (replay buffer groups, re-roll prompts) are the only classes besides tensors and plain
     # values that a checkpoint holds; torch rebuilds them field by field, running none of their code
-    with torch.serialization.safe_globals([RolloutGroup, PromptItem]):
+    with torch.serialization.safe_globals([RolloutGroup, EpisodeSpan, PromptItem]):
         try:
             data = torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:

@@ -11,6 +11,37 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
+# Rollout -> the run's episode traces (issue 53)
+@dataclass(frozen=True)
+class EpisodeSpan:
+    """One timed part of a sampled episode: a span of its MLflow trace (`tracking.Tracker.log_episode_traces`).
+
+    Recorded by the rollout (generation turns, tool calls, environment steps) and by `score_group` (reward
+    functions) only when the run traces episodes (`log_traces_steps` > 0); JSON-safe values only.
+
+    Attributes:
+        name: "generation" (a single-turn sample), "turn <k>" (the k-th generation of a multi-turn episode, from 1),
+            "tool <name>" (a tool call), "env step <k>" (the environment's answer to turn k), "reward <function>".
+        kind: the MLflow span type (`mlflow.entities.SpanType`): "LLM" for a generation, "TOOL" for a tool call,
+            "TASK" for an environment step, "EVALUATOR" for a reward function.
+        start_ns, end_ns: wall-clock times (`time.time_ns()`), nanoseconds since the epoch. A generation of G samples
+            in one request, and a reward function called once for the group, give every episode the same times.
+        inputs: what went in: a tool call's arguments, an environment step's action (the model's turn text).
+        outputs: what came out: a tool's result, an environment's reply, a reward value.
+        attributes: numbers and labels: `prompt_tokens`, `completion_tokens`, `policy_version`, `finish_reason`
+            (generations); `error` (the failure kind of a tool call or environment step, e.g. "malformed",
+            "unknown_tool", "timeout"; absent when it succeeded).
+    """
+
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    inputs: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    attributes: dict = field(default_factory=dict)
+
+
 # Orchestrator -> Trainer
 @dataclass
 class RolloutGroup:
@@ -49,6 +80,8 @@ class RolloutGroup:
             metrics. Empty for a single-turn rollout.
         launch_index: the orchestrator's launch index of the group (its place in the schedule under
             `full_determinism`, which batches, seeds and checkpoints by it); None otherwise.
+        spans: G lists, the `EpisodeSpan`s of each episode in the order they happened (issue 53's traces); empty
+            (the default) when the run does not trace episodes.
 
     After construction `nonfinite_logprob_tokens` counts the trained tokens whose sampling logprob was NaN or
     infinite: their `loss_mask` is set to 0 (a NaN ratio would poison the step), and the batcher logs the count as
@@ -77,6 +110,13 @@ class RolloutGroup:
     reward_metrics: dict[str, list[float]] = field(default_factory=dict)
     rollout_stats: dict[str, list[float]] = field(default_factory=dict)
     launch_index: int | None = None
+    spans: list[list[EpisodeSpan]] = field(default_factory=list)
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle (a checkpoint's replay buffer, `torch.load(weights_only=True)`): a group pickled before a field
+        existed gets that field's default."""
+        self.__dict__.update({"spans": []})
+        self.__dict__.update(state)
 
     def __post_init__(self) -> None:
         g = len(self.completion_ids)
@@ -104,6 +144,8 @@ class RolloutGroup:
         for name, values in self.rollout_stats.items():
             if len(values) != g:
                 raise ValueError(f"RolloutGroup.rollout_stats[{name!r}] has {len(values)} values for {g} completions")
+        if self.spans and len(self.spans) != g:
+            raise ValueError(f"RolloutGroup.spans has {len(self.spans)} rows for {g} completions")
 
     @property
     def size(self) -> int:

@@ -55,6 +55,33 @@ class TrackingConfig(Section):
     num_completions_to_print: int = Field(
         8, ge=1, description="Rows in each sample-completions table (TRL name).", json_schema_extra=tenant()
     )
+    log_traces_steps: int = Field(
+        0,
+        ge=0,
+        description="Every this many steps, log episodes of the step's groups as MLflow traces linked to the run "
+        "(one trace per sampled episode: its generation turns with token counts and the policy version, its tool "
+        "calls and environment steps with their arguments, results and errors, each reward function's value, and "
+        "the group's advantage; the Traces tab of the run), written on the tracker's writer thread; 0 (default): "
+        "none. The rollouts record spans only when it is on.",
+        json_schema_extra=tenant(),
+    )
+    log_traces_per_step: int = Field(
+        1,
+        ge=1,
+        description="Groups of a traced step logged as traces (the first ones of the step batch); each gives "
+        "num_generations traces, one per episode.",
+        json_schema_extra=tenant(),
+    )
+    log_plots_steps: int = Field(
+        50,
+        ge=0,
+        description="Every this many steps, draw the staleness histogram of the groups trained since the last one "
+        "(policy versions between sampling and training, the max_staleness bound marked) as the MLflow artifact "
+        "plots/staleness/step_<step>.png, on the tracker's writer thread; 0: none. The end-of-run summary figure "
+        "(reward, KL, entropy, staleness and the step's time split against the step) is drawn at the end of every "
+        "run as <output_dir>/summary.png and the artifact plots/summary.png.",
+        json_schema_extra=tenant(),
+    )
 
     @field_validator("report_to", mode="before")
     @classmethod
