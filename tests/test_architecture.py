@@ -44,7 +44,7 @@ ALLOWED = {
     },
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
-    "tracking": {"config", "shared_volume"},
+    "tracking": {"config", "shared_volume", "transports"},  # transports: the episode spans a trace draws
     # registry, promotion, lineage, registry_start (a run from a registered version), pipeline_tracking
     "lifecycle": {"__init__", "config", "shared_volume"},
     "step_secrets": set(),  # a KFP step's mounted Secret files -> its environment (stdlib only)

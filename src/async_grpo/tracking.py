@@ -38,6 +38,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ import mlflow
 
 from async_grpo import shared_volume
 from async_grpo.config import GRPOConfig, dump_config, flat_params
+from async_grpo.transports.messages import EpisodeSpan
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -64,6 +66,37 @@ WRITE_RETRY_MIN_S = 1.0  # first wait before a failed write is tried again (doub
 WRITE_RETRY_MAX_S = 10.0  # longest wait between two tries of one write, once the server is back
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit on the metrics of one log_batch (mlflow.utils.validation)
 ABANDON_JOIN_S = 5.0  # after the flush timeout, how long `end` lets the writer finish its last try
+
+
+TRACE_STEP_TAG = (
+    "async_grpo.step"  # trace tag: the optimizer step that trained the episode (`tag.async_grpo.step = '3'`)
+)
+
+
+@dataclass(frozen=True)
+class EpisodeTrace:
+    """One sampled episode as an MLflow trace: a root span "episode" (type AGENT) and, under it, the episode's spans.
+
+    Built by the runner (`runner.report.episode_traces`); written by `Tracker.log_episode_traces`.
+
+    Attributes:
+        inputs: the root span's inputs, e.g. {"prompt": the dataset prompt (text or chat messages)}.
+        outputs: the root span's outputs, e.g. {"completion", "reward", "advantage", "rewards"}.
+        attributes: the root span's attributes (JSON-safe): the step, the group and sample index, the policy version
+            that sampled it, its staleness, ...
+        tags: the trace's tags, searchable (`mlflow.search_traces(filter_string="tag.async_grpo.step = '3'")`).
+        spans: the episode's `EpisodeSpan`s (generation turns, tool calls, environment steps, reward functions), in
+            the order they happened; empty when the rollout recorded none.
+        start_ns, end_ns: the root span's times, nanoseconds since the epoch (`time.time_ns()`).
+    """
+
+    inputs: dict
+    outputs: dict
+    attributes: dict
+    tags: dict[str, str]
+    start_ns: int
+    end_ns: int
+    spans: tuple[EpisodeSpan, ...] = field(default_factory=tuple)
 
 
 def is_transient(err: BaseException) -> bool:
@@ -178,6 +211,7 @@ class Tracker:
         self.dropped = 0  # records dropped because the queue was full, or still pending at `end`
         self._failed_writes = 0  # writes (of one or more records) that failed for good: their warnings are sparse
         self.retries = 0  # tries again of writes that failed for want of the server (`is_transient`)
+        self.traces_written = 0  # episode traces MLflow kept (`log_episode_traces`)
         self._abandon = threading.Event()  # set by `end` once its flush timeout passed: stop retrying
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_PENDING)
         # metric records queued or being written, by the id of their list of `Metric`s (`unlogged_metrics`)
@@ -189,6 +223,10 @@ class Tracker:
             logger.info("report_to=none: nothing is tracked")
             return
         self.tracking_uri = config.tracking_uri
+        if config.tracking.log_traces_steps:  # episode traces: the writer thread is the asynchronous part, and only
+            # a synchronous export raises into it, so that a trace MLflow lost is retried or counted (unless the
+            # user chose otherwise for this process)
+            os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
         # `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI to os.environ (for subprocesses); note what the
         # user had so that the check below sees their environment, and `end` gives it back unchanged.
         self._env_uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -384,6 +422,40 @@ class Tracker:
         if self.enabled:
             self._submit(self._client.log_artifact, self.run_id, str(path), folder)
 
+    def log_episode_traces(self, traces: list[EpisodeTrace]) -> None:
+        """Each episode as an MLflow trace linked to this run (the run's Traces tab); written on the writer thread,
+        one record per trace, and read back before it counts as written: a trace MLflow did not keep is tried again
+        while the server is unreachable (`is_transient`) and counted in `failed` otherwise; returns at once."""
+        if not self.enabled:
+            return
+        for trace in traces:
+            self._submit(self._write_episode_trace, trace)
+
+    def _write_episode_trace(self, trace: EpisodeTrace) -> None:
+        """Write one trace through MLflow's client (its exporter is synchronous in this process: `__init__`), then
+        read it back, which raises when MLflow did not keep it (the exporter only logs its own failures). A span
+        lies under the latest span that contains it in time (a tool call under its environment step), else under
+        the root."""
+        client = self._client
+        root = client.start_trace(
+            "episode", span_type="AGENT", inputs=trace.inputs, attributes=trace.attributes, tags=trace.tags,
+            experiment_id=self.run.info.experiment_id, start_time_ns=trace.start_ns, run_id=self.run_id,
+        )  # fmt: skip
+        open_spans: list[tuple[str, int]] = []  # (span id, end ns) of the spans that may still contain the next
+        for span in sorted(trace.spans, key=lambda x: (x.start_ns, -x.end_ns)):
+            while open_spans and open_spans[-1][1] < span.end_ns:  # a span nests in the one that contains it in time
+                open_spans.pop()  # (a tool call in its environment step), else under the root
+            parent = open_spans[-1][0] if open_spans else root.span_id
+            child = client.start_span(
+                span.name, trace_id=root.trace_id, parent_id=parent, span_type=span.kind, inputs=span.inputs,
+                attributes=span.attributes, start_time_ns=span.start_ns,
+            )  # fmt: skip
+            client.end_span(root.trace_id, child.span_id, outputs=span.outputs, end_time_ns=span.end_ns)
+            open_spans.append((child.span_id, span.end_ns))
+        client.end_trace(root.trace_id, outputs=trace.outputs, end_time_ns=trace.end_ns)
+        client.get_trace(root.trace_id)
+        self.traces_written += 1
+
     def log_text(self, text: str, name: str) -> None:
         """A text artifact; returns at once."""
         if self.enabled:
@@ -447,9 +519,11 @@ class Tracker:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Records that failed (`failed`) or were dropped (`dropped`) so far, still pending (`pending`), and the tries
-        again of writes that failed for want of the server (`retries`)."""
-        return {"failed": self.failed, "dropped": self.dropped, "pending": self._queue.qsize(), "retries": self.retries}
+        """Records that failed (`failed`) or were dropped (`dropped`) so far, still pending (`pending`), the tries
+        again of writes that failed for want of the server (`retries`), and the episode traces written
+        (`traces_written`)."""
+        return {"failed": self.failed, "dropped": self.dropped, "pending": self._queue.qsize(), "retries": self.retries,
+                "traces_written": self.traces_written}  # fmt: skip
 
     def end(self, status: str = "FINISHED", timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Write what is pending (up to `timeout_s` seconds; the rest is counted as dropped), then close the run

@@ -90,6 +90,20 @@ def judge_egress(settings: ClusterSettings, run_name: str) -> dict[str, Any]:
     }
 
 
+def trainjob_status_egress(policy: PlatformPolicy) -> dict[str, Any]:
+    """Egress rule to the Kubeflow Trainer controller's status server (`PlatformPolicy.trainjob_status_namespace`,
+    its pod labels and port), where a TrainJob's trainer reports its progress (`runner.trainjob_progress`)."""
+    return {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": policy.trainjob_status_namespace}},
+                "podSelector": {"matchLabels": dict(policy.trainjob_status_pod_labels)},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": policy.trainjob_status_port}],
+    }
+
+
 def judge_policy(
     settings: ClusterSettings, run_name: str, clients: str, owner: dict[str, Any] | None = None
 ) -> Manifest:
@@ -145,6 +159,8 @@ def build_network_policies(
         )
     if judge_clients == "trainer":
         trainer_egress.insert(len(trainer_egress) - len(policy.trainer_egress), judge_egress(settings, run_name))
+    if settings.trainer_api == "trainjob" and policy.trainjob_status_namespace:  # the run's progress (KEP-2779)
+        trainer_egress.insert(len(trainer_egress) - len(policy.trainer_egress), trainjob_status_egress(policy))
     policies = [
         _policy(
             settings,

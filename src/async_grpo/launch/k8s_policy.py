@@ -205,6 +205,21 @@ class PlatformPolicy(BaseModel):
         default_factory=list,
         description="Extra trainer egress (an MLflow server or object store outside the namespace).",
     )
+    trainjob_status_namespace: str | None = Field(
+        None,
+        description="Namespace of the Kubeflow Trainer controller whose status server collects a TrainJob's "
+        "progress (KEP-2779, feature gate TrainJobStatus; e.g. kubeflow-system). Set, trainer pods of a "
+        "trainer_api: trainjob run may reach its pods (`trainjob_status_pod_labels`) on `trainjob_status_port`, "
+        "and `kubectl get trainjob` shows the run's progress; None (default): no such egress, and the trainer's "
+        "progress reports fail quietly.",
+    )
+    trainjob_status_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "trainer"},
+        description="Labels of the Kubeflow Trainer controller pods (with trainjob_status_namespace).",
+    )
+    trainjob_status_port: int = Field(
+        8080, ge=1, le=65535, description="Port of the controller's status server (with trainjob_status_namespace)."
+    )
     reward_egress: list[EgressRule] = Field(
         default_factory=list, description="Egress of reward pods (none: reward code reaches nothing, not even DNS)."
     )

@@ -39,6 +39,7 @@ from async_grpo.runner.plots import StepHistory
 from async_grpo.runner.report import RunSummary, completion_rows, pipeline_metrics
 from async_grpo.runner.state import TrainState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from async_grpo.runner.step_time import StepClock
+from async_grpo.runner.trainjob_progress import TrainJobProgress
 from async_grpo.tracking import Tracker
 from async_grpo.trainer.distributed import DistInfo, broadcast_parameters
 from async_grpo.trainer.protocol import Learner
@@ -77,6 +78,7 @@ class GRPORecipe:
         self.train_s = 0.0
         self.clock = StepClock()  # the time split of each step (`time/*`), restarted when the step loop starts
         self.history = StepHistory()  # what the staleness and summary figures draw (`runner.plots`)
+        self.trainjob_progress = TrainJobProgress(config.batch.max_steps)  # started with the step loop
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
         self.trained_groups = 0  # groups of the step batches trained on (the prompt ledger, `report.prompts_lost`)
         self.eval_before: dict[str, float] = {}
@@ -301,6 +303,8 @@ class GRPORecipe:
         )  # sparse lines in logs
         pconf = self.producer.config
         self.clock = StepClock()
+        self.trainjob_progress = TrainJobProgress(config.batch.max_steps)  # a TrainJob's status.trainerStatus
+        self.trainjob_progress.start()
         try:
             while self.step < config.batch.max_steps and not self.stopped_by_collapse:
                 if pconf.max_rollouts is not None and self.generation_rounds >= pconf.max_rollouts:
@@ -322,6 +326,7 @@ class GRPORecipe:
                 self._train_on_round(batches, depth, waited, bar)
         finally:
             bar.close()
+            self.trainjob_progress.stop()  # its last report: where the loop ended
             self.train_s = time.perf_counter() - t_train
             self.producer.stop()  # prefetched batches never trained: counted as `unconsumed_at_end`
 
@@ -423,6 +428,12 @@ class GRPORecipe:
             if config.tracking.log_completions and self.step % config.tracking.log_completions_steps == 0:
                 rows = completion_rows(item.groups, self.decode, config.tracking.num_completions_to_print)
                 self.tracker.log_completions(rows, step=self.step)
+            traced = config.tracking.log_traces_steps
+            if traced and self.step % traced == 0:  # written on the tracker's writer thread
+                self.tracker.log_episode_traces(report.episode_traces(
+                    item.groups[: config.tracking.log_traces_per_step], step=self.step, version=self.version.value,
+                    reward_names=self.scorer.names, decode=self.decode,
+                ))  # fmt: skip
         # the step is complete: the save_steps checkpoint, written after the step's metrics were logged so that it
         # keeps those MLflow has not taken yet (`TrainState.unlogged_metrics`); its own seconds and the step's time
         # split (`time/*`, which includes the checkpoint) are logged after it
@@ -436,6 +447,7 @@ class GRPORecipe:
         if logged or saved:
             self.tracker.log_metrics({**saved, **(split if logged else {})}, step=self.step)
         self.history.record(self.step, {**metrics, **split}, staleness)
+        self.trainjob_progress.update(self.step, metrics)
         every = config.tracking.log_plots_steps
         if every and self.step % every == 0:  # drawn on the tracker's writer thread
             counts, first, last = self.history.take_window(self.step)

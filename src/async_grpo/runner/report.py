@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from async_grpo.orchestrator.rollout import completion_display
+from async_grpo.tracking import TRACE_STEP_TAG, EpisodeTrace
 from async_grpo.transports.drops import NOT_LAUNCHED_DROPS, DropReason
 from async_grpo.transports.messages import RolloutGroup
 
@@ -123,6 +126,63 @@ def completion_rows(groups: list[RolloutGroup], decode: Callable[[list[int]], st
             if len(rows) >= n:
                 return rows
     return rows
+
+
+def episode_traces(
+    groups: list[RolloutGroup],
+    *,
+    step: int,
+    version: int,
+    reward_names: Sequence[str],
+    decode: Callable[[list[int]], str],
+) -> list[EpisodeTrace]:
+    """One `EpisodeTrace` per episode (completion) of `groups`, for the MLflow Traces view (issue 53).
+
+    Args:
+        groups: the step's groups to trace (a replayed group is traced too, marked `replayed`).
+        step: the optimizer step that trained them (attribute `step`, tag `async_grpo.step`).
+        version: the policy version after the step (staleness = version - the version that sampled the episode).
+        reward_names: (F,) the reward functions' names, in `rewards_per_func` order.
+        decode: prompt token ids -> text, for a prompt given as ids only.
+
+    Returns:
+        G traces per group, in order: inputs {"prompt"}, outputs {"completion", "reward", "advantage",
+        "rewards" (name -> value, None where a function returned None)}, attributes (step, group, sample,
+        policy_version, staleness, completion_tokens, truncated, replayed, rerolled), the tag `async_grpo.step`, and
+        the episode's spans (`RolloutGroup.spans`; none when the rollout recorded none). The root span covers the
+        spans (now, when there are none).
+    """
+    traces = []
+    now = time.time_ns()
+    for index, grp in enumerate(groups):
+        prompt = grp.prompt if grp.prompt is not None else decode(grp.prompt_ids)
+        for i, completion in enumerate(grp.completions):
+            spans = tuple(grp.spans[i]) if grp.spans else ()
+            rewards = grp.rewards_per_func[i] if grp.rewards_per_func else []
+            sampled_at = min(grp.token_versions[i], default=grp.policy_version)
+            traces.append(EpisodeTrace(
+                inputs={"prompt": prompt},
+                outputs={
+                    "completion": completion, "reward": _finite(grp.rewards[i] if grp.rewards else None),
+                    "advantage": _finite(grp.advantages[i] if grp.advantages else None),
+                    "rewards": {name: _finite(v) for name, v in zip(reward_names, rewards, strict=False)},
+                },
+                attributes={
+                    "step": step, "group": index, "sample": i, "policy_version": sampled_at,
+                    "staleness": version - sampled_at, "completion_tokens": len(grp.completion_ids[i]),
+                    "truncated": grp.truncated[i], "replayed": grp.replayed, "rerolled": grp.rerolled,
+                },
+                tags={TRACE_STEP_TAG: str(step)},
+                start_ns=min((s.start_ns for s in spans), default=now),
+                end_ns=max((s.end_ns for s in spans), default=now),
+                spans=spans,
+            ))  # fmt: skip
+    return traces
+
+
+def _finite(value: float | None) -> float | None:
+    """`value` as a float, or None when it is None or not finite (JSON has no NaN)."""
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
 def step_tokens(groups: list[RolloutGroup]) -> int:
