@@ -31,7 +31,7 @@ def test_what_the_kubeflow_sdk_posts_fits_the_trainjob_crd_status(gpu_config, gp
     received = []
 
     class StatusServer(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append((self.path, self.headers["Authorization"], json.loads(body)))
             self.send_response(200)
