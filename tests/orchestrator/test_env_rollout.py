@@ -216,3 +216,44 @@ def test_an_aborted_turn_drops_the_group_and_string_prompts_are_refused(tok):
     assert err.value.reason == "aborted"
     with pytest.raises(ValueError, match="conversational"):
         run(rollout(tok, GuessEnvironment()), IdsClient(lambda p, c, s: [49]), PromptItem("x", [1], {}))
+
+
+def test_spans_record_each_turn_and_step_in_order_and_a_failed_step_carries_its_kind(tok):
+    def traced(env) -> EnvironmentRollout:
+        caller = EnvironmentCaller(env, timeout_s=5.0)
+        return EnvironmentRollout(EnvRewardScorer(), tok, caller, max_turns=5, record_spans=True)
+
+    five = lambda p, c, s: tok.encode("5")  # noqa: E731
+    group = run(traced(envs.EchoEnv()), IdsClient(five), guess_item(tok, 3), g=1, versions=[4, 5, 6])
+    (spans,) = group.spans
+    assert [(s.name, s.kind) for s in spans] == [
+        ("turn 1", "LLM"), ("env step 1", "TASK"), ("turn 2", "LLM"), ("env step 2", "TASK"),
+        ("turn 3", "LLM"), ("env step 3", "TASK"), ("reward env_reward", "EVALUATOR"),
+    ]  # fmt: skip
+    turn_len = len(tok.encode("5")) + 1
+    obs_len = len(tok.encode("\n<|im_start|>user\necho: 5<|im_end|>\n<|im_start|>assistant\n"))
+    assert [s.attributes for s in spans[0:6:2]] == [
+        {"prompt_tokens": len(group.prompt_ids) + k * (turn_len + obs_len), "completion_tokens": turn_len,
+         "policy_version": v, "finish_reason": "stop"}
+        for k, v in enumerate([4, 5, 6])
+    ]  # fmt: skip
+    assert all(s.outputs == {"text": "5"} for s in spans[0:6:2])
+    assert [s.inputs for s in spans[1:6:2]] == [{"action": "5"}] * 3
+    assert [s.outputs for s in spans[1:6:2]] == [
+        {"observation": "echo: 5", "reward": 0.25, "done": False},
+        {"observation": "echo: 5", "reward": 0.25, "done": False},
+        {"observation": "", "reward": 1.0, "done": True},
+    ]
+    assert all(s.attributes == {} for s in spans[1:6:2])
+    assert spans[6].outputs == {"value": 1.5}
+    assert all(0 < a.start_ns <= a.end_ns <= b.start_ns for a, b in zip(spans, spans[1:]))  # one after another
+    # a failed step ends the episode: its span carries the failure kind; a failed reset leaves an unstepped turn
+    group = run(traced(envs.RaisingStepEnv()), IdsClient(five), guess_item(tok, 3), g=2)
+    for spans in group.spans:
+        assert [s.name for s in spans] == ["turn 1", "env step 1", "reward env_reward"]
+        assert spans[1].attributes == {"error": "step_exception"}
+        assert spans[1].outputs["observation"] is None and "boom" in spans[1].outputs["error"]
+    group = run(traced(envs.RaisingResetEnv()), IdsClient(five), guess_item(tok, 3), g=2)
+    assert [[s.name for s in spans] for spans in group.spans] == [["turn 1", "reward env_reward"]] * 2
+    # off (the default): nothing recorded
+    assert run(rollout(tok, envs.EchoEnv()), IdsClient(five), guess_item(tok, 3), g=2).spans == []

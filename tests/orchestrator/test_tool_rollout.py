@@ -16,13 +16,20 @@ from async_grpo.environments.tools import TRUNCATION_MARK, ToolCallingSettings, 
 from async_grpo.inference.client import Completion
 from async_grpo.orchestrator.batching import make_train_batch, tool_metrics
 from async_grpo.orchestrator.env_rollout import EnvironmentRollout
-from async_grpo.orchestrator.rollout import RolloutDropped, SamplingSettings, SingleTurnRollout, completion_display
+from async_grpo.orchestrator.rollout import (
+    RolloutDropped,
+    SamplingSettings,
+    SingleTurnRollout,
+    completion_display,
+    score_group,
+)
 from async_grpo.tasks.calc import calc_exact_match
 from async_grpo.tiny_model import build_tiny_tokenizer
 from async_grpo.tools.executor import ToolExecutor
 from async_grpo.tools.loading import load_tools
 from async_grpo.tools.remote import ToolServiceError
 from async_grpo.tools.render import render_ids
+from async_grpo.transports.messages import RolloutGroup
 from async_grpo.transports.scorer import ScoredGroup
 
 IM_END = 258
@@ -333,3 +340,98 @@ def test_the_inner_environments_failures_keep_their_kind(tok, backend):
     group = run(_with_tools(backend, _RaisingReset()), Scripted(tok, calculator_agent), item(), g=2)
     assert group.rollout_stats["env/failures/reset_exception"] == [1.0, 1.0]
     assert group.rollout_stats["env/turns"] == [1.0, 1.0] and group.rollout_stats["tools/calls"] == [0.0, 0.0]
+
+
+def test_the_single_turn_rollout_records_one_generation_span_per_completion_only_when_asked(tok):
+    answer = lambda p, c, s: "408" if s == 0 else "seven"  # noqa: E731
+    it = item("12*34")
+    it.prompt_ids = tok.encode("12*34 =")
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    settings = SamplingSettings(2, 200, 1.0)
+    traced = asyncio.run(
+        SingleTurnRollout(ExactScorer(), decode, record_spans=True)(
+            Scripted(tok, answer), it, settings, version=lambda: 4
+        )
+    )
+    assert [[(s.name, s.kind) for s in row] for row in traced.spans] == [
+        [("generation", "LLM"), ("reward calc_exact_match", "EVALUATOR")]
+    ] * 2
+    for (generation, reward), ids, text in zip(traced.spans, traced.completion_ids, ["408", "seven"], strict=True):
+        assert generation.attributes == {
+            "prompt_tokens": len(it.prompt_ids),
+            "completion_tokens": len(ids),
+            "policy_version": 4,
+            "finish_reason": "stop",
+        }
+        assert generation.outputs == {"text": text} and 0 < generation.start_ns <= generation.end_ns <= reward.start_ns
+        assert reward.attributes == {}  # this scorer does not time its functions: the span covers the whole call
+    assert traced.spans[0][0].start_ns == traced.spans[1][0].start_ns  # one request for the group
+    assert [row[1].outputs for row in traced.spans] == [{"value": 1.0}, {"value": 0.0}]
+    plain = asyncio.run(
+        SingleTurnRollout(ExactScorer(), decode)(Scripted(tok, answer), it, settings, version=lambda: 4)
+    )
+    assert plain.spans == [] and plain.completion_ids == traced.completion_ids
+
+
+class _TimedScorer:
+    """Two reward functions the scorer timed (`ScoredGroup.seconds`): `first` took 0.25 s, `second` 0.5 s."""
+
+    names, weights = ["first", "second"], [1.0, 1.0]
+
+    def submit(self, prompts, completions, completion_ids, columns=None) -> Future:
+        out: Future = Future()
+        out.set_result(ScoredGroup([[1.0, math.nan], [0.0, 2.0]], seconds={"first": 0.25, "second": 0.5}))
+        return out
+
+
+def test_score_group_lays_the_timed_reward_functions_out_one_after_another():
+    group = RolloutGroup([1], [[2], [3]], [[-0.1], [-0.2]], [False, False], ["a", "b"], "p", {}, policy_version=0)
+    asyncio.run(score_group(_TimedScorer(), group))
+    assert group.spans == []  # not asked
+    asyncio.run(score_group(_TimedScorer(), group, record_spans=True))
+    assert [[(s.name, s.kind) for s in row] for row in group.spans] == [
+        [("reward first", "EVALUATOR"), ("reward second", "EVALUATOR")]
+    ] * 2
+    assert [[s.outputs["value"] for s in row] for row in group.spans] == [[1.0, None], [0.0, 2.0]]  # NaN -> None
+    for first, second in group.spans:
+        assert (first.attributes, second.attributes) == ({"seconds": 0.25}, {"seconds": 0.5})
+        assert first.end_ns - first.start_ns == 250_000_000 and second.end_ns - second.start_ns == 500_000_000
+        assert second.start_ns == first.end_ns
+    assert group.spans[0][0].start_ns == group.spans[1][0].start_ns  # one call for the group
+
+
+def test_a_tool_rollout_records_turns_tool_calls_and_steps_in_order_with_failure_kinds(tok, backend):
+    def agent(prompt: str, call: int, sample: int) -> str:
+        """Sample 0 calls the calculator, 1 an unknown tool, 2 malformed; each then answers."""
+        if "<|im_start|>tool\n" in prompt:
+            return prompt.rsplit("<|im_start|>tool\n", 1)[1].split("<|im_end|>")[0][:5]
+        malformed = '<tool_call>{"name": "calculator", "arguments": {"expression": "1*2"</tool_call>'
+        return [CALL % "12*34", '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>', malformed][sample]
+
+    rollout = EnvironmentRollout.for_tools(ExactScorer(), tok, backend, record_spans=True)
+    group = run(rollout, Scripted(tok, agent), item("12*34"), g=3, versions=[5, 6, 6, 6])
+    names = ["turn 1", "tool {}", "env step 1", "turn 2", "env step 2", "reward calc_exact_match"]
+    kinds = ["LLM", "TOOL", "TASK", "LLM", "TASK", "EVALUATOR"]
+    for spans, tool in zip(group.spans, ["calculator", "abacus", "error"], strict=True):
+        assert [(s.name, s.kind) for s in spans] == [(n.format(tool), k) for n, k in zip(names, kinds, strict=True)]
+        turn1, call, step1, turn2, step2, reward = spans
+        assert turn1.start_ns <= turn1.end_ns <= step1.start_ns <= call.start_ns <= call.end_ns <= step1.end_ns
+        assert step1.end_ns <= turn2.start_ns <= turn2.end_ns <= step2.start_ns <= step2.end_ns <= reward.start_ns
+        assert step1.inputs == {"action": turn1.outputs["text"]} and step2.inputs == {"action": turn2.outputs["text"]}
+        assert step1.outputs == {"observation": call.outputs["result"], "reward": None, "done": False}
+        assert step2.outputs == {"observation": "", "reward": None, "done": True}  # a turn without a call ends it
+        assert (turn1.attributes["policy_version"], turn2.attributes["policy_version"]) == (5, 6)
+        assert turn1.attributes["prompt_tokens"] == len(group.prompt_ids)
+    for spans, ids, answer in zip(group.spans, group.completion_ids, ["408", "error", "error"], strict=True):
+        turn2 = len(tok.encode(answer)) + 1  # with <|im_end|>
+        assert spans[3].outputs == {"text": answer} and spans[3].attributes["completion_tokens"] == turn2
+        assert spans[3].attributes["prompt_tokens"] == len(group.prompt_ids) + len(ids) - turn2  # turn 1 + result
+    calculator, abacus, malformed = (spans[1] for spans in group.spans)
+    assert calculator.inputs == {"arguments": {"expression": "12*34"}} and calculator.outputs == {"result": "408"}
+    assert calculator.attributes == {}
+    assert abacus.attributes == {"error": "unknown_tool"} and abacus.outputs["result"].startswith("error: there is")
+    assert malformed.attributes == {"error": "malformed"} and malformed.inputs == {"arguments": None}
+    assert [spans[-1].outputs for spans in group.spans] == [{"value": 1.0}, {"value": 0.0}, {"value": 0.0}]
+    plain = run(EnvironmentRollout.for_tools(ExactScorer(), tok, backend), Scripted(tok, agent), item("12*34"), g=3)
+    assert plain.spans == [] and plain.completion_ids == group.completion_ids
+    assert rollout.without_tools().record_spans

@@ -22,6 +22,12 @@ async def async_reward(prompts, completions, completion_ids, **kwargs):
     return [0.5 for _ in completions]
 
 
+def sleepy_reward(prompts, completions, completion_ids, **kwargs):
+    """Takes 0.2 s for the group (`ScoredGroup.seconds` must show it)."""
+    time.sleep(0.2)
+    return [0.0 for _ in completions]
+
+
 def flaky_reward(prompts, completions, completion_ids, **kwargs):
     """Misbehaves on command: a completion "RAISE" raises, "HANG" sleeps 60 s, "SHORT" returns too few values."""
     if "RAISE" in completions:

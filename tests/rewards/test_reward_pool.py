@@ -99,6 +99,14 @@ def test_scores_sync_async_builtin_and_none():
 
 
 @pytest.mark.integration
+def test_each_functions_seconds_are_measured_in_the_worker():
+    with RewardPool([spec("length_reward"), spec("sleepy_reward")], num_workers=1, timeout_s=20) as pool:
+        scored = pool.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
+    assert set(scored.seconds) == {"length_reward", "sleepy_reward"}
+    assert scored.seconds["sleepy_reward"] >= 0.2 and 0 <= scored.seconds["length_reward"] < 0.2
+
+
+@pytest.mark.integration
 def test_raising_function_fails_the_group_and_pool_keeps_working(flaky_pool):
     with pytest.raises(RewardError) as info:
         flaky_pool.submit(**group("RAISE", "a")).result(timeout=RESULT_TIMEOUT_S)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import subprocess
@@ -23,7 +24,8 @@ from async_grpo.launch.k8s_objects import REWARD_URL_ENV
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.rewards.remote import RemoteRewardPool, make_reward_pool
 from async_grpo.rewards.server import build_app, main
-from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout
+from async_grpo.rewards.wire import decode_scored, encode_scored
+from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout, ScoredGroup
 
 FNS = Path(__file__).with_name("reward_fns.py")
 SPECS = [f"{FNS}:length_reward", f"{FNS}:abstain_odd", f"{FNS}:flaky_reward"]
@@ -207,7 +209,34 @@ def test_remote_scores_exactly_like_the_local_pool(remote):
 def test_none_travels_as_json_null(server):
     resp = httpx.post(f"{server}/v1/score", json=group("a", "bb"), timeout=RESULT_TIMEOUT_S)
     assert resp.status_code == 200 and "NaN" not in resp.text
-    assert resp.json() == {"rewards": [[1.0, 1.0, 1.0], [2.0, None, 1.0]], "extra": {}, "metrics": {}}
+    body = resp.json()
+    assert {k: body[k] for k in ("rewards", "extra", "metrics")} == {
+        "rewards": [[1.0, 1.0, 1.0], [2.0, None, 1.0]],
+        "extra": {},
+        "metrics": {},
+    }
+    assert set(body["seconds"]) == set(NAMES) and all(s >= 0 for s in body["seconds"].values())
+
+
+def test_the_wire_carries_each_functions_seconds_and_an_older_service_without_them_decodes_to_empty():
+    scored = ScoredGroup([[1.0, math.nan]], {"col": ["x"]}, {"m": [1.0]}, {"length_reward": 0.25, "abstain_odd": 2.0})
+    body = json.loads(json.dumps(encode_scored(scored)))  # through JSON, as the service answers
+    assert body["seconds"] == {"length_reward": 0.25, "abstain_odd": 2.0}
+    decoded = decode_scored(body, 1, 2)
+    assert decoded.seconds == {"length_reward": 0.25, "abstain_odd": 2.0}
+    assert decoded.extra == {"col": ["x"]} and decoded.metrics == {"m": [1.0]} and math.isnan(decoded.rows[0][1])
+    older = {"rewards": [[1.0, None]], "extra": {}, "metrics": {}}  # a service from before `seconds`
+    assert decode_scored(older, 1, 2).seconds == {}
+    assert decode_scored({"rewards": [[1.0, None]]}, 1, 2).seconds == {}
+    odd = {"rewards": [[1.0, None]], "seconds": {"a": "slow", "b": True, "c": 1, "d": None}}
+    assert decode_scored(odd, 1, 2).seconds == {"c": 1.0}  # only finite numbers
+    assert decode_scored({"rewards": [[1.0, None]], "seconds": [1.0]}, 1, 2).seconds == {}
+
+
+@pytest.mark.integration
+def test_the_remote_pool_returns_the_services_seconds(remote):
+    scored = remote.submit(**GROUP).result(timeout=RESULT_TIMEOUT_S)
+    assert set(scored.seconds) == set(NAMES) and all(s >= 0 for s in scored.seconds.values())
 
 
 @pytest.mark.integration

@@ -12,7 +12,7 @@ from async_grpo.config import GRPOConfig
 from async_grpo.orchestrator.env_rollout import EnvironmentRollout
 from async_grpo.orchestrator.rollout import SingleTurnRollout
 from async_grpo.runner.recipe import GRPORecipe
-from async_grpo.runner.tool_setup import warm_start_pairs
+from async_grpo.runner.tool_setup import build_rollout, warm_start_pairs
 from async_grpo.tasks import get_task
 from async_grpo.tiny_model import build_tiny_tokenizer
 from async_grpo.trainer.distributed import DistInfo
@@ -126,3 +126,22 @@ def test_an_environment_makes_the_rollout_an_environment_rollout_and_a_bad_one_i
             recipe.setup(started.append)
         assert not started
         recipe.cleanup("FAILED")
+
+
+def test_the_rollouts_record_spans_only_when_the_run_traces_episodes(tmp_path):
+    tok = build_tiny_tokenizer()
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    for steps in (0, 5):
+        single = build_rollout(base(tmp_path, log_traces_steps=steps), object(), tok, decode, [])
+        assert isinstance(single, SingleTurnRollout) and single.record_spans == (steps > 0)
+        env = build_rollout(
+            base(tmp_path, log_traces_steps=steps, environment="builtin:guess"), object(), tok, decode, []
+        )
+        assert isinstance(env, EnvironmentRollout) and env.record_spans == (steps > 0)
+        env.close()
+        tools = build_rollout(
+            base(tmp_path, log_traces_steps=steps, tools=["builtin:calculator"]), object(), tok, decode, []
+        )
+        assert isinstance(tools, EnvironmentRollout) and tools.record_spans == (steps > 0)
+        assert tools.without_tools().record_spans == (steps > 0)
+        tools.close()

@@ -26,15 +26,18 @@ rule). After `max_tool_calling_iterations` rounds (TRL's name) a turn that still
 counted as `tools/loop_exhausted`.
 
 The per-episode counters live in the state (`state["tool_counts"]`) and come back through `episode_stats` as the
-`tools/*` rollout stats (`orchestrator.batching.tool_metrics`).
+`tools/*` rollout stats (`orchestrator.batching.tool_metrics`). A turn that called tools is answered with a
+`ToolObservation`: the tool messages plus how each call ran (`ToolCallRecord`: name, arguments, result, failure kind,
+wall-clock start and end), which the rollout turns into the "tool <name>" spans of the episode traces (issue 53).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from async_grpo.environments.base import EnvironmentCallFailed, GroupDropped, Observation
@@ -58,6 +61,44 @@ class ToolCallingSettings:
 
     max_tool_calling_iterations: int | None = None
     max_tool_response_length: int = 256
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """How one tool call of a step ran (the rollout's "tool <name>" span of the episode trace).
+
+    Attributes:
+        name: the tool's name as the model called it; "error" for a malformed call (the `name` of its tool
+            message: a call that could not be parsed has no tool name).
+        arguments: the call's arguments as parsed from the turn (JSON values); None for a malformed call.
+        content: the text the model reads as the tool's answer (the result, or `error: ...` on failure), cut to
+            `max_tool_response_length` characters as in the tool message.
+        failure: None on success, else one of `tools.FAILURE_KINDS` ("malformed", "unknown_tool", "bad_arguments",
+            "exception", "timeout", "crashed", "output_limit", "sandbox").
+        start_ns, end_ns: wall-clock times (`time.time_ns()`, nanoseconds since the epoch) around the call as
+            awaited by the environment (a wait for a free tool worker included); equal for a malformed call (never
+            run).
+    """
+
+    name: str
+    arguments: Any
+    content: str
+    failure: str | None
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class ToolObservation(Observation):
+    """`ToolEnvironment.step`'s answer to a turn that called tools: the tool messages (an `Observation`) and how
+    each call ran.
+
+    Attributes:
+        calls: one `ToolCallRecord` per tool message, in the same order (well-formed calls in the turn's order,
+            then the malformed ones).
+    """
+
+    calls: list[ToolCallRecord] = field(default_factory=list)
 
 
 def truncate_response(text: str, limit: int) -> str:
@@ -138,7 +179,8 @@ class ToolEnvironment:
         return _observation(await self.inner.reset(row, state))
 
     async def step(self, action: str, state: dict[str, Any]) -> Observation:
-        """Answer one turn: done when it called no tool (or the round limit is reached), else the tool messages.
+        """Answer one turn: done when it called no tool (or the round limit is reached), else the tool messages as
+        a `ToolObservation` (with how each call ran, `ToolCallRecord`).
 
         Args:
             action: the turn's text (unused: the calls come from state["tool_calls"] / ["malformed_tool_calls"],
@@ -160,36 +202,43 @@ class ToolEnvironment:
             state["tool_counts"]["exhausted"] = 1
             return Observation([], done=True)
         state["tool_rounds"] += 1
-        return Observation(await self._run_calls(calls, malformed, state))
+        return await self._run_calls(calls, malformed, state)
 
-    async def _run_calls(self, calls: list[tuple[str, Any]], malformed: list[str], state: dict[str, Any]) -> list[dict]:
+    async def _run_calls(
+        self, calls: list[tuple[str, Any]], malformed: list[str], state: dict[str, Any]
+    ) -> ToolObservation:
         """Run one turn's calls concurrently; returns their tool messages (well-formed calls first, in order, then
-        one error message per malformed call) and counts calls, failures and seconds in the state."""
+        one error message per malformed call) with a `ToolCallRecord` each, and counts calls, failures and seconds
+        in the state."""
         allowed = state["tools_offered"]
 
-        async def one(name: str, arguments: Any) -> ToolOutcome:
+        async def one(name: str, arguments: Any) -> tuple[ToolOutcome, int, int]:
+            start_ns = time.time_ns()
             if not self.offer_tools:
-                return failed("unknown_tool", "no tools are available")
+                return failed("unknown_tool", "no tools are available"), start_ns, time.time_ns()
             try:
-                return await self.backend.call(name, arguments, allowed=allowed)
+                outcome = await self.backend.call(name, arguments, allowed=allowed)
             except ToolServiceError as err:  # the service, not the tool, failed: drop the group, tell no model
                 raise GroupDropped("tool_service_error", str(err)) from err
+            return outcome, start_ns, time.time_ns()
 
-        outcomes = list(await asyncio.gather(*(one(n, a) for n, a in calls)))
-        labels = [n for n, _ in calls]
+        ran = list(await asyncio.gather(*(one(n, a) for n, a in calls)))
+        labelled: list[tuple[str, Any]] = list(calls)
         for reason in malformed:
-            outcomes.append(failed("malformed", reason))
-            labels.append("error")
+            now = time.time_ns()
+            ran.append((failed("malformed", reason), now, now))
+            labelled.append(("error", None))
         counts = state["tool_counts"]
-        messages = []
-        for label, outcome in zip(labels, outcomes, strict=True):
+        messages, records = [], []
+        for (label, arguments), (outcome, start_ns, end_ns) in zip(labelled, ran, strict=True):
             counts["calls"] += 1
             counts["seconds"] += outcome.seconds
             if outcome.failure is not None:
                 counts["failures"][outcome.failure] += 1
             content = truncate_response(outcome.content, self.settings.max_tool_response_length)
             messages.append({"role": "tool", "name": label, "content": content})
-        return messages
+            records.append(ToolCallRecord(label, arguments, content, outcome.failure, start_ns, end_ns))
+        return ToolObservation(messages, calls=records)
 
     @staticmethod
     def episode_stats(state: Mapping[str, Any]) -> dict[str, float]:

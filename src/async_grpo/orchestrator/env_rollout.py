@@ -34,12 +34,19 @@ observations, in order) and, per completion, `env_reward` (state["env_reward"]: 
 when none was) and `env_state` (the state's JSON-safe entries, without "messages"); a tool-calling run passes
 neither (TRL's tool calling has no such columns). Per-sample counters travel in `RolloutGroup.rollout_stats` and
 become the `env/*` metrics (`orchestrator.batching.env_metrics`) and, with tools, the `tools/*` ones (`tool_metrics`).
+
+With `record_spans` (the run traces episodes, issue 53) each episode's spans go to `RolloutGroup.spans`, in the order
+things happened: per model turn k (from 1) a "turn <k>" span (kind "LLM"; the first turn's request is shared by the G
+samples, so they share its times), then, when the turn was stepped, one "tool <name>" span (kind "TOOL") per tool
+call it made (with tools) followed by the "env step <k>" span (kind "TASK") the calls ran inside, and last the reward
+spans (`rollout.score_group`). `EnvironmentRollout.__call__` lists their fields.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,13 +54,13 @@ from typing import Any
 
 from async_grpo.data import PromptItem
 from async_grpo.environments import FAILURE_KINDS, CallOutcome, EnvironmentCaller, GroupDropped
-from async_grpo.environments.tools import ToolCallingSettings, ToolEnvironment
+from async_grpo.environments.tools import ToolCallingSettings, ToolEnvironment, ToolObservation
 from async_grpo.inference.client import Completion, GenerationClient
-from async_grpo.orchestrator.rollout import RolloutDropped, SamplingSettings, score_group
+from async_grpo.orchestrator.rollout import RolloutDropped, SamplingSettings, generation_span, score_group
 from async_grpo.tools.executor import ToolBackend
 from async_grpo.tools.parsing import parse_turn, response_template
 from async_grpo.tools.render import check_chat_template, render_ids, tool_suffix
-from async_grpo.transports.messages import RolloutGroup
+from async_grpo.transports.messages import EpisodeSpan, RolloutGroup
 from async_grpo.transports.scorer import Scorer
 
 _SEED_STRIDE = 7919  # per-sample seed offset for later turns when the caller seeds (evaluation)
@@ -76,6 +83,7 @@ class _Episode:
     done: bool = False
     max_turns_reached: bool = False
     failures: Counter = field(default_factory=Counter)
+    spans: list[EpisodeSpan] = field(default_factory=list)
 
     def append(self, ids: Sequence[int], logprobs: Sequence[float] | None, trained: int, version: int) -> None:
         self.ids.extend(ids)
@@ -150,6 +158,8 @@ class EnvironmentRollout:
             and the length budget (tool calling: `max_tool_calling_iterations`).
         env_columns: pass `env_reward` and `env_state` to the reward functions (False for tool calling, whose
             reward functions get TRL's columns only).
+        record_spans: record each episode's spans in `RolloutGroup.spans` (the run traces episodes,
+            `log_traces_steps` > 0; see `__call__`). False (the default): `spans` stays empty and nothing is timed.
 
     Raises:
         ValueError: max_turns < 1, or the tokenizer has no chat template (observations are chat messages).
@@ -165,6 +175,7 @@ class EnvironmentRollout:
         *,
         max_turns: int | None,
         env_columns: bool = True,
+        record_spans: bool = False,
     ):
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1. Fix: allow the model at least one turn.")
@@ -174,7 +185,7 @@ class EnvironmentRollout:
                 "has none. Fix: use a chat model's tokenizer."
             )
         self.scorer, self.tokenizer, self.caller, self.max_turns = scorer, tokenizer, caller, max_turns
-        self.env_columns = env_columns
+        self.env_columns, self.record_spans = env_columns, record_spans
         self.tools: ToolEnvironment | None = caller.env if isinstance(caller.env, ToolEnvironment) else None
         # the `Rollout` seam's view of the offered tools (the tool-calling warm start renders with the same ones)
         self.tool_schemas: list[dict] = [] if self.tools is None else list(self.tools.schemas.values())
@@ -191,29 +202,31 @@ class EnvironmentRollout:
         *,
         settings: ToolCallingSettings | None = None,
         offer_tools: bool = True,
+        record_spans: bool = False,
     ) -> EnvironmentRollout:
         """The tool-calling rollout: this rollout driving a `ToolEnvironment` on `backend` (no turn limit but
         `settings.max_tool_calling_iterations` and the budget; no call timeout here, each tool call has its own;
-        settings None: `ToolCallingSettings()`).
+        settings None: `ToolCallingSettings()`; `record_spans`: see the class).
 
         Raises:
             ToolFormatError, ChatTemplateError: see the class.
         """
         env = ToolEnvironment(backend, settings or ToolCallingSettings(), offer_tools=offer_tools)
-        return cls(
-            scorer, tokenizer, EnvironmentCaller(env, timeout_s=None, num_threads=1), max_turns=None, env_columns=False
-        )
+        caller = EnvironmentCaller(env, timeout_s=None, num_threads=1)
+        return cls(scorer, tokenizer, caller, max_turns=None, env_columns=False, record_spans=record_spans)
 
     def without_tools(self) -> EnvironmentRollout | None:
         """The same rollout offering no tools (prompts rendered without them, every call answered `error: no tools
         are available`, counted as `unknown_tool`), or None when the environment offers none
-        (`Rollout.without_tools`). It shares this rollout's tool backend: close this one, not it."""
+        (`Rollout.without_tools`). It shares this rollout's tool backend: close this one, not it, and records spans
+        when this one does."""
         if self.tools is None:
             return None
         caller = EnvironmentCaller(self.tools.without_tools(), timeout_s=None, num_threads=1)
         return EnvironmentRollout(
-            self.scorer, self.tokenizer, caller, max_turns=self.max_turns, env_columns=self.env_columns
-        )
+            self.scorer, self.tokenizer, caller, max_turns=self.max_turns, env_columns=self.env_columns,
+            record_spans=self.record_spans,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Stop the environment's worker threads and close it (`EnvironmentCaller.close`; tools: their backend)."""
@@ -230,7 +243,27 @@ class EnvironmentRollout:
     ) -> RolloutGroup:
         """See `Rollout.__call__`. Raises `RolloutDropped("aborted")` when vLLM aborted a turn of any sample,
         `RolloutDropped(reason)` when an environment call raised `GroupDropped`, and ValueError for a string prompt
-        (observations need conversational prompts) or a row whose `tools` column names an undeclared tool."""
+        (observations need conversational prompts) or a row whose `tools` column names an undeclared tool.
+
+        With `record_spans`, `group.spans` holds G rows, each in the order things happened (start_ns/end_ns:
+        wall-clock `time.time_ns()`, nanoseconds since the epoch):
+
+            "turn <k>"    kind "LLM", one per model turn k = 1, 2, ...: the times of the request that sampled it (the
+                          first turn's n=G request is shared by the G samples); attributes `prompt_tokens` (the held
+                          ids sent), `completion_tokens` (sampled this turn), `policy_version` (read when the request
+                          was sent), `finish_reason`; outputs {"text": the turn's text, special tokens skipped}.
+            "tool <name>" kind "TOOL", one per tool call of the step after turn k (tools only; "tool error" for a
+                          malformed call), in the order of its tool messages, each with its own times; inputs
+                          {"arguments": the parsed arguments (None when malformed)}, outputs {"result": the text the
+                          model reads, cut to max_tool_response_length}; attributes {"error": its
+                          `tools.FAILURE_KINDS` kind} when it failed, else {}.
+            "env step <k>" kind "TASK", the environment's `step` after turn k (a turn that is not stepped, cut by
+                          the budget or after a failed reset, has none), after the tool spans that ran inside it;
+                          inputs {"action": the turn's text}, outputs {"observation": the observation messages'
+                          contents joined by newlines, "reward": the step's reward or None, "done": bool}; when the
+                          step failed, outputs {"observation": None, "reward": None, "done": False, "error": what went
+                          wrong} and attributes {"error": its `environments.FAILURE_KINDS` kind}, else {}.
+            "reward <function>" kind "EVALUATOR", last, one per reward function (`rollout.score_group`)."""
         if not isinstance(item.prompt, list):
             what = "tools need" if self.tools is not None else "an environment needs"
             raise ValueError(
@@ -277,12 +310,14 @@ class EnvironmentRollout:
             ep.state["messages"] = list(prompt)
         sent_at = version()
         extra = sampling.extra_body()
+        start_ns = self._now()
         first = await client.generate(
             prompt_ids, n=g, max_tokens=sampling.max_completion_length, temperature=sampling.temperature,
             top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, **({"extra_body": extra} if extra else {}),
         )  # fmt: skip
+        times = (start_ns, self._now())
         await all_or_none([
-            self._run_episode(client, ep, prompt, prompt_ids, schemas, turn, sent_at, sampling, version,
+            self._run_episode(client, ep, prompt, prompt_ids, schemas, turn, sent_at, times, sampling, version,
                               None if seed is None else seed + _SEED_STRIDE * (i + 1))
             for i, (ep, turn) in enumerate(zip(episodes, first, strict=True))])  # fmt: skip
         stats = [self._stats(ep) for ep in episodes]
@@ -293,6 +328,7 @@ class EnvironmentRollout:
             policy_version=sent_at, loss_mask=[ep.mask for ep in episodes],
             token_versions=[ep.versions for ep in episodes],
             rollout_stats={k: [st[k] for st in stats] for k in stats[0]},
+            spans=[ep.spans for ep in episodes] if self.record_spans else [],
         )  # fmt: skip
         columns = None
         if self.env_columns:
@@ -300,8 +336,35 @@ class EnvironmentRollout:
                 "env_reward": [ep.state.get("env_reward") for ep in episodes],
                 "env_state": [json_safe_state(ep.state) for ep in episodes],
             }
-        await score_group(self.scorer, group, columns)
+        await score_group(self.scorer, group, columns, record_spans=self.record_spans)
         return group
+
+    def _now(self) -> int:
+        """`time.time_ns()` when this rollout records spans, else 0 (no clock read)."""
+        return time.time_ns() if self.record_spans else 0
+
+    def _step_spans(self, ep: _Episode, action: str, outcome: CallOutcome, start_ns: int, end_ns: int) -> None:
+        """Append the spans of the step after turn `ep.turns`: its tool calls (a `ToolObservation`'s), then the step
+        itself (see `__call__`)."""
+        obs = outcome.observation
+        for call in obs.calls if isinstance(obs, ToolObservation) else []:
+            failure = {} if call.failure is None else {"error": call.failure}
+            tool_span = EpisodeSpan(
+                f"tool {call.name}", "TOOL", call.start_ns, call.end_ns, inputs={"arguments": call.arguments},
+                outputs={"result": call.content}, attributes=failure,
+            )  # fmt: skip
+            ep.spans.append(tool_span)
+        if obs is None:
+            outputs = {"observation": None, "reward": None, "done": False, "error": outcome.error}
+            attributes = {"error": outcome.failure or "bad_observation"}
+        else:
+            text = "\n".join(m["content"] for m in obs.messages)
+            outputs, attributes = {"observation": text, "reward": obs.reward, "done": obs.done}, {}
+        step_span = EpisodeSpan(
+            f"env step {ep.turns}", "TASK", start_ns, end_ns, inputs={"action": action}, outputs=outputs,
+            attributes=attributes,
+        )  # fmt: skip
+        ep.spans.append(step_span)
 
     def _new_state(self, item: PromptItem) -> dict[str, Any]:
         return {"prompt": item.prompt, "messages": [], "turn": 0, "max_turns": self.max_turns, "env_reward": None}
@@ -339,11 +402,13 @@ class EnvironmentRollout:
         schemas: list[dict] | None,
         turn: Completion,
         turn_version: int,
+        turn_times: tuple[int, int],
         sampling: SamplingSettings,
         version: Callable[[], int],
         seed: int | None,
     ) -> None:
-        """Continue one episode from its first turn until it stops (see the module docstring)."""
+        """Continue one episode from its first turn until it stops (see the module docstring); `turn_times`: the
+        wall-clock (start_ns, end_ns) of the first turn's request ((0, 0) when not recording spans)."""
         budget = sampling.max_completion_length
         extra = sampling.extra_body()
         while True:
@@ -353,6 +418,10 @@ class EnvironmentRollout:
             ep.append(turn.token_ids, turn.logprobs, 1, turn_version)
             ep.turns += 1
             action = self.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
+            if self.record_spans:
+                ep.spans.append(
+                    generation_span(f"turn {ep.turns}", *turn_times, len(held_before), turn, turn_version, action)
+                )
             ep.messages.append(self._assistant_message(ep, turn.token_ids, held_before, action, schemas))
             ep.state["turn"] = ep.turns
             ep.state["messages"] = prompt + ep.messages
@@ -361,7 +430,10 @@ class EnvironmentRollout:
             if turn.finish_reason == "length" or len(ep.ids) >= budget:
                 ep.truncated = True  # an action cut off by the budget is not stepped (a cut tool call is not run)
                 return
+            step_start = self._now()
             outcome = await _call(self.caller.step(action, ep.state))
+            if self.record_spans:
+                self._step_spans(ep, action, outcome, step_start, time.time_ns())
             if outcome.observation is None:
                 ep.fail(outcome.failure or "bad_observation", outcome.error)
                 return
@@ -385,8 +457,10 @@ class EnvironmentRollout:
             ep.messages.extend(dict(m) for m in obs.messages)
             ep.state["messages"] = prompt + ep.messages
             turn_version = version()
+            start_ns = self._now()
             (turn,) = await client.generate(
                 prompt_ids + ep.ids, n=1, max_tokens=budget - len(ep.ids), temperature=sampling.temperature,
                 top_p=sampling.top_p, top_k=sampling.top_k, seed=None if seed is None else seed + ep.turns,
                 **({"extra_body": extra} if extra else {}),
             )  # fmt: skip
+            turn_times = (start_ns, self._now())

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from async_grpo.data import PromptItem
-from async_grpo.inference.client import GenerationClient
+from async_grpo.inference.client import Completion, GenerationClient
 from async_grpo.transports.drops import DropReason
-from async_grpo.transports.messages import RolloutGroup
+from async_grpo.transports.messages import EpisodeSpan, RolloutGroup
 from async_grpo.transports.scorer import ScoredGroup, Scorer
 
 
@@ -127,11 +129,15 @@ class SingleTurnRollout:
     Args:
         scorer: the run's reward backend.
         decode: completion token ids -> text (what reward functions receive).
+        record_spans: record each episode's spans in `RolloutGroup.spans` (the run traces episodes,
+            `log_traces_steps` > 0): one "generation" span (kind "LLM") per completion, then its reward spans
+            (`score_group`). False (the default): `spans` stays empty and nothing is timed.
     """
 
-    def __init__(self, scorer: Scorer, decode: Callable[[list[int]], str]):
+    def __init__(self, scorer: Scorer, decode: Callable[[list[int]], str], *, record_spans: bool = False):
         self.scorer = scorer
         self.decode = decode
+        self.record_spans = record_spans
         self.tool_schemas: list[dict] = []
 
     def without_tools(self) -> None:
@@ -150,31 +156,73 @@ class SingleTurnRollout:
         version: Callable[[], int],
         seed: int | None = None,
     ) -> RolloutGroup:
-        """See `Rollout.__call__`. Raises `RolloutDropped("aborted")` when vLLM aborted a sample."""
+        """See `Rollout.__call__`. Raises `RolloutDropped("aborted")` when vLLM aborted a sample.
+
+        With `record_spans`, `group.spans` holds G rows: a "generation" span (kind "LLM"; start_ns/end_ns the
+        wall-clock nanoseconds around the one request of the group, the same for every row; attributes
+        `prompt_tokens`, `completion_tokens`, `policy_version` (the version the request was sent at),
+        `finish_reason`; outputs {"text": the decoded completion}), then one "reward <function>" span per reward
+        function (`score_group`)."""
         sent_at = version()
         extra = sampling.extra_body()
+        start_ns = time.time_ns() if self.record_spans else 0
         completions = await client.generate(
             item.prompt_ids, n=sampling.num_generations, max_tokens=sampling.max_completion_length,
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
             **({"extra_body": extra} if extra else {}),
         )  # fmt: skip
+        end_ns = time.time_ns() if self.record_spans else 0
         if any(c.finish_reason == "abort" for c in completions):
             raise RolloutDropped("aborted", "vLLM aborted a request of the group")
+        texts = [self.decode(c.token_ids) for c in completions]
         group = RolloutGroup(
             prompt_ids=item.prompt_ids,
             completion_ids=[c.token_ids for c in completions],
             sampling_logprobs=[c.logprobs for c in completions],
             truncated=[c.finish_reason == "length" for c in completions],
-            completions=[self.decode(c.token_ids) for c in completions],
+            completions=texts,
             prompt=item.prompt,
             columns=item.columns,
             policy_version=sent_at,
         )
-        await score_group(self.scorer, group)
+        if self.record_spans:
+            group.spans = [
+                [generation_span("generation", start_ns, end_ns, len(item.prompt_ids), c, sent_at, text)]
+                for c, text in zip(completions, texts, strict=True)
+            ]
+        await score_group(self.scorer, group, record_spans=self.record_spans)
         return group
 
 
-async def score_group(scorer: Scorer, group: RolloutGroup, sample_columns: dict[str, list] | None = None) -> None:
+def generation_span(
+    name: str, start_ns: int, end_ns: int, prompt_tokens: int, completion: Completion, version: int, text: str
+) -> EpisodeSpan:
+    """The `EpisodeSpan` of one sampled generation (kind "LLM"): `name` ("generation", or "turn <k>" in a
+    multi-turn episode), the request's wall-clock start/end (`time.time_ns()`, ns), attributes `prompt_tokens`
+    (token ids sent), `completion_tokens` (tokens sampled), `policy_version` (the version the request was sent at)
+    and `finish_reason` (vLLM's: "stop", "length", ...); outputs {"text": `text`, the decoded completion}."""
+    return EpisodeSpan(
+        name=name,
+        kind="LLM",
+        start_ns=start_ns,
+        end_ns=end_ns,
+        outputs={"text": text},
+        attributes={
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(completion.token_ids),
+            "policy_version": version,
+            "finish_reason": completion.finish_reason,
+        },
+    )
+
+
+async def score_group(
+    scorer: Scorer,
+    group: RolloutGroup,
+    sample_columns: dict[str, list] | None = None,
+    *,
+    record_spans: bool = False,
+) -> None:
     """Fill `group.rewards_per_func` ((G, F), NaN for None) with one scoring call, TRL's reward contract: the
     group's prompt repeated G times, its completions, completion ids, and each dataset column repeated G times,
     plus `sample_columns` (name -> G per-completion values, e.g. an environment's `env_reward`; JSON-safe values,
@@ -182,6 +230,16 @@ async def score_group(scorer: Scorer, group: RolloutGroup, sample_columns: dict[
     For a conversational prompt (a list of messages) each text completion reaches the reward functions as TRL
     passes it, `[{"role": "assistant", "content": text}]`. What the functions logged (`log_extra`,
     `log_metric`) lands in `group.reward_extra` / `group.reward_metrics`.
+
+    With `record_spans` (the run traces episodes), one "reward <function>" span (kind "EVALUATOR") per reward
+    function, in function order, is appended to every row of `group.spans` (G empty rows are made when it has
+    none): outputs {"value": `rewards_per_func[i][f]`, None for NaN}, attributes {"seconds": the function's
+    wall-clock seconds for the whole group, `ScoredGroup.seconds`}. The functions ran one after another inside the
+    one scoring call, timed where they ran (a worker process, the reward service: not our clock), so the spans are
+    laid out back to back from the call's start (`time.time_ns()` just before `submit`), each as long as its
+    function took: the durations are exact, the placement approximate (queueing and transfer are not in them). A
+    function the scorer did not time (a reward service older than `seconds`) gets a span covering the whole call
+    and no "seconds" attribute.
 
     Raises:
         RewardError: the reward functions failed (its `reason` is the drop-counter key).
@@ -192,11 +250,38 @@ async def score_group(scorer: Scorer, group: RolloutGroup, sample_columns: dict[
     completions = group.completions
     if isinstance(group.prompt, list):  # conversational (TRL is_conversational)
         completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
+    start_ns = time.time_ns() if record_spans else 0
     future = scorer.submit([group.prompt] * g, completions, group.completion_ids, columns)
     scored: ScoredGroup = await asyncio.wrap_future(future)
     group.rewards_per_func = [list(row) for row in scored.rows]
     group.reward_extra = dict(scored.extra)
     group.reward_metrics = dict(scored.metrics)
+    if record_spans:
+        _add_reward_spans(group, scorer.names, scored.seconds, start_ns, time.time_ns())
+
+
+def _add_reward_spans(
+    group: RolloutGroup, names: list[str], seconds: Mapping[str, float], start_ns: int, end_ns: int
+) -> None:
+    """Append the reward spans of one scoring call (`score_group`) to every episode of `group`: the call ran from
+    `start_ns` to `end_ns` (ns), `seconds` says how long each function took (seconds, by name)."""
+    timed: list[tuple[int, int, dict]] = []
+    at = start_ns
+    for name in names:
+        if name in seconds:
+            duration_ns = round(seconds[name] * 1e9)
+            timed.append((at, at + duration_ns, {"seconds": seconds[name]}))
+            at += duration_ns
+        else:
+            timed.append((start_ns, end_ns, {}))
+    if not group.spans:
+        group.spans = [[] for _ in range(group.size)]
+    for row, spans in zip(group.rewards_per_func, group.spans, strict=True):
+        for name, value, (start, end, attributes) in zip(names, row, timed, strict=True):
+            outputs = {"value": None if math.isnan(value) else value}
+            spans.append(
+                EpisodeSpan(f"reward {name}", "EVALUATOR", start, end, outputs=outputs, attributes=dict(attributes))
+            )
 
 
 def completion_display(completion: object) -> str:

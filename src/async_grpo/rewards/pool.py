@@ -125,14 +125,19 @@ def _score_group(
     trainer_state: dict[str, int] | None = None,
     bound: dict[str, dict[str, Any]] | None = None,
 ) -> ScoredGroup:
-    """Worker entry point: run every reward function on one group; returns (G, F) floats, NaN for None, with
-    what the functions logged (`ScoredGroup`)."""
+    """Worker entry point: run every reward function on one group, one after another; returns (G, F) floats, NaN
+    for None, with what the functions logged and each function's wall-clock seconds (`ScoredGroup.seconds`, keyed
+    by function name, measured here in the worker)."""
     state, log = RewardTrainerState(**(trainer_state or {})), RewardLog()
-    per_func = [
-        _call(spec, prompts, completions, completion_ids, columns, state, log, (bound or {}).get(spec, {}))
-        for spec in specs
-    ]
-    return ScoredGroup([list(row) for row in zip(*per_func, strict=True)], log.extra, log.metrics)
+    per_func: list[list[float]] = []
+    seconds: dict[str, float] = {}
+    for spec in specs:
+        start = time.perf_counter()
+        per_func.append(
+            _call(spec, prompts, completions, completion_ids, columns, state, log, (bound or {}).get(spec, {}))
+        )
+        seconds[reward_func_name(spec)] = time.perf_counter() - start
+    return ScoredGroup([list(row) for row in zip(*per_func, strict=True)], log.extra, log.metrics, seconds)
 
 
 # ------------------------------------------------------------------ parent side
@@ -346,7 +351,8 @@ class RewardPool:
 
         Returns:
             A Future resolving to a (G, F) `transports.scorer.ScoredGroup` (rows of floats, F = len(specs) in
-            spec order, NaN where a function returned None, with what the functions logged). It fails with `RewardTimeout` (the set overran timeout_s),
+            spec order, NaN where a function returned None, with what the functions logged and each function's
+            seconds). It fails with `RewardTimeout` (the set overran timeout_s),
             `RewardBadOutput` (a return value of the wrong type or length) or `RewardError` (a function
             raised, a worker died, or the pool was closed); each carries a `reason` for counting.
 

@@ -36,7 +36,7 @@ from async_grpo.rewards.wire import (
     decode_scored,
     error_from_body,
 )
-from async_grpo.transports.scorer import RewardError, RewardTimeout
+from async_grpo.transports.scorer import RewardError, RewardTimeout, ScoredGroup
 
 logger = logging.getLogger(__name__)
 
@@ -266,8 +266,8 @@ class RemoteRewardPool:
         task.add_done_callback(functools.partial(self._settle, out))
         return out
 
-    async def _score(self, payload: dict[str, Any], g: int) -> list[list[float]]:
-        """POST one group (after a free slot); returns (G, F) floats or raises a RewardError."""
+    async def _score(self, payload: dict[str, Any], g: int) -> ScoredGroup:
+        """POST one group (after a free slot); returns its `ScoredGroup` (`_parse`) or raises a RewardError."""
         async with self._slots:
             try:
                 body = json.dumps(payload).encode()
@@ -292,8 +292,9 @@ class RemoteRewardPool:
                 ) from None
         return self._parse(resp, g)
 
-    def _parse(self, resp: httpx.Response, g: int) -> list[list[float]]:
-        """A score response -> (G, F) floats; an error response -> the RewardError it describes (raised)."""
+    def _parse(self, resp: httpx.Response, g: int) -> ScoredGroup:
+        """A score response -> its `ScoredGroup` ((G, F) floats, what the functions logged, their seconds on the
+        service; `wire.decode_scored`); an error response -> the RewardError it describes (raised)."""
         try:
             data = resp.json()
         except ValueError:

@@ -83,9 +83,10 @@ def build_app(
         GET /health: 200 {"status": "ok"} while the pool is open (the readiness probe).
         GET /v1/reward_functions: {"names": [F], "weights": [F], "timeout_s": s, "version": package version}.
         POST /v1/score: a `wire.ScoreRequest` -> 200 {"rewards": G x F numbers, null where a function
-            returned None}. Errors carry {"reason", "function", "message"}: 422 for a malformed request
-            (the message names the field), 504 for "reward_timeout", 500 for "reward_error" and
-            "reward_bad_output", 503 once the pool is closed.
+            returned None, "extra", "metrics" (what the functions logged), "seconds": {function name: wall-clock
+            seconds of its call on this service}} (`wire.encode_scored`). Errors carry {"reason", "function",
+            "message"}: 422 for a malformed request (the message names the field), 504 for "reward_timeout", 500
+            for "reward_error" and "reward_bad_output", 503 once the pool is closed.
 
     Args:
         pool: the reward pool to score with (closed when the app shuts down).

@@ -80,13 +80,17 @@ def encode_rewards(rows: Sequence[Sequence[float]]) -> list[list[float | None]]:
 
 def encode_scored(scored: ScoredGroup) -> dict[str, Any]:
     """A 200 score response's body: {"rewards": G x F numbers or null, "extra": {column: G values},
-    "metrics": {name: [values]}} (what the functions logged; values JSON-encoded, str as the fallback)."""
+    "metrics": {name: [values]}, "seconds": {function name: seconds}} (what the functions logged, values
+    JSON-encoded, str as the fallback; and each function's wall-clock seconds on the service, `ScoredGroup.seconds`).
+    """
     logged = {"extra": dict(scored.extra), "metrics": dict(scored.metrics)}
-    return {"rewards": encode_rewards(scored.rows), **json.loads(json.dumps(logged, default=str))}
+    seconds = {str(name): float(s) for name, s in scored.seconds.items()}
+    return {"rewards": encode_rewards(scored.rows), **json.loads(json.dumps(logged, default=str)), "seconds": seconds}
 
 
 def decode_scored(body: dict[str, Any], g: int, f: int) -> ScoredGroup:
-    """A 200 score response -> `ScoredGroup` (an older service without "extra"/"metrics" logs nothing).
+    """A 200 score response -> `ScoredGroup`. An older service without "extra"/"metrics" logs nothing, one without
+    "seconds" measured nothing (`seconds` {}); a "seconds" entry that is not a finite number is left out.
 
     Raises:
         RewardError: the rewards are not `g` rows of `f` numbers or nulls (see `decode_rewards`).
@@ -96,7 +100,21 @@ def decode_scored(body: dict[str, Any], g: int, f: int) -> ScoredGroup:
         decode_rewards(body["rewards"], g, f),
         extra if isinstance(extra, dict) else {},
         metrics if isinstance(metrics, dict) else {},
+        decode_seconds(body.get("seconds")),
     )
+
+
+def decode_seconds(data: Any) -> dict[str, float]:
+    """A score response's `seconds` -> {function name: seconds}: its entries with a string key and a finite number
+    (not a bool) value; {} when `data` is absent (an older service) or not an object. Never raises: the timings
+    are informational (episode traces), so a malformed one must not fail the group."""
+    if not isinstance(data, dict):
+        return {}
+    return {
+        name: float(s)
+        for name, s in data.items()
+        if isinstance(name, str) and isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)
+    }
 
 
 def decode_rewards(data: Any, g: int, f: int) -> list[list[float]]:

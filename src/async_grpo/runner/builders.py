@@ -291,7 +291,8 @@ def build_rollout(
 ) -> Rollout:
     """The run's rollout: `SingleTurnRollout`, or the multi-turn `EnvironmentRollout` when `tools` are declared
     or an `environment` is set (`tool_setup.build_rollout`: tools, prompts and chat template checked here, before
-    anything starts; tool calls run on `tool_service` = (URL, token) when given)."""
+    anything starts; tool calls run on `tool_service` = (URL, token) when given). It records episode spans
+    (`RolloutGroup.spans`) only when `tracking.log_traces_steps` > 0."""
     return tool_setup.build_rollout(config, scorer, tokenizer, decode, items, tool_service)
 
 

@@ -85,7 +85,8 @@ def build_rollout(
 ) -> Rollout:
     """The run's rollout: `EnvironmentRollout` when `environment` is set or `tools` are declared (tools as an
     environment, `EnvironmentRollout.for_tools`; both: the environment with tools, `ToolEnvironment(inner=...)`,
-    under `max_turns`), else `SingleTurnRollout`.
+    under `max_turns`), else `SingleTurnRollout`. Each records its episodes' spans (`RolloutGroup.spans`) only when
+    the run traces episodes (`tracking.log_traces_steps` > 0).
 
     Args:
         items: the training and held-out prompts (checked to be conversational for tools or an environment).
@@ -97,6 +98,7 @@ def build_rollout(
             `environment` (EnvironmentSpecError); each names the fix.
     """
     env = config.environments
+    record_spans = config.tracking.log_traces_steps > 0
     inner = None
     if env.environment is not None:
         check_conversational(items, config.data.dataset, "environments", "environment")
@@ -104,9 +106,9 @@ def build_rollout(
             load_environment(env.environment), timeout_s=env.env_timeout_s, num_threads=env.env_num_threads
         )
         if not config.tools.tools:
-            return EnvironmentRollout(scorer, tokenizer, inner, max_turns=env.max_turns)
+            return EnvironmentRollout(scorer, tokenizer, inner, max_turns=env.max_turns, record_spans=record_spans)
     if not config.tools.tools:
-        return SingleTurnRollout(scorer, decode)
+        return SingleTurnRollout(scorer, decode, record_spans=record_spans)
     check_conversational(items, config.data.dataset)
     settings = ToolCallingSettings(
         max_tool_calling_iterations=config.tools.max_tool_calling_iterations,
@@ -116,10 +118,12 @@ def build_rollout(
     try:
         backend = build_tool_backend(config, tool_service)
         if inner is None:
-            return EnvironmentRollout.for_tools(scorer, tokenizer, backend, settings=settings)
+            return EnvironmentRollout.for_tools(
+                scorer, tokenizer, backend, settings=settings, record_spans=record_spans
+            )
         tools = ToolEnvironment(backend, settings, inner=inner)  # the run's environment, with tools
         caller = EnvironmentCaller(tools, timeout_s=None, num_threads=1)  # the inner one times its own calls
-        return EnvironmentRollout(scorer, tokenizer, caller, max_turns=env.max_turns)
+        return EnvironmentRollout(scorer, tokenizer, caller, max_turns=env.max_turns, record_spans=record_spans)
     except Exception:
         if inner is not None:
             inner.close()

@@ -25,11 +25,16 @@ class ScoredGroup:
         rows: (G, F) rewards, one row of F floats per completion, NaN where a function returned None.
         extra: column -> G values, from `log_extra` (TRL: extra columns of the completions table).
         metrics: name -> the values passed to `log_metric` for this group (TRL averages them over the step).
+        seconds: reward-function name -> wall-clock seconds its one call for the whole group took, measured where
+            the functions ran (the worker process, `rewards.pool`); empty when not measured (a test scorer, a
+            reward service older than the field). Read by `orchestrator.rollout.score_group` for the episode
+            traces' reward spans.
     """
 
     rows: list[list[float]]
     extra: Mapping[str, list] = field(default_factory=dict)
     metrics: Mapping[str, list[float]] = field(default_factory=dict)
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 class RewardError(RuntimeError):
