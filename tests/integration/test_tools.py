@@ -272,7 +272,7 @@ def test_a_tool_run_with_async_staleness_is_opsm_and_batch_shaping(server, tool_
         "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_completion_length": 160,
         "temperature": TEMPERATURE, "max_inflight_groups": 4, "torch_num_threads": 1, "learning_rate": 1e-4,
         "save_model": False, "log_completions_steps": 2, "max_steps": 4, "eval_num_prompts": 4,
-        "num_generations_eval": 2, **shaping,
+        "num_generations_eval": 2, "log_traces_steps": 2, "log_traces_per_step": 2, **shaping,
     })  # fmt: skip
     summary = run_local(config, progress=False)
     mlflow.set_tracking_uri(summary.tracking_uri)
@@ -295,3 +295,26 @@ def test_a_tool_run_with_async_staleness_is_opsm_and_batch_shaping(server, tool_
     assert not {k for k in summary.dropped_groups if k not in ("zero_std", "shutdown", "stale", "unconsumed_at_end")}, (
         summary.dropped_groups
     )
+    # issue 53: the episodes of steps 2 and 4 (2 groups x 4 episodes each) as traces of the run, read back
+    traces = mlflow.search_traces(run_id=summary.run_id, return_type="list")
+    assert len(traces) == 16
+    names = {"calc_exact_match", "calc_format", "calc_call_match"}
+    tool_calls = []
+    for trace in traces:
+        root, spans = trace.data.spans[0], trace.data.spans[1:]
+        assert root.name == "episode" and root.attributes["step"] in (2, 4)
+        assert trace.info.tags["async_grpo.step"] == str(root.attributes["step"])
+        by_name = {s.name: s for s in spans}
+        turn = by_name["turn 1"]
+        assert turn.span_type == "LLM" and turn.attributes["policy_version"] == root.attributes["policy_version"]
+        assert turn.attributes["completion_tokens"] >= 1 and turn.outputs["text"]
+        assert {f"reward {n}" for n in names} <= set(by_name)
+        for n in names:  # each function's span holds the value the episode's reward was made of
+            assert by_name[f"reward {n}"].outputs["value"] == root.outputs["rewards"][n]
+            assert by_name[f"reward {n}"].span_type == "EVALUATOR"
+        tool_calls += [(s, by_name) for s in spans if s.span_type == "TOOL"]
+    assert tool_calls, "the warm-started model calls the calculator"
+    for call, by_name in tool_calls:
+        parent = next(s for s in by_name.values() if s.span_id == call.parent_id)
+        assert parent.name.startswith("env step ") and parent.span_type == "TASK"  # the call ran inside its step
+        assert "result" in call.outputs and "arguments" in call.inputs
