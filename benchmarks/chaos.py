@@ -44,6 +44,7 @@ soak's default) the final rewards differ by more than twice the standard error o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import math
@@ -153,6 +154,21 @@ def metric_rows(db: Path, key: str) -> list[tuple[int, float]]:
     """(step, value) of metric `key` in the sqlite store `db`, read-only (`time_to_reward.metric_history`); [] while
     it does not exist yet. The store holds this soak's one run."""
     return [(step, value) for step, _, value in metric_history(db, key)]
+
+
+def traces_by_step(db: Path) -> dict[int, int]:
+    """Episode traces the sqlite store `db` holds, by their `async_grpo.step` tag (a step the trainer trained again
+    after a restart logs its traces again), read-only; {} before the first."""
+    import sqlite3
+
+    if not db.is_file():
+        return {}
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        try:
+            rows = conn.execute("SELECT value, COUNT(*) FROM trace_tags WHERE key = 'async_grpo.step' GROUP BY value")
+            return {int(step): count for step, count in rows}
+        except sqlite3.OperationalError:  # no trace table yet
+            return {}
 
 
 def newest_logged_step(db: Path) -> int:
@@ -511,6 +527,7 @@ class Soak:
             "prompts_lost": sum(v for _, v in ledger),
             "ledgers_logged": len(ledger),
             "steps_without_loss": missing,
+            "traces_by_step": traces_by_step(self.mlflow.db),
             "left_running": self.left_running,
             "final": final_reward(self.mlflow.db, steps),
         }
@@ -699,6 +716,9 @@ def print_report(report: dict[str, Any], args: argparse.Namespace) -> int:
     print(f"prompts lost {report['prompts_lost']:g} (ledgers of {report['ledgers_logged']} trainer stop(s))")
     missing = report["steps_without_loss"]
     print(f"steps without their metrics in MLflow: {len(missing)}" + (f" {missing[:10]}" if missing else ""))
+    traced = report["traces_by_step"]
+    print(f"episode traces kept: {sum(traced.values())} over {len(traced)} traced step(s) "
+          "(a trainer killed mid-write loses its pending ones)")  # fmt: skip
     final = report["final"]
     print(f"final held-out reward {final['reward']:.3f} +- {final['reward_se']:.3f} (standard error)", flush=True)
     if report["left_running"]:

@@ -26,13 +26,15 @@ STARTUP_TIMEOUT_S = 120.0
 RENDER_BUDGET_MS = 20_000  # Chromium's virtual time for the single-page app to fetch and draw the runs
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_up(url: str, timeout_s: float) -> None:
+def wait_up(url: str, timeout_s: float) -> None:
+    """Return once `url`/health answers 200; TimeoutError after `timeout_s` seconds."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         max_results=args.runs,
     )
     ids = [r.info.run_id for r in reversed(runs)]
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port",
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _wait_up(base, STARTUP_TIMEOUT_S)
+        wait_up(base, STARTUP_TIMEOUT_S)
         query = urllib.parse.urlencode(
             {"runs": json.dumps(ids), "experiments": json.dumps([experiment.experiment_id])}, safe='[]",'
         )

@@ -169,6 +169,16 @@ def test_chaos_reduced(tmp_path):
     injected, survived = map(int, re.search(r"faults injected (\d+), survived (\d+)", stdout).groups())
     assert injected >= 5 and survived == injected, stdout[-4000:]  # disk_full needs bwrap's tmpfs
     assert "prompts lost 0 " in stdout and "steps without their metrics in MLflow: 0" in stdout, stdout[-4000:]
+    assert "episode traces kept: " in stdout, stdout[-4000:]  # the demo config traces every 20 steps (issue 53)
+
+
+@pytest.mark.integration
+@pytest.mark.slow(seconds=90)
+def test_tracing_reduced():
+    stdout = run("tracing.py", "--reduced", timeout_s=900)
+    assert "traces on : " in stdout and "traces off: " in stdout and "6 traces kept" not in stdout
+    assert "48 traces kept" in stdout  # 6 steps x one group of 8 episodes, every one read back
+    assert "ratio on/off: " in stdout
 
 
 def _load_benchmark(name: str):

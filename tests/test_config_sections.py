@@ -35,6 +35,7 @@ CHANGED_BY_THE_DEMO = {
     "skip_zero_advantage_batches": True,  # issue 23: train only nonzero-advantage completions
     "warmup_sft_steps": 400,  # issue 48: a warm start that converges on every seed (1e-3) and stops partway
     "warmup_sft_learning_rate": 1e-3,
+    "log_traces_steps": 20,  # issue 53: the demo's episodes as MLflow traces, every 20th step
 }
 TINY_CPU_FLAT = {
     **json.loads((Path(__file__).parent / "data" / "tiny_cpu_resolved_flat.json").read_text()),

@@ -93,14 +93,14 @@ def test_each_episode_is_a_trace_of_the_run_with_its_turns_tool_calls_and_reward
 def test_traces_written_during_an_outage_are_tried_again_and_the_metrics_all_arrive(tmp_path, store):
     tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store, log_traces_steps=1))
     back = threading.Event()
-    real_get = tracker._client.get_trace
+    real_search = tracker._client.search_traces
 
-    def get_while_down(trace_id, *args, **kwargs):  # the exporter swallows the outage; reading back raises
+    def search_while_down(*args, **kwargs):  # MLflow's exporter retries on its own; reading back raises
         if not back.is_set():
             raise ConnectionError("tracking server down")
-        return real_get(trace_id, *args, **kwargs)
+        return real_search(*args, **kwargs)
 
-    tracker._client.get_trace = get_while_down
+    tracker._client.search_traces = search_while_down
     tracker.log_metrics({"loss": 1.0}, step=1)
     tracker.log_episode_traces(episode_traces([tool_group()], step=1, version=3, reward_names=["accuracy"],
                                               decode=str))  # fmt: skip
@@ -112,3 +112,23 @@ def test_traces_written_during_an_outage_are_tried_again_and_the_metrics_all_arr
     assert tracker.stats["traces_written"] == 2 and tracker.stats["failed"] == 0 and tracker.stats["dropped"] == 0
     history = mlflow.MlflowClient(store).get_metric_history(tracker.run_id, "loss")
     assert [m.step for m in history] == [1, 2]
+    assert len(mlflow.search_traces(run_id=tracker.run_id, return_type="list")) == 2  # tried again, not written twice
+
+
+def test_a_trace_mlflow_did_not_keep_is_counted_as_failed(tmp_path, store):
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store, log_traces_steps=1))
+    real_start = tracker._client.start_trace
+    started = []
+
+    def first_lost(*args, **kwargs):  # the first episode's trace goes to another experiment: not this run's
+        started.append(1)
+        if len(started) == 1:
+            kwargs["run_id"] = None
+            kwargs["experiment_id"] = mlflow.create_experiment("elsewhere")
+        return real_start(*args, **kwargs)
+
+    tracker._client.start_trace = first_lost
+    tracker.log_episode_traces(episode_traces([tool_group()], step=3, version=3, reward_names=["accuracy"],
+                                              decode=str))  # fmt: skip
+    tracker.end(timeout_s=60)
+    assert tracker.stats["traces_written"] == 1 and tracker.stats["failed"] == 1

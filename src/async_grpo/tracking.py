@@ -68,9 +68,10 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's limit on the metrics of one log_batch (
 ABANDON_JOIN_S = 5.0  # after the flush timeout, how long `end` lets the writer finish its last try
 
 
-TRACE_STEP_TAG = (
-    "async_grpo.step"  # trace tag: the optimizer step that trained the episode (`tag.async_grpo.step = '3'`)
-)
+# trace tags: the optimizer step that trained the episode (`tag.async_grpo.step = '3'`), and "<group>/<sample>", the
+# episode within its step
+TRACE_STEP_TAG = "async_grpo.step"
+TRACE_EPISODE_TAG = "async_grpo.episode"
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ class EpisodeTrace:
         outputs: the root span's outputs, e.g. {"completion", "reward", "advantage", "rewards"}.
         attributes: the root span's attributes (JSON-safe): the step, the group and sample index, the policy version
             that sampled it, its staleness, ...
-        tags: the trace's tags, searchable (`mlflow.search_traces(filter_string="tag.async_grpo.step = '3'")`).
+        tags: the trace's tags, searchable (`mlflow.search_traces(filter_string="tag.async_grpo.step = '3'")`): the
+            step (`TRACE_STEP_TAG`) and the episode within it (`TRACE_EPISODE_TAG`), both required.
         spans: the episode's `EpisodeSpan`s (generation turns, tool calls, environment steps, reward functions), in
             the order they happened; empty when the rollout recorded none.
         start_ns, end_ns: the root span's times, nanoseconds since the epoch (`time.time_ns()`).
@@ -97,6 +99,16 @@ class EpisodeTrace:
     start_ns: int
     end_ns: int
     spans: tuple[EpisodeSpan, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class _TraceBatch:
+    """One step's episode traces on their way to MLflow (a writer record): which of them MLflow holds so far
+    (`TRACE_EPISODE_TAG`s), and whether a write was tried (a retry first asks MLflow what it has)."""
+
+    traces: list[EpisodeTrace]
+    kept: set[str] = field(default_factory=set)
+    tried: bool = False
 
 
 def is_transient(err: BaseException) -> bool:
@@ -223,10 +235,6 @@ class Tracker:
             logger.info("report_to=none: nothing is tracked")
             return
         self.tracking_uri = config.tracking_uri
-        if config.tracking.log_traces_steps:  # episode traces: the writer thread is the asynchronous part, and only
-            # a synchronous export raises into it, so that a trace MLflow lost is retried or counted (unless the
-            # user chose otherwise for this process)
-            os.environ.setdefault("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
         # `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI to os.environ (for subprocesses); note what the
         # user had so that the check below sees their environment, and `end` gives it back unchanged.
         self._env_uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -423,19 +431,45 @@ class Tracker:
             self._submit(self._client.log_artifact, self.run_id, str(path), folder)
 
     def log_episode_traces(self, traces: list[EpisodeTrace]) -> None:
-        """Each episode as an MLflow trace linked to this run (the run's Traces tab); written on the writer thread,
-        one record per trace, and read back before it counts as written: a trace MLflow did not keep is tried again
-        while the server is unreachable (`is_transient`) and counted in `failed` otherwise; returns at once."""
-        if not self.enabled:
-            return
-        for trace in traces:
-            self._submit(self._write_episode_trace, trace)
+        """The episodes of one step (their `async_grpo.step` tag) as MLflow traces linked to this run (the run's
+        Traces tab); returns at once. Written as one record on the writer thread (`_write_episode_traces`): each
+        trace counts in `traces_written` once MLflow shows it, a batch written while the server is unreachable is
+        tried again (only the traces MLflow does not have), and a trace MLflow refused counts in `failed`."""
+        if self.enabled and traces:
+            self._submit(self._write_episode_traces, _TraceBatch(traces))
 
-    def _write_episode_trace(self, trace: EpisodeTrace) -> None:
-        """Write one trace through MLflow's client (its exporter is synchronous in this process: `__init__`), then
-        read it back, which raises when MLflow did not keep it (the exporter only logs its own failures). A span
-        lies under the latest span that contains it in time (a tool call under its environment step), else under
-        the root."""
+    def _write_episode_traces(self, batch: _TraceBatch) -> None:
+        """Write the batch's traces MLflow does not have yet through its client (its exporter sends them from its
+        own queue, spans batched), wait for that queue (`flush_trace_async_logging`), then read back which ones
+        the run holds: one search by the step's tag. Raises what the search raised (the server is down: the writer
+        tries the record again later, `is_transient`)."""
+        step = batch.traces[0].tags[TRACE_STEP_TAG]
+        if batch.tried:  # a retry: what MLflow took since is not written twice
+            batch.kept |= self._kept_episodes(step)
+        batch.tried = True
+        for trace in batch.traces:
+            if trace.tags[TRACE_EPISODE_TAG] not in batch.kept:
+                self._start_episode_trace(trace)
+        mlflow.flush_trace_async_logging()
+        batch.kept |= self._kept_episodes(step)
+        wanted = {trace.tags[TRACE_EPISODE_TAG] for trace in batch.traces}
+        self.traces_written += len(wanted & batch.kept)
+        lost = len(wanted - batch.kept)
+        if lost:
+            self.failed += lost
+            logger.warning("MLflow did not keep %d episode trace(s) of step %s (its log says why)", lost, step)
+
+    def _kept_episodes(self, step: str) -> set[str]:
+        """The `async_grpo.episode` tags of this run's traces of `step` that MLflow holds."""
+        found = self._client.search_traces(
+            locations=[self.run.info.experiment_id], run_id=self.run_id, include_spans=False, max_results=1000,
+            filter_string=f"tag.{TRACE_STEP_TAG} = '{step}'",
+        )  # fmt: skip
+        return {t.info.tags.get(TRACE_EPISODE_TAG, "") for t in found}
+
+    def _start_episode_trace(self, trace: EpisodeTrace) -> None:
+        """Hand one trace to MLflow's client: the root span "episode" (type AGENT) and, under it, each span under the
+        latest span that contains it in time (a tool call under its environment step), else under the root."""
         client = self._client
         root = client.start_trace(
             "episode", span_type="AGENT", inputs=trace.inputs, attributes=trace.attributes, tags=trace.tags,
@@ -444,7 +478,7 @@ class Tracker:
         open_spans: list[tuple[str, int]] = []  # (span id, end ns) of the spans that may still contain the next
         for span in sorted(trace.spans, key=lambda x: (x.start_ns, -x.end_ns)):
             while open_spans and open_spans[-1][1] < span.end_ns:  # a span nests in the one that contains it in time
-                open_spans.pop()  # (a tool call in its environment step), else under the root
+                open_spans.pop()
             parent = open_spans[-1][0] if open_spans else root.span_id
             child = client.start_span(
                 span.name, trace_id=root.trace_id, parent_id=parent, span_type=span.kind, inputs=span.inputs,
@@ -453,8 +487,6 @@ class Tracker:
             client.end_span(root.trace_id, child.span_id, outputs=span.outputs, end_time_ns=span.end_ns)
             open_spans.append((child.span_id, span.end_ns))
         client.end_trace(root.trace_id, outputs=trace.outputs, end_time_ns=trace.end_ns)
-        client.get_trace(root.trace_id)
-        self.traces_written += 1
 
     def log_text(self, text: str, name: str) -> None:
         """A text artifact; returns at once."""

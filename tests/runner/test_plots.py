@@ -34,10 +34,13 @@ def test_the_summary_draws_reward_kl_entropy_staleness_and_the_stacked_time_spli
                  "time/other_s": 0.05}  # fmt: skip
         history.record(step, {"reward": step / 10, "kl": 0.01, "entropy": 1.2, "staleness/mean": 0.5,
                               "staleness/max": 1.0, **split}, [0])  # fmt: skip
-    history.record(5, {"eval/reward": 0.45}, [])
+    history.record_eval(0, 0.3)  # before the first step, and the final evaluation after the loop
+    history.record_eval(5, 0.45)
+    assert history.steps == [1, 2, 3, 4, 5]
     fig = summary_figure(history, "demo: 5 steps")
     reward, kl, staleness, split = fig.axes
     assert [line.get_label() for line in reward.get_lines()] == ["training reward (step mean)", "held-out reward"]
+    assert list(reward.get_lines()[1].get_xdata()) == [0, 5] and list(reward.get_lines()[1].get_ydata()) == [0.3, 0.45]
     assert list(reward.get_lines()[0].get_ydata()) == [0.1, 0.2, 0.3, 0.4, 0.5]
     assert [line.get_label() for line in kl.get_lines()] == ["KL", "entropy (nats per token)"]
     assert len(staleness.get_lines()) == 2

@@ -43,7 +43,7 @@ def make_train_batch(
     """Compute advantages over `groups` (in place) and wrap them with rollout metrics.
 
     Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
-    `rewards/<func>/mean|std`, `rewards/<a>/correlation/<b>` (`reward_correlations`), `completions/mean_length|max_length` (tokens the model generated: the loss mask's
+    `rewards/<func>/mean|std`, `rewards/<func>/seconds` and `rewards/seconds` (`reward_time_metrics`), `rewards/<a>/correlation/<b>` (`reward_correlations`), `completions/mean_length|max_length` (tokens the model generated: the loss mask's
     ones, tool output excluded, as TRL), `completions/clipped_ratio`, and `tool_metrics` / `env_metrics` for multi-turn groups.
     """
     metrics = _advantages_and_metrics(
@@ -87,9 +87,24 @@ def _advantages_and_metrics(
     metrics["sampling/nonfinite_logprob_tokens"] = float(nonfinite)  # left out of the loss (RolloutGroup)
     if nonfinite and assign:
         logger.warning("%d sampled token(s) with a NaN/inf sampling logprob are left out of the loss", nonfinite)
+    metrics.update(reward_time_metrics(groups))
     metrics.update(tool_metrics(groups))
     metrics.update(env_metrics(groups))
     return {k: v for k, v in metrics.items() if not math.isnan(v)}
+
+
+def reward_time_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """The step's reward-side time (issue 53's generation-side split): `rewards/<func>/seconds` (mean seconds of one
+    group's call of that function) and `rewards/seconds` (mean seconds of one group's calls of all functions), over
+    the groups whose scorer timed them (`RolloutGroup.reward_seconds`); {} when none did."""
+    timed = [grp.reward_seconds for grp in groups if grp.reward_seconds]
+    if not timed:
+        return {}
+    out = {"rewards/seconds": sum(sum(t.values()) for t in timed) / len(timed)}
+    for name in sorted({name for t in timed for name in t}):
+        values = [t[name] for t in timed if name in t]
+        out[f"rewards/{name}/seconds"] = sum(values) / len(values)
+    return out
 
 
 def reward_correlations(rewards_per_func: torch.Tensor, reward_names: Sequence[str]) -> dict[str, float]:

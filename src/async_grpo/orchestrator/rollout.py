@@ -256,6 +256,7 @@ async def score_group(
     group.rewards_per_func = [list(row) for row in scored.rows]
     group.reward_extra = dict(scored.extra)
     group.reward_metrics = dict(scored.metrics)
+    group.reward_seconds = dict(scored.seconds)
     if record_spans:
         _add_reward_spans(group, scorer.names, scored.seconds, start_ns, time.time_ns())
 

@@ -46,6 +46,11 @@ class StepHistory:
                 self.values.setdefault(key, {})[step] = float(value)
         self.window.update(staleness)
 
+    def record_eval(self, step: int, reward: float) -> None:
+        """Keep a held-out reward measured at `step` outside the step loop (before the first step: 0; the final
+        evaluation: the last step)."""
+        self.values.setdefault("eval/reward", {})[step] = float(reward)
+
     def take_window(self, step: int) -> tuple[Counter, int, int]:
         """The staleness counts since the last call, with the window's first and last step (`step`); starts the
         next window after `step`."""

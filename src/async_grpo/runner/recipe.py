@@ -586,6 +586,9 @@ class GRPORecipe:
         `plots/summary.png`; None (logged) when there is no step to draw or the file cannot be written."""
         if not self.history.steps:
             return None
+        for step, held_out in ((0, self.eval_before), (self.step, self.eval_after)):
+            if "eval/reward" in held_out:  # measured outside the step loop: the first and the last point
+                self.history.record_eval(step, held_out["eval/reward"])
         path = self.out_dir / "summary.png"
         title = f"{self.config.tracking.run_name or self.out_dir.name}: {self.step} steps"
         try:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from async_grpo.orchestrator.rollout import completion_display
-from async_grpo.tracking import TRACE_STEP_TAG, EpisodeTrace
+from async_grpo.tracking import TRACE_EPISODE_TAG, TRACE_STEP_TAG, EpisodeTrace
 from async_grpo.transports.drops import NOT_LAUNCHED_DROPS, DropReason
 from async_grpo.transports.messages import RolloutGroup
 
@@ -148,7 +148,8 @@ def episode_traces(
     Returns:
         G traces per group, in order: inputs {"prompt"}, outputs {"completion", "reward", "advantage",
         "rewards" (name -> value, None where a function returned None)}, attributes (step, group, sample,
-        policy_version, staleness, completion_tokens, truncated, replayed, rerolled), the tag `async_grpo.step`, and
+        policy_version, staleness, completion_tokens, truncated, replayed, rerolled), the tags `async_grpo.step` and
+        `async_grpo.episode` ("<group>/<sample>"), and
         the episode's spans (`RolloutGroup.spans`; none when the rollout recorded none). The root span covers the
         spans (now, when there are none).
     """
@@ -172,7 +173,7 @@ def episode_traces(
                     "staleness": version - sampled_at, "completion_tokens": len(grp.completion_ids[i]),
                     "truncated": grp.truncated[i], "replayed": grp.replayed, "rerolled": grp.rerolled,
                 },
-                tags={TRACE_STEP_TAG: str(step)},
+                tags={TRACE_STEP_TAG: str(step), TRACE_EPISODE_TAG: f"{index}/{i}"},
                 start_ns=min((s.start_ns for s in spans), default=now),
                 end_ns=max((s.end_ns for s in spans), default=now),
                 spans=spans,

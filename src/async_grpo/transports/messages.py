@@ -80,6 +80,8 @@ class RolloutGroup:
             metrics. Empty for a single-turn rollout.
         launch_index: the orchestrator's launch index of the group (its place in the schedule under
             `full_determinism`, which batches, seeds and checkpoints by it); None otherwise.
+        reward_seconds: reward function name -> wall-clock seconds its call took for this group, measured where it
+            ran (`ScoredGroup.seconds`); empty when the scorer did not time it (a user producer, an older service).
         spans: G lists, the `EpisodeSpan`s of each episode in the order they happened (issue 53's traces); empty
             (the default) when the run does not trace episodes.
 
@@ -110,12 +112,13 @@ class RolloutGroup:
     reward_metrics: dict[str, list[float]] = field(default_factory=dict)
     rollout_stats: dict[str, list[float]] = field(default_factory=dict)
     launch_index: int | None = None
+    reward_seconds: dict[str, float] = field(default_factory=dict)
     spans: list[list[EpisodeSpan]] = field(default_factory=list)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle (a checkpoint's replay buffer, `torch.load(weights_only=True)`): a group pickled before a field
         existed gets that field's default."""
-        self.__dict__.update({"spans": []})
+        self.__dict__.update({"reward_seconds": {}, "spans": []})
         self.__dict__.update(state)
 
     def __post_init__(self) -> None:
