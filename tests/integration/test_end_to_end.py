@@ -24,7 +24,7 @@ EXPECTED_METRICS = [
     "staleness/mean", "staleness/max", "queue/depth", "trainer/idle_seconds", "generation/tokens_per_s",
     "weight_sync/seconds", "weight_sync/bytes", "dropped_groups/total",
     # the generation side's reward time (issue 53), measured in the reward workers
-    "rewards/seconds", "rewards/reverse_exact_match/seconds",
+    "rewards/seconds", "rewards/reverse_exact_match/seconds", "generation/vllm_busy_fraction",
     # held-out reward
     "eval/reward",
 ]  # fmt: skip

@@ -257,3 +257,18 @@ def test_spans_record_each_turn_and_step_in_order_and_a_failed_step_carries_its_
     assert [[s.name for s in spans] for spans in group.spans] == [["turn 1", "reward env_reward"]] * 2
     # off (the default): nothing recorded
     assert run(rollout(tok, envs.EchoEnv()), IdsClient(five), guess_item(tok, 3), g=2).spans == []
+
+
+def test_the_seconds_an_episode_spends_in_the_environment_are_counted(tok):
+    """`env/seconds` (issue 53's generation-side split): the time in `step` calls, per completion."""
+    import time
+
+    class SlowGuess(GuessEnvironment):
+        def step(self, action, state):
+            time.sleep(0.05)
+            return super().step(action, state)
+
+    group = run(rollout(tok, SlowGuess()), IdsClient(binary_search(tok)), guess_item(tok, 11))
+    steps = group.rollout_stats["env/turns"][0]  # four turns, each stepped: the last one gives the reward
+    assert all(seconds >= 0.05 * steps for seconds in group.rollout_stats["env/seconds"])
+    assert env_metrics([group])["env/seconds"] >= 0.05 * steps

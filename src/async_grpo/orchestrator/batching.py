@@ -196,7 +196,8 @@ def env_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
     bad_observation), `env/template_drift` (turns whose chat-template re-render of the conversation differed from
     the held token ids, per completion: the token mismatch that token-in/token-out avoids training on),
     `env/done_frac` (episodes the environment ended), `env/max_turns_frac` (episodes stopped by max_turns) and
-    `env/reward` (the environment's reward per completion, 0 where it gave none).
+    `env/reward` (the environment's reward per completion, 0 where it gave none) and `env/seconds` (seconds an
+    episode spent in the environment's `step` calls, its tool calls included, per completion).
     """
     stats = [grp.rollout_stats for grp in groups if "env/turns" in grp.rollout_stats]
     if not stats:
@@ -211,6 +212,7 @@ def env_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         "env/turns": sum(turns) / n, "env/turns_max": max(turns), "env/failures": sum(values("env/failures")) / n,
         "env/template_drift": sum(values("env/template_drift")) / n, "env/done_frac": sum(values("env/done")) / n,
         "env/max_turns_frac": sum(values("env/max_turns_reached")) / n, "env/reward": sum(values("env/reward")) / n,
+        "env/seconds": sum(values("env/seconds")) / n,
     }  # fmt: skip
     for key in sorted({k for st in stats for k in st if k.startswith("env/failures/")}):
         out[key] = sum(values(key)) / n

@@ -80,6 +80,7 @@ class _Episode:
     truncated: bool = False
     turns: int = 0
     drift: int = 0
+    step_s: float = 0.0  # seconds in the environment's `step` calls (its tools included)
     done: bool = False
     max_turns_reached: bool = False
     failures: Counter = field(default_factory=Counter)
@@ -105,6 +106,7 @@ class _Episode:
             "env/done": float(self.done),
             "env/max_turns_reached": float(self.max_turns_reached),
             "env/reward": 0.0 if reward is None else float(reward),
+            "env/seconds": self.step_s,
         }
         out.update({f"env/failures/{kind}": float(self.failures[kind]) for kind in FAILURE_KINDS})
         return out
@@ -430,8 +432,9 @@ class EnvironmentRollout:
             if turn.finish_reason == "length" or len(ep.ids) >= budget:
                 ep.truncated = True  # an action cut off by the budget is not stepped (a cut tool call is not run)
                 return
-            step_start = self._now()
+            step_start, started = self._now(), time.perf_counter()
             outcome = await _call(self.caller.step(action, ep.state))
+            ep.step_s += time.perf_counter() - started
             if self.record_spans:
                 self._step_spans(ep, action, outcome, step_start, time.time_ns())
             if outcome.observation is None:

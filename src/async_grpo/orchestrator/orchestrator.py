@@ -22,6 +22,7 @@ from collections.abc import Callable
 import httpx
 
 from async_grpo.data import PromptItem, PromptSampler
+from async_grpo.inference.busy import BusyClient, BusyMeter
 from async_grpo.inference.client import GenerationClient, GenerationError
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue, is_zero_std, weighted_reward_std
@@ -177,6 +178,7 @@ class Orchestrator:
         self.reward_watch = RewardFailureWatch(reward_failure_timeout_s)
         self.launched_total = 0  # every launch, never taken back: the prompt ledger's "sampled" count
         self.meter = GenerationMeter()
+        self.busy = BusyMeter()  # the share of time vLLM has a request of this run in flight
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -269,7 +271,7 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ main loop
     async def _main(self) -> None:
-        client = self.client_factory()
+        client = BusyClient(self.client_factory(), self.busy)
         self._emit_lock = asyncio.Lock()
         inflight: set[asyncio.Task] = set()
         slots = asyncio.Semaphore(self.max_inflight_groups)
@@ -630,6 +632,7 @@ class Orchestrator:
                 self.multi_objective_aggregation,
             )
         chunk.metrics["generation/tokens_per_s"] = self.meter.rate()
+        chunk.metrics["generation/vllm_busy_fraction"] = self.busy.fraction()
         if self.reroll is not None:
             chunk.metrics["rerolled_groups"] = float(self.reroll.rerolled_total)
             chunk.metrics["reroll/pending"] = float(len(self.reroll))
