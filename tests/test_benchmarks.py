@@ -176,7 +176,7 @@ def test_chaos_reduced(tmp_path):
 @pytest.mark.slow(seconds=90)
 def test_tracing_reduced():
     stdout = run("tracing.py", "--reduced", timeout_s=900)
-    assert "traces on : " in stdout and "traces off: " in stdout and "6 traces kept" not in stdout
+    assert "traces on : " in stdout and "traces off: " in stdout
     assert "48 traces kept" in stdout  # 6 steps x one group of 8 episodes, every one read back
     assert "ratio on/off: " in stdout
 
