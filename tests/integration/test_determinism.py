@@ -33,7 +33,7 @@ BASE = {
 CUT = 4  # the interrupted run's checkpoint step
 # Clock readings and process sizes, which no schedule fixes.
 CLOCKS = ("seconds", "tokens_per_s", "memory/", "idle", "wall_s", "steps_per_s", "queue/depth", "generating_s",
-          "paused_for_training_s", "weight_sync_s_mean")  # fmt: skip
+          "paused_for_training_s", "weight_sync_s_mean", "time/", "busy_fraction")  # fmt: skip
 
 
 def logged_metrics(db: Path) -> dict[tuple[str, int], float]:
