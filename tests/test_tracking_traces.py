@@ -132,3 +132,29 @@ def test_a_trace_mlflow_did_not_keep_is_counted_as_failed(tmp_path, store):
                                               decode=str))  # fmt: skip
     tracker.end(timeout_s=60)
     assert tracker.stats["traces_written"] == 1 and tracker.stats["failed"] == 1
+
+
+def test_while_the_writer_is_behind_traces_are_skipped_and_counted_never_the_metrics(tmp_path, store):
+    from async_grpo.tracking import TRACE_BACKLOG_LIMIT
+
+    tracker = Tracker(GRPOConfig(output_dir=str(tmp_path / "run"), mlflow_tracking_uri=store, log_traces_steps=1))
+    gate = threading.Event()
+    real = tracker._client.log_batch
+
+    def slow(*args, **kwargs):  # the writer is stuck on the first metrics write until released
+        gate.wait(30)
+        return real(*args, **kwargs)
+
+    tracker._client.log_batch = slow
+    tracker.log_metrics({"loss": 0.0}, step=0)
+    time.sleep(0.5)  # the writer holds it
+    for step in range(1, TRACE_BACKLOG_LIMIT + 1):
+        tracker.set_tags({f"t{step}": "x"})  # records that are not metrics fill the queue
+    traces = episode_traces([tool_group()], step=9, version=3, reward_names=["accuracy"], decode=str)
+    tracker.log_episode_traces(traces)
+    tracker.log_metrics({"loss": 1.0}, step=1)  # metrics are still queued
+    gate.set()
+    tracker.end(timeout_s=60)
+    assert tracker.stats["traces_dropped"] == 2 and tracker.stats["traces_written"] == 0
+    history = mlflow.MlflowClient(store).get_metric_history(tracker.run_id, "loss")
+    assert [m.step for m in history] == [0, 1]

@@ -55,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 MAX_PARAM_CHARS = 500
 MAX_PENDING = 10_000  # records waiting for the background writer; beyond this, new records are dropped (counted)
+# episode traces are skipped (counted in `traces_dropped`) while this many records wait: a writer that falls behind
+# (traces every few steps, or MLflow slow to take them) never makes the step metrics wait behind traces
+TRACE_BACKLOG_LIMIT = 200
 FLUSH_TIMEOUT_S = 120.0  # `end` waits this long for pending records before giving up on them (counted)
 MODEL_URI_TAG = "async_grpo.model_uri"  # run tag: the logged model's URI (models:/m-...), for registration
 DIGEST_TAG = "async_grpo.digest"  # dataset input tag: the full content digest (MLflow keeps 36 chars of a digest)
@@ -224,6 +227,7 @@ class Tracker:
         self._failed_writes = 0  # writes (of one or more records) that failed for good: their warnings are sparse
         self.retries = 0  # tries again of writes that failed for want of the server (`is_transient`)
         self.traces_written = 0  # episode traces MLflow kept (`log_episode_traces`)
+        self.traces_dropped = 0  # episode traces skipped while the writer was behind (TRACE_BACKLOG_LIMIT)
         self._abandon = threading.Event()  # set by `end` once its flush timeout passed: stop retrying
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_PENDING)
         # metric records queued or being written, by the id of their list of `Metric`s (`unlogged_metrics`)
@@ -434,9 +438,17 @@ class Tracker:
         """The episodes of one step (their `async_grpo.step` tag) as MLflow traces linked to this run (the run's
         Traces tab); returns at once. Written as one record on the writer thread (`_write_episode_traces`): each
         trace counts in `traces_written` once MLflow shows it, a batch written while the server is unreachable is
-        tried again (only the traces MLflow does not have), and a trace MLflow refused counts in `failed`."""
-        if self.enabled and traces:
-            self._submit(self._write_episode_traces, _TraceBatch(traces))
+        tried again (only the traces MLflow does not have), and a trace MLflow refused counts in `failed`. While
+        `TRACE_BACKLOG_LIMIT` records wait for the writer, the traces are skipped and counted in `traces_dropped`."""
+        if not (self.enabled and traces):
+            return
+        if self._queue.qsize() >= TRACE_BACKLOG_LIMIT:  # the writer is behind: the metrics come first
+            self.traces_dropped += len(traces)
+            if self.traces_dropped == len(traces) or self.traces_dropped % 1000 < len(traces):
+                logger.warning("MLflow writer behind (%d records pending): %d episode trace(s) skipped so far",
+                               self._queue.qsize(), self.traces_dropped)  # fmt: skip
+            return
+        self._submit(self._write_episode_traces, _TraceBatch(traces))
 
     def _write_episode_traces(self, batch: _TraceBatch) -> None:
         """Write the batch's traces MLflow does not have yet through its client (its exporter sends them from its
@@ -553,9 +565,9 @@ class Tracker:
     def stats(self) -> dict[str, int]:
         """Records that failed (`failed`) or were dropped (`dropped`) so far, still pending (`pending`), the tries
         again of writes that failed for want of the server (`retries`), and the episode traces written
-        (`traces_written`)."""
+        (`traces_written`) and skipped while the writer was behind (`traces_dropped`)."""
         return {"failed": self.failed, "dropped": self.dropped, "pending": self._queue.qsize(), "retries": self.retries,
-                "traces_written": self.traces_written}  # fmt: skip
+                "traces_written": self.traces_written, "traces_dropped": self.traces_dropped}  # fmt: skip
 
     def end(self, status: str = "FINISHED", timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Write what is pending (up to `timeout_s` seconds; the rest is counted as dropped), then close the run
