@@ -14,6 +14,9 @@ import pytest
 from async_grpo.config import GRPOConfig
 from async_grpo.tracking import Tracker
 
+# what `Tracker.stats` says after a run in which every record was written
+CLEAN_STATS = {"failed": 0, "dropped": 0, "pending": 0, "retries": 0, "traces_written": 0, "traces_dropped": 0}
+
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
@@ -150,14 +153,7 @@ def test_the_dataset_is_a_run_input_and_tables_keep_logged_columns(tmp_path, sto
     run = mlflow.MlflowClient(store).get_run(tracker.run_id)
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.name == "openai/gsm8k" and dataset_input.tags[0].value == "training"
-    assert tracker.stats == {
-        "failed": 0,
-        "dropped": 0,
-        "pending": 0,
-        "retries": 0,
-        "traces_written": 0,
-        "traces_dropped": 0,
-    }
+    assert tracker.stats == CLEAN_STATS
 
 
 def test_a_prepared_dataset_is_logged_with_its_resolved_source_and_content_digest(tmp_path, store):
@@ -172,14 +168,7 @@ def test_a_prepared_dataset_is_logged_with_its_resolved_source_and_content_diges
     assert "/w/data/2026-11-26.jsonl" in dataset_input.dataset.source
     assert dataset_input.dataset.digest == digest[:36]  # MLflow's limit; the whole digest is a tag
     assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training", DIGEST_TAG: digest}
-    assert tracker.stats == {
-        "failed": 0,
-        "dropped": 0,
-        "pending": 0,
-        "retries": 0,
-        "traces_written": 0,
-        "traces_dropped": 0,
-    }
+    assert tracker.stats == CLEAN_STATS
 
 
 def test_report_to_none_tracks_nothing(tmp_path, store):
