@@ -1,4 +1,4 @@
-"""`GRPOConfig`: the top-level fields, the seventeen sections, the flat-key mapper, the validator that runs the
+"""`GRPOConfig`: the top-level fields, the eighteen sections, the flat-key mapper, the validator that runs the
 cross-field rules (`config.rules`) and the values derived from several sections."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from async_grpo.config.sections import (
     ComputeConfig,
     DataConfig,
     DataProducerConfig,
+    DistillationConfig,
     EnvironmentsConfig,
     InferenceConfig,
     LossConfig,
@@ -68,6 +69,7 @@ class GRPOConfig(RunFields):
     tools: ToolsConfig = _section(ToolsConfig)
     environments: EnvironmentsConfig = _section(EnvironmentsConfig)
     peft: PeftConfig = _section(PeftConfig)
+    distillation: DistillationConfig = _section(DistillationConfig)
 
     @model_validator(mode="before")
     @classmethod

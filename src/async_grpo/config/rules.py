@@ -350,6 +350,48 @@ def lora_sync_has_an_adapter(c: GRPOConfig) -> str | None:
     return None
 
 
+def distillation_has_one_teacher(c: GRPOConfig) -> str | None:
+    """On-policy distillation (the `distillation` section) needs one teacher, temperature 1 (the teacher's logprobs
+    are vLLM prompt logprobs, which vLLM computes at temperature 1 whatever the request's temperature: measured on
+    vLLM 0.32), the unfused loss (its advantage is per token), and the builtin orchestrator (it asks the teacher)."""
+    d = c.distillation
+    if d.teacher_url and d.teacher_model_name_or_path:
+        return (
+            "teacher_url and teacher_model_name_or_path are both set. Fix: give teacher_url for a teacher that is "
+            "already served, or teacher_model_name_or_path for one the launcher serves, not both."
+        )
+    if not d.enabled:
+        if d.distillation_only:
+            return (
+                "distillation_only is true but no teacher is given. Fix: set teacher_model_name_or_path (a model the "
+                "launcher serves) or teacher_url (a served teacher), or distillation_only: false."
+            )
+        return None
+    if c.sampling.temperature != 1.0:
+        return (
+            f"temperature={c.sampling.temperature:g} with a teacher: the teacher's logprobs are vLLM prompt "
+            "logprobs, which vLLM computes at temperature 1, so the reverse KL would compare distributions at two "
+            "temperatures. Fix: set temperature: 1.0 for distillation."
+        )
+    if c.loss.use_liger_kernel:
+        return (
+            "use_liger_kernel with a teacher: the fused loss takes one advantage per completion, and distillation "
+            "gives one per token. Fix: set use_liger_kernel: false."
+        )
+    if c.producer.data_producer:
+        return (
+            "data_producer with a teacher: a user producer replaces the orchestrator that asks the teacher. Fix: "
+            "drop data_producer, or the teacher fields."
+        )
+    if d.distillation_only and (c.batch_shaping.dynamic_sampling or c.batch_shaping.replay_buffer_size):
+        return (
+            "distillation_only with dynamic_sampling or replay_buffer_size: both replace groups whose rewards tie, "
+            "which distillation alone still learns from (every token carries the teacher's signal). Fix: set "
+            "dynamic_sampling: false and replay_buffer_size: 0."
+        )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule(("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"), whole_groups_per_step),
     Rule(("reward_weights", "reward_funcs"), one_weight_per_reward),
@@ -395,6 +437,19 @@ RULES: tuple[Rule, ...] = (
     Rule(("on_collapse", "save_steps", "full_determinism"), rollback_has_a_checkpoint),
     Rule(("tools", "python_tool_timeout_s", "tool_timeout_s"), python_tool_reports_its_timeout),
     Rule(("vllm_lora_sync", "use_peft", "fsdp", "lora_r"), lora_sync_has_an_adapter),
+    Rule(
+        (
+            "teacher_url",
+            "teacher_model_name_or_path",
+            "distillation_only",
+            "temperature",
+            "use_liger_kernel",
+            "data_producer",
+            "dynamic_sampling",
+            "replay_buffer_size",
+        ),
+        distillation_has_one_teacher,
+    ),  # fmt: skip
 )
 
 

@@ -44,6 +44,9 @@ DropReason = Literal[
     "reward_error",  # a reward function raised, its worker died, or the service failed
     "reward_bad_output",  # a reward function returned something other than G numbers or None
     "reward_timeout",  # the reward functions did not finish within the timeout
+    # distillation (distillation/teacher.py: RewardError subclasses, handled as reward failures)
+    "teacher_error",  # the teacher's server answered with an error or a malformed body after every retry
+    "teacher_timeout",  # the teacher did not answer within teacher_timeout_s, after every retry
 ]
 """Every reason a group is dropped for; the value is the suffix of the metric ``dropped_groups/<reason>``."""
 

@@ -84,6 +84,11 @@ class RolloutGroup:
             ran (`ScoredGroup.seconds`); empty when the scorer did not time it (a user producer, an older service).
         spans: G lists, the `EpisodeSpan`s of each episode in the order they happened (issue 53's traces); empty
             (the default) when the run does not trace episodes.
+        teacher_logprobs: G lists, (T_i,) the teacher's logprob (nats, temperature 1) of each sampled completion
+            token given everything before it (`distillation.teacher`: vLLM prompt logprobs of prompt + completion);
+            NaN where the teacher gave none. Empty (the default) when the run does not distill (no teacher).
+        teacher_seconds: wall-clock seconds the teacher's request for this group took, retries included (the metric
+            `distill/teacher_seconds`); 0.0 without a teacher.
 
     After construction `nonfinite_logprob_tokens` counts the trained tokens whose sampling logprob was NaN or
     infinite: their `loss_mask` is set to 0 (a NaN ratio would poison the step), and the batcher logs the count as
@@ -114,11 +119,13 @@ class RolloutGroup:
     launch_index: int | None = None
     reward_seconds: dict[str, float] = field(default_factory=dict)
     spans: list[list[EpisodeSpan]] = field(default_factory=list)
+    teacher_logprobs: list[list[float]] = field(default_factory=list)
+    teacher_seconds: float = 0.0
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle (a checkpoint's replay buffer, `torch.load(weights_only=True)`): a group pickled before a field
         existed gets that field's default."""
-        self.__dict__.update({"reward_seconds": {}, "spans": []})
+        self.__dict__.update({"reward_seconds": {}, "spans": [], "teacher_logprobs": [], "teacher_seconds": 0.0})
         self.__dict__.update(state)
 
     def __post_init__(self) -> None:
@@ -149,6 +156,18 @@ class RolloutGroup:
                 raise ValueError(f"RolloutGroup.rollout_stats[{name!r}] has {len(values)} values for {g} completions")
         if self.spans and len(self.spans) != g:
             raise ValueError(f"RolloutGroup.spans has {len(self.spans)} rows for {g} completions")
+        if self.teacher_logprobs:
+            self.check_teacher_logprobs()
+
+    def check_teacher_logprobs(self) -> None:
+        """Check `teacher_logprobs`' shape: G rows of T_i values (the teacher sets it after construction).
+
+        Raises:
+            ValueError: a wrong number of rows, or a row whose length is not its completion's.
+        """
+        lengths = [len(ids) for ids in self.completion_ids]
+        if [len(row) for row in self.teacher_logprobs] != lengths:
+            raise ValueError("RolloutGroup.teacher_logprobs rows must have one entry per completion token")
 
     @property
     def size(self) -> int:

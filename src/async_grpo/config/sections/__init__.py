@@ -21,6 +21,7 @@ from async_grpo.config.sections.batch_shaping import BatchShapingConfig
 from async_grpo.config.sections.checkpoint import CheckpointConfig
 from async_grpo.config.sections.compute import ComputeConfig
 from async_grpo.config.sections.data import DataConfig
+from async_grpo.config.sections.distillation import DistillationConfig
 from async_grpo.config.sections.environments import EnvironmentsConfig
 from async_grpo.config.sections.inference import InferenceConfig, ResourceSharing
 from async_grpo.config.sections.loss import LossConfig, LossType
@@ -60,6 +61,7 @@ SECTIONS: dict[str, type[Section]] = {
     "tools": ToolsConfig,
     "environments": EnvironmentsConfig,
     "peft": PeftConfig,
+    "distillation": DistillationConfig,
 }
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "ComputeConfig",
     "DataConfig",
     "DataProducerConfig",
+    "DistillationConfig",
     "EnvironmentsConfig",
     "ISMode",
     "InferenceConfig",

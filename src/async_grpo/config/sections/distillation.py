@@ -1,0 +1,85 @@
+"""The `distillation` section: on-policy distillation from a served teacher (Thinking Machines' "On-Policy
+Distillation", 2025; TRL's GKD with ``lmbda=1``, the student's own samples; prime-rl, NeMo RL, verl, AReaL).
+
+The student samples as in GRPO; a teacher model, served by vLLM, scores every sampled token (its prompt logprobs of
+prompt + completion); each trained token's advantage gains ``distillation_weight x (log p_teacher - log p_student)``,
+the negative per-token reverse KL (`algorithms.distillation`). Distillation is on when a teacher is given
+(`teacher_url` or `teacher_model_name_or_path`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from async_grpo.config.sections.base import Section
+from async_grpo.config.trust import policy_list, tenant, volume_path
+
+TEACHER_API_KEY_ENV = "ASYNC_GRPO_TEACHER_API_KEY"  # the teacher's bearer token, when its server wants one
+
+
+class DistillationConfig(Section):
+    """On-policy distillation: the teacher that scores the student's sampled tokens, and the loss it adds."""
+
+    teacher_model_name_or_path: str | None = Field(
+        None,
+        description="A model for the launcher to serve as the teacher on its own vLLM server (locally: another vLLM "
+        "process, started before the run and stopped after it; on Kubernetes: the `<run>-teacher` Deployment); "
+        "teacher_url then points at it. Give this or teacher_url, not both. The teacher must share the student's "
+        "tokenizer (vocabulary and special tokens), checked before vLLM starts.",
+        json_schema_extra=volume_path(),
+    )
+    teacher_url: str | None = Field(
+        None,
+        description="OpenAI-compatible base URL of a teacher that is already served by vLLM (e.g. "
+        "http://127.0.0.1:8002/v1): it must answer `/completions` with `prompt_logprobs`. Its bearer token, if any, "
+        f"comes from the env {TEACHER_API_KEY_ENV}.",
+        json_schema_extra=policy_list("teacher_urls"),
+    )
+    teacher_model: str | None = Field(
+        None,
+        description="The teacher's served model id; None: the server's first model (GET /models).",
+        json_schema_extra=tenant(),
+    )
+    distillation_loss: Literal["reverse_kl"] = Field(
+        "reverse_kl",
+        description="The divergence the student minimizes on its own samples: reverse_kl, KL(student || teacher) "
+        "estimated per sampled token as log p_student - log p_teacher (Thinking Machines' on-policy distillation; "
+        "TRL GKD with lmbda=1, beta=1).",
+        json_schema_extra=tenant(),
+    )
+    distillation_weight: float = Field(
+        1.0,
+        gt=0.0,
+        description="Weight of the per-token distillation advantage, distillation_weight x (log p_teacher - "
+        "log p_student) (Tinker's `kl_penalty_coef`), added to the GRPO advantage of each trained token (nats).",
+        json_schema_extra=tenant(),
+    )
+    distillation_only: bool = Field(
+        False,
+        description="Train on the teacher's signal alone: the GRPO advantage is left out of the loss. Rewards are "
+        "still computed, logged and evaluated, and groups whose rewards are all equal are still trained.",
+        json_schema_extra=tenant(),
+    )
+    teacher_timeout_s: float = Field(
+        60.0, gt=0.0, description="Timeout of one teacher request (seconds).", json_schema_extra=tenant()
+    )
+    teacher_max_retries: int = Field(
+        2,
+        ge=0,
+        description="Retries of a teacher request after a connection error, a timeout or a 5xx answer; a group still "
+        "unscored is dropped and counted (`drops/teacher_error`, `drops/teacher_timeout`) as a reward failure is.",
+        json_schema_extra=tenant(),
+    )
+    teacher_max_concurrency: int = Field(
+        8,
+        ge=1,
+        description="Teacher requests in flight at once (one request scores one whole group).",
+        json_schema_extra=tenant(),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """True when the run distills: a teacher is given (`teacher_url` or `teacher_model_name_or_path`)."""
+        return bool(self.teacher_url or self.teacher_model_name_or_path)
