@@ -8,6 +8,7 @@ Functions over torch tensors (CPU-testable, no model, no config object), each mi
 """
 
 from .advantages import AdvantageOutput, compute_advantages, nanstd
+from .distillation import DistillationTerm, distillation_advantages
 from .entropy import high_entropy_mask
 from .fused import detached_completion_logps, fused_grpo_loss
 from .inputs import LossInputs
@@ -24,6 +25,7 @@ __all__ = [
     "LOSS_NORMALIZERS",
     "LOSS_TYPES",
     "AdvantageOutput",
+    "DistillationTerm",
     "GRPOObjective",
     "LossInputs",
     "LossNormalizer",
@@ -33,6 +35,7 @@ __all__ = [
     "MicroBatchLoss",
     "compute_advantages",
     "detached_completion_logps",
+    "distillation_advantages",
     "entropy_from_logits",
     "fused_grpo_loss",
     "grpo_loss",

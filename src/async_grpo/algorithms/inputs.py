@@ -32,7 +32,8 @@ class LossInputs:
         mask: ``(B, T)`` loss mask, any dtype (bool / int / float): 1 on trained tokens, 0 on padding, tool
             output (``RolloutGroup.loss_mask``) and truncated completions with ``mask_truncated_completions``.
         advantages: ``(B,)`` or ``(B, 1)`` one advantage per completion (reward units after the group
-            baseline and scaling, :func:`~.advantages.compute_advantages`); must be finite.
+            baseline and scaling, :func:`~.advantages.compute_advantages`), or ``(B, T)`` one per token (on-policy
+            distillation, :func:`~.distillation.distillation_advantages` added to the completion's); must be finite.
         old_logps: ``(B, T)`` log-denominator of the policy ratio ``exp(logps - old_logps)`` (nats): pi_old
             (the trainer's policy before this optimizer step, or cached for rollout reuse), or vLLM's sampling
             logprobs with ``off_policy_clip='behaviour'``; None for the current policy detached (ratio exactly 1,

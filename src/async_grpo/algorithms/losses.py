@@ -147,8 +147,10 @@ def grpo_loss(logps: Tensor, inputs: LossInputs, settings: LossSettings) -> Loss
         raise ValueError("gradient_accumulation_steps must be > 0 and num_processes >= 1")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)  # (B, 1)
-    if advantages.shape != (batch, 1):
-        raise ValueError(f"advantages must be (B,) or (B, 1) with B={batch}, got {tuple(advantages.shape)}")
+    if advantages.shape not in ((batch, 1), tuple(logps.shape)):
+        raise ValueError(
+            f"advantages must be (B,), (B, 1) or (B, T) with (B, T)={tuple(logps.shape)}, got {tuple(advantages.shape)}"
+        )
     if not torch.isfinite(advantages).all():
         raise ValueError("advantages contain NaN or inf")
     if is_weights is not None and (is_weights.dim() != 2 or is_weights.shape[0] != batch):
@@ -165,7 +167,10 @@ def grpo_loss(logps: Tensor, inputs: LossInputs, settings: LossSettings) -> Loss
     if off_policy_threshold is not None:
         # OPSM reads the sampler's log-probs when available (trainer drift + sampler mismatch).
         opsm_ref = old_logps if sampling_logps is None else sampling_logps
-        seq_keep = off_policy_mask(advantages, logps, opsm_ref, valid, off_policy_threshold)  # (B, 1)
+        seq_advantages = advantages  # (B, 1); per-token advantages (distillation): their mean over valid tokens
+        if advantages.shape[1] != 1:
+            seq_advantages = (advantages * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+        seq_keep = off_policy_mask(seq_advantages, logps, opsm_ref, valid, off_policy_threshold)  # (B, 1)
 
     log_ratio = logps - old_logps  # (B, T)
     if settings.importance_sampling_level == "token":

@@ -14,7 +14,10 @@ micro-batch's loss, in this order (as TRL's ``_generate_and_score_completions`` 
 3. Entropy mask (``top_entropy_quantile`` < 1): :func:`~async_grpo.algorithms.high_entropy_mask` over the
    micro-batch's valid tokens.
 4. Stale-policy IS weights (``vllm_importance_sampling_*``): :func:`~async_grpo.algorithms.importance_sampling_weights`.
-5. The loss with OPSM and KL: :func:`~async_grpo.algorithms.grpo_loss` on logprobs, or
+5. On-policy distillation (``distillation_weight`` > 0, a teacher's logprobs given): each token's advantage
+   becomes the completion's GRPO advantage (left out with ``distillation_only``) plus
+   :func:`~async_grpo.algorithms.distillation_advantages` of pi_old against the teacher, a ``(B, T)`` advantage.
+6. The loss with OPSM and KL: :func:`~async_grpo.algorithms.grpo_loss` on logprobs, or
    :func:`~async_grpo.algorithms.fused_grpo_loss` on hidden states (``use_liger_kernel``).
 
 The trainer stays algorithm-blind: it runs the forward passes the objective asks for
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .distillation import distillation_advantages
 from .entropy import high_entropy_mask
 from .fused import fused_grpo_loss
 from .inputs import LossInputs
@@ -68,6 +72,8 @@ class MicroBatchInputs:
         hidden: (B, T, H) decoder hidden states predicting the completion tokens, with grad; fused path only.
         lm_head: the output projection (``weight`` (V, H)); fused path only.
         completion_ids: (B, T) sampled token ids; fused path only.
+        teacher_logps: (B, T) the teacher's logprobs of the sampled tokens (nats, temperature 1; NaN where it gave
+            none), read when ``distillation_weight`` > 0; None: no teacher.
     """
 
     logps: Tensor
@@ -81,6 +87,7 @@ class MicroBatchInputs:
     hidden: Tensor | None = None
     lm_head: torch.nn.Module | None = None
     completion_ids: Tensor | None = None
+    teacher_logps: Tensor | None = None
 
 
 @dataclass
@@ -91,7 +98,8 @@ class MicroBatchLoss:
         output: the loss (0-d, with grad, already scaled for accumulation: call ``output.loss.backward()``)
             and the loss function's own metrics.
         metrics: every per-micro-batch metric to log, in the order the trainer reports them: the stale-policy
-            IS metrics (``sampling/...``, with the correction on), ``output.metrics`` (``policy_loss``, ``kl``,
+            IS metrics (``sampling/...``, with the correction on), the distillation metrics (``distill/...``, with
+            a teacher), ``output.metrics`` (``policy_loss``, ``kl``,
             clip ratios, ``opsm/masked_fraction``), ``entropy`` (mean over valid tokens) and
             ``entropy_mask/kept_fraction`` (with ``top_entropy_quantile`` < 1).
         weight: valid (mask) tokens in the micro-batch: the weight of ``metrics`` in the step's average.
@@ -216,8 +224,14 @@ class GRPOObjective:
         else:
             old_logps = ratio_old
             kl_ratio = behaviour if s.kl_bias_correction_ratio == "sampler" else None
+        advantages = inputs.advantages  # (B,)
+        if s.distillation_weight > 0 and inputs.teacher_logps is not None:  # (B, T): each token its own advantage
+            term = distillation_advantages(old, inputs.teacher_logps, mask, s.distillation_weight)
+            grpo = torch.zeros_like(advantages) if s.distillation_only else advantages
+            advantages = grpo.reshape(-1, 1).to(term.advantages.dtype) + term.advantages
+            metrics.update(term.metrics)
         loss_inputs = LossInputs(
-            mask=mask, advantages=inputs.advantages, old_logps=old_logps, ref_logps=inputs.ref_logps,
+            mask=mask, advantages=advantages, old_logps=old_logps, ref_logps=inputs.ref_logps,
             is_weights=is_weights, sampling_logps=sampling_logps, entropy_mask=policy_mask, kl_ratio_logps=kl_ratio,
             num_items_in_batch=num_items_in_batch, gradient_accumulation_steps=gradient_accumulation_steps,
             num_processes=num_processes,

@@ -89,6 +89,12 @@ class LossSettings:
         seq_logprob_error_threshold: NeMo RL's sequence gate: the policy term of a sequence whose mean over tokens
             of exp(|pi_old logp - vLLM logp|) exceeds this (> 1) is masked like OPSM's (KL and denominators
             kept); None only measures (`off_policy.seq_logprob_error_mask`).
+        distillation_weight: on-policy distillation (the run config's ``distillation`` section): each trained token
+            the teacher scored gains the advantage ``distillation_weight * (log p_teacher - log p_student)``
+            (:func:`~.distillation.distillation_advantages`; Tinker's ``kl_penalty_coef``). 0 (the default): no
+            distillation, the teacher's logprobs are not read. >= 0.
+        distillation_only: leave the GRPO advantage out, so the teacher's signal is the whole advantage (run config
+            ``distillation_only``). Needs ``distillation_weight`` > 0.
     """
 
     loss_type: str = "dapo"
@@ -114,6 +120,8 @@ class LossSettings:
     off_policy_clip: str = "current"
     kl_bias_correction_ratio: str = "old"
     seq_logprob_error_threshold: float | None = None
+    distillation_weight: float = 0.0
+    distillation_only: bool = False
 
     def __post_init__(self) -> None:
         """Refuse unknown names and out-of-range values.
@@ -191,6 +199,20 @@ class LossSettings:
                 ),
                 "is not available with use_liger_kernel (liger corrects the KL by pi_theta / pi_old only). Fix: use "
                 "off_policy_clip='behaviour' (then pi_old is the sampler), kl_bias_correction_ratio='old', or "
+                "use_liger_kernel=False",
+            ),
+        )
+        checks += (
+            ("distillation_weight", self.distillation_weight >= 0, "must be >= 0. Fix: use e.g. 1.0, or 0 for none"),
+            (
+                "distillation_only",
+                not self.distillation_only or self.distillation_weight > 0,
+                "needs distillation_weight > 0 (there would be no advantage at all). Fix: set distillation_weight",
+            ),
+            (
+                "distillation_weight",
+                not (self.use_liger_kernel and self.distillation_weight > 0),
+                "is not available with use_liger_kernel (the fused loss takes one advantage per completion). Fix: "
                 "use_liger_kernel=False",
             ),
         )

@@ -201,6 +201,8 @@ def _rows(group, lo: int, hi: int):
         "loss_mask",
         "token_versions",
     )
+    if group.teacher_logprobs:
+        per_completion += ("teacher_logprobs",)
     return dataclasses.replace(group, **{f: getattr(group, f)[lo:hi] for f in per_completion})
 
 

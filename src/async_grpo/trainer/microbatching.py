@@ -186,10 +186,10 @@ class MicroBatching:
 
 
 def by_length(packed: PackedBatch) -> torch.Tensor:
-    """(N,) row order: completions with a zero advantage first, then the others, each part by length (prompt +
-    completion tokens), stable."""
+    """(N,) row order: completions without a policy gradient (`PackedBatch.carries_gradient`: a zero advantage and
+    no teacher-scored token) first, then the others, each part by length (prompt + completion tokens), stable."""
     order = torch.sort(packed.attention_mask.sum(1), stable=True).indices
-    nonzero = (packed.advantages[order] != 0).to(torch.int8)
+    nonzero = packed.carries_gradient()[order].to(torch.int8)
     return order[torch.sort(nonzero, stable=True).indices]
 
 
@@ -215,6 +215,7 @@ def trim(mb: PackedBatch) -> PackedBatch:
         mb.sampling_logps[:, :t],
         mb.advantages,
         mb.replayed,
+        mb.teacher_logps[:, :t],
     )
 
 

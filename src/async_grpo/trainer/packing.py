@@ -29,6 +29,9 @@ class PackedBatch:
             loss).
         advantages: (N,) per-completion advantages.
         replayed: (N,) bool, True on rows of replayed groups.
+        teacher_logps: (N, T) the teacher's logprobs of the sampled tokens (nats, `RolloutGroup.teacher_logprobs`;
+            on-policy distillation), NaN where the teacher gave none: on padding, and everywhere when the run does
+            not distill.
     """
 
     input_ids: torch.Tensor
@@ -39,6 +42,7 @@ class PackedBatch:
     sampling_logps: torch.Tensor
     advantages: torch.Tensor
     replayed: torch.Tensor
+    teacher_logps: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
@@ -51,6 +55,12 @@ class PackedBatch:
         """Rows [start, end) as a new PackedBatch (views)."""
         return PackedBatch(*(getattr(self, f)[start:end] for f in self.__dataclass_fields__))
 
+    def carries_gradient(self) -> torch.Tensor:
+        """(N,) bool: the rows whose loss has a policy gradient, i.e. a nonzero advantage or a token the teacher
+        scored (on-policy distillation gives every scored token an advantage of its own). The rows
+        `skip_zero_advantage_batches` may leave out are the others."""
+        return (self.advantages != 0) | torch.isfinite(self.teacher_logps).any(dim=1)
+
 
 def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = False) -> PackedBatch:
     """Flatten the groups of `batch` into padded tensors (see `PackedBatch` for shapes).
@@ -59,11 +69,17 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     did not, e.g. tool output) on its tokens and 0 on padding; with `mask_truncated`, all 0 for a truncated row.
     """
     rows = [
-        (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed, lmask)
+        (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed, lmask, teacher)
         for grp in batch.groups
-        for ids, lps, trunc, adv, lmask in zip(
-            grp.completion_ids, grp.sampling_logprobs, grp.truncated, grp.advantages, grp.loss_mask, strict=True
-        )
+        for ids, lps, trunc, adv, lmask, teacher in zip(
+            grp.completion_ids,
+            grp.sampling_logprobs,
+            grp.truncated,
+            grp.advantages,
+            grp.loss_mask,
+            grp.teacher_logprobs or [[]] * grp.size,
+            strict=True,
+        )  # fmt: skip
     ]
     p = max(len(r[0]) for r in rows)
     t = max(max(len(r[1]) for r in rows), 1)
@@ -87,9 +103,14 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([r[4] for r in rows], dtype=torch.float32)
     replayed = torch.tensor([r[5] for r in rows], dtype=torch.bool)
-    return PackedBatch(
-        input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps, advantages, replayed
+    nan = float("nan")
+    teacher_logps = torch.tensor(
+        [list(r[7]) + [nan] * (t - len(r[7])) if r[7] else [nan] * t for r in rows], dtype=torch.float32
     )
+    return PackedBatch(
+        input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps, advantages,
+        replayed, teacher_logps,
+    )  # fmt: skip
 
 
 def completion_logps(

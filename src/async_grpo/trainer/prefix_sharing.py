@@ -119,7 +119,7 @@ def prompt_order(packed: PackedBatch) -> Tensor:
     p = packed.input_ids.size(1) - t
     _, owner = prompt_keys(packed)
     order = torch.sort(packed.attention_mask[:, p:].sum(1), stable=True).indices  # completion length
-    for key in (owner, packed.attention_mask[:, :p].sum(1), (packed.advantages != 0).to(torch.int8)):
+    for key in (owner, packed.attention_mask[:, :p].sum(1), packed.carries_gradient().to(torch.int8)):
         order = order[torch.sort(key[order], stable=True).indices]  # least significant key first
     return order
 

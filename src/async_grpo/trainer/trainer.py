@@ -204,7 +204,7 @@ class GRPOLearner:
             if counts is not None:
                 counts.tokens += float(packed.completion_mask.sum())
             if self.row_skipping:
-                keep = (packed.advantages != 0).nonzero()[:, 0]  # (K,) rows that carry a policy gradient
+                keep = packed.carries_gradient().nonzero()[:, 0]  # (K,) rows that carry a policy gradient
                 if counts is not None:
                     counts.skipped_completions += len(packed) - len(keep)
                 if len(keep) == 0:
@@ -302,7 +302,7 @@ class GRPOLearner:
                 self._dummy_pass()
                 continue
             seen_micro += len(mb) if self.batching.by_tokens else 1  # the normalizer of a streamed step
-            if self.skip_zero_advantage_batches and not bool((mb.advantages != 0).any()):
+            if self.skip_zero_advantage_batches and not bool(mb.carries_gradient().any()):
                 # no policy gradient here (and beta == 0, checked by the config): skip the forward/backward;
                 # the loss normalizer still counts these tokens, so the step equals the unskipped one
                 self.skipped_zero_adv_microbatches += 1
@@ -313,7 +313,7 @@ class GRPOLearner:
                 passes.logps, passes.entropies, mb.completion_mask, mb.advantages, mb.sampling_logps,
                 replayed=mb.replayed, old_logps=None if old_logps is None else old_logps[index],
                 ref_logps=passes.ref_logps, hidden=passes.hidden, lm_head=passes.lm_head,
-                completion_ids=mb.completion_ids,
+                completion_ids=mb.completion_ids, teacher_logps=mb.teacher_logps,
             )  # fmt: skip
             result = self.objective.micro_batch_loss(
                 inputs,
@@ -411,6 +411,7 @@ class GRPOLearner:
             torch.zeros((1, 1), device=self.device),
             torch.zeros(1, device=self.device),
             torch.zeros(1, dtype=torch.bool, device=self.device),
+            torch.full((1, 1), float("nan"), device=self.device),
         )
 
     def _dummy_pass(self) -> None:

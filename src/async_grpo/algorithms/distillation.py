@@ -1,0 +1,86 @@
+"""On-policy distillation's per-token advantage: the negative reverse KL between the student and a teacher on the
+student's own samples.
+
+Thinking Machines, "On-Policy Distillation" (Lu et al., 2025; Tinker cookbook ``distillation``): the student samples
+a completion, the teacher scores each sampled token, and the per-token reverse KL estimate
+``log p_student(x_t | x_<t) - log p_teacher(x_t | x_<t)`` becomes a per-token penalty; minimizing
+``E_{x ~ student}[sum_t (log p_student - log p_teacher)]``, the reverse KL ``KL(student || teacher)`` of the
+sequence distributions, by the policy gradient gives every token the advantage
+
+    A_t = distillation_weight * (log p_teacher(x_t) - log p_student(x_t))
+
+(Tinker's ``advantages -= kl_penalty_coef * reverse_kl``). It is TRL's GKD on the student's own samples
+(``lmbda=1``) with the reverse KL (``beta=1``) estimated at the sampled token, rather than summed over the vocabulary.
+The GRPO advantage of the completion, when kept, is added to every token (:class:`~.objective.GRPOObjective`), so
+distillation and reward learn together; the usual stale-policy IS weights and clipping then apply to A_t as to any
+advantage.
+
+``log p_student`` is pi_old, the policy the step starts from (the trainer's own logprobs, detached: an advantage is
+fixed before the update, as GRPO's is), and ``log p_teacher`` is vLLM's prompt logprob of the token under the teacher
+(`distillation.teacher`), both at temperature 1.
+
+Shapes: ``B`` completions, ``T`` completion tokens (right padded). Log-probabilities in nats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["DistillationTerm", "distillation_advantages"]
+
+
+@dataclass
+class DistillationTerm:
+    """Result of :func:`distillation_advantages`.
+
+    Attributes:
+        advantages: ``(B, T)`` per-token distillation advantage ``weight * (teacher - student)`` (nats) on the
+            trained tokens the teacher scored, 0 elsewhere; no gradient.
+        metrics: ``distill/reverse_kl`` (mean over the scored trained tokens of ``student - teacher``, nats per
+            token: the sample estimate of KL(student || teacher) per token) and ``distill/scored_fraction`` (the
+            share of trained tokens the teacher scored, in [0, 1]).
+    """
+
+    advantages: Tensor
+    metrics: dict[str, float]
+
+
+def distillation_advantages(
+    student_logps: Tensor, teacher_logps: Tensor, mask: Tensor, weight: float
+) -> DistillationTerm:
+    """The per-token reverse-KL advantage of on-policy distillation (module docstring).
+
+    Args:
+        student_logps: ``(B, T)`` the student's logprobs of the sampled tokens (pi_old; detached here).
+        teacher_logps: ``(B, T)`` the teacher's logprobs of the same tokens; NaN (or inf) where the teacher gave
+            none: those tokens get no distillation advantage.
+        mask: ``(B, T)`` loss mask, 1 on trained tokens (tool output and padding 0: no advantage there).
+        weight: ``distillation_weight`` (> 0), Tinker's ``kl_penalty_coef``.
+
+    Returns:
+        :class:`DistillationTerm`.
+
+    Raises:
+        ValueError: shapes differ, or ``weight`` is not > 0.
+    """
+    if student_logps.shape != teacher_logps.shape or student_logps.shape != mask.shape or student_logps.dim() != 2:
+        raise ValueError(
+            f"student_logps {tuple(student_logps.shape)}, teacher_logps {tuple(teacher_logps.shape)} and mask "
+            f"{tuple(mask.shape)} must share one (B, T) shape"
+        )
+    if not weight > 0:
+        raise ValueError(f"distillation_weight={weight} must be > 0. Fix: use e.g. 1.0")
+    student = student_logps.detach()
+    scored = mask.bool() & torch.isfinite(teacher_logps) & torch.isfinite(student)  # (B, T)
+    reverse_kl = torch.where(scored, student - teacher_logps, torch.zeros_like(student))  # (B, T) nats
+    advantages = -weight * reverse_kl  # (B, T)
+    trained = mask.bool().sum()
+    n_scored = scored.sum()
+    metrics = {
+        "distill/reverse_kl": float(reverse_kl.sum() / n_scored.clamp(min=1)),
+        "distill/scored_fraction": float(n_scored / trained.clamp(min=1)),
+    }
+    return DistillationTerm(advantages=advantages, metrics=metrics)

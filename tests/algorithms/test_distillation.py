@@ -1,0 +1,126 @@
+"""On-policy distillation's per-token advantage: against a hand computation, through the objective's gradient, and in
+expectation against TRL's own reverse KL (GKD's `generalized_jsd_loss` with beta=1)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from async_grpo.algorithms import GRPOObjective, LossSettings, MicroBatchInputs, distillation_advantages
+
+NAN = float("nan")
+
+
+def test_advantage_matches_a_hand_computation():
+    student = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]])
+    teacher = torch.tensor([[-0.4, -2.6, NAN], [-0.2, -1.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # row 1's last token: tool output / padding
+    term = distillation_advantages(student, teacher, mask, weight=0.5)
+    # A_t = 0.5 * (teacher - student) where trained and scored, else 0
+    # row 0: 0.5 * 0.6 = 0.3, 0.5 * -0.6 = -0.3, unscored -> 0;  row 1: 0, 0.5 * 2.0 = 1.0, masked -> 0
+    expected = torch.tensor([[0.3, -0.3, 0.0], [0.0, 1.0, 0.0]])
+    torch.testing.assert_close(term.advantages, expected)
+    # reverse KL per scored trained token: (-0.6 + 0.6 + 0.0 - 2.0) / 4 = -0.5; 4 of 5 trained tokens scored
+    assert term.metrics["distill/reverse_kl"] == pytest.approx(-0.5)
+    assert term.metrics["distill/scored_fraction"] == pytest.approx(0.8)
+
+
+def test_advantage_refuses_bad_shapes_and_weights():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="one \\(B, T\\) shape"):
+        distillation_advantages(x, torch.zeros(2, 4), x, 1.0)
+    with pytest.raises(ValueError, match="distillation_weight=0"):
+        distillation_advantages(x, x, x, 0.0)
+
+
+def _inputs(logps, teacher, mask, advantages):
+    return MicroBatchInputs(
+        logps=logps, entropies=torch.zeros_like(logps), mask=mask, advantages=advantages,
+        sampling_logps=logps.detach().clone(), teacher_logps=teacher,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("only", [False, True])
+def test_objective_gradient_is_the_per_token_advantage(only):
+    """On-policy (ratio 1), dapo over N trained tokens: d loss / d logp_t = -(A_grpo + w (teacher_t - logp_t)) / N,
+    with the GRPO advantage left out under distillation_only."""
+    logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]], requires_grad=True)
+    teacher = torch.tensor([[-0.4, -2.6, NAN], [-0.2, -1.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    grpo = torch.tensor([0.7, -0.3])
+    settings = LossSettings(
+        loss_type="dapo", vllm_importance_sampling_correction=False, distillation_weight=2.0, distillation_only=only
+    )
+    out = GRPOObjective(settings).micro_batch_loss(_inputs(logps, teacher, mask, grpo), num_items_in_batch=5)
+    out.output.loss.backward()
+    seq = torch.zeros(2, 1) if only else grpo.reshape(2, 1)
+    hand = seq + 2.0 * torch.tensor([[0.6, -0.6, 0.0], [0.0, 2.0, 0.0]])
+    torch.testing.assert_close(logps.grad, -(hand * mask) / 5)
+    assert out.metrics["distill/reverse_kl"] == pytest.approx((-0.6 + 0.6 + 0.0 - 2.0) / 4)
+
+
+def test_objective_ignores_the_teacher_without_a_weight():
+    logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask = torch.ones(1, 2)
+    with_teacher = _inputs(logps, torch.tensor([[-0.1, -0.1]]), mask, torch.tensor([0.5]))
+    out = GRPOObjective(LossSettings(loss_type="dapo")).micro_batch_loss(with_teacher, num_items_in_batch=2)
+    out.output.loss.backward()
+    torch.testing.assert_close(logps.grad, torch.full((1, 2), -0.5 / 2))
+    assert not any(k.startswith("distill/") for k in out.metrics)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(distillation_weight=-1.0), "distillation_weight"),
+        (dict(distillation_only=True), "distillation_only"),
+        (dict(distillation_weight=1.0, use_liger_kernel=True), "distillation_weight"),
+    ],
+)
+def test_settings_refuse_bad_distillation_values(change, field):
+    with pytest.raises(ValueError, match=rf"^{field}=.*Fix: "):
+        LossSettings(**change)
+
+
+def _trl_reverse_kl():
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from trl.experimental.gkd.gkd_trainer import GKDTrainer
+    except ImportError:
+        pytest.skip("trl (dev dependency) with its experimental GKD trainer is not installed")
+    return GKDTrainer.generalized_jsd_loss
+
+
+def test_expected_gradient_equals_trls_reverse_kl_gradient():
+    """The sampled-token estimator is unbiased: averaged over every token the student can sample (weighted by its
+    probability), the objective's gradient with distillation alone equals the gradient of KL(student || teacher),
+    computed by TRL GKD's generalized_jsd_loss with beta=1 over the whole vocabulary."""
+    jsd = _trl_reverse_kl()
+    torch.manual_seed(0)
+    vocab = 7
+    student_logits = torch.randn(vocab, dtype=torch.float64, requires_grad=True)
+    teacher_logits = torch.randn(vocab, dtype=torch.float64)
+    reference = jsd(student_logits.view(1, 1, -1), teacher_logits.view(1, 1, -1), beta=1.0, reduction="sum")
+    (trl_grad,) = torch.autograd.grad(reference, student_logits)
+
+    settings = LossSettings(loss_type="dapo", vllm_importance_sampling_correction=False, distillation_only=True,
+                            distillation_weight=1.0)  # fmt: skip
+    objective = GRPOObjective(settings)
+    student_lp = torch.log_softmax(student_logits, -1)
+    teacher_lp = torch.log_softmax(teacher_logits, -1)
+    expected = torch.zeros(vocab, dtype=torch.float64)
+    for token in range(vocab):  # E_{x ~ student}[grad of the loss on the sampled token x]
+        logp = torch.log_softmax(student_logits, -1)[token].view(1, 1)
+        inputs = _inputs(logp, teacher_lp[token].detach().view(1, 1), torch.ones(1, 1, dtype=torch.float64),
+                         torch.zeros(1, dtype=torch.float64))  # fmt: skip
+        loss = objective.micro_batch_loss(inputs, num_items_in_batch=1).output.loss
+        (g,) = torch.autograd.grad(loss, student_logits)
+        expected += student_lp[token].exp().detach() * g
+    torch.testing.assert_close(expected, trl_grad)
+    assert reference.item() == pytest.approx(
+        sum(math.exp(s) * (s - t) for s, t in zip(student_lp.tolist(), teacher_lp.tolist(), strict=True))
+    )
