@@ -42,6 +42,8 @@ ALLOWED = {
         "transports",
         "user_code",
     },
+    # the teacher's client and the training rollout that asks it (on-policy distillation, issue 52)
+    "distillation": {"config", "data", "inference", "orchestrator", "transports"},
     "trainer": {"algorithms", "transports"},
     "evaluation": {"data", "inference", "orchestrator", "transports"},
     "tracking": {"config", "shared_volume", "transports"},  # transports: the episode spans a trace draws
@@ -66,6 +68,7 @@ ALLOWED = {
         "config",
         "data",
         "dataset_source",
+        "distillation",
         "environments",
         "errors",
         "evaluation",

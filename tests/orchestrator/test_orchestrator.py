@@ -27,6 +27,7 @@ from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import RolloutGroup
 from async_grpo.transports.policy_version import PolicyVersion
 from async_grpo.transports.queue import RolloutQueue
+from async_grpo.transports.scorer import RewardError
 
 FNS = Path(__file__).with_name("orch_reward_fns.py")
 G = 4  # completions per group in the orchestrator runs
@@ -609,9 +610,9 @@ def test_a_scorer_that_fails_every_group_for_reward_failure_timeout_s_stops_the_
     from async_grpo.orchestrator.producer import ProducerConfig, VLLMProducer
 
     watch = RewardFailureWatch(timeout_s=10.0)
-    assert watch.failed(RuntimeError("a")) is None
+    assert watch.failed(RewardError("a")) is None
     watch.scored()  # a success ends the streak
-    assert watch.failed(RuntimeError("b")) is None and watch.in_row == 1
+    assert watch.failed(RewardError("b")) is None and watch.in_row == 1
     version = PolicyVersion()
     client = ScriptedClient(version, bump=False)
     orch = make_orchestrator(client, pool, ["raise"], version=version)  # length_reward raises on "raise"

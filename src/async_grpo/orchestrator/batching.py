@@ -44,7 +44,8 @@ def make_train_batch(
 
     Metrics follow TRL's names: `reward`, `reward_std`, `frac_reward_zero_std`,
     `rewards/<func>/mean|std`, `rewards/<func>/seconds` and `rewards/seconds` (`reward_time_metrics`), `rewards/<a>/correlation/<b>` (`reward_correlations`), `completions/mean_length|max_length` (tokens the model generated: the loss mask's
-    ones, tool output excluded, as TRL), `completions/clipped_ratio`, and `tool_metrics` / `env_metrics` for multi-turn groups.
+    ones, tool output excluded, as TRL), `completions/clipped_ratio`, `tool_metrics` / `env_metrics` for multi-turn groups,
+    and `teacher_metrics` (`distill/*`) when a teacher scored the groups.
     """
     metrics = _advantages_and_metrics(
         groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation, assign=True
@@ -90,7 +91,29 @@ def _advantages_and_metrics(
     metrics.update(reward_time_metrics(groups))
     metrics.update(tool_metrics(groups))
     metrics.update(env_metrics(groups))
+    metrics.update(teacher_metrics(groups))
     return {k: v for k, v in metrics.items() if not math.isnan(v)}
+
+
+def teacher_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """On-policy distillation's rollout-side metrics over the groups the teacher scored (`teacher_logprobs`
+    non-empty; {} when none was): `distill/teacher_seconds` (mean wall-clock seconds of one group's teacher request,
+    retries included) and `distill/teacher_tokens_unscored` (trained tokens, loss mask 1, whose teacher logprob is NaN:
+    the teacher returned none for them; a count over the step). `distill/reverse_kl` is the trainer's."""
+    scored = [grp for grp in groups if grp.teacher_logprobs]
+    if not scored:
+        return {}
+    unscored = sum(
+        1
+        for grp in scored
+        for row, mask in zip(grp.teacher_logprobs, grp.loss_mask, strict=True)
+        for lp, m in zip(row, mask, strict=True)
+        if m and math.isnan(lp)
+    )
+    return {
+        "distill/teacher_seconds": sum(grp.teacher_seconds for grp in scored) / len(scored),
+        "distill/teacher_tokens_unscored": float(unscored),
+    }
 
 
 def reward_time_metrics(groups: list[RolloutGroup]) -> dict[str, float]:

@@ -234,6 +234,9 @@ class EnvironmentRollout:
         """Stop the environment's worker threads and close it (`EnvironmentCaller.close`; tools: their backend)."""
         self.caller.close()
 
+    async def aclose(self) -> None:
+        """Nothing is built on the calling loop (`Rollout.aclose`): the environment's threads are `close`'s."""
+
     async def __call__(
         self,
         client: GenerationClient,

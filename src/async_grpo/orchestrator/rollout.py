@@ -122,6 +122,11 @@ class Rollout(Protocol):
     def close(self) -> None:
         """Release what the rollout holds (tool workers, connections); a no-op when it holds nothing."""
 
+    async def aclose(self) -> None:
+        """Release what the rollout built on the event loop that calls it (the teacher's client of
+        `distillation.TeacherRollout`); the orchestrator awaits it, under a time-out, as its loop ends. A no-op for a
+        rollout that builds nothing there."""
+
 
 class SingleTurnRollout:
     """The builtin rollout: one `/v1/completions` call of `num_generations` samples, then one scoring call.
@@ -146,6 +151,9 @@ class SingleTurnRollout:
 
     def close(self) -> None:
         """Nothing to release (the scorer belongs to the run)."""
+
+    async def aclose(self) -> None:
+        """Nothing built on the calling loop (`Rollout.aclose`)."""
 
     async def __call__(
         self,

@@ -18,6 +18,7 @@ from async_grpo import hub
 from async_grpo.algorithms import LossSettings
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem, PromptSampler, encode_prompt
+from async_grpo.distillation.rollout import with_teacher
 from async_grpo.inference.client import GenerationClient
 from async_grpo.inference.health import InferenceHealth
 from async_grpo.orchestrator.batch_shaping import ReplayBuffer, RerollQueue
@@ -403,12 +404,15 @@ def build_producer(
     health: InferenceHealth | None = None,
 ) -> RunProducer:
     """The run's rollout producer: a user `data_producer`, or the builtin `VLLMProducer` over a (not yet
-    started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate. The
+    started) `Orchestrator` filling a bounded `RolloutQueue`; `health` is the run's `InferenceHealth` gate. When the
+    run distills, the orchestrator's rollout is `rollout` wrapped to ask the teacher (`distillation.with_teacher`);
+    held-out evaluation keeps `rollout` itself. The
     orchestrator draws its prompts from the seeded `PromptSampler` through its `PromptLedger`, so a checkpoint
     saves the position of the prompts trained rather than drawn.
 
     Raises:
-        ValueError: `data_producer` does not resolve or lacks the protocol.
+        ValueError: `data_producer` does not resolve or lacks the protocol, or the run distills without a
+            `teacher_url` (`distillation.with_teacher`).
     """
     prod = config.producer
     if prod.data_producer:
@@ -419,7 +423,7 @@ def build_producer(
         prod.prefetch_depth * prod.steps_per_generation * chunks_per_step, config.off_policy.max_staleness, drops
     )
     orchestrator = Orchestrator(
-        client_factory=client_factory, rollout=rollout,
+        client_factory=client_factory, rollout=with_teacher(config.distillation, rollout),  # evaluation: no teacher
         prompts=PromptSampler(train_items, config.seed, shuffle=config.data.shuffle_dataset),
         sampling=sampling_settings(config), reward_names=reward_names, reward_weights=reward_weights,
         scale_rewards=config.rewards.scale_rewards,

@@ -1,0 +1,327 @@
+"""The teacher's client: a vLLM server's prompt logprobs of the student's sampled tokens (on-policy distillation).
+
+For one group, `TeacherClient.score` sends ONE `/completions` request whose prompts are the group's prompt followed by
+each completion (token ids), with ``max_tokens=1`` and ``prompt_logprobs=0``: vLLM then returns, for every prompt
+token after the first, the logprob of that very token given everything before it (a dict with the one entry of the
+actual token id: ``{"<id>": {"logprob", "rank", "decoded_token"}}``; the list starts with None for the first token).
+The entries at the completion's positions are the teacher's logprobs of the sampled tokens. They are the raw model's
+log-softmax at temperature 1 whatever the request's temperature (measured on vLLM 0.32 CPU against Hugging Face
+transformers, `tests/integration/test_teacher.py`), so the run samples at temperature 1 (`config.rules`).
+
+vLLM refuses a prompt of ``max_model_len`` tokens or more (HTTP 400): a teacher must be served with a context at
+least one token longer than the longest prompt + completion (the launcher serves it with ``max_model_len + 1``).
+
+Failures are `RewardError`s, so the orchestrator handles them as a failed reward: the group is dropped and counted
+(`dropped_groups/teacher_error`, `dropped_groups/teacher_timeout`), and a teacher that fails every group for
+``reward_failure_timeout_s`` stops the run. Connection errors, timeouts and 5xx answers (and 429) are retried
+``teacher_max_retries`` times with a short exponential backoff; other 4xx answers and malformed bodies are not. No
+`httpx` error leaves this module: the orchestrator reads a raw connection error as the *policy's* vLLM server being
+lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import httpx
+
+from async_grpo.config.sections.distillation import TEACHER_API_KEY_ENV, DistillationConfig
+from async_grpo.inference.client import KEEPALIVE_EXPIRY_S
+from async_grpo.transports.drops import DropReason
+from async_grpo.transports.scorer import RewardError
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0  # opening a connection to the teacher (at most the request's own timeout)
+BACKOFF_S = 0.5  # the first retry's wait; doubled for each later one
+MAX_BACKOFF_S = 4.0  # the longest wait between two attempts
+RETRIED_STATUSES = frozenset({429})  # 4xx answers that mean "later", retried as 5xx answers are
+ERROR_BODY_CHARS = 500  # how much of an error answer goes into the exception's message
+
+
+class TeacherError(RewardError):
+    """The teacher could not score a group (reason "teacher_error"): its server answered with an error, a 4xx at once
+    or a 5xx / connection error after every retry, or with a body that is not vLLM's prompt logprobs. The
+    orchestrator drops the group and counts it as it does a failed reward (`transports.scorer.RewardError`)."""
+
+    reason: ClassVar[DropReason] = "teacher_error"
+
+
+class TeacherTimeout(TeacherError):
+    """The teacher did not answer within ``teacher_timeout_s`` seconds, on every attempt (reason "teacher_timeout")."""
+
+    reason: ClassVar[DropReason] = "teacher_timeout"
+
+
+def teacher_url(section: DistillationConfig) -> str:
+    """The `distillation` section's `teacher_url`, checked: an http(s) URL.
+
+    Raises:
+        ValueError: it is not set (a teacher the launcher serves from `teacher_model_name_or_path` gets its URL from
+            the launcher before the run starts), or it is not an http(s) URL.
+    """
+    url = section.teacher_url
+    if not url:
+        raise ValueError(
+            "distillation: teacher_url is not set at run time. Fix: give teacher_url (a served teacher), or start "
+            "the run through the launcher (`async-grpo train`), which serves teacher_model_name_or_path and sets "
+            "teacher_url to it."
+        )
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"teacher_url={url!r} is not an http(s) URL. Fix: e.g. http://127.0.0.1:8002/v1.")
+    return url
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way worth retrying; `timeout` tells a time-out from a connection error or a 5xx."""
+
+    def __init__(self, message: str, *, timeout: bool = False):
+        super().__init__(message)
+        self.timeout = timeout
+
+
+class TeacherClient:
+    """Async client of a vLLM teacher (`/completions` with ``prompt_logprobs``). Build it, use it and `aclose` it on
+    one event loop (its connections and semaphore belong to that loop): `distillation.rollout.TeacherRollout` builds it
+    lazily on the orchestrator's loop and closes it there.
+
+    Args:
+        base_url: the OpenAI-compatible base URL, ending in ``/v1`` (e.g. http://127.0.0.1:8002/v1); `teacher_url`.
+        model: the served model id requests name; None: the server's first model (``GET {base_url}/models``, asked
+            once, on the first request).
+        timeout_s: the longest one request (one attempt) may take (seconds): `teacher_timeout_s`.
+        max_retries: attempts after the first one, after a connection error, a time-out or a 5xx / 429 answer:
+            `teacher_max_retries`.
+        max_concurrency: requests in flight at once, waiting for a slot outside the time-out: `teacher_max_concurrency`.
+        api_key: bearer token; None reads env ASYNC_GRPO_TEACHER_API_KEY (unset or empty: none).
+        backoff_s: the wait before the first retry (seconds), doubled for each later one up to MAX_BACKOFF_S.
+
+    Raises:
+        ValueError: `base_url` is not an http(s) URL, or a bound is not positive.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        max_concurrency: int = 8,
+        api_key: str | None = None,
+        backoff_s: float = BACKOFF_S,
+    ):
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"teacher_url={base_url!r} is not an http(s) URL. Fix: e.g. http://127.0.0.1:8002/v1.")
+        if not timeout_s > 0 or max_retries < 0 or max_concurrency < 1 or backoff_s < 0:
+            raise ValueError(
+                f"TeacherClient: timeout_s={timeout_s} must be > 0, max_retries={max_retries} >= 0, "
+                f"max_concurrency={max_concurrency} >= 1 and backoff_s={backoff_s} >= 0"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        key = api_key if api_key is not None else os.environ.get(TEACHER_API_KEY_ENV, "")
+        self._http = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {key}"} if key else {},
+            timeout=httpx.Timeout(self.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.timeout_s)),
+            limits=httpx.Limits(max_connections=max_concurrency, keepalive_expiry=KEEPALIVE_EXPIRY_S),
+        )
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._model_lock = asyncio.Lock()
+
+    @classmethod
+    def from_config(cls, section: DistillationConfig) -> TeacherClient:
+        """The client of the `distillation` section's teacher (`teacher_url`, `teacher_model`, `teacher_timeout_s`,
+        `teacher_max_retries`, `teacher_max_concurrency`; the token from env ASYNC_GRPO_TEACHER_API_KEY).
+
+        Raises:
+            ValueError: `teacher_url` is not set or not an http(s) URL (`teacher_url`).
+        """
+        return cls(
+            teacher_url(section),
+            model=section.teacher_model,
+            timeout_s=section.teacher_timeout_s,
+            max_retries=section.teacher_max_retries,
+            max_concurrency=section.teacher_max_concurrency,
+        )
+
+    async def model_id(self) -> str:
+        """The served model id requests name: `model`, or the first id of ``GET {base_url}/models``, asked once
+        (retried as a scoring request is).
+
+        Raises:
+            TeacherError / TeacherTimeout: the server did not list a model.
+        """
+        if self.model is not None:
+            return self.model
+        async with self._model_lock:
+            if self.model is None:
+                body = await self._request("GET", "/models")
+                try:
+                    self.model = str(body["data"][0]["id"])
+                except (KeyError, IndexError, TypeError) as err:
+                    raise TeacherError(
+                        f"the teacher at {self.base_url} lists no model (GET /models answered {str(body)[:200]}). "
+                        "Fix: check teacher_url, or set teacher_model."
+                    ) from err
+                logger.info("teacher at %s serves %s", self.base_url, self.model)
+        return self.model
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The teacher's logprob of every completion token given everything before it.
+
+        One ``POST {base_url}/completions`` request for the whole group: prompts ``prompt_ids + completion_ids[i]``
+        for each non-empty completion, ``max_tokens=1``, ``temperature=1.0``, ``prompt_logprobs=0``.
+
+        Args:
+            prompt_ids: (P,) the prompt's token ids, as the student was sent them.
+            completion_ids: G lists, (T_i,) the sampled token ids of each completion (tool tokens of a multi-turn
+                episode included: the trainer masks them).
+
+        Returns:
+            G lists of T_i floats: log p_teacher(token t | prompt, tokens before t), nats at temperature 1; NaN where
+            the teacher returned no finite logprob for the actual token; [] for an empty completion (no request is
+            sent when every completion is empty).
+
+        Raises:
+            TeacherError: a 4xx answer (e.g. a prompt + completion longer than the teacher's max_model_len), a 5xx or
+                connection error after every retry, or a malformed answer.
+            TeacherTimeout: no answer within teacher_timeout_s on every attempt.
+        """
+        sequences = [list(prompt_ids) + list(ids) for ids in completion_ids if len(ids)]
+        if not sequences:
+            return [[] for _ in completion_ids]
+        body = {
+            "model": await self.model_id(),
+            "prompt": sequences,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": 0,
+        }
+        answer = await self._request("POST", "/completions", body)
+        try:
+            scored = iter(parse_prompt_logprobs(answer, sequences, len(prompt_ids)))
+        except ValueError as err:
+            raise TeacherError(f"the teacher at {self.base_url} answered a malformed body: {err}") from err
+        return [next(scored) if len(ids) else [] for ids in completion_ids]
+
+    async def _request(self, method: str, path: str, body: dict | None = None) -> Any:
+        """One request with retries: the decoded JSON answer of the first attempt that got a 200.
+
+        Raises:
+            TeacherError: a 4xx answer (429 aside), a non-JSON 200 answer, another `httpx` error, or retryable
+                failures on every attempt; TeacherTimeout when the last attempt timed out.
+        """
+        url = self.base_url + path
+        attempts = self.max_retries + 1
+        last: _Retryable | None = None
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
+            try:
+                return await self._attempt(method, url, body)
+            except _Retryable as err:
+                last = err
+                logger.debug(
+                    "teacher request %s %s failed (attempt %d of %d): %s", method, url, attempt + 1, attempts, err
+                )
+        assert last is not None
+        error = TeacherTimeout if last.timeout else TeacherError
+        raise error(
+            f"the teacher at {url} failed {attempts} time(s) (teacher_max_retries={self.max_retries}); last: {last}. "
+            "Fix: check that the teacher's vLLM server is up (teacher_url), or raise teacher_timeout_s / "
+            "teacher_max_retries."
+        )
+
+    async def _attempt(self, method: str, url: str, body: dict | None) -> Any:
+        """One attempt, holding one of the `max_concurrency` slots, bounded by `timeout_s` (the wait for a slot is not).
+
+        Raises:
+            _Retryable: a time-out, a connection (transport) error, or a 5xx / 429 answer.
+            TeacherError: any other non-200 answer, a 200 answer that is not JSON, another `httpx` error.
+        """
+        async with self._slots:
+            try:
+                resp = await asyncio.wait_for(self._http.request(method, url, json=body), self.timeout_s)
+            except (TimeoutError, httpx.TimeoutException) as err:
+                raise _Retryable(
+                    f"no answer within teacher_timeout_s={self.timeout_s:g} s ({err!r})", timeout=True
+                ) from err
+            except httpx.TransportError as err:
+                raise _Retryable(f"{type(err).__name__}: {err}") from err
+            except httpx.HTTPError as err:
+                raise TeacherError(f"the teacher request {method} {url} failed: {err!r}") from err
+        if resp.status_code >= 500 or resp.status_code in RETRIED_STATUSES:
+            raise _Retryable(f"HTTP {resp.status_code}: {resp.text[:ERROR_BODY_CHARS]}")
+        if resp.status_code != 200:
+            raise TeacherError(
+                f"the teacher at {url} refused the request with HTTP {resp.status_code}: "
+                f"{resp.text[:ERROR_BODY_CHARS]}. Fix: a prompt + completion must be shorter than the teacher's "
+                "max_model_len, and teacher_model must be a model it serves."
+            )
+        try:
+            return resp.json()
+        except ValueError as err:
+            raise TeacherError(f"the teacher at {url} answered a body that is not JSON: {resp.text[:200]!r}") from err
+
+    async def aclose(self) -> None:
+        """Close the connection pool (on the loop the client was used on)."""
+        await self._http.aclose()
+
+
+def parse_prompt_logprobs(answer: Any, sequences: Sequence[Sequence[int]], prompt_len: int) -> list[list[float]]:
+    """The logprobs of each sequence's tokens from position `prompt_len` on, out of a vLLM `/completions` answer with
+    ``prompt_logprobs`` (the request's prompts were `sequences`, in order).
+
+    Args:
+        answer: the decoded JSON: ``{"choices": [{"index": i, "prompt_logprobs": [None, {"<token id>": {"logprob":
+            float, ...}}, ...]}, ...]}``, one choice per prompt (max_tokens=1, n=1), in any order.
+        sequences: B token-id prompts, each (P + T_b,): the group's prompt then completion b.
+        prompt_len: P, the group prompt's length: the completion's first token is at position P.
+
+    Returns:
+        B lists, (T_b,) each: the logprob (nats) the teacher gave the actual token at positions P..P+T_b-1; NaN where
+        its entry holds no finite logprob for that token id (vLLM returns only the actual token's with
+        prompt_logprobs=0; a top-k entry would hold others too).
+
+    Raises:
+        ValueError: not B choices, indices that are not 0..B-1, or a choice whose `prompt_logprobs` is not a list of
+            one entry per prompt token.
+    """
+    try:
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"no indexed choices in {str(answer)[:200]}") from err
+    if [c["index"] for c in choices] != list(range(len(sequences))):
+        raise ValueError(f"choice indices {[c['index'] for c in choices]} for {len(sequences)} prompts")
+    out = []
+    for choice, seq in zip(choices, sequences, strict=True):
+        entries = choice.get("prompt_logprobs") if isinstance(choice, dict) else None
+        if not isinstance(entries, list) or len(entries) != len(seq):
+            got = len(entries) if isinstance(entries, list) else type(entries).__name__
+            raise ValueError(
+                f"choice {choice['index']}: prompt_logprobs has {got} entries for {len(seq)} prompt tokens"
+            )
+        out.append([_token_logprob(entries[p], seq[p]) for p in range(prompt_len, len(seq))])
+    return out
+
+
+def _token_logprob(entry: Any, token_id: int) -> float:
+    """The finite logprob `entry` (one position's ``{"<id>": {"logprob": ...}}``) gives `token_id`, else NaN."""
+    if not isinstance(entry, dict):
+        return math.nan
+    value = entry.get(str(token_id))
+    if isinstance(value, dict):
+        value = value.get("logprob")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    value = float(value)
+    return value if math.isfinite(value) else math.nan
