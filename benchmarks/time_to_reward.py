@@ -127,9 +127,9 @@ def demo_config(overrides: list[str] | None = None):
 def make_warm_start(out: Path, sft_steps: int | None = None) -> tuple[Path, dict[str, float]]:
     """The tiny model after the runner's supervised warm start, saved once as a Hugging Face folder `out/model`.
 
-    Exactly what `GRPORecipe.setup` does before GRPO on tiny_cpu.yaml: `builtin:tiny` built with the config's seed,
-    loaded in float32 (`builders.load_policy`), `torch.manual_seed(seed)`, then `builders.warm_start` on the task's
-    reference answers (`warmup_sft_steps` AdamW steps at `warmup_sft_learning_rate`, on the config's torch threads).
+    Exactly what `GRPORecipe.setup` does before GRPO on tiny_cpu.yaml (`runner.warm_model.save_warm_started_model`:
+    `builtin:tiny` built with the config's seed, loaded in float32, `torch.manual_seed(seed)`, then
+    `builders.warm_start` on the task's reference answers on the config's torch threads).
 
     Args:
         out: a folder; the tiny model is built under `out/base`, the result goes to `out/model`.
@@ -138,28 +138,10 @@ def make_warm_start(out: Path, sft_steps: int | None = None) -> tuple[Path, dict
     Returns:
         (model folder, metrics): the `warmup/*` metrics of `builders.warm_start` plus `warmup/seconds`.
     """
-    import torch
-    from transformers import AutoTokenizer
-
-    from async_grpo.runner import builders
+    from async_grpo.runner.warm_model import save_warm_started_model
 
     overrides = [f"output_dir={out / 'base'}"] + ([] if sft_steps is None else [f"warmup_sft_steps={sft_steps}"])
-    config = demo_config(overrides)
-    t0 = time.perf_counter()
-    if config.compute.torch_num_threads:
-        torch.set_num_threads(config.compute.torch_num_threads)
-    base = builders.resolve_model_path(config)
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    torch.manual_seed(config.seed)
-    model = builders.load_policy(config, base)
-    metrics = dict(builders.warm_start(config, model, tokenizer, []) or {})
-    folder = out / "model"
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    metrics["warmup/seconds"] = time.perf_counter() - t0
-    metrics["warmup/steps"] = float(config.data.warmup_sft_steps)
-    metrics["warmup/learning_rate"] = config.data.warmup_sft_learning_rate
-    return folder, metrics
+    return save_warm_started_model(demo_config(overrides), out / "model")
 
 
 # ---------------------------------------------------------------------------------------------------------- processes

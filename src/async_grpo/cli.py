@@ -12,6 +12,7 @@ import faulthandler
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from async_grpo import __version__
 from async_grpo.config import ConfigError, load_config
@@ -142,10 +143,29 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
-    from async_grpo.tiny_model import build_tiny_model
+    if args.sft_steps == 0:
+        from async_grpo.tiny_model import build_tiny_model
 
-    path = build_tiny_model(args.out_dir, seed=args.seed)
-    print(f"tiny model written to {path}")
+        path = build_tiny_model(args.out_dir, seed=args.seed)
+        print(f"tiny model written to {path}")
+        return 0
+    from async_grpo.config import GRPOConfig
+    from async_grpo.runner.warm_model import save_warm_started_model
+
+    out = Path(args.out_dir)
+    try:
+        config = GRPOConfig(
+            model_name_or_path="builtin:tiny", dataset=args.dataset, seed=args.seed, output_dir=str(out / "build"),
+            warmup_sft_steps=args.sft_steps, warmup_sft_learning_rate=args.sft_learning_rate, torch_num_threads=None,
+        )  # fmt: skip
+        folder, metrics = save_warm_started_model(config, out)
+    except ValueError as err:
+        return print_user_error(err)
+    print(
+        f"tiny model trained {args.sft_steps} supervised steps on {args.dataset} written to {folder}: held-out "
+        f"sequence accuracy {metrics.get('warmup/heldout_sequence_accuracy', float('nan')):.3f}, "
+        f"{metrics['warmup/seconds']:.0f} s"
+    )
     return 0
 
 
@@ -191,6 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("make-tiny-model", help="build the tiny char-level Qwen2-style model locally")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=0,
+        help="then train it this many supervised steps on --dataset's reference answers (the run's warm start, "
+        "longer: e.g. a distillation teacher, examples/distill_cpu.yaml); 0 (default): untrained",
+    )
+    p.add_argument("--sft-learning-rate", type=float, default=1e-3, help="learning rate of those steps")
+    p.add_argument("--dataset", default="builtin:reverse", help="the builtin task to train on (builtin:<name>)")
     p.set_defaults(func=_cmd_make_tiny_model)
     cli_render.register(sub)  # async-grpo render CONFIG --backend kubernetes -o DIR
     cli_pipeline.register(sub)  # async-grpo pipeline compile|submit|schedule|run-local

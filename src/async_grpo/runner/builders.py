@@ -298,7 +298,8 @@ def build_rollout(
 
 
 def loss_settings(config: GRPOConfig) -> LossSettings:
-    """The loss options of `config` (TRL names), from its loss, off_policy, sampling and batch_shaping sections."""
+    """The loss options of `config` (TRL names), from its loss, off_policy, sampling, batch_shaping and distillation
+    sections (`distillation_weight` 0 when the run has no teacher)."""
     loss, off = config.loss, config.off_policy
     return LossSettings(
         loss_type=loss.loss_type, epsilon=loss.epsilon, epsilon_high=config.epsilon_high_value, beta=loss.beta,
@@ -316,6 +317,8 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
         temperature=config.sampling.temperature, use_liger_kernel=loss.use_liger_kernel,
         off_policy_clip=off.off_policy_clip, kl_bias_correction_ratio=off.kl_bias_correction_ratio,
         seq_logprob_error_threshold=off.seq_logprob_error_threshold,
+        distillation_weight=config.distillation.distillation_weight if config.distillation.enabled else 0.0,
+        distillation_only=config.distillation.distillation_only,
     )  # fmt: skip
 
 
