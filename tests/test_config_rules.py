@@ -34,6 +34,7 @@ BROKEN = {
     "python_tool_reports_its_timeout": {"tools": ["builtin:python"], "python_tool_timeout_s": 30.0,
                                         "tool_timeout_s": 10.0},
     "lora_sync_has_an_adapter": {"vllm_lora_sync": True},
+    "distillation_has_one_teacher": {"teacher_url": "http://t:1/v1", "teacher_model_name_or_path": "/models/t"},
 }  # fmt: skip
 
 

@@ -627,8 +627,12 @@ def test_11_a_submitters_variable_reference_reaches_the_process_as_written(train
         vllm_extra_args=[f"--kv-cache-dtype={HOSTILE}", "--max-num-seqs", HOSTILE],
         mlflow_tracking_uri=f"http://mlflow:5000/{HOSTILE}",
         **(
-            {"reward_funcs": ["builtin:llm_judge"], "judge_model_name_or_path": f"/workspace/models/{HOSTILE}"}
-            if trainer_api == "pytorchjob"  # the TrainJob runtime serves no judge (refused there)
+            {
+                "reward_funcs": ["builtin:llm_judge"],
+                "judge_model_name_or_path": f"/workspace/models/{HOSTILE}",
+                "teacher_model_name_or_path": f"/workspace/teachers/{HOSTILE}",
+            }
+            if trainer_api == "pytorchjob"  # the TrainJob runtime serves no judge or teacher (refused there)
             else {}
         ),
     )
@@ -646,8 +650,8 @@ def test_11_a_submitters_variable_reference_reaches_the_process_as_written(train
 
     strings = _expanded_strings(objects)
     hostile = [(name, s) for name, s in strings if "VLLM_API_KEY" in s or "MLFLOW_TRACKING_PASSWORD" in s]
-    if trainer_api == "pytorchjob":  # vLLM's and the judge's commands, the NCCL variables, the tracking URI
-        assert {name for name, _ in hostile} >= {"vllm", "judge", "pytorch"}, strings
+    if trainer_api == "pytorchjob":  # vLLM's, the judge's and the teacher's commands, NCCL variables, tracking URI
+        assert {name for name, _ in hostile} >= {"vllm", "judge", "teacher", "pytorch"}, strings
     launcher_own = {VLLM_URL_ENV, VLLM_STARTUP_ENV}  # the TrainJob's wait-for-vllm reads its own variables
     expanded = [(name, s, _references(s)) for name, s in strings if set(_references(s)) - launcher_own]
     assert expanded == [], expanded

@@ -1,5 +1,6 @@
 """The LLM judge a Kubernetes run serves for `builtin:llm_judge` when it names `judge_model_name_or_path`: a vLLM
-Deployment and a ClusterIP Service `<run>-judge`, cut from the same pod parts as the policy's vLLM server.
+Deployment and a ClusterIP Service `<run>-judge` (`k8s_served`), cut from the same pod parts as the policy's vLLM
+server.
 
 The judge is a plain server (no dev-mode control plane, no weight transfer) behind a bearer token of its own
 (`JUDGE_TOKEN_KEY` of the run's tokens Secret). Only the pods that ask it get that token and reach it: the reward
@@ -13,26 +14,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from async_grpo.config import GRPOConfig
-from async_grpo.inference.server import CPU_SERVER_ENV
-from async_grpo.launch.k8s_pods import (
-    CACHE_DIR,
-    JUDGE_TOKEN_KEY,
-    VLLM_API_KEY_ENV,
-    Manifest,
-    base_env,
-    container_security,
-    data_volume,
-    image_server_command,
-    literal,
-    meta,
-    pod_spec,
-    resources,
-    scratch_volumes,
-    selector,
-    template,
-    token_env,
-    tokens_secret_name,
-    vllm_probes,
+from async_grpo.launch.k8s_pods import JUDGE_TOKEN_KEY, Manifest, image_server_command
+from async_grpo.launch.k8s_served import (
+    ServedModel,
+    build_served_deployment,
+    build_served_service,
+    served_base_url,
+    served_host,
 )
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.rewards.contract import JUDGE_SPEC
@@ -56,17 +44,17 @@ def judge_clients(config: GRPOConfig, settings: ClusterSettings) -> Literal["rew
 
 def judge_host(run_name: str, settings: ClusterSettings) -> str:
     """The judge Service's in-cluster DNS name."""
-    return f"{run_name}-{JUDGE}.{settings.namespace}.svc.cluster.local"
+    return served_host(run_name, settings, JUDGE)
 
 
 def judge_url(run_name: str, settings: ClusterSettings) -> str:
     """The OpenAI-compatible base URL of the run's judge (`judge_url` in the run's config): its Service, /v1."""
-    return f"http://{judge_host(run_name, settings)}:{settings.vllm_port}/v1"
+    return f"{judge_health_url(run_name, settings)}/v1"
 
 
 def judge_health_url(run_name: str, settings: ClusterSettings) -> str:
     """The judge's base URL without /v1 (its /health answers without the token)."""
-    return f"http://{judge_host(run_name, settings)}:{settings.vllm_port}"
+    return served_base_url(run_name, settings, JUDGE)
 
 
 def judge_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
@@ -92,65 +80,29 @@ def judge_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
 def build_judge_deployment(
     config: GRPOConfig, settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None
 ) -> Manifest:
-    """The judge's vLLM Deployment `<run>-judge` (`judge_replicas` pods, `judge_gpus` GPUs each, the vLLM image):
-    non-root with a read-only root, no ServiceAccount token, /dev/shm, probes on /health, the model read from the
-    workspace volume (read-only), and only the judge's own token (as VLLM_API_KEY, which vLLM and the middleware
-    check). No MLflow, hub or policy-vLLM credentials.
+    """The judge's vLLM Deployment `<run>-judge` (`judge_replicas` pods, `judge_gpus` GPUs each, the vLLM image;
+    `k8s_served.build_served_deployment`): non-root with a read-only root, no ServiceAccount token, /dev/shm, probes
+    on /health, the model read from the workspace volume (read-only), and only the judge's own token (as
+    VLLM_API_KEY, which vLLM and the middleware check). No MLflow, hub or policy-vLLM credentials.
 
     Raises:
         ValueError: the run serves no judge.
     """
-    vols, mounts = scratch_volumes(settings, shm=True)
-    data_vol, data_mount = data_volume(settings, read_only=True)
-    vols.append(data_vol)
-    mounts.append(data_mount)
-    env = (
-        base_env()
-        + [
-            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-            {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
-        ]
-        + token_env(tokens_secret_name(run_name), (VLLM_API_KEY_ENV, JUDGE_TOKEN_KEY))
+    served = ServedModel(
+        component=JUDGE,
+        command=judge_command(config, settings),
+        token_key=JUDGE_TOKEN_KEY,
+        replicas=settings.judge_replicas,
+        gpus=settings.judge_gpus,
+        cpu=settings.judge_cpu,
+        memory_gib=settings.judge_memory_gib,
     )
-    if settings.device == "cpu":
-        env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(config.inference.vllm_kv_cache_gib)})
-        env += [{"name": k, "value": v} for k, v in CPU_SERVER_ENV.items()]
-    container = {
-        "name": JUDGE,
-        "image": settings.image("vllm"),
-        "command": literal(judge_command(config, settings)),  # the config's strings, unexpanded
-        "env": env,
-        "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
-        **vllm_probes(config.inference.vllm_startup_timeout_s),
-        "resources": resources(settings.judge_cpu, settings.judge_memory_gib, settings.judge_gpus, settings),
-        "volumeMounts": mounts,
-        "securityContext": container_security(),
-    }
-    spec = pod_spec(settings, [container], vols)
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta(f"{run_name}-{JUDGE}", run_name, JUDGE, settings, owner),
-        "spec": {
-            "replicas": settings.judge_replicas,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector(run_name, JUDGE)},
-            "template": template(run_name, JUDGE, spec),
-        },
-    }
+    return build_served_deployment(config, settings, run_name, served, owner)
 
 
 def build_judge_service(settings: ClusterSettings, run_name: str, owner: dict[str, Any] | None = None) -> Manifest:
     """ClusterIP Service `<run>-judge` in front of the judge pods (requests spread over `judge_replicas`)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta(f"{run_name}-{JUDGE}", run_name, JUDGE, settings, owner),
-        "spec": {
-            "selector": selector(run_name, JUDGE),
-            "ports": [{"name": "http", "port": settings.vllm_port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    return build_served_service(settings, run_name, JUDGE, owner)
 
 
 def is_judge_service(obj: Manifest, run_name: str) -> bool:

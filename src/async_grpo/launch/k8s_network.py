@@ -3,7 +3,9 @@
 One policy per component isolates its pods both ways. What is open is only what the run needs:
 the trainer reaches its own ranks, vLLM, the reward service, MLflow and DNS; vLLM reaches the
 trainer's weight-transfer ports and DNS; reward pods reach nothing unless the platform opens it (and the
-run's LLM judge, when it serves one: the judge admits only the pods that ask it and reaches nothing).
+run's LLM judge, when it serves one: the judge admits only the pods that ask it and reaches nothing). A
+distillation teacher the run serves is asked by the orchestrator, in trainer rank 0: it admits only the trainer
+pods and reaches nothing, and the trainer's egress gains it.
 No rule names the Kubernetes API or any address outside the cluster, so neither is reachable (the
 platform's extra egress ranges always have the cloud metadata addresses carved out).
 """
@@ -84,8 +86,13 @@ def reward_policy(
 
 def judge_egress(settings: ClusterSettings, run_name: str) -> dict[str, Any]:
     """Egress rule to the run's judge pods on the vLLM port."""
+    return served_egress(settings, run_name, "judge")
+
+
+def served_egress(settings: ClusterSettings, run_name: str, component: str) -> dict[str, Any]:
+    """Egress rule to the pods of a model the run serves (`k8s_served`: "judge", "teacher") on the vLLM port."""
     return {
-        "to": [{"podSelector": {"matchLabels": selector(run_name, "judge")}}],
+        "to": [{"podSelector": {"matchLabels": selector(run_name, component)}}],
         "ports": [{"protocol": "TCP", "port": settings.vllm_port}],
     }
 
@@ -109,9 +116,18 @@ def judge_policy(
 ) -> Manifest:
     """The judge pods' policy: ingress only from this run's `clients` component (the pods that ask the judge) on
     the vLLM port; no egress at all (the judge loads its model from the volume and calls nothing)."""
+    return served_policy(settings, run_name, "judge", clients, owner)
+
+
+def served_policy(
+    settings: ClusterSettings, run_name: str, component: str, clients: str, owner: dict[str, Any] | None = None
+) -> Manifest:
+    """The policy of a model the run serves (`k8s_served`: the judge, the teacher): ingress only from this run's
+    `clients` component (the pods that ask it) on the vLLM port; no egress at all (it loads its model from the
+    volume and calls nothing)."""
     peer = {"podSelector": {"matchLabels": selector(run_name, clients)}}
     ingress = [{"from": [peer], "ports": [{"protocol": "TCP", "port": settings.vllm_port}]}]
-    return _policy(settings, run_name, "judge", ingress, [], owner)
+    return _policy(settings, run_name, component, ingress, [], owner)
 
 
 def build_network_policies(
@@ -121,8 +137,10 @@ def build_network_policies(
     owner: dict[str, Any] | None = None,
     *,
     judge_clients: str | None = None,
+    teacher: bool = False,
 ) -> list[Manifest]:
-    """The run's policies: vllm, trainer, (with reward_replicas > 0) reward and (with `judge_clients`) judge.
+    """The run's policies: vllm, trainer, (with reward_replicas > 0) reward, (with `judge_clients`) judge and (with
+    `teacher`) teacher.
 
     vLLM's dev-mode endpoints load weights, so only this run's trainer pods reach vLLM (HTTP port +
     weight-transfer range); the reward service admits only the trainer; trainer pods admit each other
@@ -132,6 +150,8 @@ def build_network_policies(
         policy: the platform policy (DNS pods, MLflow pods and port, extra egress); None: its defaults.
         judge_clients: the component whose pods ask the run's LLM judge ("reward" or "trainer",
             `k8s_judge.judge_clients`): the judge admits only them and only they reach it; None: no judge.
+        teacher: the run serves a distillation teacher (`k8s_teacher.serves_teacher`): it admits only the trainer
+            pods (the orchestrator asks it from rank 0), and only they reach it.
     """
     policy = policy or PlatformPolicy()
     lo, hi = settings.weight_transfer_ports
@@ -159,6 +179,10 @@ def build_network_policies(
         )
     if judge_clients == "trainer":
         trainer_egress.insert(len(trainer_egress) - len(policy.trainer_egress), judge_egress(settings, run_name))
+    if teacher:
+        trainer_egress.insert(
+            len(trainer_egress) - len(policy.trainer_egress), served_egress(settings, run_name, "teacher")
+        )
     if settings.trainer_api == "trainjob" and policy.trainjob_status_namespace:  # the run's progress (KEP-2779)
         trainer_egress.insert(len(trainer_egress) - len(policy.trainer_egress), trainjob_status_egress(policy))
     policies = [
@@ -183,4 +207,6 @@ def build_network_policies(
         policies.append(reward_policy(settings, run_name, policy, owner=owner, judge=judge_clients == "reward"))
     if judge_clients:
         policies.append(judge_policy(settings, run_name, judge_clients, owner))
+    if teacher:
+        policies.append(served_policy(settings, run_name, "teacher", "trainer", owner))
     return policies

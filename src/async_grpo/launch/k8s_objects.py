@@ -4,7 +4,7 @@ The builders are pure functions (config + `ClusterSettings` in, manifests out), 
 feeds the `kubernetes` launch backend, `async-grpo render` and the committed example manifests, and
 tests can validate the output against the Kubernetes and Training Operator schemas offline. Pod parts
 live in `k8s_pods.py`, NetworkPolicies in `k8s_network.py`, the platform's allow-list in `k8s_policy.py`, the
-LLM judge a run serves in `k8s_judge.py`.
+LLM judge a run serves in `k8s_judge.py`, its distillation teacher in `k8s_teacher.py`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     REWARD_TOKEN_KEY,
     REWARD_URL_ENV,
     RUN_LABEL,
+    TEACHER_API_KEY_ENV,
+    TEACHER_TOKEN_KEY,
     TINY_MODEL_DIR,
     VLLM_API_KEY_ENV,
     VLLM_AUTH_MIDDLEWARE,
@@ -78,6 +80,13 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
 from async_grpo.launch.k8s_pods import resources as _resources
 from async_grpo.launch.k8s_policy import PlatformPolicy, on_volume, path_problems
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.k8s_teacher import (
+    build_teacher_deployment,
+    build_teacher_service,
+    serves_teacher,
+    teacher_health_url,
+    teacher_url,
+)
 from async_grpo.launch.uris import canonical_http_uri
 from async_grpo.user_code import is_file_spec
 
@@ -122,7 +131,10 @@ def tracking_uri(config: GRPOConfig, settings: ClusterSettings) -> str:
 def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str) -> GRPOConfig:
     """The run config as the trainer pod sees it: vLLM, MLflow and (with reward_replicas > 0) the reward service
     in the cluster, outputs on the PVC; a judge the run serves (`k8s_judge.serves_judge`) as `judge_url` (its
-    Service) and `judge_model` (its path), with no `judge_model_name_or_path` left to serve.
+    Service) and `judge_model` (its path), with no `judge_model_name_or_path` left to serve; likewise a teacher the
+    run serves (`k8s_teacher.serves_teacher`) as `teacher_url` and `teacher_model`, with no
+    `teacher_model_name_or_path`; a submitter's own `teacher_url` rebuilt from its parsed parts
+    (`uris.canonical_http_uri`), so the trainer connects to the host the policy checked.
 
     Raises:
         ValueError: a path is not on the PVC (`k8s_policy.path_problems`), `reward_url` points elsewhere while the run starts its
@@ -155,6 +167,14 @@ def trainer_config(config: GRPOConfig, settings: ClusterSettings, run_name: str)
             judge_model_name_or_path=None,
             judge_model=config.rewards.judge_model_name_or_path,
         )
+    if serves_teacher(config):
+        data.update(
+            teacher_url=teacher_url(run_name, settings),
+            teacher_model_name_or_path=None,
+            teacher_model=config.distillation.teacher_model_name_or_path,
+        )
+    elif config.distillation.teacher_url:  # the submitter's teacher (allowed by the policy), as the client parses it
+        data["teacher_url"] = canonical_http_uri(config.distillation.teacher_url)
     data.update(
         vllm_url=vllm_url(run_name, settings),
         mlflow_tracking_uri=tracking_uri(config, settings),
@@ -197,7 +217,9 @@ def trainer_pod(
     config: GRPOConfig, settings: ClusterSettings, run_name: str, mlflow_run_id: str | None
 ) -> dict[str, Any]:
     """The trainer's pod template (PyTorchJob Master and Workers; `k8s_trainjob` splits it between the runtime
-    and the TrainJob): torchrun in container PYTORCH_CONTAINER, an init container waiting for vLLM."""
+    and the TrainJob): torchrun in container PYTORCH_CONTAINER, an init container waiting for vLLM (and for the
+    judge or the reward pods, and for the teacher, when the run serves them). With a teacher the run serves, the
+    teacher's token as ASYNC_GRPO_TEACHER_API_KEY: the orchestrator, beside rank 0, asks it."""
     vols, mounts = scratch_volumes(settings, shm=True)
     data_vol, data_mount = data_volume(settings, read_only=False)
     vols += [data_vol, {"name": "config", "configMap": {"name": f"{run_name}-config"}}]
@@ -219,6 +241,8 @@ def trainer_pod(
     asks_judge = judge_clients(config, settings)
     if asks_judge == "trainer":  # its reward process pool scores, so it asks the judge
         env += token_env(secret, (JUDGE_API_KEY_ENV, JUDGE_TOKEN_KEY))
+    if serves_teacher(config):  # the orchestrator, beside rank 0, asks the teacher
+        env += token_env(secret, (TEACHER_API_KEY_ENV, TEACHER_TOKEN_KEY))
     if mlflow_run_id:
         env.append({"name": "MLFLOW_RUN_ID", "value": mlflow_run_id})  # the Tracker resumes this run
     gpus = settings.nproc_per_node if settings.device == "gpu" else 0
@@ -242,6 +266,9 @@ def trainer_pod(
         waits.append(
             wait_container("wait-for-rewards", settings.image("trainer"), reward_url(run_name, settings), timeout_s)
         )
+    if serves_teacher(config):
+        url = teacher_health_url(run_name, settings)
+        waits.append(wait_container("wait-for-teacher", settings.image("trainer"), url, timeout_s))
     spec = pod_spec(settings, [container], vols, init_containers=waits)
     # SIGTERM -> the step ends, a checkpoint is written (checkpoint_signal_grace_s), then the pod is killed
     spec["terminationGracePeriodSeconds"] = (
@@ -528,8 +555,9 @@ def build_run_objects(
     policy: PlatformPolicy | None = None,
 ) -> list[Manifest]:
     """Every object of one run, in creation order: ConfigMap, PyTorchJob, tokens Secret, NetworkPolicies, (when
-    the run serves an LLM judge, `k8s_judge`) judge Service + Deployment, reward Deployment + Service, vLLM
-    Service + Deployment (policies exist before the pods they guard). The
+    the run serves an LLM judge, `k8s_judge`) judge Service + Deployment, (when it serves a distillation teacher,
+    `k8s_teacher`) teacher Service + Deployment, reward Deployment + Service, vLLM Service + Deployment (policies
+    exist before the pods they guard). The
     PyTorchJob path; `k8s_trainjob.build_objects_for_api` picks by `settings.trainer_api`.
 
     The images are taken from `settings` as given: resolve them and check the run with
@@ -551,16 +579,23 @@ def build_run_objects(
             "(lowercase letters, digits, '-', starting with a letter). Fix: rename it."
         )
     asks_judge = judge_clients(config, settings)
+    teacher = serves_teacher(config)
+    tokens = tokens or RunTokens.generate()
     objs = [
         build_config_map(config, settings, run_name, owner),
         build_pytorchjob(config, settings, run_name, mlflow_run_id),
-        build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner, judge=bool(asks_judge)),
+        build_tokens_secret(settings, run_name, tokens, owner=owner, judge=bool(asks_judge), teacher=teacher),
     ]
-    objs += build_network_policies(settings, run_name, policy, owner, judge_clients=asks_judge)
+    objs += build_network_policies(settings, run_name, policy, owner, judge_clients=asks_judge, teacher=teacher)
     if asks_judge:  # the Service first: the launcher pins its address into the reward pods (`k8s_judge`)
         objs += [
             build_judge_service(settings, run_name, owner),
             build_judge_deployment(config, settings, run_name, owner),
+        ]
+    if teacher:
+        objs += [
+            build_teacher_service(settings, run_name, owner),
+            build_teacher_deployment(config, settings, run_name, owner),
         ]
     if settings.reward_replicas:
         objs += [

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from async_grpo.config import GRPOConfig
+from async_grpo.config.sections.distillation import TEACHER_API_KEY_ENV  # noqa: F401 - re-exported
 from async_grpo.inference.server import build_server_command
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.naming import DNS_LABEL  # noqa: F401 - re-exported
@@ -45,17 +46,20 @@ def image_server_command(
     *,
     weight_transfer_backend: str | None,
     tensor_parallel_size: int = 1,
+    max_model_len: int | None = None,
 ) -> list[str]:
     """A vLLM server command inside the vLLM image: `build_server_command`'s flags with this machine's interpreter
     and CPU-build detection replaced by the target's (python3; the CPU flags on cpu), `--tensor-parallel-size` when
     above 1 on gpu, and the bearer-token middleware (vLLM's own --api-key guards only /v1). Shared by the policy's
-    server (`k8s_objects.vllm_command`) and the run's LLM judge (`k8s_judge.judge_command`)."""
+    server (`k8s_objects.vllm_command`), the run's LLM judge (`k8s_judge.judge_command`) and its distillation teacher
+    (`k8s_teacher.teacher_command`). `max_model_len`: --max-model-len in tokens (None: the run's
+    vllm_max_model_len)."""
     cmd = build_server_command(
         model,
         port=settings.vllm_port,
         host="0.0.0.0",
         dtype=config.inference.vllm_dtype,
-        max_model_len=config.inference.vllm_max_model_len,
+        max_model_len=config.inference.vllm_max_model_len if max_model_len is None else max_model_len,
         weight_transfer_backend=weight_transfer_backend,
         seed=config.seed,
         cpu=settings.device == "cpu",
@@ -95,6 +99,7 @@ POD_IP_ENV = "POD_IP"  # the trainer's address for the weight-transfer rendezvou
 TOKENS_SECRET_SUFFIX = "-tokens"
 VLLM_TOKEN_KEY, REWARD_TOKEN_KEY = "vllm-api-key", "reward-token"
 JUDGE_TOKEN_KEY = "judge-api-key"  # in the tokens Secret only when the run serves an LLM judge
+TEACHER_TOKEN_KEY = "teacher-api-key"  # in the tokens Secret only when the run serves a distillation teacher
 # Keys of the MLflow secret that reach the trainer (each optional); nothing else in that secret does.
 MLFLOW_SECRET_KEYS = MLFLOW_CREDENTIAL_KEYS  # the pipeline steps read the same keys (`async_grpo.step_secrets`)
 
@@ -180,16 +185,19 @@ class RunTokens:
         reward_token: guards the reward service's scoring routes.
         judge_api_key: guards the LLM judge's vLLM server (only used when the run serves one); a fresh random
             token unless given.
+        teacher_api_key: guards the distillation teacher's vLLM server (only used when the run serves one); a fresh
+            random token unless given.
     """
 
     vllm_api_key: str
     reward_token: str
     judge_api_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    teacher_api_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     @classmethod
     def generate(cls) -> RunTokens:
-        """Three fresh random tokens (256 bits each, URL-safe)."""
-        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        """Four fresh random tokens (256 bits each, URL-safe)."""
+        return cls(*(secrets.token_urlsafe(32) for _ in range(4)))
 
 
 def tokens_secret_name(run_name: str) -> str:
@@ -205,12 +213,15 @@ def build_tokens_secret(
     component: str = "tokens",
     owner: dict[str, Any] | None = None,
     judge: bool = False,
+    teacher: bool = False,
 ) -> Manifest:
     """Secret `<run>-<component>` (`<run>-tokens` for the run itself) holding the bearer tokens; with `judge` also
-    the LLM judge's (key JUDGE_TOKEN_KEY)."""
+    the LLM judge's (key JUDGE_TOKEN_KEY), with `teacher` the distillation teacher's (key TEACHER_TOKEN_KEY)."""
     data = {VLLM_TOKEN_KEY: tokens.vllm_api_key, REWARD_TOKEN_KEY: tokens.reward_token}
     if judge:
         data[JUDGE_TOKEN_KEY] = tokens.judge_api_key
+    if teacher:
+        data[TEACHER_TOKEN_KEY] = tokens.teacher_api_key
     return {
         "apiVersion": "v1",
         "kind": "Secret",

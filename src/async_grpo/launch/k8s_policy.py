@@ -28,6 +28,7 @@ from async_grpo.config.trust import Trust, TrustClass, trust_markdown, trust_tab
 from async_grpo.launch.image_refs import BadImageReference, parse_image_ref, prefix_covers
 from async_grpo.launch.k8s_judge import serves_judge
 from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH, NCCL_TUNING_ENV, ClusterSettings, check_mount_path
+from async_grpo.launch.k8s_teacher import serves_teacher
 from async_grpo.launch.uris import UnsafeURI, parse_http_uri, uri_allowed
 from async_grpo.user_code import is_file_spec, split_adapter
 
@@ -171,10 +172,16 @@ class PlatformPolicy(BaseModel):
     judge_urls: list[str] = Field(
         default_factory=list, description="LLM judges a run may send its completions to (judge_url)."
     )
+    teacher_urls: list[str] = Field(
+        default_factory=list,
+        description="Distillation teachers a run may send every sampled completion to (teacher_url); the trainer "
+        "asks them, so the platform also opens their range in trainer_egress.",
+    )
     max_gpus_per_pod: int | None = Field(
         None,
         ge=1,
-        description="Most GPUs one run pod may ask for (trainer nproc_per_node, vllm_gpus, judge_gpus); None: no cap.",
+        description="Most GPUs one run pod may ask for (trainer nproc_per_node, vllm_gpus, judge_gpus, teacher_gpus); "
+        "None: no cap.",
     )
     vllm_flags: list[str] = Field(
         default_factory=lambda: list(DEFAULT_VLLM_FLAGS), description="Flags allowed in vllm_extra_args."
@@ -291,7 +298,7 @@ class PlatformPolicy(BaseModel):
                 raise ValueError(f"image_prefixes entry {prefix!r} is not registry[/path][/]. Fix: e.g. ghcr.io/org/.")
         return value
 
-    @field_validator("mlflow_tracking_uris", "reward_urls", "judge_urls")
+    @field_validator("mlflow_tracking_uris", "reward_urls", "judge_urls", "teacher_urls")
     @classmethod
     def _valid_uris(cls, value: list[str]) -> list[str]:
         """Each allowed server parses unambiguously (`uris.parse_http_uri`)."""
@@ -504,20 +511,25 @@ VOLUME_PATH_WHAT = {
     "resume_from_checkpoint": "the checkpoint",
     "output_dir": "the run folder",
     "judge_model_name_or_path": "the judge's model folder",
+    "teacher_model_name_or_path": "the teacher's model folder",
 }
+SERVED_MODEL_PATHS = ("judge_model_name_or_path", "teacher_model_name_or_path")  # a vLLM pod of the run loads them
 
 
 def volume_path_problems(field: FieldValue, ctx: RunContext) -> list[str]:
     """A `volume_path` field: its default, a `builtin:` value, for the model a `models:/` registry URI (the train
     step downloads it into a step-private folder before any pod starts), or a normalized path on the workspace
-    volume (`on_volume`). The judge model is a path only when the run serves the judge (else it is the remote
-    judge's model name). A checkpoint to resume from may be `true` (the run's own newest)."""
+    volume (`on_volume`). The judge and teacher models are paths only when the run serves them (else they are a
+    remote server's model name), and never builtins (a plain vLLM pod loads them from the volume). A checkpoint to
+    resume from may be `true` (the run's own newest)."""
     value = field.value
     if field.name == "judge_model_name_or_path" and not serves_judge(ctx.config):
         return []
+    if field.name == "teacher_model_name_or_path" and not serves_teacher(ctx.config):
+        return []
     if value is None or isinstance(value, bool) or value == field.default:
         return []
-    if isinstance(value, str) and value.startswith("builtin:") and field.name != "judge_model_name_or_path":
+    if isinstance(value, str) and value.startswith("builtin:") and field.name not in SERVED_MODEL_PATHS:
         return []
     if field.name == "model_name_or_path" and isinstance(value, str) and value.startswith("models:/"):
         return []
@@ -725,18 +737,29 @@ def _judge_url(field: FieldValue, ctx: RunContext) -> list[str]:
     return _uri_problems("judge_url", field.value, ctx.policy.judge_urls, "LLM judge", stake)
 
 
+def _teacher_url(field: FieldValue, ctx: RunContext) -> list[str]:
+    """An external distillation teacher: every sampled completion (prompt and completion tokens) is sent there, from
+    the trainer pod."""
+    if not field.value:
+        return []
+    stake = "every sampled completion would be sent there"
+    return _uri_problems("teacher_url", field.value, ctx.policy.teacher_urls, "distillation teacher", stake)
+
+
 def _vllm_flags(field: FieldValue, ctx: RunContext) -> list[str]:
     """Each flag of vllm_extra_args is in `vllm_flags` (`config.vllm_serve_args`: every flag the server gets)."""
     return _flag_problems(ctx.config.vllm_serve_args, ctx.policy)
 
 
 def _gpus(field: FieldValue, ctx: RunContext) -> list[str]:
-    """GPUs one pod asks for (nproc_per_node, vllm_gpus, judge_gpus when the run serves a judge) stay within
-    `max_gpus_per_pod`."""
+    """GPUs one pod asks for (nproc_per_node, vllm_gpus, judge_gpus when the run serves a judge, teacher_gpus when
+    it serves a teacher) stay within `max_gpus_per_pod`."""
     cap = ctx.policy.max_gpus_per_pod
     if cap is None or ctx.settings.device != "gpu" or field.value <= cap:
         return []
     if field.name == "judge_gpus" and not serves_judge(ctx.config):
+        return []
+    if field.name == "teacher_gpus" and not serves_teacher(ctx.config):
         return []
     return [
         f"{field.name}={field.value} asks for more GPUs per pod than the platform allows ({cap}). {FIX} (max_gpus_per_pod)."
@@ -791,6 +814,7 @@ POLICY_CHECKS: dict[str, Any] = {
     "mlflow_tracking_uris": _mlflow_uri,
     "reward_urls": _reward_url,
     "judge_urls": _judge_url,
+    "teacher_urls": _teacher_url,
     "vllm_flags": _vllm_flags,
     "max_gpus_per_pod": _gpus,
     "node_selectors": _node_selector,
@@ -872,8 +896,8 @@ def check_run(
 ) -> None:
     """Refuse a run that asks for anything the policy does not allow: every field of the run config and the cluster
     settings by its declared trust class (`trust_problems`; images, the ServiceAccount, secrets, the workspace PVC
-    and mount, the MLflow server, an external reward service or LLM judge, vLLM flags, GPUs per pod, scheduling,
-    paths on the volume, code where credentials are, platform-only fields).
+    and mount, the MLflow server, an external reward service, LLM judge or teacher, vLLM flags, GPUs per pod,
+    scheduling, paths on the volume, code where credentials are, platform-only fields).
 
     Args:
         settings: as resolved by `resolve_images` (the images the pods will run).

@@ -185,6 +185,23 @@ class ClusterSettings(BaseModel):
     )
     judge_cpu: float = Field(8.0, gt=0, description="CPU cores requested per judge pod.", json_schema_extra=tenant())
     judge_memory_gib: int = Field(64, ge=1, description="Memory per judge pod (GiB).", json_schema_extra=tenant())
+    teacher_replicas: int = Field(
+        1,
+        ge=1,
+        description="Pods of the distillation teacher's vLLM Deployment, behind the `<run>-teacher` Service (only "
+        "when the run serves `teacher_model_name_or_path`).",
+        json_schema_extra=tenant(),
+    )
+    teacher_gpus: int = Field(
+        1,
+        ge=1,
+        description="GPUs per teacher pod (its tensor-parallel size).",
+        json_schema_extra=policy_list("max_gpus_per_pod"),
+    )
+    teacher_cpu: float = Field(
+        8.0, gt=0, description="CPU cores requested per teacher pod.", json_schema_extra=tenant()
+    )
+    teacher_memory_gib: int = Field(64, ge=1, description="Memory per teacher pod (GiB).", json_schema_extra=tenant())
     reward_replicas: int = Field(
         1,
         ge=0,

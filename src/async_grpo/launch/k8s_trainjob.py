@@ -55,6 +55,7 @@ from async_grpo.launch.k8s_objects import (
 from async_grpo.launch.k8s_pods import from_literal, resources
 from async_grpo.launch.k8s_policy import PlatformPolicy
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.k8s_teacher import serves_teacher
 
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 TRAINJOB_PLURAL, RUNTIME_PLURAL = "trainjobs", "clustertrainingruntimes"
@@ -227,7 +228,8 @@ def build_cluster_training_runtime(
 # ------------------------------------------------------------------------------------------------ one run
 def check_trainjob_run(config: GRPOConfig, settings: ClusterSettings) -> None:
     """Refuse what the `async-grpo` runtime cannot hold (one vLLM pod and at most one reward pod, addressed by
-    their JobSet hostnames; models on the PVC; no judge job, so no `judge_model_name_or_path` to serve).
+    their JobSet hostnames; models on the PVC; no judge or teacher job, so no `judge_model_name_or_path` or
+    `teacher_model_name_or_path` to serve).
 
     Raises:
         ValueError: names the field and the fix.
@@ -248,6 +250,13 @@ def check_trainjob_run(config: GRPOConfig, settings: ClusterSettings) -> None:
             "runtime has no judge job, so no judge would be served. Fix: serve the judge yourself and give its "
             "judge_url (allowed by the platform policy's judge_urls), or use trainer_api: pytorchjob, which serves "
             "it as a Deployment."
+        )
+    if serves_teacher(config):
+        raise ValueError(
+            f"teacher_model_name_or_path={config.distillation.teacher_model_name_or_path!r} with trainer_api: "
+            "trainjob: the runtime has no teacher job, so no teacher would be served. Fix: serve the teacher yourself "
+            "and give its teacher_url (allowed by the platform policy's teacher_urls), or use trainer_api: "
+            "pytorchjob, which serves it as a Deployment."
         )
     if config.model_name_or_path == "builtin:tiny":
         raise ValueError(

@@ -194,7 +194,8 @@ class KubernetesBackend:
         The PyTorchJob is created first; every other object is created with an ownerReference to it (its pods wait
         for their ConfigMap and Secret, and the base default-deny isolates them until their NetworkPolicies exist).
         When the run serves an LLM judge (`k8s_judge`), its Service's cluster IP, known once it is created, goes
-        into the reward pods' hostAliases (they resolve no DNS). The vLLM, judge and reward Deployments are deleted
+        into the reward pods' hostAliases (they resolve no DNS). A distillation teacher the run serves (`k8s_teacher`) is
+        reached by the trainer through DNS. The vLLM, judge, teacher and reward Deployments are deleted
         in every case; the PyTorchJob is kept after success (for its
         logs; `ttlSecondsAfterFinished` or `cleanup` removes it, and the garbage collector everything it owns) and
         deleted otherwise.

@@ -1,7 +1,8 @@
 """The local launch backend: every role on this machine, the run itself in `runner`.
 
 `run_local(config)` joins the trainer ranks (torchrun) if there are several, and on rank 0 runs the GRPO recipe
-with a vLLM subprocess it starts (or the server at `vllm_url`); the other ranks follow rank 0. It turns SIGINT
+with a vLLM subprocess it starts (or the server at `vllm_url`), and the run's LLM judge and distillation teacher on
+vLLM servers of their own when the config names their models; the other ranks follow rank 0. It turns SIGINT
 and SIGTERM into a clean stop, and ends every process it started, by PID, whatever happens.
 """
 
@@ -21,7 +22,14 @@ from async_grpo.config.sections.peft import lora_server_args
 from async_grpo.errors import RunFailedError
 from async_grpo.inference.client import InferenceEndpoint
 from async_grpo.inference.replicas import attached_endpoints
-from async_grpo.inference.server import ServerWatchdog, VLLMServer, build_server_command, free_port, server_env
+from async_grpo.inference.server import (
+    ServerWatchdog,
+    VLLMServer,
+    build_server_command,
+    free_port,
+    scoring_max_model_len,
+    server_env,
+)
 from async_grpo.launch.base import LaunchResult
 from async_grpo.preflight import check_config
 from async_grpo.rewards.contract import JUDGE_SPEC
@@ -91,39 +99,69 @@ def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterabl
     _INTERRUPTED.clear()
     _install_signal_handlers()
     info = init_distributed(collective_timeout_s(config))
-    judge: VLLMServer | None = None
-    watchdog: ServerWatchdog | None = None  # restarts the judge's server if it dies mid-run
+    served: list[tuple[VLLMServer, ServerWatchdog | None]] = []  # each watchdog restarts its server if it dies
     try:
         if not info.is_main:
             run_follower(config, info)
             return None
-        config, judge = start_judge_server(config)  # rank 0 scores every group: its reward workers ask the judge
-        if judge is not None:
-            watchdog = ServerWatchdog(judge, "the LLM judge").start()
+        # rank 0 scores every group (its reward workers ask the judge) and runs the orchestrator (it asks the teacher)
+        for start, name in ((start_judge_server, "the LLM judge"), (start_teacher_server, "the teacher")):
+            config, server = start(config)
+            if server is not None:
+                served.append((server, None))  # closed below even if its watchdog does not start
+                served[-1] = (server, ServerWatchdog(server, name).start())
         return _run_main(config, GRPORecipe(config, info, progress=progress))
     finally:
-        if watchdog is not None:
-            watchdog.close()
-        if judge is not None:
-            judge.close()
+        for server, watchdog in reversed(served):
+            if watchdog is not None:
+                watchdog.close()
+            server.close()
         close_distributed()
 
 
 def local_server_command(
-    config: GRPOConfig, model: str | Path, port: int, extra_args: list[str] | None = None
+    config: GRPOConfig,
+    model: str | Path,
+    port: int,
+    extra_args: list[str] | None = None,
+    *,
+    plain: bool = False,
+    max_model_len: int | None = None,
 ) -> list[str]:
     """The command of a vLLM server this launcher starts on 127.0.0.1:`port` for `model`, with the run's dtype,
-    length, weight-transfer backend and seed (`inference.server.build_server_command`)."""
+    length, weight-transfer backend and seed (`inference.server.build_server_command`).
+
+    Args:
+        plain: a server whose weights never change: no weight-transfer flags, no worker extension.
+        max_model_len: --max-model-len in tokens; None: the run's vllm_max_model_len.
+    """
     inf = config.inference
     return build_server_command(
         str(model),
         port=port,
         dtype=inf.vllm_dtype,
-        max_model_len=inf.vllm_max_model_len,
-        weight_transfer_backend=resolve_backend(config.weight_sync.weight_sync_backend),
+        max_model_len=inf.vllm_max_model_len if max_model_len is None else max_model_len,
+        weight_transfer_backend=None if plain else resolve_backend(config.weight_sync.weight_sync_backend),
         seed=config.seed,
         extra_args=extra_args,
     )
+
+
+def _start_served_model(config: GRPOConfig, model: str, role: str, cmd: list[str], port: int) -> VLLMServer:
+    """Start `cmd` (a vLLM server for `model` on 127.0.0.1:`port`) as the run's `role` ("judge", "teacher"), logging
+    to `<output_dir>/vllm-<role>.log`, and wait until it is healthy.
+
+    Raises:
+        VLLMStartupError: it did not answer /health within vllm_startup_timeout_s.
+    """
+    inf = config.inference
+    env = {**server_env(inf.vllm_kv_cache_gib), **vllm_thread_env(config)}
+    log = Path(config.output_dir) / f"vllm-{role}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = VLLMServer(cmd, env, log, f"http://127.0.0.1:{port}", inf.vllm_startup_timeout_s)
+    logger.info("starting the %s's vLLM server (%s) on port %d; log: %s", role, model, port, log)
+    server.start()
+    return server
 
 
 def start_judge_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | None]:
@@ -138,18 +176,39 @@ def start_judge_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | Non
     model = config.rewards.judge_model_name_or_path
     if model is None or JUDGE_SPEC not in config.rewards.reward_funcs:
         return config, None
-    inf = config.inference
     port = free_port()
-    cmd = local_server_command(config, model, port)
-    env = {**server_env(inf.vllm_kv_cache_gib), **vllm_thread_env(config)}
-    log = Path(config.output_dir) / "vllm-judge.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    server = VLLMServer(cmd, env, log, f"http://127.0.0.1:{port}", inf.vllm_startup_timeout_s)
-    logger.info("starting the LLM judge's vLLM server (%s) on port %d; log: %s", model, port, log)
-    server.start()
+    server = _start_served_model(config, model, "judge", local_server_command(config, model, port), port)
     try:
         served = config.model_copy(
             update={"judge_url": f"{server.url}/v1", "judge_model_name_or_path": None, "judge_model": str(model)}
+        )
+    except BaseException:
+        server.close()
+        raise
+    return served, server
+
+
+def start_teacher_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | None]:
+    """Serve `teacher_model_name_or_path` as the run's distillation teacher on a vLLM server of its own (log:
+    `<output_dir>/vllm-teacher.log`): a plain server (no weight transfer: the teacher's weights never change) whose
+    --max-model-len is one above the policy's (`inference.server.scoring_max_model_len`: the teacher scores prompt +
+    completion as one prompt). Returns the config with `teacher_url` pointing at it and `teacher_model` naming the
+    model it serves, with the server to close after the run (`run_local` watches it with a `ServerWatchdog`, which
+    starts it again if it dies). Unchanged config and None when the run has no teacher model to serve.
+
+    Raises:
+        VLLMStartupError: the teacher's server did not answer /health within vllm_startup_timeout_s.
+    """
+    model = config.distillation.teacher_model_name_or_path
+    if model is None:
+        return config, None
+    port = free_port()
+    length = scoring_max_model_len(config.inference.vllm_max_model_len)
+    cmd = local_server_command(config, model, port, plain=True, max_model_len=length)
+    server = _start_served_model(config, model, "teacher", cmd, port)
+    try:
+        served = config.model_copy(
+            update={"teacher_url": f"{server.url}/v1", "teacher_model_name_or_path": None, "teacher_model": str(model)}
         )
     except BaseException:
         server.close()
