@@ -30,6 +30,10 @@ backend run it with target cluster.
 - model (local): a model_name_or_path that is no local HF folder, no hub id and not builtin:tiny.
 - lora_targets (with use_peft and explicit lora_target_modules, where the model's config is at hand): target
   modules that match no module of the model (`peft_check`).
+- teacher (all; folders on this machine, hub ids when cached): a teacher_model_name_or_path that is no saved model,
+  or whose tokenizer is not the student's (vocabulary and special tokens; `preflight.teacher`).
+- teacher_url (local): a served teacher that does not answer GET /models within 5 s, does not serve teacher_model,
+  holds fewer than vllm_max_model_len + 1 tokens, or tokenizes a probe otherwise than the student.
 - output_dir (local): a folder this process cannot write.
 - resume_checkpoint (local): a resume_from_checkpoint path that is no complete checkpoint folder, or one of another
   checkpoint format version (its meta.json).
@@ -67,6 +71,8 @@ CHECKS = (
     "reward_probe",
     "model",
     "lora_targets",
+    "teacher",
+    "teacher_url",
     "output_dir",
     "resume_checkpoint",
     "weight_sync_device",
@@ -74,7 +80,7 @@ CHECKS = (
     "mlflow",
     "reward_url",
 )
-LOCAL_ONLY = ("model", "output_dir", "resume_checkpoint", "weight_sync_device", "mlflow", "reward_url")
+LOCAL_ONLY = ("model", "output_dir", "resume_checkpoint", "weight_sync_device", "mlflow", "reward_url", "teacher_url")
 
 
 def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[str] = ()) -> PreflightReport:
@@ -139,6 +145,17 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         problems, note = check_lora_targets(config, local)
         add(problems)
         report.skipped += [note] if note else []
+    from async_grpo.preflight.teacher import check_teacher_model, check_teacher_url
+
+    for name, teacher_check in (("teacher", check_teacher_model), ("teacher_url", check_teacher_url)):
+        if not wanted(name) or not config.distillation.enabled:
+            continue
+        if any(p.field.startswith("model") for p in report.problems):
+            report.skipped.append(f"{name}: the student's model is not usable, so its tokenizer is not compared")
+            continue
+        problems, notes = teacher_check(config, local)
+        add(problems)
+        report.skipped += notes
     if wanted("data_producer"):
         problems, notes = inputs.check_data_producer(config, local)
         add(problems)

@@ -1,0 +1,78 @@
+"""The distillation teacher against real vLLM CPU servers (issue 52): vLLM refuses a prompt that fills its context
+when asked for prompt logprobs and one generated token, so the teacher the launcher serves holds one token more than
+the policy, and scores a whole sequence of the policy's length; the preflight of a served teacher (its
+`/v1/models`, `max_model_len` and `/tokenize`) passes against a real server of the student's tokenizer and refuses one
+too short or of another tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from async_grpo.config import GRPOConfig
+from async_grpo.launch import local
+from async_grpo.preflight.teacher import URL_FIELD, check_teacher_url
+from async_grpo.tiny_model import build_tiny_tokenizer
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 120.0
+
+
+def _score(url: str, model: str, ids: list[int]) -> httpx.Response:
+    """The teacher's request: the whole sequence as the prompt, its prompt logprobs, one generated token."""
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=TIMEOUT_S)
+
+
+def test_the_policys_length_is_refused_so_the_launched_teacher_holds_one_more(vllm_server, tiny_model_dir, tmp_path):
+    # the session's server plays a policy server of max_model_len 512: a 512-token sequence cannot be scored there
+    ids = [97 + i % 26 for i in range(512)]
+    refused = _score(vllm_server.url, str(tiny_model_dir), ids)
+    assert refused.status_code == 400 and "max_tokens must be at least 1" in refused.text
+    # the launcher's teacher for a run of vllm_max_model_len 128 holds 129 tokens: a full 128-token sequence scores
+    config = GRPOConfig(
+        model_name_or_path=str(tiny_model_dir),
+        teacher_model_name_or_path=str(tiny_model_dir),
+        vllm_max_model_len=128,
+        max_completion_length=64,
+        max_prompt_length=64,
+        output_dir=str(tmp_path / "run"),
+        vllm_startup_timeout_s=400,
+    )
+    served, server = local.start_teacher_server(config)
+    try:
+        assert served.distillation.teacher_url == f"{server.url}/v1"
+        answer = _score(server.url, served.distillation.teacher_model, ids[:128])
+        assert answer.status_code == 200, answer.text
+        logprobs = answer.json()["choices"][0]["prompt_logprobs"]
+        assert len(logprobs) == 128 and logprobs[0] is None
+        assert all(str(t) in entry for t, entry in zip(ids[1:128], logprobs[1:], strict=True))
+        assert (tmp_path / "run" / "vllm-teacher.log").is_file()
+        # and preflight says the same of it, asking it as the trainer would
+        assert check_teacher_url(served.model_copy(update={"model_name_or_path": "builtin:tiny"})) == ([], [])
+    finally:
+        server.close()
+
+
+def test_preflight_of_a_real_served_teacher(vllm_server, tmp_path):
+    url = f"{vllm_server.url}/v1"
+    fits = GRPOConfig(model_name_or_path="builtin:tiny", teacher_url=url, vllm_max_model_len=511)
+    assert check_teacher_url(fits) == ([], [])
+    (problem,) = check_teacher_url(fits.model_copy(update={"vllm_max_model_len": 512}))[0]
+    assert problem.field == URL_FIELD and "max_model_len=512" in str(problem) and "--max-model-len 513" in str(problem)
+    # a student whose tokenizer maps two tokens the other way round: the teacher's ids would mean other tokens
+    student = tmp_path / "student"
+    student.mkdir()
+    tokenizer = build_tiny_tokenizer()
+    vocab = dict(tokenizer.get_vocab())
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (student / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    type(tokenizer)(
+        vocab=vocab, merges=[], eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token=None,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    ).save_pretrained(student)  # fmt: skip
+    (problem,) = check_teacher_url(fits.model_copy(update={"model_name_or_path": str(student)}))[0]
+    assert problem.field == URL_FIELD and "does not tokenize as the student does" in str(problem)
