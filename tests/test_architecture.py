@@ -119,6 +119,7 @@ ALLOWED = {
         "launch",
         "lifecycle",
         "preflight",
+        "runner",  # make-tiny-model --sft-steps: the runner's warm start, saved (`runner.warm_model`)
         "tiny_model",
     },
 }

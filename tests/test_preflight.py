@@ -37,7 +37,24 @@ def _from_the_repo_root(monkeypatch):
 
 
 def test_every_example_is_covered():
-    assert {p.name for p in (REPO_ROOT / "examples").glob("*.yaml")} == {*CPU_EXAMPLES, "tools_gpu.yaml"}
+    assert {p.name for p in (REPO_ROOT / "examples").glob("*.yaml")} == {
+        *CPU_EXAMPLES,
+        "tools_gpu.yaml",
+        "distill_cpu.yaml",
+    }
+
+
+def test_the_distillation_example_passes_once_its_teacher_is_built(tmp_path, capsys):
+    """examples/distill_cpu.yaml names a teacher the user builds first (`make-tiny-model --sft-steps`): without it
+    validate exits 2 naming the field; with one built (a few steps here) it passes."""
+    missing = f"teacher_model_name_or_path={tmp_path / 'none'}"
+    assert cli.main(["validate", "examples/distill_cpu.yaml", missing]) == 2
+    assert "error: distillation.teacher_model_name_or_path" in capsys.readouterr().err
+    teacher = tmp_path / "teacher"
+    assert cli.main(["make-tiny-model", str(teacher), "--sft-steps", "3"]) == 0
+    assert (teacher / "config.json").is_file() and "trained 3 supervised steps" in capsys.readouterr().out
+    built = f"teacher_model_name_or_path={teacher}"
+    assert cli.main(["validate", "examples/distill_cpu.yaml", built]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", CPU_EXAMPLES)

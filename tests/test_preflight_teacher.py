@@ -191,12 +191,12 @@ def test_a_served_teacher_of_another_tokenizer_is_refused(tmp_path):
 
 def test_a_served_teacher_too_short_for_a_whole_sequence_is_refused(tmp_path):
     config = _config(tmp_path, teacher_url=TEACHER_URL, vllm_max_model_len=512)
-    ok = FakeVLLM(build_tiny_tokenizer(), max_model_len=513)
+    ok = FakeVLLM(build_tiny_tokenizer(), max_model_len=512)
     assert check_teacher_url(config, client=ok.client())[0] == []
-    short = FakeVLLM(build_tiny_tokenizer(), max_model_len=512)
+    short = FakeVLLM(build_tiny_tokenizer(), max_model_len=511)
     (problem,) = check_teacher_url(config, client=short.client())[0]
-    assert problem.field == URL_FIELD and "max_model_len=512" in str(problem)
-    assert "Fix: serve the teacher with --max-model-len 513 or more" in str(problem)
+    assert problem.field == URL_FIELD and "max_model_len=511" in str(problem)
+    assert "Fix: serve the teacher with --max-model-len 512 or more" in str(problem)
 
 
 def test_a_teacher_model_the_server_does_not_serve_is_refused(tmp_path):

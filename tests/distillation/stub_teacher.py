@@ -45,6 +45,7 @@ class StubTeacher(ThreadingHTTPServer):
         self.in_flight = 0
         self.in_flight_max = 0
         self.reverse_choices = True  # vLLM does not promise the order: the client sorts by index
+        self.max_model_len: int | None = None  # reported by GET /models when set (vLLM's model card field)
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
@@ -102,7 +103,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.requests.append(("GET", self.path, dict(self.headers), None))
         if self.path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode())
+            card = {"id": MODEL, "object": "model"}
+            if self.server.max_model_len is not None:
+                card["max_model_len"] = self.server.max_model_len
+            self._send(200, json.dumps({"object": "list", "data": [card]}).encode())
         else:
             self._send(404, b'{"error": "not found"}')
 

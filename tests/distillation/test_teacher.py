@@ -116,13 +116,36 @@ def test_one_batched_request_per_group_and_the_logprobs_at_the_completion_positi
     assert all(h.get("Authorization") == "Bearer s3cret" for _, _, h, _ in stub.requests)
 
 
-def test_a_named_model_is_not_discovered_and_no_token_means_no_header(monkeypatch):
+def test_a_named_model_is_used_as_named_and_no_token_means_no_header(monkeypatch):
     monkeypatch.delenv(TEACHER_API_KEY_ENV, raising=False)
     with StubTeacher() as stub:
         score(TeacherClient(stub.url, model="mine"))
-    assert [p for _, p, _, _ in stub.requests] == ["/v1/completions"]
+    assert [p for _, p, _, _ in stub.requests] == ["/v1/models", "/v1/completions"]  # asked once, for its length
     assert stub.completions()[0]["model"] == "mine"
-    assert "Authorization" not in stub.requests[0][2]
+    assert all("Authorization" not in headers for _, _, headers, _ in stub.requests)
+
+
+def test_a_sequence_that_fills_the_teachers_context_loses_only_its_tail():
+    """vLLM refuses a prompt of max_model_len tokens (no room for max_tokens=1): the client sends max_model_len - 1
+    tokens of it, and the completion tokens cut off get NaN; shorter sequences go whole."""
+    with StubTeacher() as stub:
+        stub.max_model_len = len(PROMPT) + 3  # room for 2 completion tokens
+        out = score(TeacherClient(stub.url))
+    sent = stub.completions()[0]["prompt"]
+    assert max(len(seq) for seq in sent) == len(PROMPT) + 2
+    assert out[0][:2] == pytest.approx(expected(PROMPT, COMPLETIONS[0][:2]))
+    assert all(math.isnan(x) for x in out[0][2:]) and len(out[0]) == 4
+    assert out[1] == [] and out[2] == pytest.approx(expected(PROMPT, [20]))
+    assert out[3] == pytest.approx(expected(PROMPT, [30, 31]))
+
+
+def test_a_prompt_with_no_room_left_is_not_sent():
+    with StubTeacher() as stub:
+        stub.max_model_len = len(PROMPT) + 1  # the prompt alone fills max_model_len - 1
+        out = score(TeacherClient(stub.url))
+    assert stub.completions() == []
+    assert [len(row) for row in out] == [len(c) for c in COMPLETIONS]
+    assert all(math.isnan(x) for row in out for x in row)
 
 
 def test_a_group_of_empty_completions_sends_nothing():

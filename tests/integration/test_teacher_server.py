@@ -1,17 +1,20 @@
 """The distillation teacher against real vLLM CPU servers (issue 52): vLLM refuses a prompt that fills its context
-when asked for prompt logprobs and one generated token, so the teacher the launcher serves holds one token more than
-the policy, and scores a whole sequence of the policy's length; the preflight of a served teacher (its
-`/v1/models`, `max_model_len` and `/tokenize`) passes against a real server of the student's tokenizer and refuses one
-too short or of another tokenizer."""
+when asked for prompt logprobs and one generated token, so the teacher the launcher serves (the policy's context
+length: one more would exceed the tiny model's position limit) scores a sequence that fills it but for its last token;
+the preflight of a served teacher (its `/v1/models`, `max_model_len` and `/tokenize`) passes against a real server of
+the student's tokenizer and refuses one too short or of another tokenizer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 
 import httpx
 import pytest
 
 from async_grpo.config import GRPOConfig
+from async_grpo.distillation.teacher import TeacherClient
 from async_grpo.launch import local
 from async_grpo.preflight.teacher import URL_FIELD, check_teacher_url
 from async_grpo.tiny_model import build_tiny_tokenizer
@@ -27,12 +30,14 @@ def _score(url: str, model: str, ids: list[int]) -> httpx.Response:
     return httpx.post(f"{url}/v1/completions", json=body, timeout=TIMEOUT_S)
 
 
-def test_the_policys_length_is_refused_so_the_launched_teacher_holds_one_more(vllm_server, tiny_model_dir, tmp_path):
-    # the session's server plays a policy server of max_model_len 512: a 512-token sequence cannot be scored there
+def test_a_sequence_filling_the_launched_teachers_context_is_scored_but_its_last_token(
+    vllm_server, tiny_model_dir, tmp_path
+):
+    # the session's server (max_model_len 512) refuses a 512-token prompt with prompt logprobs and one generated token
     ids = [97 + i % 26 for i in range(512)]
     refused = _score(vllm_server.url, str(tiny_model_dir), ids)
     assert refused.status_code == 400 and "max_tokens must be at least 1" in refused.text
-    # the launcher's teacher for a run of vllm_max_model_len 128 holds 129 tokens: a full 128-token sequence scores
+    # the launcher's teacher for a run of vllm_max_model_len 128 holds 128 tokens, as the policy's server
     config = GRPOConfig(
         model_name_or_path=str(tiny_model_dir),
         teacher_model_name_or_path=str(tiny_model_dir),
@@ -45,12 +50,20 @@ def test_the_policys_length_is_refused_so_the_launched_teacher_holds_one_more(vl
     served, server = local.start_teacher_server(config)
     try:
         assert served.distillation.teacher_url == f"{server.url}/v1"
-        answer = _score(server.url, served.distillation.teacher_model, ids[:128])
-        assert answer.status_code == 200, answer.text
-        logprobs = answer.json()["choices"][0]["prompt_logprobs"]
-        assert len(logprobs) == 128 and logprobs[0] is None
-        assert all(str(t) in entry for t, entry in zip(ids[1:128], logprobs[1:], strict=True))
         assert (tmp_path / "run" / "vllm-teacher.log").is_file()
+        prompt, full, shorter = ids[:64], ids[64:128], ids[64:127]  # 128 tokens in all, and 127
+
+        async def score() -> list[list[float]]:
+            client = TeacherClient.from_config(served.distillation)
+            try:
+                return await client.score(prompt, [full, shorter])
+            finally:
+                await client.aclose()
+
+        whole_seq, short_seq = asyncio.run(score())
+        assert len(whole_seq) == 64 and math.isnan(whole_seq[-1])  # cut: no room for the generated token
+        assert all(math.isfinite(x) for x in whole_seq[:-1] + short_seq) and len(short_seq) == 63
+        assert whole_seq[:-1] == pytest.approx(short_seq, abs=1e-5)  # the same tokens, the same context
         # and preflight says the same of it, asking it as the trainer would
         assert check_teacher_url(served.model_copy(update={"model_name_or_path": "builtin:tiny"})) == ([], [])
     finally:
@@ -59,10 +72,10 @@ def test_the_policys_length_is_refused_so_the_launched_teacher_holds_one_more(vl
 
 def test_preflight_of_a_real_served_teacher(vllm_server, tmp_path):
     url = f"{vllm_server.url}/v1"
-    fits = GRPOConfig(model_name_or_path="builtin:tiny", teacher_url=url, vllm_max_model_len=511)
+    fits = GRPOConfig(model_name_or_path="builtin:tiny", teacher_url=url, vllm_max_model_len=512)
     assert check_teacher_url(fits) == ([], [])
-    (problem,) = check_teacher_url(fits.model_copy(update={"vllm_max_model_len": 512}))[0]
-    assert problem.field == URL_FIELD and "max_model_len=512" in str(problem) and "--max-model-len 513" in str(problem)
+    (problem,) = check_teacher_url(fits.model_copy(update={"vllm_max_model_len": 600}))[0]
+    assert problem.field == URL_FIELD and "max_model_len=512" in str(problem) and "--max-model-len 600" in str(problem)
     # a student whose tokenizer maps two tokens the other way round: the teacher's ids would mean other tokens
     student = tmp_path / "student"
     student.mkdir()

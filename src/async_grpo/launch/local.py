@@ -27,7 +27,6 @@ from async_grpo.inference.server import (
     VLLMServer,
     build_server_command,
     free_port,
-    scoring_max_model_len,
     server_env,
 )
 from async_grpo.launch.base import LaunchResult
@@ -191,8 +190,8 @@ def start_judge_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | Non
 def start_teacher_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | None]:
     """Serve `teacher_model_name_or_path` as the run's distillation teacher on a vLLM server of its own (log:
     `<output_dir>/vllm-teacher.log`): a plain server (no weight transfer: the teacher's weights never change) whose
-    --max-model-len is one above the policy's (`inference.server.scoring_max_model_len`: the teacher scores prompt +
-    completion as one prompt). Returns the config with `teacher_url` pointing at it and `teacher_model` naming the
+    --max-model-len is the policy's (one more would exceed the position limit of a model whose whole context the
+    policy uses; the teacher's client cuts the rare sequence that fills it: `distillation.teacher`). Returns the config with `teacher_url` pointing at it and `teacher_model` naming the
     model it serves, with the server to close after the run (`run_local` watches it with a `ServerWatchdog`, which
     starts it again if it dies). Unchanged config and None when the run has no teacher model to serve.
 
@@ -203,8 +202,7 @@ def start_teacher_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | N
     if model is None:
         return config, None
     port = free_port()
-    length = scoring_max_model_len(config.inference.vllm_max_model_len)
-    cmd = local_server_command(config, model, port, plain=True, max_model_len=length)
+    cmd = local_server_command(config, model, port, plain=True)
     server = _start_served_model(config, model, "teacher", cmd, port)
     try:
         served = config.model_copy(

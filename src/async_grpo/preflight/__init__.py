@@ -33,7 +33,7 @@ backend run it with target cluster.
 - teacher (all; folders on this machine, hub ids when cached): a teacher_model_name_or_path that is no saved model,
   or whose tokenizer is not the student's (vocabulary and special tokens; `preflight.teacher`).
 - teacher_url (local): a served teacher that does not answer GET /models within 5 s, does not serve teacher_model,
-  holds fewer than vllm_max_model_len + 1 tokens, or tokenizes a probe otherwise than the student.
+  holds fewer than vllm_max_model_len tokens, or tokenizes a probe otherwise than the student.
 - output_dir (local): a folder this process cannot write.
 - resume_checkpoint (local): a resume_from_checkpoint path that is no complete checkpoint folder, or one of another
   checkpoint format version (its meta.json).

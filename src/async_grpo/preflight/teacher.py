@@ -10,8 +10,8 @@ same tokens on both sides: a teacher of another vocabulary would score other wor
   machine, a hub id in the HF cache; on a cluster a folder on the workspace volume is checked where it runs.
 - teacher_url (local: where the trainer runs): the server answers `GET {teacher_url}/models` within a few seconds;
   `teacher_model`, when given, is among the models it serves; its `max_model_len` (vLLM reports it) holds the
-  student's vllm_max_model_len + 1 tokens (`inference.server.scoring_max_model_len`: the whole sequence as a prompt,
-  plus the one token vLLM insists on generating); and its tokenizer, asked through vLLM's `/tokenize` (at the server
+  student's vllm_max_model_len (a prompt plus a completion; the teacher's client cuts the last token of a sequence
+  that fills it, `distillation.teacher`); and its tokenizer, asked through vLLM's `/tokenize` (at the server
   root, beside /v1) on a probe text holding the student's special tokens and a spread of its vocabulary, gives the
   ids and token strings the student's gives. The bearer token, if any, is env ASYNC_GRPO_TEACHER_API_KEY. A probe is
   not the whole vocabulary: a teacher whose tokenizer only adds tokens the probe does not hold (or makes another of
@@ -34,7 +34,6 @@ from async_grpo.preflight.report import Problem
 MODEL_FIELD = "distillation.teacher_model_name_or_path"
 URL_FIELD = "distillation.teacher_url"
 TEACHER_TIMEOUT_S = 5.0  # longest preflight waits for one answer of a served teacher
-EXTRA_TOKENS = 1  # the teacher serves one token more than the policy (`inference.server.scoring_max_model_len`)
 PROBE_VOCAB_SAMPLE = 256  # vocabulary entries spread over the student's ids, in the /tokenize probe
 PROBE_TEXT = "The teacher scores every token: 3 + 4 = 7.\n\tÉtoile, naïve, 東京 🙂  done."
 SHOWN = 3  # differing tokens quoted in a message
@@ -248,15 +247,14 @@ def _check_served_teacher(
     model = wanted or served[0]
     card = models[served.index(model)]
     problems = []
-    needed = config.inference.vllm_max_model_len + EXTRA_TOKENS
+    needed = config.inference.vllm_max_model_len
     length = card.get("max_model_len")
     if isinstance(length, int) and length < needed:
         problems.append(
             Problem(
                 URL_FIELD,
                 f"the teacher {model!r} at {url} holds max_model_len={length} tokens, but it scores a prompt plus a "
-                f"completion of up to vllm_max_model_len={config.inference.vllm_max_model_len} tokens as one prompt, "
-                f"and vLLM then generates one more ({needed} in all)",
+                f"completion of up to vllm_max_model_len={needed} tokens as one prompt",
                 f"serve the teacher with --max-model-len {needed} or more, or lower vllm_max_model_len",
             )
         )
