@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from async_grpo.algorithms import GRPOObjective, LossSettings, MicroBatchInputs, distillation_advantages
+from async_grpo.algorithms.distillation import group_baselines
 
 NAN = float("nan")
 
@@ -26,6 +27,24 @@ def test_advantage_matches_a_hand_computation():
     # reverse KL per scored trained token: (-0.6 + 0.6 + 0.0 - 2.0) / 4 = -0.5; 4 of 5 trained tokens scored
     assert term.metrics["distill/reverse_kl"] == pytest.approx(-0.5)
     assert term.metrics["distill/scored_fraction"] == pytest.approx(0.8)
+
+
+def test_group_baselines_are_the_other_completions_mean_gap():
+    teacher = [[-1.0, -2.0], [-0.5, NAN, -3.0], [NAN], [-1.0]]
+    sampler = [[-2.0, -1.0], [-1.5, -1.0, -1.0], [-1.0], [-1.0]]
+    mask = [[1, 1], [1, 1, 0], [1], [1]]
+    # per completion mean of teacher - sampler over trained, finite tokens: 0.0, 1.0, none, 0.0
+    # leave-one-out: (1 + 0) / 2, (0 + 0) / 2, (0 + 1 + 0) / 3, (0 + 1) / 2
+    assert group_baselines(teacher, sampler, mask) == pytest.approx([0.5, 0.0, 1 / 3, 0.5])
+    assert group_baselines([[-1.0]], [[-2.0]], [[1]]) == [0.0]  # nobody else: no baseline
+
+
+def test_advantage_subtracts_the_rows_baseline_on_scored_tokens_only():
+    student = torch.tensor([[-1.0, -2.0, -0.5]])
+    teacher = torch.tensor([[-0.4, -2.6, NAN]])
+    term = distillation_advantages(student, teacher, torch.ones(1, 3), weight=2.0, baselines=torch.tensor([0.5]))
+    torch.testing.assert_close(term.advantages, torch.tensor([[2.0 * (0.6 - 0.5), 2.0 * (-0.6 - 0.5), 0.0]]))
+    assert term.metrics["distill/reverse_kl"] == pytest.approx(0.0, abs=1e-6)  # the raw KL estimate, baseline aside
 
 
 def test_advantage_refuses_bad_shapes_and_weights():
@@ -95,10 +114,12 @@ def _trl_reverse_kl():
     return GKDTrainer.generalized_jsd_loss
 
 
-def test_expected_gradient_equals_trls_reverse_kl_gradient():
-    """The sampled-token estimator is unbiased: averaged over every token the student can sample (weighted by its
-    probability), the objective's gradient with distillation alone equals the gradient of KL(student || teacher),
-    computed by TRL GKD's generalized_jsd_loss with beta=1 over the whole vocabulary."""
+@pytest.mark.parametrize("baseline", [None, 0.7])
+def test_expected_gradient_equals_trls_reverse_kl_gradient(baseline):
+    """The sampled-token estimator is unbiased, with or without a baseline that does not depend on the sampled token:
+    averaged over every token the student can sample (weighted by its probability), the objective's gradient with
+    distillation alone equals the gradient of KL(student || teacher), computed by TRL GKD's generalized_jsd_loss with
+    beta=1 over the whole vocabulary."""
     jsd = _trl_reverse_kl()
     torch.manual_seed(0)
     vocab = 7
@@ -117,6 +138,8 @@ def test_expected_gradient_equals_trls_reverse_kl_gradient():
         logp = torch.log_softmax(student_logits, -1)[token].view(1, 1)
         inputs = _inputs(logp, teacher_lp[token].detach().view(1, 1), torch.ones(1, 1, dtype=torch.float64),
                          torch.zeros(1, dtype=torch.float64))  # fmt: skip
+        if baseline is not None:
+            inputs.teacher_baselines = torch.tensor([baseline], dtype=torch.float64)
         loss = objective.micro_batch_loss(inputs, num_items_in_batch=1).output.loss
         (g,) = torch.autograd.grad(loss, student_logits)
         expected += student_lp[token].exp().detach() * g

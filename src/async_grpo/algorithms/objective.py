@@ -74,6 +74,9 @@ class MicroBatchInputs:
         completion_ids: (B, T) sampled token ids; fused path only.
         teacher_logps: (B, T) the teacher's logprobs of the sampled tokens (nats, temperature 1; NaN where it gave
             none), read when ``distillation_weight`` > 0; None: no teacher.
+        teacher_baselines: (B,) each row's distillation baseline (nats per token,
+            :func:`~async_grpo.algorithms.distillation.group_baselines`), subtracted when
+            ``distillation_baseline``; None: none.
     """
 
     logps: Tensor
@@ -88,6 +91,7 @@ class MicroBatchInputs:
     lm_head: torch.nn.Module | None = None
     completion_ids: Tensor | None = None
     teacher_logps: Tensor | None = None
+    teacher_baselines: Tensor | None = None
 
 
 @dataclass
@@ -226,7 +230,8 @@ class GRPOObjective:
             kl_ratio = behaviour if s.kl_bias_correction_ratio == "sampler" else None
         advantages = inputs.advantages  # (B,)
         if s.distillation_weight > 0 and inputs.teacher_logps is not None:  # (B, T): each token its own advantage
-            term = distillation_advantages(old, inputs.teacher_logps, mask, s.distillation_weight)
+            baselines = inputs.teacher_baselines if s.distillation_baseline else None
+            term = distillation_advantages(old, inputs.teacher_logps, mask, s.distillation_weight, baselines)
             grpo = torch.zeros_like(advantages) if s.distillation_only else advantages
             advantages = grpo.reshape(-1, 1).to(term.advantages.dtype) + term.advantages
             metrics.update(term.metrics)

@@ -93,6 +93,8 @@ class LossSettings:
             the teacher scored gains the advantage ``distillation_weight * (log p_teacher - log p_student)``
             (:func:`~.distillation.distillation_advantages`; Tinker's ``kl_penalty_coef``). 0 (the default): no
             distillation, the teacher's logprobs are not read. >= 0.
+        distillation_baseline: subtract each row's leave-one-out group baseline from its distillation advantage
+            (:func:`~.distillation.group_baselines`: unbiased, lower variance); False: Tinker's plain advantage.
         distillation_only: leave the GRPO advantage out, so the teacher's signal is the whole advantage (run config
             ``distillation_only``). Needs ``distillation_weight`` > 0.
     """
@@ -121,6 +123,7 @@ class LossSettings:
     kl_bias_correction_ratio: str = "old"
     seq_logprob_error_threshold: float | None = None
     distillation_weight: float = 0.0
+    distillation_baseline: bool = True
     distillation_only: bool = False
 
     def __post_init__(self) -> None:

@@ -319,6 +319,7 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
         seq_logprob_error_threshold=off.seq_logprob_error_threshold,
         distillation_weight=config.distillation.distillation_weight if config.distillation.enabled else 0.0,
         distillation_only=config.distillation.distillation_only,
+        distillation_baseline=config.distillation.distillation_baseline == "leave_one_out",
     )  # fmt: skip
 
 

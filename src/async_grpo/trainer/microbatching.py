@@ -216,6 +216,7 @@ def trim(mb: PackedBatch) -> PackedBatch:
         mb.advantages,
         mb.replayed,
         mb.teacher_logps[:, :t],
+        mb.teacher_baselines,
     )
 
 

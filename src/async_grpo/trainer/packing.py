@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from async_grpo.algorithms.distillation import group_baselines
 from async_grpo.trainer.logprobs import completion_logps_from_model
 from async_grpo.transports.messages import TrainBatch
 
@@ -32,6 +33,8 @@ class PackedBatch:
         teacher_logps: (N, T) the teacher's logprobs of the sampled tokens (nats, `RolloutGroup.teacher_logprobs`;
             on-policy distillation), NaN where the teacher gave none: on padding, and everywhere when the run does
             not distill.
+        teacher_baselines: (N,) each row's leave-one-out baseline for the distillation advantage (nats per token,
+            `algorithms.distillation.group_baselines` over its group); 0 for a row of a group without a teacher.
     """
 
     input_ids: torch.Tensor
@@ -43,6 +46,7 @@ class PackedBatch:
     advantages: torch.Tensor
     replayed: torch.Tensor
     teacher_logps: torch.Tensor
+    teacher_baselines: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
@@ -107,9 +111,18 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     teacher_logps = torch.tensor(
         [list(r[7]) + [nan] * (t - len(r[7])) if r[7] else [nan] * t for r in rows], dtype=torch.float32
     )
+    baselines = [
+        b
+        for grp in batch.groups
+        for b in (
+            group_baselines(grp.teacher_logprobs, grp.sampling_logprobs, grp.loss_mask)
+            if grp.teacher_logprobs
+            else [0.0] * grp.size
+        )
+    ]
     return PackedBatch(
         input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps, advantages,
-        replayed, teacher_logps,
+        replayed, teacher_logps, torch.tensor(baselines, dtype=torch.float32),
     )  # fmt: skip
 
 

@@ -314,6 +314,7 @@ class GRPOLearner:
                 replayed=mb.replayed, old_logps=None if old_logps is None else old_logps[index],
                 ref_logps=passes.ref_logps, hidden=passes.hidden, lm_head=passes.lm_head,
                 completion_ids=mb.completion_ids, teacher_logps=mb.teacher_logps,
+                teacher_baselines=mb.teacher_baselines,
             )  # fmt: skip
             result = self.objective.micro_batch_loss(
                 inputs,
@@ -412,6 +413,7 @@ class GRPOLearner:
             torch.zeros(1, device=self.device),
             torch.zeros(1, dtype=torch.bool, device=self.device),
             torch.full((1, 1), float("nan"), device=self.device),
+            torch.zeros(1, device=self.device),
         )
 
     def _dummy_pass(self) -> None:

@@ -56,6 +56,14 @@ class DistillationConfig(Section):
         "log p_student) (Tinker's `kl_penalty_coef`), added to the GRPO advantage of each trained token (nats).",
         json_schema_extra=tenant(),
     )
+    distillation_baseline: Literal["leave_one_out", "none"] = Field(
+        "leave_one_out",
+        description="What each token's distillation advantage is measured against: leave_one_out subtracts the mean "
+        "per-token log p_teacher - log p_sampler of the other completions of its group (RLOO's baseline: it leaves the "
+        "gradient's expectation unchanged and lowers its variance; algorithms/distillation.py); none keeps Tinker's "
+        "plain log p_teacher - log p_student.",
+        json_schema_extra=tenant(),
+    )
     distillation_only: bool = Field(
         False,
         description="Train on the teacher's signal alone: the GRPO advantage is left out of the loss. Rewards are "
