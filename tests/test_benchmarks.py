@@ -148,6 +148,22 @@ def test_time_to_reward_reduced(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow(seconds=180)
+def test_distillation_reduced(tmp_path):
+    """benchmarks/distillation.py --reduced: it builds a teacher, serves it once, runs GRPO alone and distillation +
+    GRPO on the example, and prints and writes the comparison; the distilling run's teacher scored every group."""
+    stdout = run("distillation.py", "--reduced", "--out", str(tmp_path), timeout_s=900)
+    assert "teacher: tiny model trained 60 supervised steps" in stdout and "teacher server: http://" in stdout
+    assert "grpo seed 0: 3 evaluations" in stdout and "distill_grpo seed 0: 3 evaluations" in stdout
+    assert "drops {}" in stdout.split("distill_grpo seed 0:")[1].splitlines()[0]  # no teacher_error / teacher_timeout
+    assert "system        | steps to target | seconds to target | final" in stdout
+    assert "distill_grpo / the better of the others (steps to target): " in stdout
+    rows = (tmp_path / "distillation.csv").read_text().splitlines()
+    assert rows[0] == "system,seed,step,wall_s,heldout_reward" and len(rows) == 1 + 2 * 3
+    assert (tmp_path / "distillation.png").stat().st_size > 0
+
+
+@pytest.mark.integration
 @pytest.mark.slow(seconds=63)
 def test_memory_reduced():
     stdout = run("memory.py", "--steps", "15", "--warmup-sft-steps", "50")
