@@ -19,18 +19,19 @@ prompts x `num_generations_eval` samples at fixed seeds, the same for every syst
 steps, with its MLflow timestamp. Wall seconds count from the step-0 evaluation (logged just before the orchestrator
 starts: the servers' start-up and the warm start are outside), so they include the evaluations, equally for every
 system. The target is `--target` (held-out reward, weighted sum of the two functions, at most 1.5), else the
-students' median step-0 reward + `--margin`.
+students' median step-0 reward + `--margin`; with `--relative`, each run's own step-0 reward + `--margin` (the
+student's warm start differs by seed: 0.56, 0.85 and 0.92 at seeds 0-2).
 
 Prints, per system, the median and range (min-max over seeds) of the steps and of the seconds until the held-out
-reward first reaches the target ("not reached" for a run that never did), the final reward (mean and standard
-deviation over seeds), and the ratios distill / grpo and distill_grpo / the better of the two; writes
+reward first reaches the target ("not reached" for a run that never did), the final reward and its gain over the
+run's own start (mean and standard deviation over seeds: the students' starts differ by seed), and the ratios distill / grpo and distill_grpo / the better of the two; writes
 `distillation.csv` (system, seed, step, wall_s, heldout_reward) and `distillation.png` (held-out reward against steps
 and against wall seconds: every run, the per-system mean, the target line) into `--out`.
 
     .venv/bin/python benchmarks/distillation.py [--seeds 0 1 2] [--systems grpo distill distill_grpo]
         [--target 1.0] [--set KEY=VALUE ...] [--out runs/bench-distillation]
     .venv/bin/python benchmarks/distillation.py --reduced     # CI's form: seed 0, grpo and distill_grpo, a few steps
-    .venv/bin/python benchmarks/distillation.py --summarize runs/bench-distillation/distillation.csv --target 0.75
+    .venv/bin/python benchmarks/distillation.py --summarize runs/bench-distillation/distillation.csv --relative
 """
 
 from __future__ import annotations
@@ -173,20 +174,36 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.4g} ({min(values):.4g}-{max(values):.4g})"
 
 
-def summary(runs: list[Run], systems: list[str], target: float) -> tuple[list[str], dict[str, float]]:
+def mean_sd(values: list[float]) -> str:
+    """`mean +- standard deviation` (over seeds) of `values`, or "-" when empty."""
+    if not values:
+        return "-"
+    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
+
+
+def summary(
+    runs: list[Run], systems: list[str], target: float, relative: float | None = None
+) -> tuple[list[str], dict[str, float]]:
     """The table's lines, and per system the median steps / seconds to target over the runs that reached it (inf
-    when a run did not: a median over fewer runs would flatter the system)."""
-    lines = [f"target: held-out reward >= {target:.3f}", "system        | steps to target | seconds to target | final"]
+    when a run did not: a median over fewer runs would flatter the system). With `relative`, each run's target is
+    its own step-0 reward + `relative` (the students' starts differ by seed) instead of `target`."""
+    goal = f"each run's start + {relative:g}" if relative is not None else f"{target:.3f}"
+    lines = [
+        f"target: held-out reward >= {goal}",
+        "system        | steps to target | seconds to target | final | gain over its start",
+    ]
     medians: dict[str, float] = {}
     for system in systems:
         mine = [r for r in runs if r.system == system]
-        hits = [r.first_at(target) for r in mine]
+        hits = [r.first_at(target if relative is None else r.points[0][2] + relative) for r in mine if r.points]
         steps = [h[0] for h in hits if h]
         secs = [h[1] for h in hits if h]
         finals = [r.points[-1][2] for r in mine if r.points]
+        gains = [r.points[-1][2] - r.points[0][2] for r in mine if r.points]
         reached = f"{len(steps)}/{len(mine)} reached"
-        final = f"{statistics.mean(finals):.3f} +- {statistics.stdev(finals) if len(finals) > 1 else 0.0:.3f}"
-        lines.append(f"{system:<13} | {spread(steps):<15} | {spread(secs):<17} | {final} ({reached})")
+        lines.append(
+            f"{system:<13} | {spread(steps):<15} | {spread(secs):<17} | {mean_sd(finals)} ({reached}) | {mean_sd(gains)}"
+        )
         whole = len(steps) == len(mine) and mine
         medians[f"{system}/steps"] = statistics.median(steps) if whole else math.inf
         medians[f"{system}/seconds"] = statistics.median(secs) if whole else math.inf
@@ -231,9 +248,10 @@ def write_csv(runs: list[Run], path: Path) -> None:
                 writer.writerow([run.system, run.seed, step, f"{wall:.2f}", f"{reward:.4f}"])
 
 
-def plot(runs: list[Run], systems: list[str], target: float, path: Path) -> None:
+def plot(runs: list[Run], systems: list[str], target: float, path: Path, relative: float | None = None) -> None:
     """Held-out reward against steps (left) and wall seconds (right): each run thin, each system's mean over seeds
-    at each evaluation step thick, the target dashed."""
+    at each evaluation step thick, the target dashed. With `relative`, the gain over each run's own start is drawn
+    instead, and the target line is at `relative`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -242,6 +260,8 @@ def plot(runs: list[Run], systems: list[str], target: float, path: Path) -> None
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     by_step, by_time = fig.subplots(1, 2, sharey=True)
     colors = {"grpo": "tab:blue", "distill": "tab:orange", "distill_grpo": "tab:green"}
+    shift = {id(r): (r.points[0][2] if relative is not None and r.points else 0.0) for r in runs}
+    runs = [Run(r.system, r.seed, [(st, w, v - shift[id(r)]) for st, w, v in r.points]) for r in runs]
     for system in systems:
         mine = [r for r in runs if r.system == system and r.points]
         for r in mine:
@@ -255,10 +275,11 @@ def plot(runs: list[Run], systems: list[str], target: float, path: Path) -> None
             by_step.plot(common, mean, color=colors[system], lw=2.2, label=f"{system} (mean of {len(mine)})")
             by_time.plot(wall, mean, color=colors[system], lw=2.2, label=f"{system} (mean of {len(mine)})")
     for ax, xlabel in ((by_step, "optimizer step"), (by_time, "wall seconds since the first step")):
-        ax.axhline(target, color="black", ls="--", lw=1, label=f"target {target:.2f}")
+        line = target if relative is None else relative
+        ax.axhline(line, color="black", ls="--", lw=1, label=f"target {'+' if relative is not None else ''}{line:.2f}")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    by_step.set_ylabel("held-out reward")
+    by_step.set_ylabel("held-out reward" if relative is None else "held-out reward gain over the run's start")
     by_time.legend(loc="lower right", fontsize=8)
     fig.suptitle("on-policy distillation vs GRPO from the same student (examples/distill_cpu.yaml)")
     fig.savefig(path, dpi=120)
@@ -271,6 +292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
     p.add_argument("--target", type=float, help="held-out reward to reach; default: median step-0 reward + --margin")
     p.add_argument("--margin", type=float, default=0.2, help="the default target's margin over the start")
+    p.add_argument(
+        "--relative", action="store_true", help="each run's target is its own start + --margin (starts differ by seed)"
+    )
     p.add_argument("--teacher-dir", type=Path, default=ROOT / "runs" / "distill_teacher")
     p.add_argument("--teacher-sft-steps", type=int, default=2000, help="the teacher's supervised steps when built")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
@@ -307,12 +331,12 @@ def report(runs: list[Run], systems: list[str], args: argparse.Namespace) -> Non
     (and, unless summarizing a CSV, the CSV) into `args.out`."""
     starts = [r.points[0][2] for r in runs if r.points]
     target = args.target if args.target is not None else statistics.median(starts) + args.margin
-    lines, medians = summary(runs, systems, target)
+    lines, medians = summary(runs, systems, target, args.margin if args.relative else None)
     lines += ratio_lines(medians, systems)
     print("\n".join(lines), flush=True)
     if args.summarize is None:
         write_csv(runs, args.out / "distillation.csv")
-    plot(runs, systems, target, args.out / "distillation.png")
+    plot(runs, systems, target, args.out / "distillation.png", args.margin if args.relative else None)
     print(f"wrote {args.out / 'distillation.csv'} and {args.out / 'distillation.png'}", flush=True)
 
 
