@@ -1,7 +1,7 @@
 """The teacher's client (`distillation.teacher`) against a stub vLLM teacher on 127.0.0.1 (`stub_teacher`): the request
 it sends, the prompt-logprob parser, and what it does when the teacher fails: 4xx at once, 5xx / dropped connections /
 time-outs retried then `TeacherError` / `TeacherTimeout` (never a raw httpx error), at most max_concurrency in flight.
-The same client against a real vLLM server: tests/integration/test_teacher.py."""
+The same client against a real vLLM server: tests/integration/test_teacher_server.py."""
 
 from __future__ import annotations
 

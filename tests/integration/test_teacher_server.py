@@ -1,8 +1,10 @@
 """The distillation teacher against real vLLM CPU servers (issue 52): vLLM refuses a prompt that fills its context
 when asked for prompt logprobs and one generated token, so the teacher the launcher serves (the policy's context
 length: one more would exceed the tiny model's position limit) scores a sequence that fills it but for its last token;
-the preflight of a served teacher (its `/v1/models`, `max_model_len` and `/tokenize`) passes against a real server of
-the student's tokenizer and refuses one too short or of another tokenizer."""
+its logprobs are transformers' log-softmax of the same model at temperature 1 (vLLM ignores the request's temperature
+for prompt logprobs); the preflight of a served teacher (its `/v1/models`, `max_model_len` and `/tokenize`) passes
+against a real server of the student's tokenizer and refuses one too short or of another tokenizer. The teacher is a
+server of its own: the session's server has had weights pushed into it by other tests."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import math
 
 import httpx
 import pytest
+import torch
 
 from async_grpo.config import GRPOConfig
 from async_grpo.distillation.teacher import TeacherClient
@@ -64,10 +67,47 @@ def test_a_sequence_filling_the_launched_teachers_context_is_scored_but_its_last
         assert len(whole_seq) == 64 and math.isnan(whole_seq[-1])  # cut: no room for the generated token
         assert all(math.isfinite(x) for x in whole_seq[:-1] + short_seq) and len(short_seq) == 63
         assert whole_seq[:-1] == pytest.approx(short_seq, abs=1e-5)  # the same tokens, the same context
+        # the logprobs are transformers' log-softmax of the same model at temperature 1, token for token, for a
+        # group of uneven completions (one empty): what distillation.teacher rests on
+        check_against_transformers(served, tiny_model_dir)
         # and preflight says the same of it, asking it as the trainer would
         assert check_teacher_url(served.model_copy(update={"model_name_or_path": "builtin:tiny"})) == ([], [])
     finally:
         server.close()
+
+
+def check_against_transformers(served: GRPOConfig, model_dir) -> None:
+    """The launched teacher's logprobs of two groups equal transformers' log_softmax of `model_dir` (float32, T=1)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    texts = [
+        ("reverse: hello\n", ["olleh", "", "o", "olleh olleh olleh, and a longer tail of text"]),
+        ("add 12 and 30:", ["42", "4", "forty-two\n"]),
+    ]
+    groups = [
+        (tokenizer.encode(p, add_special_tokens=False), [tokenizer.encode(c, add_special_tokens=False) for c in cs])
+        for p, cs in texts
+    ]
+
+    async def scored() -> list[list[list[float]]]:
+        client = TeacherClient.from_config(served.distillation)
+        try:
+            return list(await asyncio.gather(*(client.score(p, cs) for p, cs in groups)))
+        finally:
+            await client.aclose()
+
+    for (prompt, completions), teacher in zip(groups, asyncio.run(scored()), strict=True):
+        assert [len(row) for row in teacher] == [len(c) for c in completions]
+        for completion, row in zip(completions, teacher, strict=True):
+            if completion:
+                ids = torch.tensor([prompt + completion])
+                with torch.no_grad():
+                    logps = torch.log_softmax(model(ids).logits[0].float(), dim=-1)  # (P + T, V)
+                positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+                expected = logps[positions, torch.tensor(completion)].tolist()
+                assert row == pytest.approx(expected, abs=1e-4)  # float32; vLLM's CPU kernels against eager
 
 
 def test_preflight_of_a_real_served_teacher(vllm_server, tmp_path):

@@ -295,9 +295,13 @@ def test_a_tool_run_with_async_staleness_is_opsm_and_batch_shaping(server, tool_
     assert not {k for k in summary.dropped_groups if k not in ("zero_std", "shutdown", "stale", "unconsumed_at_end")}, (
         summary.dropped_groups
     )
-    # issue 53: the episodes of steps 2 and 4 (2 groups x 4 episodes each) as traces of the run, read back
+    # issue 53: the episodes of steps 2 and 4 (up to 2 groups x 4 episodes each) as traces of the run, read back. A
+    # streamed step may train fewer groups: a group that went stale on the queue is dropped there (`stale`, allowed
+    # above), so each traced step's own `groups` metric says how many it had
+    groups = {m.step: int(m.value) for m in client.get_metric_history(summary.run_id, "groups")}
+    expected = sum(4 * min(2, groups[step]) for step in (2, 4))
     traces = mlflow.search_traces(run_id=summary.run_id, return_type="list")
-    assert len(traces) == 16
+    assert len(traces) == expected >= 8
     names = {"calc_exact_match", "calc_format", "calc_call_match"}
     tool_calls = []
     for trace in traces:

@@ -6,7 +6,7 @@ token after the first, the logprob of that very token given everything before it
 actual token id: ``{"<id>": {"logprob", "rank", "decoded_token"}}``; the list starts with None for the first token).
 The entries at the completion's positions are the teacher's logprobs of the sampled tokens. They are the raw model's
 log-softmax at temperature 1 whatever the request's temperature (measured on vLLM 0.32 CPU against Hugging Face
-transformers, `tests/integration/test_teacher.py`), so the run samples at temperature 1 (`config.rules`).
+transformers, `tests/integration/test_teacher_server.py`), so the run samples at temperature 1 (`config.rules`).
 
 vLLM refuses a prompt of ``max_model_len`` tokens or more (HTTP 400: ``max_tokens`` must be at least 1, measured on
 vLLM 0.32), so a sequence that fills the teacher's whole context cannot be sent whole. The launcher serves the teacher
