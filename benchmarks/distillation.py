@@ -109,28 +109,19 @@ def build_teacher(folder: Path, sft_steps: int, timeout_s: float) -> None:
 
 
 def start_teacher(folder: Path, out: Path, overrides: list[str]):
-    """A vLLM server of the teacher (no weight transfer; the example's dtype, context length, seed and KV cache),
-    started and healthy; the caller closes it.
+    """The teacher served as a run serves it (`launch.local.start_teacher_server`: a plain vLLM server with the
+    example's dtype, context length, seed, KV cache and threads; log `out/vllm-teacher.log`), started and healthy;
+    the caller closes it.
 
     Raises:
         VLLMStartupError: it did not come up within the example's vllm_startup_timeout_s.
     """
     from async_grpo.config.io import load_config
-    from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
+    from async_grpo.launch.local import start_teacher_server
 
-    config = load_config(EXAMPLE, overrides)
-    inf = config.inference
-    port = free_port()
-    command = build_server_command(
-        str(folder), port=port, dtype=inf.vllm_dtype, max_model_len=inf.vllm_max_model_len,
-        weight_transfer_backend=None, seed=config.seed,
-    )  # fmt: skip
-    server = VLLMServer(
-        command, server_env(inf.vllm_kv_cache_gib), out / "vllm-teacher.log", f"http://127.0.0.1:{port}",
-        inf.vllm_startup_timeout_s,
-    )  # fmt: skip
+    config = load_config(EXAMPLE, [*overrides, f"teacher_model_name_or_path={folder}", f"output_dir={out}"])
     t0 = time.monotonic()
-    server.start()
+    _, server = start_teacher_server(config)
     print(f"teacher server: {server.url} ({time.monotonic() - t0:.0f} s to start)", flush=True)
     return server
 

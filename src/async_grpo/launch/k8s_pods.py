@@ -46,20 +46,18 @@ def image_server_command(
     *,
     weight_transfer_backend: str | None,
     tensor_parallel_size: int = 1,
-    max_model_len: int | None = None,
 ) -> list[str]:
     """A vLLM server command inside the vLLM image: `build_server_command`'s flags with this machine's interpreter
     and CPU-build detection replaced by the target's (python3; the CPU flags on cpu), `--tensor-parallel-size` when
     above 1 on gpu, and the bearer-token middleware (vLLM's own --api-key guards only /v1). Shared by the policy's
     server (`k8s_objects.vllm_command`), the run's LLM judge (`k8s_judge.judge_command`) and its distillation teacher
-    (`k8s_teacher.teacher_command`). `max_model_len`: --max-model-len in tokens (None: the run's
-    vllm_max_model_len)."""
+    (`k8s_teacher.teacher_command`), all at the run's vllm_max_model_len."""
     cmd = build_server_command(
         model,
         port=settings.vllm_port,
         host="0.0.0.0",
         dtype=config.inference.vllm_dtype,
-        max_model_len=config.inference.vllm_max_model_len if max_model_len is None else max_model_len,
+        max_model_len=config.inference.vllm_max_model_len,
         weight_transfer_backend=weight_transfer_backend,
         seed=config.seed,
         cpu=settings.device == "cpu",

@@ -63,7 +63,6 @@ def teacher_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         model,
         weight_transfer_backend=None,
         tensor_parallel_size=settings.teacher_gpus,
-        max_model_len=config.inference.vllm_max_model_len,
     )
 
 

@@ -125,21 +125,19 @@ def local_server_command(
     extra_args: list[str] | None = None,
     *,
     plain: bool = False,
-    max_model_len: int | None = None,
 ) -> list[str]:
     """The command of a vLLM server this launcher starts on 127.0.0.1:`port` for `model`, with the run's dtype,
     length, weight-transfer backend and seed (`inference.server.build_server_command`).
 
     Args:
         plain: a server whose weights never change: no weight-transfer flags, no worker extension.
-        max_model_len: --max-model-len in tokens; None: the run's vllm_max_model_len.
     """
     inf = config.inference
     return build_server_command(
         str(model),
         port=port,
         dtype=inf.vllm_dtype,
-        max_model_len=inf.vllm_max_model_len if max_model_len is None else max_model_len,
+        max_model_len=inf.vllm_max_model_len,
         weight_transfer_backend=None if plain else resolve_backend(config.weight_sync.weight_sync_backend),
         seed=config.seed,
         extra_args=extra_args,
