@@ -1,11 +1,15 @@
 """On-policy distillation against GRPO alone, from the same student: held-out reward by step and by wall-clock second.
 
-examples/distill_cpu.yaml as a user runs it (`async-grpo train examples/distill_cpu.yaml seed=S ...`), three ways:
+examples/distill_cpu.yaml as a user runs it (`async-grpo train examples/distill_cpu.yaml seed=S ...`), five ways:
 
 - `grpo`: GRPO alone (`teacher_model_name_or_path=null`): the reward functions' group advantage only;
-- `distill`: the teacher alone (`distillation_only=true`): each token's advantage is distillation_weight x
-  (log p_teacher - log p_student), the reverse-KL term of `algorithms.distillation`;
-- `distill_grpo`: both (the example's default): the GRPO advantage plus the teacher's per-token term.
+- `distill`: the teacher alone on the sampled tokens (`distillation_only=true`, `distillation_loss=reverse_kl`): each
+  token's advantage is distillation_weight x (log p_teacher - log p_student), the reverse-KL term of
+  `algorithms.distillation`;
+- `distill_grpo`: both (`distillation_loss=reverse_kl`): the GRPO advantage plus the teacher's per-token term;
+- `topk`: the teacher alone, dense (`distillation_only=true`, `distillation_loss=forward_kl`): at every position the
+  forward KL from the teacher's top-k (`distillation_topk`) to the student joins the loss;
+- `topk_grpo`: the GRPO advantage plus the dense term (`distillation_loss=forward_kl`, the example's default).
 
 Everything else is the example's: the tiny student (`builtin:tiny`, seed S) after a short supervised warm start
 (`warmup_sft_steps`), the reverse task and its reward functions, G=8, 128 completions per step, temperature 1, dapo,
@@ -24,13 +28,15 @@ student's warm start differs by seed: 0.56, 0.85 and 0.92 at seeds 0-2).
 
 Prints, per system, the median and range (min-max over seeds) of the steps and of the seconds until the held-out
 reward first reaches the target ("not reached" for a run that never did), the final reward and its gain over the
-run's own start (mean and standard deviation over seeds: the students' starts differ by seed), and the ratios distill / grpo and distill_grpo / the better of the two; writes
+run's own start (mean and standard deviation over seeds: the students' starts differ by seed), and the ratios
+(`ratio_lines`: each teacher-alone system / grpo, each teacher + GRPO system / the better of grpo and its teacher
+alone); writes
 `distillation.csv` (system, seed, step, wall_s, heldout_reward) and `distillation.png` (held-out reward against steps
 and against wall seconds: every run, the per-system mean, the target line) into `--out`.
 
-    .venv/bin/python benchmarks/distillation.py [--seeds 0 1 2] [--systems grpo distill distill_grpo]
+    .venv/bin/python benchmarks/distillation.py [--seeds 0 1 2] [--systems grpo distill distill_grpo topk topk_grpo]
         [--target 1.0] [--set KEY=VALUE ...] [--out runs/bench-distillation]
-    .venv/bin/python benchmarks/distillation.py --reduced     # CI's form: seed 0, grpo and distill_grpo, a few steps
+    .venv/bin/python benchmarks/distillation.py --reduced     # CI's form: seed 0, grpo and topk_grpo, a few steps
     .venv/bin/python benchmarks/distillation.py --summarize runs/bench-distillation/distillation.csv --relative
 """
 
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import signal
 import statistics
 import sys
 import time
@@ -54,10 +61,13 @@ from time_to_reward import Child, child_env, metric_history  # noqa: E402  (the 
 EXAMPLE = ROOT / "examples" / "distill_cpu.yaml"
 SYSTEMS = {  # system -> the overrides that make it, beside the example's config
     "grpo": ["teacher_model_name_or_path=null"],
-    "distill": ["distillation_only=true"],
-    "distill_grpo": [],
+    "distill": ["distillation_only=true", "distillation_loss=reverse_kl"],
+    "distill_grpo": ["distillation_loss=reverse_kl"],
+    "topk": ["distillation_only=true", "distillation_loss=forward_kl"],
+    "topk_grpo": ["distillation_loss=forward_kl"],
 }
-DISTILLING = ("distill", "distill_grpo")
+DISTILLING = ("distill", "distill_grpo", "topk", "topk_grpo")
+WITH_REWARD = {"distill_grpo": "distill", "topk_grpo": "topk"}  # teacher + GRPO -> the teacher alone, same loss
 REDUCED_SET = ["max_steps=8", "eval_steps=4", "eval_num_prompts=16", "warmup_sft_steps=30", "save_model=false"]
 REDUCED_TEACHER_SFT_STEPS = 60
 POLL_S = 1.0
@@ -202,19 +212,19 @@ def summary(
 
 
 def ratio_lines(medians: dict[str, float], systems: list[str]) -> list[str]:
-    """distill / grpo and distill_grpo / min(grpo, distill), in steps and in seconds, for the systems that ran."""
+    """Each teacher-alone system / grpo, and each teacher + GRPO system / the better of grpo and its teacher alone
+    (`WITH_REWARD`), in steps and in seconds to the target, for the systems that ran."""
     lines = []
     for unit in ("steps", "seconds"):
-        if {"distill", "grpo"} <= set(systems):
-            lines.append(
-                f"distill / grpo ({unit} to target): {fmt_ratio(medians[f'distill/{unit}'], medians[f'grpo/{unit}'])}"
-            )
-        if "distill_grpo" in systems:
-            others = [medians[f"{s}/{unit}"] for s in ("grpo", "distill") if s in systems]
-            if others:
-                best = min(others)
-                value = fmt_ratio(medians[f"distill_grpo/{unit}"], best)
-                lines.append(f"distill_grpo / the better of the others ({unit} to target): {value}")
+        for alone in ("distill", "topk"):
+            if {alone, "grpo"} <= set(systems):
+                value = fmt_ratio(medians[f"{alone}/{unit}"], medians[f"grpo/{unit}"])
+                lines.append(f"{alone} / grpo ({unit} to target): {value}")
+        for both, alone in WITH_REWARD.items():
+            others = [medians[f"{s}/{unit}"] for s in ("grpo", alone) if s in systems]
+            if both in systems and others:
+                value = fmt_ratio(medians[f"{both}/{unit}"], min(others))
+                lines.append(f"{both} / the better of grpo and {alone} ({unit} to target): {value}")
     return lines
 
 
@@ -250,7 +260,8 @@ def plot(runs: list[Run], systems: list[str], target: float, path: Path, relativ
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     by_step, by_time = fig.subplots(1, 2, sharey=True)
-    colors = {"grpo": "tab:blue", "distill": "tab:orange", "distill_grpo": "tab:green"}
+    colors = {"grpo": "tab:blue", "distill": "tab:orange", "distill_grpo": "tab:green", "topk": "tab:red",
+              "topk_grpo": "tab:purple"}  # fmt: skip
     shift = {id(r): (r.points[0][2] if relative is not None and r.points else 0.0) for r in runs}
     runs = [Run(r.system, r.seed, [(st, w, v - shift[id(r)]) for st, w, v in r.points]) for r in runs]
     for system in systems:
@@ -291,13 +302,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-distillation")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="the longest one run may take (seconds)")
-    p.add_argument("--reduced", action="store_true", help="CI: seed 0, grpo and distill_grpo, a few steps")
+    p.add_argument("--reduced", action="store_true", help="CI: seed 0, grpo and topk_grpo, a few steps")
     p.add_argument(
         "--summarize", type=Path, metavar="CSV", help="no runs: the table, ratios and figure of an earlier CSV"
     )
     args = p.parse_args(argv)
     if args.reduced:
-        args.seeds, args.systems = [0], ["grpo", "distill_grpo"]
+        args.seeds, args.systems = [0], ["grpo", "topk_grpo"]
         args.set = REDUCED_SET + args.set
         args.teacher_sft_steps = REDUCED_TEACHER_SFT_STEPS
         args.timeout_s = min(args.timeout_s, 600.0)
@@ -331,8 +342,15 @@ def report(runs: list[Run], systems: list[str], args: argparse.Namespace) -> Non
     print(f"wrote {args.out / 'distillation.csv'} and {args.out / 'distillation.png'}", flush=True)
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends the benchmark as Ctrl-C does: the `finally` blocks stop the child run (and its vLLM) and the
+    teacher server, so nothing is left running."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the systems x seeds, print the table and ratios, write the CSV and figure. Exits 1 when a run failed."""
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.summarize is not None:

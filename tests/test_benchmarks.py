@@ -154,10 +154,10 @@ def test_distillation_reduced(tmp_path):
     GRPO on the example, and prints and writes the comparison; the distilling run's teacher scored every group."""
     stdout = run("distillation.py", "--reduced", "--out", str(tmp_path), timeout_s=900)
     assert "teacher: tiny model trained 60 supervised steps" in stdout and "teacher server: http://" in stdout
-    assert "grpo seed 0: 3 evaluations" in stdout and "distill_grpo seed 0: 3 evaluations" in stdout
-    assert "drops {}" in stdout.split("distill_grpo seed 0:")[1].splitlines()[0]  # no teacher_error / teacher_timeout
+    assert "grpo seed 0: 3 evaluations" in stdout and "topk_grpo seed 0: 3 evaluations" in stdout
+    assert "drops {}" in stdout.split("topk_grpo seed 0:")[1].splitlines()[0]  # no teacher_error / teacher_timeout
     assert "system        | steps to target | seconds to target | final | gain over its start" in stdout
-    assert "distill_grpo / the better of the others (steps to target): " in stdout
+    assert "topk_grpo / the better of grpo and topk (steps to target): " in stdout
     rows = (tmp_path / "distillation.csv").read_text().splitlines()
     assert rows[0] == "system,seed,step,wall_s,heldout_reward" and len(rows) == 1 + 2 * 3
     assert (tmp_path / "distillation.png").stat().st_size > 0

@@ -21,11 +21,13 @@ from async_grpo.inference.server import VLLMServer, free_port
 from async_grpo.preflight import CHECKS, LOCAL_ONLY, PreflightError, preflight
 from async_grpo.preflight.teacher import (
     MODEL_FIELD,
+    TOPK_FIELD,
     URL_FIELD,
     check_teacher_model,
     check_teacher_url,
     probe_text,
     server_root,
+    teacher_server_args,
     tokenizer_mismatch,
 )
 from async_grpo.tiny_model import IM_END_TOKEN, build_tiny_tokenizer
@@ -145,10 +147,20 @@ def test_what_cannot_be_compared_here_is_said_not_refused(tmp_path, monkeypatch)
 
 # ------------------------------------------------------------------------------------------------ a served teacher
 class FakeVLLM:
-    """Answers /v1/models and /tokenize as vLLM 0.32 does, with `tokenizer`; records the requests."""
+    """Answers /v1/models, /tokenize and /v1/completions (prompt logprobs) as vLLM 0.32 does, with `tokenizer` and a
+    --max-logprobs of `max_logprobs` (a larger prompt_logprobs: HTTP 400, vLLM's message); records the requests.
+    `topk_width` overrides the entries a position answers (a server that is not vLLM's top-k)."""
 
-    def __init__(self, tokenizer, max_model_len: int = 4096, model: str = "/models/teacher"):
+    def __init__(
+        self,
+        tokenizer,
+        max_model_len: int = 4096,
+        model: str = "/models/teacher",
+        max_logprobs: int = 20,
+        topk_width: int | None = None,
+    ):
         self.tokenizer, self.max_model_len, self.model = tokenizer, max_model_len, model
+        self.max_logprobs, self.topk_width = max_logprobs, topk_width
         self.requests: list[httpx.Request] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -163,6 +175,20 @@ class FakeVLLM:
             return httpx.Response(
                 200, json={"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
             )
+        if request.url.path == "/v1/completions":
+            body = json.loads(request.content)
+            k = body.get("prompt_logprobs") or 0
+            if k > self.max_logprobs:
+                message = f"Requested prompt logprobs of {k}, which is greater than max allowed: {self.max_logprobs}"
+                return httpx.Response(400, json={"error": {"message": message, "type": "BadRequestError"}})
+            ids = self.tokenizer.encode(body["prompt"], add_special_tokens=False)
+            width = k if self.topk_width is None else self.topk_width
+            entries = [None] + [
+                {str(top): {"logprob": -0.1 * rank, "rank": rank} for rank, top in enumerate(range(width), start=1)}
+                for _ in ids[1:]
+            ]
+            choice = {"index": 0, "text": "x", "prompt_logprobs": entries, "finish_reason": "length"}
+            return httpx.Response(200, json={"choices": [choice]})
         return httpx.Response(404, json={"error": "not found"})
 
     def client(self) -> httpx.Client:
@@ -197,6 +223,40 @@ def test_a_served_teacher_too_short_for_a_whole_sequence_is_refused(tmp_path):
     (problem,) = check_teacher_url(config, client=short.client())[0]
     assert problem.field == URL_FIELD and "max_model_len=511" in str(problem)
     assert "Fix: serve the teacher with --max-model-len 512 or more" in str(problem)
+
+
+def test_a_top_k_teacher_url_must_answer_prompt_logprobs_of_k(tmp_path):
+    """With forward_kl, one /completions request asks prompt_logprobs=distillation_topk: vLLM refuses a K above its
+    --max-logprobs (HTTP 400), and preflight says so, naming distillation_topk and the fix; reverse_kl asks nothing."""
+    plain = _config(tmp_path, teacher_url=TEACHER_URL)
+    fake = FakeVLLM(build_tiny_tokenizer())
+    assert check_teacher_url(plain, client=fake.client()) == ([], [])
+    assert [r.url.path for r in fake.requests] == ["/v1/models", "/tokenize"]  # no top-k request without top-k
+    topk = _config(tmp_path, teacher_url=TEACHER_URL, distillation_loss="forward_kl", distillation_topk=20)
+    fake = FakeVLLM(build_tiny_tokenizer())
+    assert check_teacher_url(topk, client=fake.client()) == ([], [])
+    (completions,) = [r for r in fake.requests if r.url.path == "/v1/completions"]
+    body = json.loads(completions.content)
+    assert body["prompt_logprobs"] == 20 and body["max_tokens"] == 1 and body["model"] == "/models/teacher"
+    wide = topk.model_copy(update={"distillation_topk": 32})
+    (problem,) = check_teacher_url(wide, client=FakeVLLM(build_tiny_tokenizer()).client())[0]
+    assert problem.field == TOPK_FIELD == "distillation.distillation_topk"
+    assert f"at {TEACHER_URL} (teacher_url) refused the top-k request of distillation_topk=32" in str(problem)
+    assert "greater than max allowed: 20" in str(problem)
+    assert "Fix: serve the teacher with --max-logprobs 32 (or more), or lower distillation_topk" in str(problem)
+    served = FakeVLLM(build_tiny_tokenizer(), max_logprobs=32)  # served with --max-logprobs 32
+    assert check_teacher_url(wide, client=served.client()) == ([], [])
+    (problem,) = check_teacher_url(topk, client=FakeVLLM(build_tiny_tokenizer(), topk_width=1).client())[0]
+    assert problem.field == TOPK_FIELD and "entries per position, not the top 20" in str(problem)
+
+
+def test_the_launched_teacher_gets_max_logprobs_only_above_vllms_default(tmp_path):
+    assert teacher_server_args(_config(tmp_path, teacher_url=TEACHER_URL)) == []
+    forward = _config(tmp_path, teacher_url=TEACHER_URL, distillation_loss="forward_kl", distillation_topk=20)
+    assert teacher_server_args(forward) == []
+    assert teacher_server_args(forward.model_copy(update={"distillation_topk": 64})) == ["--max-logprobs", "64"]
+    reverse = forward.model_copy(update={"distillation_loss": "reverse_kl", "distillation_topk": 64})
+    assert teacher_server_args(reverse) == []  # reverse_kl asks no top-k
 
 
 def test_a_teacher_model_the_server_does_not_serve_is_refused(tmp_path):

@@ -1,6 +1,8 @@
 """A stub vLLM teacher for unit tests: a real HTTP server on 127.0.0.1 answering `/v1/models` and `/v1/completions`
 with `prompt_logprobs` the way vLLM 0.32 does (a None first, then one ``{"<token id>": {"logprob", "rank",
 "decoded_token"}}`` per prompt token), its logprobs a known function of the token and its position (`fake_logprob`).
+With ``prompt_logprobs`` = K > 0 each position's dict holds, as vLLM's does, the actual token's entry first (its rank
+above K) and then the K most likely tokens, ranks 1..K (`fake_topk`, ids from TOPK_BASE: never a sampled id here).
 Tests script failures (`StubTeacher.script`) and read back what it received (`requests`)."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "stub-teacher"
+TOPK_BASE = 1000  # the stub's top-k ids are TOPK_BASE + ..., apart from the test completions' ids (< TOPK_BASE)
 
 
 def fake_logprob(token: int, position: int) -> float:
@@ -22,6 +25,17 @@ def fake_logprob(token: int, position: int) -> float:
 def expected(prompt: list[int], completion: list[int]) -> list[float]:
     """What `TeacherClient.score` should return for one completion against the stub."""
     return [fake_logprob(t, len(prompt) + i) for i, t in enumerate(completion)]
+
+
+def fake_topk(position: int, k: int) -> list[tuple[int, float]]:
+    """The stub teacher's `k` most likely (token id, logprob) at `position` of a prompt, most likely first."""
+    return [(TOPK_BASE + position + j, -0.001 * (j + 1) - 0.0001 * position) for j in range(k)]
+
+
+def expected_topk(prompt: list[int], completion: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """What `TeacherClient.score_group` should return as one completion's `topk_ids` and `topk_logprobs`."""
+    rows = [fake_topk(len(prompt) + i, k) for i in range(len(completion))]
+    return [[t for t, _ in row] for row in rows], [[lp for _, lp in row] for row in rows]
 
 
 class StubTeacher(ThreadingHTTPServer):
@@ -71,17 +85,23 @@ class StubTeacher(ThreadingHTTPServer):
 
 
 def answer(body: dict) -> dict:
-    """vLLM's answer to a `/completions` request with prompt_logprobs=0 (the choices in index order)."""
+    """vLLM's answer to a `/completions` request with prompt_logprobs=K (the choices in index order): K = 0, the
+    actual token's entry alone; K > 0, the actual token's entry (rank K + 1 + its id) then the top K (ranks 1..K)."""
     prompts = body["prompt"]
     if prompts and isinstance(prompts[0], int):
         prompts = [prompts]
+    k = body.get("prompt_logprobs") or 0
     choices = []
     for i, seq in enumerate(prompts):
-        entries = [None] + [
-            {str(t): {"logprob": fake_logprob(t, p), "rank": 1, "decoded_token": chr(t % 128)}}
-            for p, t in enumerate(seq)
-            if p > 0
-        ]
+        entries: list[dict | None] = [None]
+        for p, t in enumerate(seq):
+            if p == 0:
+                continue
+            rank = 1 if k == 0 else k + 1 + t
+            entry = {str(t): {"logprob": fake_logprob(t, p), "rank": rank, "decoded_token": chr(t % 128)}}
+            for rank, (top, logprob) in enumerate(fake_topk(p, k), start=1):
+                entry[str(top)] = {"logprob": logprob, "rank": rank, "decoded_token": chr(top % 128)}
+            entries.append(entry)
         choices.append({"index": i, "text": "x", "prompt_logprobs": entries, "finish_reason": "length"})
     return {"id": "cmpl-1", "object": "text_completion", "model": body["model"], "choices": choices}
 

@@ -17,7 +17,7 @@ from async_grpo.config import GRPOConfig
 from async_grpo.config.sections.distillation import DistillationConfig
 from async_grpo.data import PromptItem, PromptSampler
 from async_grpo.distillation.rollout import TeacherRollout, with_teacher
-from async_grpo.distillation.teacher import TeacherClient
+from async_grpo.distillation.teacher import TeacherClient, TeacherError, TeacherScores
 from async_grpo.inference.client import Completion
 from async_grpo.inference.server import free_port
 from async_grpo.orchestrator.batching import make_train_batch, teacher_metrics
@@ -75,16 +75,26 @@ class FakeScorer:
 
 
 class FakeTeacher:
-    """A `TeacherClient` stand-in: each token's logprob is -token / 100; records the loop it was used on."""
+    """A `TeacherClient` stand-in: each token's logprob is -token / 100 and, with `topk` K, its top K at every position
+    are ids t + 1..t + K of logprobs -j / 10 (j = 1..K); records the loop it was used on. `topk_width` overrides the
+    number of top-k entries it answers (a client bug the rollout must catch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, topk: int = 0, topk_width: int | None = None) -> None:
         self.calls = 0
         self.closed = False
+        self.topk = topk
+        self.topk_width = topk if topk_width is None else topk_width
 
-    async def score(self, prompt_ids, completion_ids):
+    async def score_group(self, prompt_ids, completion_ids) -> TeacherScores:
         self.calls += 1
         await asyncio.sleep(0.01)
-        return [[-t / 100 for t in ids] for ids in completion_ids]
+        logprobs = [[-t / 100 for t in ids] for ids in completion_ids]
+        if not self.topk:
+            return TeacherScores(logprobs)
+        width = range(1, self.topk_width + 1)
+        ids = [[[t + j for j in width] for t in row] for row in completion_ids]
+        values = [[[-j / 10 for j in width] for _ in row] for row in completion_ids]
+        return TeacherScores(logprobs, ids, values)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -127,6 +137,26 @@ def test_the_wrapper_fills_the_teachers_logprobs_seconds_and_spans(record_spans)
             assert teacher.attributes == {"seconds": group.teacher_seconds, "tokens": len(ids), "unscored_tokens": 0}
             assert teacher.outputs["mean_logprob"] == pytest.approx(sum(-t / 100 for t in ids) / len(ids))
     assert rollout.tool_schemas == [] and rollout.without_tools() is None
+
+
+def test_the_wrapper_fills_the_teachers_topk_and_refuses_a_misshapen_one():
+    rollout = TeacherRollout(SingleTurnRollout(FakeScorer(), decode), lambda: FakeTeacher(topk=2))
+
+    async def run(rollout) -> RolloutGroup:
+        try:
+            return await rollout(FakeClient(), item(), SAMPLING, version=lambda: 0)
+        finally:
+            await rollout.aclose()
+
+    group = asyncio.run(run(rollout))
+    assert group.teacher_logprobs == [[-t / 100 for t in ids] for ids in group.completion_ids]
+    assert group.teacher_topk_ids == [[[t + 1, t + 2] for t in ids] for ids in group.completion_ids]
+    assert group.teacher_topk_logprobs == [[[-0.1, -0.2]] * len(ids) for ids in group.completion_ids]
+    plain = asyncio.run(run(TeacherRollout(SingleTurnRollout(FakeScorer(), decode), FakeTeacher)))
+    assert plain.teacher_topk_ids == [] and plain.teacher_topk_logprobs == []  # reverse_kl: no top-k
+    bad = TeacherRollout(SingleTurnRollout(FakeScorer(), decode), lambda: FakeTeacher(topk=2, topk_width=0))
+    with pytest.raises(TeacherError, match="do not fit the group.*teacher_topk_ids.*one common K > 0"):
+        asyncio.run(run(bad))
 
 
 def test_a_new_event_loop_gets_a_new_teacher_client():

@@ -2,7 +2,8 @@
 when asked for prompt logprobs and one generated token, so the teacher the launcher serves (the policy's context
 length: one more would exceed the tiny model's position limit) scores a sequence that fills it but for its last token;
 its logprobs are transformers' log-softmax of the same model at temperature 1 (vLLM ignores the request's temperature
-for prompt logprobs); the preflight of a served teacher (its `/v1/models`, `max_model_len` and `/tokenize`) passes
+for prompt logprobs), and with top-k (prompt_logprobs=5) its 5 most likely tokens at every position are transformers'
+top 5, in the same order; the preflight of a served teacher (its `/v1/models`, `max_model_len` and `/tokenize`) passes
 against a real server of the student's tokenizer and refuses one too short or of another tokenizer. The teacher is a
 server of its own: the session's server has had weights pushed into it by other tests."""
 
@@ -70,6 +71,9 @@ def test_a_sequence_filling_the_launched_teachers_context_is_scored_but_its_last
         # the logprobs are transformers' log-softmax of the same model at temperature 1, token for token, for a
         # group of uneven completions (one empty): what distillation.teacher rests on
         check_against_transformers(served, tiny_model_dir)
+        # with top-k, the same server's 5 most likely tokens at every position are transformers' top 5, and a token cut
+        # at its context gets padding
+        check_topk_against_transformers(served, tiny_model_dir, prompt, [full, shorter])
         # and preflight says the same of it, asking it as the trainer would
         assert check_teacher_url(served.model_copy(update={"model_name_or_path": "builtin:tiny"})) == ([], [])
     finally:
@@ -129,3 +133,47 @@ def test_preflight_of_a_real_served_teacher(vllm_server, tmp_path):
     ).save_pretrained(student)  # fmt: skip
     (problem,) = check_teacher_url(fits.model_copy(update={"model_name_or_path": str(student)}))[0]
     assert problem.field == URL_FIELD and "does not tokenize as the student does" in str(problem)
+
+
+TOPK = 5
+
+
+def check_topk_against_transformers(served: GRPOConfig, model_dir, cut_prompt: list[int], cut: list[list[int]]) -> None:
+    """`score_group` with topk=TOPK against the launched teacher: at every completion position, TOPK ids and logprobs
+    equal transformers' top TOPK of log_softmax of `model_dir` (float32, T=1), in the same order, and the actual
+    token's logprob equals `score`'s; `cut` (completions of `cut_prompt`, the first filling the teacher's context)
+    gets padding (ids 0, NaN) at its last token only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompt = tokenizer.encode("reverse: hello\n", add_special_tokens=False)
+    completions = [tokenizer.encode(c, add_special_tokens=False) for c in ("olleh", "", "olleh olleh, and a tail")]
+
+    async def scored():
+        client = TeacherClient(served.distillation.teacher_url, model=served.distillation.teacher_model, topk=TOPK)
+        try:
+            return await client.score_group(prompt, completions), await client.score_group(cut_prompt, cut)
+        finally:
+            await client.aclose()
+
+    scores, cut_scores = asyncio.run(scored())
+    assert [len(row) for row in scores.topk_ids] == [len(c) for c in completions]
+    for completion, logprobs, ids, values in zip(
+        completions, scores.logprobs, scores.topk_ids, scores.topk_logprobs, strict=True
+    ):
+        if not completion:
+            assert ids == values == logprobs == []
+            continue
+        with torch.no_grad():
+            logps = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0].float(), dim=-1)
+        positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+        top = torch.topk(logps[positions], TOPK, dim=-1)
+        assert ids == top.indices.tolist()  # the same tokens, most likely first
+        for row, expected in zip(values, top.values.tolist(), strict=True):
+            assert row == pytest.approx(expected, abs=1e-4)
+        assert logprobs == pytest.approx(logps[positions, torch.tensor(completion)].tolist(), abs=1e-4)
+    whole_ids, whole_values = cut_scores.topk_ids[0], cut_scores.topk_logprobs[0]
+    assert whole_ids[-1] == [0] * TOPK and all(math.isnan(x) for x in whole_values[-1])
+    assert all(len(row) == TOPK and math.isfinite(sum(row)) for row in whole_values[:-1] + cut_scores.topk_logprobs[1])
+    assert whole_ids[:-1] == cut_scores.topk_ids[1]  # the same tokens, the same context

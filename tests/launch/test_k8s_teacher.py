@@ -112,6 +112,14 @@ def test_the_teacher_command_is_plain_and_one_token_longer(distilled_config, cpu
     assert "--gpu-memory-utilization" not in cmd  # the policy server's vllm_extra_args size the policy's server
     with pytest.raises(ValueError, match="teacher_model_name_or_path is not set.*Fix"):
         teacher_command(distilled_config.model_copy(update={"teacher_model_name_or_path": None}), cpu_settings)
+    assert "--max-logprobs" not in cmd  # reverse_kl asks no top-k
+
+
+def test_a_top_k_teacher_above_vllms_default_gets_max_logprobs(distilled_config, gpu_settings):
+    forward = distilled_config.model_copy(update={"distillation_loss": "forward_kl", "distillation_topk": 64})
+    assert _flag(teacher_command(forward, gpu_settings), "--max-logprobs") == "64"
+    default = forward.model_copy(update={"distillation_topk": 20})
+    assert "--max-logprobs" not in teacher_command(default, gpu_settings)  # vLLM's default serves it
 
 
 # ------------------------------------------------------------------------------------------------ tokens

@@ -46,6 +46,17 @@ def test_the_teacher_model_is_served_plain_one_token_longer_and_the_run_points_a
     assert served.inference.vllm_max_model_len == 384  # the policy's own length is untouched
 
 
+def test_a_top_k_teacher_above_vllms_default_is_served_with_max_logprobs(recorded, tmp_path):
+    base = ["teacher_model_name_or_path=/models/teacher", "distillation_loss=forward_kl", f"output_dir={tmp_path}"]
+    _, server = local.start_teacher_server(load_config("examples/tiny_cpu.yaml", [*base, "distillation_topk=64"]))
+    assert _flag(server.cmd, "--max-logprobs") == "64"  # vLLM refuses prompt_logprobs above it (default 20)
+    _, server = local.start_teacher_server(load_config("examples/tiny_cpu.yaml", [*base, "distillation_topk=20"]))
+    assert "--max-logprobs" not in server.cmd  # vLLM's default serves it
+    reverse = ["teacher_model_name_or_path=/models/teacher", "distillation_topk=64", f"output_dir={tmp_path}"]
+    _, server = local.start_teacher_server(load_config("examples/tiny_cpu.yaml", reverse))
+    assert "--max-logprobs" not in server.cmd  # reverse_kl asks no top-k
+
+
 def test_no_teacher_model_starts_nothing(recorded, tmp_path):
     plain = load_config("examples/tiny_cpu.yaml", [f"output_dir={tmp_path}"])
     assert local.start_teacher_server(plain) == (plain, None)

@@ -313,3 +313,26 @@ def test_a_budget_below_every_sequence_warns_once_and_counts_each(caplog):
             assert [len(mb) for mb in cut.cut(pack_batch(batch, PAD))] == [1] * 6
     assert cut.oversized == 12
     assert len([r for r in caplog.records if "max_tokens_per_microbatch" in r.getMessage()]) == 1
+
+
+def test_a_group_split_across_ranks_keeps_every_per_completion_field_aligned():
+    """`shard` cuts a group between two ranks: each share's rollout stats, reward extras, spans and teacher logprobs
+    (top-k included) are the rows it trains (a multi-turn or traced group used to raise in `RolloutGroup`'s check)."""
+    from async_grpo.trainer.distributed import shard
+    from async_grpo.transports.messages import EpisodeSpan
+
+    grp = make_group([1, 2], [[10], [11, 12], [13], [14, 15]], [1.0, -1.0, 0.5, -0.5])
+    grp.rollout_stats = {"tools/calls": [0.0, 1.0, 2.0, 3.0]}
+    grp.reward_extra = {"judge": ["a", "b", "c", "d"]}
+    grp.spans = [[EpisodeSpan("generation", "LLM", 0, 1)] for _ in range(4)]
+    grp.teacher_logprobs = [[-float(i)] * len(c) for i, c in enumerate(grp.completion_ids)]
+    grp.teacher_topk_ids = [[[i, 0]] * len(c) for i, c in enumerate(grp.completion_ids)]
+    grp.teacher_topk_logprobs = [[[-0.1, -2.0]] * len(c) for c in grp.completion_ids]
+    grp.check_teacher_logprobs()
+    shares = [shard(TrainBatch(groups=[grp]), rank, 2, 1).groups[0] for rank in (0, 1)]
+    assert [s.completion_ids for s in shares] == [[[10], [11, 12]], [[13], [14, 15]]]
+    assert [s.rollout_stats["tools/calls"] for s in shares] == [[0.0, 1.0], [2.0, 3.0]]
+    assert [s.reward_extra["judge"] for s in shares] == [["a", "b"], ["c", "d"]]
+    assert [len(s.spans) for s in shares] == [2, 2]
+    assert shares[1].teacher_logprobs == [[-2.0], [-3.0, -3.0]]
+    assert shares[1].teacher_topk_ids == [[[2, 0]], [[3, 0], [3, 0]]]

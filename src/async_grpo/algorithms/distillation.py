@@ -28,7 +28,18 @@ leave-one-out baseline, as RLOO's: independent of the completion's own tokens, s
 fixed before the update, as GRPO's is), and ``log p_teacher`` is vLLM's prompt logprob of the token under the teacher
 (`distillation.teacher`), both at temperature 1.
 
-Shapes: ``B`` completions, ``T`` completion tokens (right padded). Log-probabilities in nats.
+The dense alternative, ``distillation_loss: forward_kl`` (:func:`topk_forward_kl`), does not go through the
+advantage: at every trained position it adds to the per-token loss the forward KL from the teacher's top-k
+distribution to the student's, ``sum_{v in topk} q(v) (log q(v) - log p_student(v))`` with ``q`` the teacher's top-k
+probabilities renormalized to sum to 1 (NeMo RL's top-k distillation with ``kl_type: forward``; TRL GKD's
+``generalized_jsd_loss(beta=0)`` restricted to the top-k, on the student's own samples as ``lmbda=1``). Its gradient
+``-sum_v q(v) grad log p_student(v)`` moves every position toward the teacher's whole top-k, the sampled token or not,
+so a weak student whose samples the teacher finds unlikely still learns what the teacher would have said. It is a
+supervised term on the sampled prefixes, so no importance weight applies to it (GKD trains on mixed prefixes the
+same way); the policy term beside it is corrected as usual.
+
+Shapes: ``B`` completions, ``T`` completion tokens (right padded), ``K`` top-k entries per position. Log-probabilities
+in nats.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DistillationTerm", "distillation_advantages", "group_baselines"]
+__all__ = ["DistillationTerm", "TopKForwardKL", "distillation_advantages", "group_baselines", "topk_forward_kl"]
 
 
 @dataclass
@@ -130,3 +141,72 @@ def distillation_advantages(
         "distill/scored_fraction": float(n_scored / trained.clamp(min=1)),
     }
     return DistillationTerm(advantages=advantages, metrics=metrics)
+
+
+@dataclass
+class TopKForwardKL:
+    """Result of :func:`topk_forward_kl`.
+
+    Attributes:
+        per_token: ``(B, T)`` ``weight * KL_t`` (nats) at the scored trained positions, 0 elsewhere; with gradient to
+            the student's logprobs. The loss adds it to its per-token loss (:class:`~.inputs.LossInputs`).
+        metrics: ``distill/forward_kl`` (mean over the scored trained positions of ``KL_t``, nats per token, before the
+            weight), ``distill/topk_mass`` (mean probability mass the teacher's top-k holds before renormalizing, in
+            [0, 1]: 1 means the KL is the whole-vocabulary one) and ``distill/topk_scored_fraction`` (the share of
+            trained positions with a top-k, in [0, 1]).
+    """
+
+    per_token: Tensor
+    metrics: dict[str, float]
+
+
+def topk_forward_kl(
+    student_topk_logps: Tensor, teacher_topk_logps: Tensor, mask: Tensor, weight: float
+) -> TopKForwardKL:
+    """The dense distillation term: at every trained position, the forward KL from the teacher's renormalized top-k
+    to the student (module docstring):
+
+        KL_t = sum_{v in topk_t} q_t(v) (log q_t(v) - log p_student(v)),   q_t = softmax over topk_t of log p_teacher
+
+    ``log p_student(v)`` is the student's full-vocabulary log-softmax at ``v`` (not renormalized over the top-k), so
+    the gradient also pulls mass away from tokens outside the teacher's top-k.
+
+    Args:
+        student_topk_logps: ``(B, T, K)`` the current student's logprobs of the teacher's top-k tokens (with grad).
+        teacher_topk_logps: ``(B, T, K)`` the teacher's logprobs of them (nats, temperature 1); NaN (or -inf) for an
+            absent entry (a position with fewer than K, or none: no term there).
+        mask: ``(B, T)`` loss mask, 1 on trained tokens (tool output and padding 0: no term there).
+        weight: ``distillation_weight`` (> 0), multiplying ``KL_t``.
+
+    Returns:
+        :class:`TopKForwardKL`.
+
+    Raises:
+        ValueError: the shapes differ, ``K`` is 0, or ``weight`` is not > 0.
+    """
+    if student_topk_logps.shape != teacher_topk_logps.shape or student_topk_logps.dim() != 3:
+        raise ValueError(
+            f"student_topk_logps {tuple(student_topk_logps.shape)} and teacher_topk_logps "
+            f"{tuple(teacher_topk_logps.shape)} must share one (B, T, K) shape"
+        )
+    if student_topk_logps.shape[:2] != mask.shape or student_topk_logps.size(-1) == 0:
+        raise ValueError(f"mask {tuple(mask.shape)} must be (B, T) of the top-k's (B, T, K) with K >= 1")
+    if not weight > 0:
+        raise ValueError(f"distillation_weight={weight} must be > 0. Fix: use e.g. 1.0")
+    present = torch.isfinite(teacher_topk_logps)  # (B, T, K)
+    scored = mask.bool() & present.any(dim=-1)  # (B, T)
+    teacher = torch.where(present, teacher_topk_logps, torch.full_like(teacher_topk_logps, -torch.inf))
+    mass = torch.where(scored, torch.exp(teacher).sum(-1), torch.zeros_like(mask, dtype=teacher.dtype))  # (B, T)
+    safe = torch.where(scored.unsqueeze(-1), teacher, torch.zeros_like(teacher))  # a row of -inf would give NaN
+    log_q = torch.log_softmax(safe, dim=-1)  # (B, T, K): the renormalized top-k
+    q = torch.where(present & scored.unsqueeze(-1), torch.exp(log_q), torch.zeros_like(log_q))
+    student = torch.where(present, student_topk_logps, torch.zeros_like(student_topk_logps))
+    kl = (q * (torch.where(q > 0, log_q, torch.zeros_like(log_q)) - student)).sum(-1)  # (B, T)
+    kl = torch.where(scored, kl, torch.zeros_like(kl))
+    n_scored = scored.sum().clamp(min=1)
+    metrics = {
+        "distill/forward_kl": float(kl.detach().sum() / n_scored),
+        "distill/topk_mass": float(mass.sum() / n_scored),
+        "distill/topk_scored_fraction": float(scored.sum() / mask.bool().sum().clamp(min=1)),
+    }
+    return TopKForwardKL(per_token=weight * kl, metrics=metrics)

@@ -25,7 +25,7 @@ class LossInputs:
 
     Padding (``mask == 0``) may hold anything, NaN and inf included, in every per-token field: the losses
     never let it reach a sum or a gradient. Tensors are detached by the losses (no gradient flows into any
-    field). Validation (shapes, finiteness, required fields) happens in the loss functions, which raise
+    field but ``distillation_token_loss``, which is a loss term of its own). Validation (shapes, finiteness, required fields) happens in the loss functions, which raise
     ``ValueError`` naming the field.
 
     Attributes:
@@ -60,6 +60,10 @@ class LossInputs:
             shares (all ranks' micro-batches / num_processes) or under a token budget (the step's completions
             per rank / this micro-batch's completions).
         num_processes: data-parallel ranks, >= 1 (the tokens divisor is ``num_items_in_batch / num_processes``).
+        distillation_token_loss: ``(B, T)`` a per-token loss term with its own gradient (nats; on-policy
+            distillation's dense forward KL, :func:`~.distillation.topk_forward_kl`), added to the per-token loss
+            after the IS weights and masks, as the ``beta`` KL term is (TRL), then aggregated and normalized with it;
+            None: none.
     """
 
     mask: Tensor
@@ -73,3 +77,4 @@ class LossInputs:
     num_items_in_batch: Tensor | float | int | None = None
     gradient_accumulation_steps: float = 1
     num_processes: int = 1
+    distillation_token_loss: Tensor | None = None

@@ -25,25 +25,32 @@ def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
 
     Args:
         logits: ``(B, T, V)`` unnormalised scores (any leading dims work).
-        index: ``(B, T)`` int64 token ids in ``[0, V)``.
+        index: ``(B, T)`` int64 token ids in ``[0, V)``, one per position; or ``(B, T, K)``, K ids per position
+            (on-policy distillation's top-k: the sampled token and the teacher's K most likely, in one pass).
 
     Returns:
-        ``(B, T)`` log-probabilities (nats), same dtype as ``logits``; differentiable.
+        ``(B, T)`` (or ``(B, T, K)``) log-probabilities (nats), same dtype as ``logits``; differentiable.
 
     Raises:
-        ValueError: ``index.shape != logits.shape[:-1]``.
+        ValueError: ``index.shape`` is neither ``logits.shape[:-1]`` nor ``logits.shape[:-1] + (K,)``.
     """
-    if index.shape != logits.shape[:-1]:
-        raise ValueError(f"index shape {tuple(index.shape)} must equal logits.shape[:-1] {tuple(logits.shape[:-1])}")
+    lead = tuple(logits.shape[:-1])
+    per_position = tuple(index.shape) == lead
+    if not per_position and not (index.dim() == logits.dim() and tuple(index.shape[:-1]) == lead):
+        raise ValueError(
+            f"index shape {tuple(index.shape)} must equal logits.shape[:-1] {lead} or add one trailing K dimension"
+        )
+    gather_index = index.unsqueeze(-1) if per_position else index  # (B, T, K), K = 1 for one id per position
     if logits.dtype in (torch.float32, torch.float64):
-        selected = torch.gather(logits, dim=-1, index=index.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        selected = torch.gather(logits, dim=-1, index=gather_index)  # (B, T, K)
         lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # (B, T), one row at a time
-        return selected - lse
-    out = []
-    for row_logits, row_index in zip(logits, index, strict=True):  # row_logits (T, V)
-        row_logps = F.log_softmax(row_logits, dim=-1)
-        out.append(row_logps.gather(dim=-1, index=row_index.unsqueeze(-1)).squeeze(-1))  # (T,)
-    return torch.stack(out)
+        out = selected - lse.unsqueeze(-1)
+    else:
+        rows = []
+        for row_logits, row_index in zip(logits, gather_index, strict=True):  # row_logits (T, V), row_index (T, K)
+            rows.append(F.log_softmax(row_logits, dim=-1).gather(dim=-1, index=row_index))  # (T, K)
+        out = torch.stack(rows)
+    return out.squeeze(-1) if per_position else out
 
 
 def entropy_from_logits(logits: Tensor, chunk_size: int = 128) -> Tensor:

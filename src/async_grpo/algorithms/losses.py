@@ -96,7 +96,8 @@ def grpo_loss(logps: Tensor, inputs: LossInputs, settings: LossSettings) -> Loss
     ``settings.off_policy_mask_threshold`` is set), times ``entropy_mask`` (``top_entropy_quantile``,
     :func:`~async_grpo.algorithms.high_entropy_mask`), times ``is_weights`` (stale-policy IS), plus
     ``beta * KL`` with the k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` (Schulman 2020), times ``r``
-    when ``use_bias_correction_kl`` (DeepSeek-V3.2 unbiased KL; the un-``delta``-clamped ratio).
+    when ``use_bias_correction_kl`` (DeepSeek-V3.2 unbiased KL; the un-``delta``-clamped ratio), plus
+    ``distillation_token_loss`` when given (on-policy distillation's dense forward KL, already weighted).
 
     Aggregation over valid tokens (TRL ``loss_type``), then the gradient-accumulation scaling of TRL's
     train mode with ``steps_per_generation == gradient_accumulation_steps``, both read from the row
@@ -157,6 +158,9 @@ def grpo_loss(logps: Tensor, inputs: LossInputs, settings: LossSettings) -> Loss
         raise ValueError(f"is_weights must be (B, T) or (B, 1), got {tuple(is_weights.shape)}")
     if entropy_mask is not None and entropy_mask.shape != logps.shape:
         raise ValueError(f"entropy_mask shape {tuple(entropy_mask.shape)} != logps shape {tuple(logps.shape)}")
+    distill = inputs.distillation_token_loss
+    if distill is not None and distill.shape != logps.shape:
+        raise ValueError(f"distillation_token_loss shape {tuple(distill.shape)} != logps shape {tuple(logps.shape)}")
 
     # ---- inputs, padding neutralised -----------------------------------------------------------------
     valid = mask.bool()  # (B, T)
@@ -210,6 +214,8 @@ def grpo_loss(logps: Tensor, inputs: LossInputs, settings: LossSettings) -> Loss
         per_token_loss = per_token_loss * _masked_where(valid, is_weights.detach().to(logps.dtype).expand_as(mask))
     if beta != 0.0:
         per_token_loss = per_token_loss + beta * per_token_kl  # (B, T)
+    if distill is not None:  # on-policy distillation's dense term, normalized as the KL term is
+        per_token_loss = per_token_loss + _masked_where(valid, distill.to(logps.dtype))  # (B, T)
 
     # ---- aggregation and accumulation scaling (the loss_type's row of LOSS_NORMALIZERS) -----------
     loss = normalizer_row.aggregate(per_token_loss, mask, settings.max_completion_length)

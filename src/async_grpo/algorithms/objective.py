@@ -14,9 +14,11 @@ micro-batch's loss, in this order (as TRL's ``_generate_and_score_completions`` 
 3. Entropy mask (``top_entropy_quantile`` < 1): :func:`~async_grpo.algorithms.high_entropy_mask` over the
    micro-batch's valid tokens.
 4. Stale-policy IS weights (``vllm_importance_sampling_*``): :func:`~async_grpo.algorithms.importance_sampling_weights`.
-5. On-policy distillation (``distillation_weight`` > 0, a teacher's logprobs given): each token's advantage
-   becomes the completion's GRPO advantage (left out with ``distillation_only``) plus
-   :func:`~async_grpo.algorithms.distillation_advantages` of pi_old against the teacher, a ``(B, T)`` advantage.
+5. On-policy distillation (``distillation_weight`` > 0, a teacher's logprobs given): with ``distillation_loss:
+   reverse_kl`` each token's advantage becomes the completion's GRPO advantage (left out with ``distillation_only``)
+   plus :func:`~async_grpo.algorithms.distillation_advantages` of pi_old against the teacher, a ``(B, T)`` advantage;
+   with ``forward_kl`` the advantage stays the GRPO one (zero with ``distillation_only``) and
+   :func:`~async_grpo.algorithms.distillation.topk_forward_kl` over the teacher's top-k joins the per-token loss.
 6. The loss with OPSM and KL: :func:`~async_grpo.algorithms.grpo_loss` on logprobs, or
    :func:`~async_grpo.algorithms.fused_grpo_loss` on hidden states (``use_liger_kernel``).
 
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .distillation import distillation_advantages
+from .distillation import distillation_advantages, topk_forward_kl
 from .entropy import high_entropy_mask
 from .fused import fused_grpo_loss
 from .inputs import LossInputs
@@ -77,6 +79,9 @@ class MicroBatchInputs:
         teacher_baselines: (B,) each row's distillation baseline (nats per token,
             :func:`~async_grpo.algorithms.distillation.group_baselines`), subtracted when
             ``distillation_baseline``; None: none.
+        topk_logps: (B, T, K) current-policy logprobs of the teacher's top-k tokens at each position (nats, with
+            grad), read with ``distillation_loss='forward_kl'``; None: no top-k.
+        teacher_topk_logps: (B, T, K) the teacher's logprobs of the same tokens (NaN where none); None: no top-k.
     """
 
     logps: Tensor
@@ -92,6 +97,8 @@ class MicroBatchInputs:
     completion_ids: Tensor | None = None
     teacher_logps: Tensor | None = None
     teacher_baselines: Tensor | None = None
+    topk_logps: Tensor | None = None
+    teacher_topk_logps: Tensor | None = None
 
 
 @dataclass
@@ -228,18 +235,12 @@ class GRPOObjective:
         else:
             old_logps = ratio_old
             kl_ratio = behaviour if s.kl_bias_correction_ratio == "sampler" else None
-        advantages = inputs.advantages  # (B,)
-        if s.distillation_weight > 0 and inputs.teacher_logps is not None:  # (B, T): each token its own advantage
-            baselines = inputs.teacher_baselines if s.distillation_baseline else None
-            term = distillation_advantages(old, inputs.teacher_logps, mask, s.distillation_weight, baselines)
-            grpo = torch.zeros_like(advantages) if s.distillation_only else advantages
-            advantages = grpo.reshape(-1, 1).to(term.advantages.dtype) + term.advantages
-            metrics.update(term.metrics)
+        advantages, distill_loss = self._distillation(inputs, old, metrics)
         loss_inputs = LossInputs(
             mask=mask, advantages=advantages, old_logps=old_logps, ref_logps=inputs.ref_logps,
             is_weights=is_weights, sampling_logps=sampling_logps, entropy_mask=policy_mask, kl_ratio_logps=kl_ratio,
             num_items_in_batch=num_items_in_batch, gradient_accumulation_steps=gradient_accumulation_steps,
-            num_processes=num_processes,
+            num_processes=num_processes, distillation_token_loss=distill_loss,
         )  # fmt: skip
         if s.use_liger_kernel:
             output = fused_grpo_loss(
@@ -255,3 +256,32 @@ class GRPOObjective:
         if entropy_mask is not None:
             metrics["entropy_mask/kept_fraction"] = float(entropy_mask.sum() / tokens)
         return MicroBatchLoss(output=output, metrics=metrics, weight=float(mask.sum()))
+
+    def _distillation(
+        self, inputs: MicroBatchInputs, old: Tensor, metrics: dict[str, float]
+    ) -> tuple[Tensor, Tensor | None]:
+        """The advantages ((B,), or (B, T) with the sampled-token term) and the dense per-token loss term ((B, T) or
+        None) of on-policy distillation (step 5 of the module docstring); `inputs.advantages` and None when the
+        micro-batch has no teacher. Adds the `distill/...` metrics to `metrics`.
+
+        Raises:
+            ValueError: ``forward_kl`` with a teacher but no top-k logprobs (the trainer scores them when the batch
+                carries `teacher_topk_ids`; a teacher answer without them would train nothing).
+        """
+        s, mask, advantages = self.settings, inputs.mask, inputs.advantages
+        if not (s.distillation_weight > 0 and inputs.teacher_logps is not None):
+            return advantages, None
+        grpo = torch.zeros_like(advantages) if s.distillation_only else advantages
+        baselines = inputs.teacher_baselines if s.distillation_baseline else None
+        sampled = distillation_advantages(old, inputs.teacher_logps, mask, s.distillation_weight, baselines)
+        metrics.update(sampled.metrics)  # distill/reverse_kl is logged by either loss
+        if s.distillation_loss == "reverse_kl":  # (B, T): each token its own advantage
+            return grpo.reshape(-1, 1).to(sampled.advantages.dtype) + sampled.advantages, None
+        if inputs.topk_logps is None or inputs.teacher_topk_logps is None:
+            raise ValueError(
+                "distillation_loss='forward_kl' needs MicroBatchInputs.topk_logps and teacher_topk_logps (the "
+                "teacher's top-k, RolloutGroup.teacher_topk_ids). Fix: ask the teacher for distillation_topk > 0."
+            )
+        dense = topk_forward_kl(inputs.topk_logps, inputs.teacher_topk_logps, mask, s.distillation_weight)
+        metrics.update(dense.metrics)
+        return grpo, dense.per_token

@@ -14,12 +14,21 @@ from dataclasses import dataclass
 from .normalizers import LOSS_NORMALIZERS, LOSS_TYPES, LossNormalizer
 from .off_policy import IS_MODES
 
-__all__ = ["IS_LEVELS", "KL_RATIOS", "LIGER_VERSION", "LOSS_TYPES", "OFF_POLICY_CLIPS", "LossSettings"]
+__all__ = [
+    "DISTILLATION_LOSSES",
+    "IS_LEVELS",
+    "KL_RATIOS",
+    "LIGER_VERSION",
+    "LOSS_TYPES",
+    "OFF_POLICY_CLIPS",
+    "LossSettings",
+]
 
 LIGER_VERSION = "0.8.5"  # the liger-kernel release whose fused GRPO loss `fused.py` maps onto (pinned in the gpu extra)
 IS_LEVELS = ("token", "sequence")  # LossSettings.importance_sampling_level
 OFF_POLICY_CLIPS = ("current", "behaviour")  # LossSettings.off_policy_clip
 KL_RATIOS = ("old", "sampler")  # LossSettings.kl_bias_correction_ratio
+DISTILLATION_LOSSES = ("reverse_kl", "forward_kl")  # LossSettings.distillation_loss
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,10 @@ class LossSettings:
             (:func:`~.distillation.group_baselines`: unbiased, lower variance); False: Tinker's plain advantage.
         distillation_only: leave the GRPO advantage out, so the teacher's signal is the whole advantage (run config
             ``distillation_only``). Needs ``distillation_weight`` > 0.
+        distillation_loss: ``reverse_kl`` (the per-token advantage above, from the sampled tokens) or ``forward_kl``
+            (the dense term :func:`~.distillation.topk_forward_kl` over the teacher's top-k, ``distillation_weight``
+            times it added to the per-token loss; the sampled-token advantage is then not added). Run config
+            ``distillation_loss``.
     """
 
     loss_type: str = "dapo"
@@ -125,6 +138,7 @@ class LossSettings:
     distillation_weight: float = 0.0
     distillation_baseline: bool = True
     distillation_only: bool = False
+    distillation_loss: str = "reverse_kl"
 
     def __post_init__(self) -> None:
         """Refuse unknown names and out-of-range values.
@@ -206,6 +220,11 @@ class LossSettings:
             ),
         )
         checks += (
+            (
+                "distillation_loss",
+                self.distillation_loss in DISTILLATION_LOSSES,
+                f"is not one of {DISTILLATION_LOSSES}. Fix: use reverse_kl (sampled tokens) or forward_kl (top-k)",
+            ),
             ("distillation_weight", self.distillation_weight >= 0, "must be >= 0. Fix: use e.g. 1.0, or 0 for none"),
             (
                 "distillation_only",

@@ -35,9 +35,11 @@ TEACHER_SPAN_KIND = "EVALUATOR"  # mlflow.entities.SpanType: the teacher judges 
 class TeacherRollout:
     """A `Rollout` (`orchestrator.rollout`) that adds the teacher's logprobs to each group of an inner rollout.
 
-    Each call runs `inner`, then one `TeacherClient.score` request for the group: `group.teacher_logprobs` (G lists
-    of (T_i,) floats, NaN where the teacher gave none) and `group.teacher_seconds` (the request's wall-clock seconds,
-    the wait for a free request slot and retries included) are filled. When the group records episode spans
+    Each call runs `inner`, then one `TeacherClient.score_group` request for the group: `group.teacher_logprobs` (G
+    lists of (T_i,) floats, NaN where the teacher gave none), `group.teacher_topk_ids` and
+    `group.teacher_topk_logprobs` (G lists of (T_i,) lists of K, the teacher's K most likely tokens at each position,
+    padded with 0 / NaN; [] when the client's `topk` is 0) and `group.teacher_seconds` (the request's wall-clock
+    seconds, the wait for a free request slot and retries included) are filled. When the group records episode spans
     (`group.spans` non-empty: the run traces episodes), each episode gains a "teacher" span (kind "EVALUATOR") over the
     request, with attributes `seconds`, `tokens` (T_i, the completion's tokens scored) and `unscored_tokens` (those
     with NaN), and outputs {"mean_logprob": the mean finite teacher logprob of the completion, None without any}.
@@ -99,18 +101,23 @@ class TeacherRollout:
         version: Callable[[], int],
         seed: int | None = None,
     ) -> RolloutGroup:
-        """The inner rollout's group, with `teacher_logprobs` and `teacher_seconds` filled (see the class).
+        """The inner rollout's group, with `teacher_logprobs`, `teacher_topk_ids`, `teacher_topk_logprobs` and
+        `teacher_seconds` filled (see the class).
 
         Raises:
             TeacherError / TeacherTimeout: the teacher could not score the group (the orchestrator drops and counts
-                it: `dropped_groups/teacher_error`, `dropped_groups/teacher_timeout`).
+                it: `dropped_groups/teacher_error`, `dropped_groups/teacher_timeout`), or its answer does not fit the
+                group's shapes (`RolloutGroup.check_teacher_logprobs`).
             whatever the inner rollout raises (`Rollout.__call__`).
         """
         group = await self.inner(client, item, sampling, version=version, seed=seed)
         teacher = self._client()
         start_ns, t0 = time.time_ns(), time.monotonic()
-        group.teacher_logprobs = await teacher.score(group.prompt_ids, group.completion_ids)
+        scores = await teacher.score_group(group.prompt_ids, group.completion_ids)
         group.teacher_seconds = time.monotonic() - t0
+        group.teacher_logprobs = scores.logprobs
+        group.teacher_topk_ids = scores.topk_ids
+        group.teacher_topk_logprobs = scores.topk_logprobs
         end_ns = time.time_ns()
         try:
             group.check_teacher_logprobs()

@@ -8,6 +8,17 @@ The entries at the completion's positions are the teacher's logprobs of the samp
 log-softmax at temperature 1 whatever the request's temperature (measured on vLLM 0.32 CPU against Hugging Face
 transformers, `tests/integration/test_teacher_server.py`), so the run samples at temperature 1 (`config.rules`).
 
+With ``topk`` = K > 0 (`distillation_loss: forward_kl`, `DistillationConfig.topk`) the request asks
+``prompt_logprobs=K`` and `TeacherClient.score_group` also returns the teacher's K most likely tokens at every
+completion position (`parse_prompt_topk`). vLLM 0.32 (`Sampler.gather_logprobs`, `append_logprobs_for_next_position`)
+then gives each position one dict of the top-K entries, ranks 1..K, plus the actual token's entry when it is not among
+them (its rank, 1 + the number of tokens at least as likely, is then above K, ties included); the ids are the dict's
+keys, as strings in JSON. Prompt positions skip vLLM's sampling processors, so these logprobs too are the raw
+log-softmax over the whole vocabulary at temperature 1 (not renormalized over the K), whatever ``--logprobs-mode``
+(raw_ or processed_logprobs) the server runs; vLLM writes -inf as -9999.0 (`clamp_prompt_logprobs`). vLLM refuses a
+K above its ``--max-logprobs`` (default 20) with HTTP 400: the launcher serves its teacher with ``--max-logprobs K``
+when K > 20 (`preflight.teacher.teacher_server_args`), and preflight asks a `teacher_url` for K once.
+
 vLLM refuses a prompt of ``max_model_len`` tokens or more (HTTP 400: ``max_tokens`` must be at least 1, measured on
 vLLM 0.32), so a sequence that fills the teacher's whole context cannot be sent whole. The launcher serves the teacher
 with the policy's ``vllm_max_model_len`` (one more would exceed the position limit of a model whose context the policy
@@ -31,11 +42,13 @@ import logging
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import httpx
 
 from async_grpo.config.sections.distillation import TEACHER_API_KEY_ENV, DistillationConfig
+from async_grpo.distillation.batching import MAX_BATCH_PROMPTS, PromptBatcher
 from async_grpo.inference.client import KEEPALIVE_EXPIRY_S
 from async_grpo.transports.drops import DropReason
 from async_grpo.transports.scorer import RewardError
@@ -82,6 +95,26 @@ def teacher_url(section: DistillationConfig) -> str:
     return url
 
 
+@dataclass
+class TeacherScores:
+    """What the teacher said of one group's completions (`TeacherClient.score_group`); G = completions, T_i = tokens
+    of completion i, K = `TeacherClient.topk`.
+
+    Attributes:
+        logprobs: G lists, (T_i,) the teacher's logprob (nats, temperature 1) of each sampled token given everything
+            before it; NaN where it gave none (`RolloutGroup.teacher_logprobs`).
+        topk_ids: G lists, (T_i,) lists of K token ids: the teacher's K most likely tokens at each completion position,
+            most likely first; id 0 pads a position with fewer than K entries and fills a token the teacher did not
+            score (`RolloutGroup.teacher_topk_ids`). [] when K = 0.
+        topk_logprobs: G lists, (T_i,) lists of K floats: the logprobs (nats, temperature 1, over the whole vocabulary)
+            of `topk_ids`; NaN at every padded entry (`RolloutGroup.teacher_topk_logprobs`). [] when K = 0.
+    """
+
+    logprobs: list[list[float]]
+    topk_ids: list[list[list[int]]] = field(default_factory=list)
+    topk_logprobs: list[list[list[float]]] = field(default_factory=list)
+
+
 class _Retryable(Exception):
     """One attempt failed in a way worth retrying; `timeout` tells a time-out from a connection error or a 5xx."""
 
@@ -105,9 +138,15 @@ class TeacherClient:
         max_concurrency: requests in flight at once, waiting for a slot outside the time-out: `teacher_max_concurrency`.
         api_key: bearer token; None reads env ASYNC_GRPO_TEACHER_API_KEY (unset or empty: none).
         backoff_s: the wait before the first retry (seconds), doubled for each later one up to MAX_BACKOFF_S.
+        topk: K, the teacher's most likely tokens `score_group` also returns at every completion position (requests
+            ask ``prompt_logprobs=K``); 0: only the sampled tokens' logprobs (``prompt_logprobs=0``).
+            `DistillationConfig.topk`.
+        batch_wait_s: how long a group's prompts wait for other groups' to share one request with (seconds;
+            `distillation.batching.PromptBatcher`, `teacher_batch_wait_s`); 0: each group is sent alone, at once.
 
     Raises:
-        ValueError: `base_url` is not an http(s) URL, or a bound is not positive.
+        ValueError: `base_url` is not an http(s) URL, a bound is not positive, `topk` is not an int >= 0, or
+            `batch_wait_s` < 0.
     """
 
     def __init__(
@@ -120,9 +159,15 @@ class TeacherClient:
         max_concurrency: int = 8,
         api_key: str | None = None,
         backoff_s: float = BACKOFF_S,
+        topk: int = 0,
+        batch_wait_s: float = 0.0,
     ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"teacher_url={base_url!r} is not an http(s) URL. Fix: e.g. http://127.0.0.1:8002/v1.")
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
+            raise ValueError(
+                f"TeacherClient: topk={topk!r} must be an int >= 0 (0: no top-k). Fix: set distillation_topk >= 1."
+            )
         if not timeout_s > 0 or max_retries < 0 or max_concurrency < 1 or backoff_s < 0:
             raise ValueError(
                 f"TeacherClient: timeout_s={timeout_s} must be > 0, max_retries={max_retries} >= 0, "
@@ -133,6 +178,7 @@ class TeacherClient:
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
+        self.topk = topk
         key = api_key if api_key is not None else os.environ.get(TEACHER_API_KEY_ENV, "")
         self._http = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {key}"} if key else {},
@@ -140,13 +186,15 @@ class TeacherClient:
             limits=httpx.Limits(max_connections=max_concurrency, keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
         self._slots = asyncio.Semaphore(max_concurrency)
+        self._batcher = PromptBatcher(self._post_prompts, wait_s=batch_wait_s, max_prompts=MAX_BATCH_PROMPTS)
         self._model_lock = asyncio.Lock()
         self._card: dict | None = None  # the served model's entry of GET /models, once asked
 
     @classmethod
     def from_config(cls, section: DistillationConfig) -> TeacherClient:
         """The client of the `distillation` section's teacher (`teacher_url`, `teacher_model`, `teacher_timeout_s`,
-        `teacher_max_retries`, `teacher_max_concurrency`; the token from env ASYNC_GRPO_TEACHER_API_KEY).
+        `teacher_max_retries`, `teacher_max_concurrency`, `topk`: `distillation_topk` with forward_kl, else 0,
+        `teacher_batch_wait_s`; the token from env ASYNC_GRPO_TEACHER_API_KEY).
 
         Raises:
             ValueError: `teacher_url` is not set or not an http(s) URL (`teacher_url`).
@@ -157,6 +205,8 @@ class TeacherClient:
             timeout_s=section.teacher_timeout_s,
             max_retries=section.teacher_max_retries,
             max_concurrency=section.teacher_max_concurrency,
+            topk=section.topk,
+            batch_wait_s=section.teacher_batch_wait_s,
         )
 
     async def model_id(self) -> str:
@@ -210,11 +260,28 @@ class TeacherClient:
         return length - 1
 
     async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[Sequence[int]]) -> list[list[float]]:
-        """The teacher's logprob of every completion token given everything before it.
+        """The teacher's logprob of every completion token given everything before it: `score_group`'s `logprobs`.
 
-        One ``POST {base_url}/completions`` request for the whole group: prompts ``prompt_ids + completion_ids[i]``
-        (cut to `prompt_limit` tokens) for each completion with a token left to score, ``max_tokens=1``,
-        ``temperature=1.0``, ``prompt_logprobs=0``.
+        Args:
+            prompt_ids: (P,) the prompt's token ids, as the student was sent them.
+            completion_ids: G lists, (T_i,) the sampled token ids of each completion.
+
+        Returns:
+            G lists of T_i floats (nats, temperature 1; NaN where none): `TeacherScores.logprobs`.
+
+        Raises:
+            TeacherError / TeacherTimeout: as `score_group`.
+        """
+        return (await self.score_group(prompt_ids, completion_ids)).logprobs
+
+    async def score_group(self, prompt_ids: Sequence[int], completion_ids: Sequence[Sequence[int]]) -> TeacherScores:
+        """The teacher's logprob of every completion token given everything before it, and with `topk` = K > 0 its K
+        most likely tokens at every completion position.
+
+        One ``POST {base_url}/completions`` request for the whole group (shared with the other groups that ask within
+        `batch_wait_s`, `PromptBatcher`): prompts ``prompt_ids + completion_ids[i]`` (cut to `prompt_limit` tokens) for
+        each completion with a token left to score, ``max_tokens=1``, ``temperature=1.0``, ``prompt_logprobs=K`` (0
+        without top-k).
 
         Args:
             prompt_ids: (P,) the prompt's token ids, as the student was sent them.
@@ -222,17 +289,25 @@ class TeacherClient:
                 episode included: the trainer masks them).
 
         Returns:
-            G lists of T_i floats: log p_teacher(token t | prompt, tokens before t), nats at temperature 1; NaN where
-            the teacher returned no finite logprob for the actual token, and for the tokens past the teacher's
-            `prompt_limit` (a sequence that fills the whole context); [] for an empty completion (no request is sent
-            when no completion has a token to score).
+            `TeacherScores`: `logprobs`, G lists of T_i floats: log p_teacher(token t | prompt, tokens before t), nats
+            at temperature 1; NaN where the teacher returned no finite logprob for the actual token, and for the
+            tokens past the teacher's `prompt_limit` (a sequence that fills the whole context); [] for an empty
+            completion. With K > 0, `topk_ids` and `topk_logprobs`, G lists of T_i lists of K (`parse_prompt_topk`):
+            ids 0 and logprobs NaN for the tokens past `prompt_limit`; [] and [] with K = 0. No request is sent when
+            no completion has a token to score.
 
         Raises:
-            TeacherError: a 4xx answer, a 5xx or connection error after every retry, or a malformed answer.
+            TeacherError: a 4xx answer (a K above the server's --max-logprobs among them), a 5xx or connection error
+                after every retry, or a malformed answer.
             TeacherTimeout: no answer within teacher_timeout_s on every attempt.
         """
+        k = self.topk
         limit = await self.prompt_limit() if any(len(ids) for ids in completion_ids) else None
-        out = [[math.nan] * len(ids) for ids in completion_ids]
+        out = TeacherScores(
+            logprobs=[[math.nan] * len(ids) for ids in completion_ids],
+            topk_ids=[[[0] * k for _ in ids] for ids in completion_ids] if k else [],
+            topk_logprobs=[[[math.nan] * k for _ in ids] for ids in completion_ids] if k else [],
+        )
         sent: list[tuple[int, list[int]]] = []  # (completion index, the sequence sent)
         for i, ids in enumerate(completion_ids):
             sequence = (list(prompt_ids) + list(ids))[:limit]
@@ -240,21 +315,37 @@ class TeacherClient:
                 sent.append((i, sequence))
         if not sent:
             return out
-        body = {
-            "model": await self.model_id(),
-            "prompt": [sequence for _, sequence in sent],
-            "max_tokens": 1,
-            "temperature": 1.0,
-            "prompt_logprobs": 0,
-        }
-        answer = await self._request("POST", "/completions", body)
+        sequences = [sequence for _, sequence in sent]
         try:
-            scored = parse_prompt_logprobs(answer, [sequence for _, sequence in sent], len(prompt_ids))
+            answer = await self._batcher.submit(sequences)  # shared with other groups' within teacher_batch_wait_s
+            if k:
+                scored = parse_prompt_topk(answer, sequences, len(prompt_ids), k)
+            else:
+                scored = TeacherScores(parse_prompt_logprobs(answer, sequences, len(prompt_ids)))
         except ValueError as err:
             raise TeacherError(f"the teacher at {self.base_url} answered a malformed body: {err}") from err
-        for (i, _), logprobs in zip(sent, scored, strict=True):
-            out[i][: len(logprobs)] = logprobs
+        for b, (i, _) in enumerate(sent):
+            n = len(scored.logprobs[b])
+            out.logprobs[i][:n] = scored.logprobs[b]
+            if k:
+                out.topk_ids[i][:n] = scored.topk_ids[b]
+                out.topk_logprobs[i][:n] = scored.topk_logprobs[b]
         return out
+
+    async def _post_prompts(self, prompts: list[list[int]]) -> Any:
+        """One ``/completions`` request (with retries) scoring `prompts` (token ids): the decoded answer.
+
+        Raises:
+            TeacherError / TeacherTimeout: as `_request`.
+        """
+        body = {
+            "model": await self.model_id(),
+            "prompt": prompts,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": self.topk,
+        }
+        return await self._request("POST", "/completions", body)
 
     async def _request(self, method: str, path: str, body: dict | None = None) -> Any:
         """One request with retries: the decoded JSON answer of the first attempt that got a 200.
@@ -316,7 +407,9 @@ class TeacherClient:
             raise TeacherError(f"the teacher at {url} answered a body that is not JSON: {resp.text[:200]!r}") from err
 
     async def aclose(self) -> None:
-        """Close the connection pool (on the loop the client was used on)."""
+        """Cancel the requests waiting or in flight and close the connection pool (on the loop the client was used
+        on)."""
+        await self._batcher.aclose()
         await self._http.aclose()
 
 
@@ -333,11 +426,70 @@ def parse_prompt_logprobs(answer: Any, sequences: Sequence[Sequence[int]], promp
     Returns:
         B lists, (T_b,) each: the logprob (nats) the teacher gave the actual token at positions P..P+T_b-1; NaN where
         its entry holds no finite logprob for that token id (vLLM returns only the actual token's with
-        prompt_logprobs=0; a top-k entry would hold others too).
+        prompt_logprobs=0; a top-k entry holds others too, `parse_prompt_topk`).
 
     Raises:
         ValueError: not B choices, indices that are not 0..B-1, or a choice whose `prompt_logprobs` is not a list of
             one entry per prompt token.
+    """
+    out = []
+    for entries, seq in zip(_prompt_logprob_entries(answer, sequences), sequences, strict=True):
+        out.append([_token_logprob(entries[p], seq[p]) for p in range(prompt_len, len(seq))])
+    return out
+
+
+def parse_prompt_topk(answer: Any, sequences: Sequence[Sequence[int]], prompt_len: int, k: int) -> TeacherScores:
+    """The teacher's logprob of each sequence's tokens from position `prompt_len` on and its `k` most likely tokens at
+    each of those positions, out of a vLLM `/completions` answer with ``prompt_logprobs=k`` (the request's prompts
+    were `sequences`, in order).
+
+    vLLM 0.32 gives each position (after the first, which is None) one dict ``{"<token id>": {"logprob": float,
+    "rank": int, "decoded_token": str}}`` holding the top-k entries (ranks 1..k) and, when the actual token is not
+    among them, the actual token's entry (rank > k). Per position: the entries of an int rank 1..k, ordered by rank
+    (when any entry's rank is missing or not an int >= 1: every entry, ordered by logprob, most likely first), at most
+    k of them; a logprob that is missing or not finite becomes NaN; a position with fewer than k such entries is
+    padded with id 0 and logprob NaN, and a position without a dict (None) is all padding.
+
+    Args:
+        answer: the decoded JSON, as `parse_prompt_logprobs` reads it.
+        sequences: B token-id prompts, each (P + T_b,): the group's prompt then completion b.
+        prompt_len: P, the group prompt's length: the completion's first token is at position P.
+        k: K >= 1, the number of top tokens each position keeps (the request's prompt_logprobs).
+
+    Returns:
+        `TeacherScores` of B rows: `logprobs` (T_b,) the actual token's logprob from the same position's dict (NaN
+        where it holds none finite), `topk_ids` and `topk_logprobs` (T_b,) lists of k each (ids by rank, logprobs in
+        nats at temperature 1 over the whole vocabulary).
+
+    Raises:
+        ValueError: `k` < 1; the choices are malformed as `parse_prompt_logprobs` says; or a position's dict holds a
+            key that is not a token id (an int >= 0) or a value that is neither a logprob entry (a dict) nor a number.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"parse_prompt_topk: k={k!r} must be an int >= 1")
+    out = TeacherScores(logprobs=[], topk_ids=[], topk_logprobs=[])
+    for b, (entries, seq) in enumerate(zip(_prompt_logprob_entries(answer, sequences), sequences, strict=True)):
+        logprobs, ids, values = [], [], []
+        for p in range(prompt_len, len(seq)):
+            logprobs.append(_token_logprob(entries[p], seq[p]))
+            try:
+                top_ids, top_values = _topk_entries(entries[p], k)
+            except ValueError as err:
+                raise ValueError(f"choice {b}, prompt position {p}: {err}") from err
+            ids.append(top_ids)
+            values.append(top_values)
+        out.logprobs.append(logprobs)
+        out.topk_ids.append(ids)
+        out.topk_logprobs.append(values)
+    return out
+
+
+def _prompt_logprob_entries(answer: Any, sequences: Sequence[Sequence[int]]) -> list[list[Any]]:
+    """The `prompt_logprobs` list of each choice of `answer`, in the order of `sequences` (one entry per token).
+
+    Raises:
+        ValueError: not one choice per sequence, indices that are not 0..B-1, or a choice whose `prompt_logprobs` is
+            not a list of one entry per prompt token.
     """
     try:
         choices = sorted(answer["choices"], key=lambda c: c["index"])
@@ -353,8 +505,50 @@ def parse_prompt_logprobs(answer: Any, sequences: Sequence[Sequence[int]], promp
             raise ValueError(
                 f"choice {choice['index']}: prompt_logprobs has {got} entries for {len(seq)} prompt tokens"
             )
-        out.append([_token_logprob(entries[p], seq[p]) for p in range(prompt_len, len(seq))])
+        out.append(entries)
     return out
+
+
+def _topk_entries(entry: Any, k: int) -> tuple[list[int], list[float]]:
+    """The `k` most likely (id, logprob) of one position's ``{"<id>": {"logprob", "rank", ...}}``, as two lists of
+    `k` (`parse_prompt_topk` says which and in what order), padded with 0 / NaN.
+
+    Raises:
+        ValueError: a key that is not a token id (an int >= 0), or a value neither a dict nor a number.
+    """
+    ranked: list[tuple[int | None, float, int]] = []  # (rank, logprob, id), in the dict's order
+    if isinstance(entry, dict):
+        for key, value in entry.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                token = -1
+            if isinstance(key, bool) or token < 0:
+                raise ValueError(f"the key {key!r} is not a token id")
+            if isinstance(value, dict):
+                rank, logprob = value.get("rank"), value.get("logprob")
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                rank, logprob = None, value
+            else:
+                raise ValueError(f"token {token}'s entry {str(value)[:100]!r} is not a logprob entry")
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+                rank = None
+            ranked.append((rank, _finite(logprob), token))
+    if all(rank is not None for rank, _, _ in ranked):
+        chosen = sorted((e for e in ranked if e[0] <= k), key=lambda e: e[0])
+    else:  # no usable ranks: by logprob, NaN last (a stable sort keeps the dict's order among equals)
+        chosen = sorted(ranked, key=lambda e: -math.inf if math.isnan(e[1]) else e[1], reverse=True)
+    chosen = chosen[:k]
+    pad = k - len(chosen)
+    return [token for _, _, token in chosen] + [0] * pad, [lp for _, lp, _ in chosen] + [math.nan] * pad
+
+
+def _finite(value: Any) -> float:
+    """`value` as a float when it is a finite number (a bool is not), else NaN."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    value = float(value)
+    return value if math.isfinite(value) else math.nan
 
 
 def _token_logprob(entry: Any, token_id: int) -> float:
@@ -364,7 +558,4 @@ def _token_logprob(entry: Any, token_id: int) -> float:
     value = entry.get(str(token_id))
     if isinstance(value, dict):
         value = value.get("logprob")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return math.nan
-    value = float(value)
-    return value if math.isfinite(value) else math.nan
+    return _finite(value)

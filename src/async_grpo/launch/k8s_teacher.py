@@ -22,6 +22,7 @@ from async_grpo.launch.k8s_served import (
     served_base_url,
 )
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.preflight.teacher import teacher_server_args
 
 TEACHER = "teacher"  # component label, container name and object-name suffix
 
@@ -44,10 +45,11 @@ def teacher_url(run_name: str, settings: ClusterSettings) -> str:
 
 def teacher_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     """The teacher's server command in the vLLM image: `image_server_command` without weight transfer (the teacher's
-    weights never change), the run's dtype and seed, `--max-model-len` of the policy's
-    (`distillation.teacher` says why not one more), the CPU flags on cpu, `--tensor-parallel-size` for several `teacher_gpus`, and the
-    bearer-token middleware (every route but /health). The model is served under its path, the `teacher_model` the
-    trainer's config names. The policy's `vllm_extra_args` are not passed (they size the policy's server).
+    weights never change), the run's dtype and seed, `--max-model-len` of the policy's (`distillation.teacher` says
+    why not one more), the CPU flags on cpu, `--tensor-parallel-size` for several `teacher_gpus`, the bearer-token
+    middleware (every route but /health), and `--max-logprobs K` when top-k distillation asks for more than vLLM's
+    default of 20 (`preflight.teacher.teacher_server_args`). The model is served under its path, the `teacher_model`
+    the trainer's config names. The policy's `vllm_extra_args` are not passed (they size the policy's server).
 
     Raises:
         ValueError: the run serves no teacher.
@@ -57,13 +59,14 @@ def teacher_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         raise ValueError(
             "teacher_model_name_or_path is not set: the run serves no teacher. Fix: set it, or give teacher_url."
         )
-    return image_server_command(
+    command = image_server_command(
         config,
         settings,
         model,
         weight_transfer_backend=None,
         tensor_parallel_size=settings.teacher_gpus,
     )
+    return command + teacher_server_args(config)
 
 
 def build_teacher_deployment(

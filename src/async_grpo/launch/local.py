@@ -31,6 +31,7 @@ from async_grpo.inference.server import (
 )
 from async_grpo.launch.base import LaunchResult
 from async_grpo.preflight import check_config
+from async_grpo.preflight.teacher import teacher_server_args
 from async_grpo.rewards.contract import JUDGE_SPEC
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
@@ -189,9 +190,11 @@ def start_teacher_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | N
     """Serve `teacher_model_name_or_path` as the run's distillation teacher on a vLLM server of its own (log:
     `<output_dir>/vllm-teacher.log`): a plain server (no weight transfer: the teacher's weights never change) whose
     --max-model-len is the policy's (one more would exceed the position limit of a model whose whole context the
-    policy uses; the teacher's client cuts the rare sequence that fills it: `distillation.teacher`). Returns the config with `teacher_url` pointing at it and `teacher_model` naming the
-    model it serves, with the server to close after the run (`run_local` watches it with a `ServerWatchdog`, which
-    starts it again if it dies). Unchanged config and None when the run has no teacher model to serve.
+    policy uses; the teacher's client cuts the rare sequence that fills it: `distillation.teacher`), and with
+    `--max-logprobs K` when top-k distillation asks for more than vLLM's default of 20 (`teacher_server_args`). Returns
+    the config with `teacher_url` pointing at it and `teacher_model` naming the model it serves, with the server to
+    close after the run (`run_local` watches it with a `ServerWatchdog`, which starts it again if it dies). Unchanged
+    config and None when the run has no teacher model to serve.
 
     Raises:
         VLLMStartupError: the teacher's server did not answer /health within vllm_startup_timeout_s.
@@ -200,7 +203,7 @@ def start_teacher_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | N
     if model is None:
         return config, None
     port = free_port()
-    cmd = local_server_command(config, model, port, plain=True)
+    cmd = local_server_command(config, model, port, teacher_server_args(config), plain=True)
     server = _start_served_model(config, model, "teacher", cmd, port)
     try:
         served = config.model_copy(

@@ -15,7 +15,11 @@ same tokens on both sides: a teacher of another vocabulary would score other wor
   root, beside /v1) on a probe text holding the student's special tokens and a spread of its vocabulary, gives the
   ids and token strings the student's gives. The bearer token, if any, is env ASYNC_GRPO_TEACHER_API_KEY. A probe is
   not the whole vocabulary: a teacher whose tokenizer only adds tokens the probe does not hold (or makes another of
-  the same tokens its eos) passes; the folder check compares everything.
+  the same tokens its eos) passes; the folder check compares everything. With top-k distillation
+  (`distillation_loss: forward_kl`, K = `distillation_topk`), one tiny `/completions` request (a few prompt tokens,
+  ``max_tokens`` 1) must come back with ``prompt_logprobs=K``'s K entries a position: vLLM refuses a K above its
+  ``--max-logprobs`` (default 20, `VLLM_DEFAULT_MAX_LOGPROBS`) with HTTP 400. A teacher the launcher serves gets
+  ``--max-logprobs K`` for a K above that default (`teacher_server_args`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from async_grpo.preflight.report import Problem
 
 MODEL_FIELD = "distillation.teacher_model_name_or_path"
 URL_FIELD = "distillation.teacher_url"
+TOPK_FIELD = "distillation.distillation_topk"
+VLLM_DEFAULT_MAX_LOGPROBS = 20  # vLLM 0.32's --max-logprobs default (ModelConfig.max_logprobs): the largest K it serves
+TOPK_PROBE_PROMPT = "3 + 4 = 7"  # the top-k request's prompt: a few tokens in any vocabulary
 TEACHER_TIMEOUT_S = 5.0  # longest preflight waits for one answer of a served teacher
 PROBE_VOCAB_SAMPLE = 256  # vocabulary entries spread over the student's ids, in the /tokenize probe
 PROBE_TEXT = "The teacher scores every token: 3 + 4 = 7.\n\tÉtoile, naïve, 東京 🙂  done."
@@ -162,6 +169,15 @@ def check_teacher_model(config: GRPOConfig, local: bool) -> tuple[list[Problem],
 
 
 # ------------------------------------------------------------------------------------------------ a served teacher
+def teacher_server_args(config: GRPOConfig) -> list[str]:
+    """The vLLM flags a teacher the launcher serves needs beyond `build_server_command`'s (locally
+    `launch.local.start_teacher_server`, on Kubernetes `launch.k8s_teacher.teacher_command`): ``--max-logprobs K``
+    when the run asks the teacher for its K = `DistillationConfig.topk` most likely tokens and K is above vLLM's
+    default of VLLM_DEFAULT_MAX_LOGPROBS (vLLM refuses a larger ``prompt_logprobs`` with HTTP 400); none otherwise."""
+    k = config.distillation.topk
+    return ["--max-logprobs", str(k)] if k > VLLM_DEFAULT_MAX_LOGPROBS else []
+
+
 def server_root(teacher_url: str) -> str:
     """The server's root URL, where vLLM answers /tokenize and /health: `teacher_url` without its trailing /v1."""
     url = teacher_url.rstrip("/")
@@ -192,7 +208,8 @@ def check_teacher_url(
     client: httpx.Client | None = None,
 ) -> tuple[list[Problem], list[str]]:
     """A served teacher at `teacher_url` (module docstring): it answers, serves `teacher_model`, holds the student's
-    longest sequence, and tokenizes as the student does. Every request waits at most `timeout_s` seconds.
+    longest sequence, tokenizes as the student does, and (top-k distillation) answers ``prompt_logprobs`` of
+    `distillation_topk`. Every request waits at most `timeout_s` seconds.
 
     Args:
         client: the HTTP client to use (tests); None: a fresh one, closed on return.
@@ -258,11 +275,66 @@ def _check_served_teacher(
                 f"serve the teacher with --max-model-len {needed} or more, or lower vllm_max_model_len",
             )
         )
+    k = config.distillation.topk
+    if k:
+        problem = _topk_problem(client, url, model, k, headers, timeout_s)
+        problems += [problem] if problem else []
     student = student_tokenizer(config, local)
     if student is None:
         return problems, ["teacher_url: the student's tokenizer is not available here; the tokenizers are not compared"]
     problem = _tokenize_problem(client, url, model, student, headers, timeout_s)
     return problems + ([problem] if problem else []), []
+
+
+def _topk_problem(
+    client: httpx.Client, url: str, model: str, k: int, headers: dict[str, str], timeout_s: float
+) -> Problem | None:
+    """One ``/completions`` request with ``prompt_logprobs=k`` and ``max_tokens=1`` on TOPK_PROBE_PROMPT: None when
+    the teacher answers it with at least `k` entries at each prompt position after the first (vLLM's top-k, plus the
+    actual token's when it is not among them); a `distillation_topk` problem when it refuses the request (a k above
+    its --max-logprobs), a `teacher_url` one when it does not answer or answers something else."""
+    body = {"model": model, "prompt": TOPK_PROBE_PROMPT, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": k}
+    fix = (
+        f"serve the teacher with --max-logprobs {k} (or more), or lower distillation_topk to what it serves (vLLM's "
+        f"default is {VLLM_DEFAULT_MAX_LOGPROBS})"
+    )
+    try:
+        answer = client.post(f"{url.rstrip('/')}/completions", json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as err:
+        why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        return Problem(
+            URL_FIELD,
+            f"the teacher at {url} did not answer a /completions request with prompt_logprobs={k} within "
+            f"{timeout_s:g} s ({why}), which distillation_topk={k} needs",
+            "check that the teacher's vLLM server is up and answers /completions",
+        )
+    if 400 <= answer.status_code < 500:
+        return Problem(
+            TOPK_FIELD,
+            f"the teacher {model!r} at {url} (teacher_url) refused the top-k request of distillation_topk={k} "
+            f"(POST /completions with prompt_logprobs={k}: HTTP {answer.status_code}, {answer.text[:200]})",
+            fix,
+        )
+    try:
+        answer.raise_for_status()
+        entries = answer.json()["choices"][0]["prompt_logprobs"]
+        widths = [len(entry) for entry in entries[1:]]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
+        return Problem(
+            URL_FIELD,
+            f"the teacher at {url} answered no prompt logprobs to a /completions request with prompt_logprobs={k} "
+            f"({type(err).__name__}: {str(err)[:200]}), which distillation_topk={k} needs",
+            "serve the teacher with vLLM (its /completions answers prompt_logprobs), or give "
+            "teacher_model_name_or_path",
+        )
+    if not widths or min(widths) < k:
+        return Problem(
+            TOPK_FIELD,
+            f"the teacher {model!r} at {url} (teacher_url) answered prompt_logprobs={k} with {widths} entries per "
+            f"position, not the top {k}",
+            fix,
+        )
+    return None
 
 
 def _tokenize_problem(

@@ -320,6 +320,7 @@ def loss_settings(config: GRPOConfig) -> LossSettings:
         distillation_weight=config.distillation.distillation_weight if config.distillation.enabled else 0.0,
         distillation_only=config.distillation.distillation_only,
         distillation_baseline=config.distillation.distillation_baseline == "leave_one_out",
+        distillation_loss=config.distillation.distillation_loss,
     )  # fmt: skip
 
 

@@ -189,8 +189,10 @@ def shard(batch: TrainBatch, rank: int, world_size: int, micro_batch_size: int) 
 
 
 def _rows(group, lo: int, hi: int):
-    """Completions [lo, hi) of a `RolloutGroup` (their advantages were computed over the whole group already)."""
-    per_completion = (
+    """Completions [lo, hi) of a `RolloutGroup` (their advantages were computed over the whole group already): every
+    per-completion field, list or dict of lists (`rollout_stats`, `reward_extra`), sliced; the optional ones (the
+    teacher's, `spans`) when set."""
+    per_completion = [
         "completion_ids",
         "sampling_logprobs",
         "truncated",
@@ -200,10 +202,14 @@ def _rows(group, lo: int, hi: int):
         "advantages",
         "loss_mask",
         "token_versions",
-    )
-    if group.teacher_logprobs:
-        per_completion += ("teacher_logprobs",)
-    return dataclasses.replace(group, **{f: getattr(group, f)[lo:hi] for f in per_completion})
+    ]
+    per_completion += [
+        f for f in ("teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs", "spans") if getattr(group, f)
+    ]
+    sliced = {f: getattr(group, f)[lo:hi] for f in per_completion}
+    for f in ("rollout_stats", "reward_extra"):  # name -> (G,) values
+        sliced[f] = {name: values[lo:hi] for name, values in getattr(group, f).items()}
+    return dataclasses.replace(group, **sliced)
 
 
 class DataParallelLearner:

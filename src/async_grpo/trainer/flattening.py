@@ -183,23 +183,29 @@ def completion_logps(
     with_entropy: bool = False,
     chunk_size: int | None = None,
     temperature: float = 1.0,
+    targets: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`packing.completion_logps` for padded, flattened and shared-prompt (`trainer.prefix_sharing`) micro-batches.
 
+    Args:
+        targets: (N, T, J) token ids to score instead of `mb.completion_ids` (J per position: the sampled token and
+            a teacher's top-k, `packing.scored_targets`); None: the completion ids.
+
     Returns:
-        logps (N, T) float32 with gradient, 0 on padding for a `FlattenedBatch`; entropies (N, T) or None.
+        logps (N, T) (or (N, T, J) with `targets`) float32 with gradient, 0 on padding for a `FlattenedBatch`;
+        entropies (N, T) or None.
         With `chunk_size=None` the model's own forward runs with `logits_to_keep` = the K predicting positions,
         so the LM head sees only the completion tokens; otherwise the decoder body runs and
         `chunked_token_logps` applies the head `chunk_size` tokens at a time.
     """
     if isinstance(mb, prefix_sharing.SharedPromptBatch):  # each distinct prompt once (share_prompt_prefix)
-        return prefix_sharing.completion_logps(model, mb, with_entropy, chunk_size, temperature)
+        return prefix_sharing.completion_logps(model, mb, with_entropy, chunk_size, temperature, targets)
     if not isinstance(mb, FlattenedBatch):
         return packing.completion_logps(
-            model, mb, with_entropy=with_entropy, chunk_size=chunk_size, temperature=temperature
+            model, mb, with_entropy=with_entropy, chunk_size=chunk_size, temperature=temperature, targets=targets
         )
     lay = mb.layout
-    targets = mb.completion_ids[lay.rows, lay.cols]  # (K,)
+    flat_targets = (mb.completion_ids if targets is None else targets)[lay.rows, lay.cols]  # (K,) or (K, J)
     if chunk_size is None:
         if lay.input_ids.size(0) == 1:  # the model's own head, on the K predicting positions only
             logits = model(
@@ -212,7 +218,7 @@ def completion_logps(
         else:  # several rows: gather the K positions, then the head
             logits = model.get_output_embeddings()(_flat_hidden(model, mb)).unsqueeze(0)
         logits = logits.float() / temperature  # (1, K, V): one row, so the log-softmax loops once
-        logps = selective_log_softmax(logits, targets.unsqueeze(0))[0]
+        logps = selective_log_softmax(logits, flat_targets.unsqueeze(0))[0]
         entropy = None
         if with_entropy:
             with torch.no_grad():
@@ -220,7 +226,7 @@ def completion_logps(
         return _unflatten(logps, mb), entropy
     hidden = _flat_hidden(model, mb).unsqueeze(0)  # (1, K, H)
     logps, entropy = chunked_token_logps(
-        hidden, model.get_output_embeddings(), targets.unsqueeze(0), chunk_size, with_entropy, temperature
+        hidden, model.get_output_embeddings(), flat_targets.unsqueeze(0), chunk_size, with_entropy, temperature
     )
     return _unflatten(logps[0], mb), (None if entropy is None else _unflatten(entropy[0], mb))
 

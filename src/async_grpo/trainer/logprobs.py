@@ -33,21 +33,22 @@ def chunked_token_logps(
     Args:
         hidden: (N, T, H) decoder hidden states; position t predicts targets[:, t].
         lm_head: the output projection (weight (V, H), optional bias (V,)).
-        targets: (N, T) token ids.
+        targets: (N, T) token ids, or (N, T, K): K ids per position (the sampled token and a teacher's top-k).
         chunk_size: positions per block (>= 1).
         with_entropy: also return per-token entropies (N, T), computed without gradient.
         temperature: the logits are divided by it first, so the logprobs are those of the sampling
             distribution vLLM reports (`processed_logprobs`) and TRL scores (`logits / temperature`).
 
     Returns:
-        (logps (N, T) float32 with gradient to `hidden` and `lm_head`, entropy (N, T) or None).
+        (logps (N, T) (or (N, T, K), the shape of `targets`) float32 with gradient to `hidden` and `lm_head`,
+        entropy (N, T) or None).
 
     Raises:
         ValueError: chunk_size < 1 or mismatched shapes.
     """
     if chunk_size < 1:
         raise ValueError(f"logprob_chunk_size={chunk_size} must be >= 1. Fix: use e.g. 64, or None for full logits.")
-    if hidden.shape[:2] != targets.shape:
+    if hidden.shape[:2] != targets.shape[:2]:
         raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree on (N, T)")
     logps, entropies = [], []
     for start in range(0, hidden.size(1), chunk_size):
@@ -73,14 +74,17 @@ def completion_logps_from_model(
     chunk_size: int | None = None,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    targets: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs (N, T) of `completion_ids`, the last T tokens of `input_ids` (N, P + T).
 
-    With `chunk_size=None` the model's own head runs on the last T+1 positions (`logits_to_keep`);
+    `targets` (N, T, K), when given, are scored instead of `completion_ids` (K ids per position, e.g. the sampled
+    token then a teacher's top-k): the logprobs are then (N, T, K). With `chunk_size=None` the model's own head runs on the last T+1 positions (`logits_to_keep`);
     otherwise the decoder body runs once and `chunked_token_logps` applies the head in blocks. Logits are
     divided by `temperature` (TRL `_get_per_token_logps_and_entropies`).
     """
     t = completion_ids.size(1)
+    scored = completion_ids if targets is None else targets  # (N, T) or (N, T, K)
     if chunk_size is None:
         out = model(
             input_ids=input_ids,
@@ -94,14 +98,12 @@ def completion_logps_from_model(
         if with_entropy:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach())
-        return selective_log_softmax(logits, completion_ids), entropy
+        return selective_log_softmax(logits, scored), entropy
     body = model.get_decoder()
     hidden = body(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     ).last_hidden_state[:, -(t + 1) : -1, :]  # (N, T, H)
-    return chunked_token_logps(
-        hidden, model.get_output_embeddings(), completion_ids, chunk_size, with_entropy, temperature
-    )
+    return chunked_token_logps(hidden, model.get_output_embeddings(), scored, chunk_size, with_entropy, temperature)
 
 
 def completion_hidden_states(

@@ -217,6 +217,8 @@ def trim(mb: PackedBatch) -> PackedBatch:
         mb.replayed,
         mb.teacher_logps[:, :t],
         mb.teacher_baselines,
+        mb.teacher_topk_ids[:, :t],
+        mb.teacher_topk_logps[:, :t],
     )
 
 

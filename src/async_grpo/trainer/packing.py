@@ -35,6 +35,11 @@ class PackedBatch:
             not distill.
         teacher_baselines: (N,) each row's leave-one-out baseline for the distillation advantage (nats per token,
             `algorithms.distillation.group_baselines` over its group); 0 for a row of a group without a teacher.
+        teacher_topk_ids: (N, T, K) the teacher's K most likely tokens at each completion position, by rank
+            (`RolloutGroup.teacher_topk_ids`; `distillation_loss: forward_kl`); 0 where none. K = 0 when the run asks
+            no top-k, so every slice of the batch handles it as any other per-token field.
+        teacher_topk_logps: (N, T, K) their teacher logprobs (nats, temperature 1); NaN where none (padding, a
+            position the teacher did not score, fewer than K entries).
     """
 
     input_ids: torch.Tensor
@@ -47,6 +52,8 @@ class PackedBatch:
     replayed: torch.Tensor
     teacher_logps: torch.Tensor
     teacher_baselines: torch.Tensor
+    teacher_topk_ids: torch.Tensor
+    teacher_topk_logps: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
@@ -65,6 +72,14 @@ class PackedBatch:
         `skip_zero_advantage_batches` may leave out are the others."""
         return (self.advantages != 0) | torch.isfinite(self.teacher_logps).any(dim=1)
 
+    def scored_targets(self) -> torch.Tensor | None:
+        """(N, T, 1 + K) the token ids the policy's forward pass scores at each completion position when the teacher
+        gave a top-k: the sampled token first, then the teacher's K (`teacher_topk_ids`); None when K = 0 (only the
+        sampled tokens are scored)."""
+        if self.teacher_topk_ids.size(-1) == 0:
+            return None
+        return torch.cat([self.completion_ids.unsqueeze(-1), self.teacher_topk_ids], dim=-1)
+
 
 def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = False) -> PackedBatch:
     """Flatten the groups of `batch` into padded tensors (see `PackedBatch` for shapes).
@@ -73,15 +88,17 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     did not, e.g. tool output) on its tokens and 0 on padding; with `mask_truncated`, all 0 for a truncated row.
     """
     rows = [
-        (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed, lmask, teacher)
+        (grp.prompt_ids, ids, lps, trunc, adv, grp.replayed, lmask, teacher, topk_ids, topk_lps)
         for grp in batch.groups
-        for ids, lps, trunc, adv, lmask, teacher in zip(
+        for ids, lps, trunc, adv, lmask, teacher, topk_ids, topk_lps in zip(
             grp.completion_ids,
             grp.sampling_logprobs,
             grp.truncated,
             grp.advantages,
             grp.loss_mask,
             grp.teacher_logprobs or [[]] * grp.size,
+            grp.teacher_topk_ids or [[]] * grp.size,
+            grp.teacher_topk_logprobs or [[]] * grp.size,
             strict=True,
         )  # fmt: skip
     ]
@@ -111,6 +128,7 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     teacher_logps = torch.tensor(
         [list(r[7]) + [nan] * (t - len(r[7])) if r[7] else [nan] * t for r in rows], dtype=torch.float32
     )
+    teacher_topk_ids, teacher_topk_logps = _pack_topk(rows, t)
     baselines = [
         b
         for grp in batch.groups
@@ -122,8 +140,24 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
     ]
     return PackedBatch(
         input_ids, attention_mask, position_ids, input_ids[:, p:], completion_mask, sampling_logps, advantages,
-        replayed, teacher_logps, torch.tensor(baselines, dtype=torch.float32),
+        replayed, teacher_logps, torch.tensor(baselines, dtype=torch.float32), teacher_topk_ids, teacher_topk_logps,
     )  # fmt: skip
+
+
+def _pack_topk(rows: list[tuple], t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, t, K) top-k ids (0 where none) and logprobs (NaN where none) from each row's `teacher_topk_ids` (index 8)
+    and `teacher_topk_logprobs` (index 9); K is the widest row's (0 when no row has a top-k)."""
+    k = max((len(pos) for r in rows for pos in r[8][:1]), default=0)
+    ids = torch.zeros((len(rows), t, k), dtype=torch.long)
+    logps = torch.full((len(rows), t, k), float("nan"), dtype=torch.float32)
+    if k == 0:
+        return ids, logps
+    for i, r in enumerate(rows):
+        if r[8]:
+            n = len(r[8])
+            ids[i, :n] = torch.tensor(r[8], dtype=torch.long)
+            logps[i, :n] = torch.tensor(r[9], dtype=torch.float32)
+    return ids, logps
 
 
 def completion_logps(
@@ -132,12 +166,14 @@ def completion_logps(
     with_entropy: bool = False,
     chunk_size: int | None = None,
     temperature: float = 1.0,
+    targets: torch.Tensor | None = None,
 ):
     """Per-token logprobs (N, T) of `mb.completion_ids` under `model`, and optionally entropies (N, T).
 
     `chunk_size=None` materializes only the last T+1 positions' logits (`logits_to_keep`); an int applies
     the LM head `chunk_size` positions at a time (see `trainer.logprobs`). Logits are divided by the sampling
-    `temperature` (TRL), so the logprobs compare with vLLM's processed sampling logprobs.
+    `temperature` (TRL), so the logprobs compare with vLLM's processed sampling logprobs. `targets` (N, T, K), when
+    given, are scored instead of the completion ids (`scored_targets`): the logprobs are then (N, T, K).
     """
     return completion_logps_from_model(
         model,
@@ -148,4 +184,5 @@ def completion_logps(
         chunk_size=chunk_size,
         with_entropy=with_entropy,
         temperature=temperature,
+        targets=targets,
     )

@@ -226,22 +226,23 @@ def completion_logps(
     with_entropy: bool = False,
     chunk_size: int | None = None,
     temperature: float = 1.0,
+    targets: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """`packing.completion_logps` with each distinct prompt run once.
+    """`packing.completion_logps` with each distinct prompt run once (`targets` (N, T, K), when given, are scored
+    instead of `mb.completion_ids`, and the logprobs are (N, T, K)).
 
     Returns:
         logps (N, T) float32 with gradient (0-masked later by the completion mask, as on the padded path);
         entropies (N, T) without gradient, or None. Logits are divided by `temperature` (TRL). With `chunk_size`
         the decoder body runs and `chunked_token_logps` applies the LM head `chunk_size` positions at a time.
     """
+    scored = mb.completion_ids if targets is None else targets  # (N, T) or (N, T, K)
     if chunk_size is not None:
         hidden = completion_hidden_states(model, mb)
-        return chunked_token_logps(
-            hidden, model.get_output_embeddings(), mb.completion_ids, chunk_size, with_entropy, temperature
-        )
+        return chunked_token_logps(hidden, model.get_output_embeddings(), scored, chunk_size, with_entropy, temperature)
     logits = completion_logits(model, mb).float() / temperature
     entropy = None
     if with_entropy:
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
-    return selective_log_softmax(logits, mb.completion_ids), entropy
+    return selective_log_softmax(logits, scored), entropy

@@ -50,6 +50,9 @@ class ForwardPasses:
         lm_head: the policy's output projection (`weight` (V, H)) on the fused path; None otherwise.
         ref_logps: (N, T) float32 frozen reference-model logprobs (nats), no grad, when the loss has a KL term
             (`objective.needs_reference`); None otherwise.
+        topk_logps: (N, T, K) float32 policy logprobs of the teacher's top-k tokens at each completion position
+            (`PackedBatch.teacher_topk_ids`; nats, with grad) when the batch carries a top-k (`distillation_loss:
+            forward_kl`); None otherwise.
     """
 
     logps: torch.Tensor
@@ -57,6 +60,7 @@ class ForwardPasses:
     hidden: torch.Tensor | None
     lm_head: torch.nn.Module | None
     ref_logps: torch.Tensor | None
+    topk_logps: torch.Tensor | None = None
 
 
 class GRPOLearner:
@@ -314,7 +318,8 @@ class GRPOLearner:
                 replayed=mb.replayed, old_logps=None if old_logps is None else old_logps[index],
                 ref_logps=passes.ref_logps, hidden=passes.hidden, lm_head=passes.lm_head,
                 completion_ids=mb.completion_ids, teacher_logps=mb.teacher_logps,
-                teacher_baselines=mb.teacher_baselines,
+                teacher_baselines=mb.teacher_baselines, topk_logps=passes.topk_logps,
+                teacher_topk_logps=mb.teacher_topk_logps if passes.topk_logps is not None else None,
             )  # fmt: skip
             result = self.objective.micro_batch_loss(
                 inputs,
@@ -359,9 +364,10 @@ class GRPOLearner:
 
     def _forward(self, mb: PackedBatch) -> ForwardPasses:
         """The forward passes the objective asks for on one micro-batch (`ForwardPasses`: the policy's logps and
-        entropies, its hidden states and LM head on the fused path, the reference's logps with a KL term)."""
+        entropies, its hidden states and LM head on the fused path, the reference's logps with a KL term, the
+        policy's logps of the teacher's top-k with `distillation_loss: forward_kl`)."""
         temperature = self.objective.temperature
-        hidden = head = None
+        hidden = head = topk_logps = None
         if self.objective.wants_hidden_states:  # the fused loss applies the LM head itself; logps: IS/OPSM/metrics
             t, head = mb.completion_ids.size(1), self.model.get_output_embeddings()
             hidden = completion_hidden_states(self.model, mb)
@@ -375,16 +381,26 @@ class GRPOLearner:
                     temperature=temperature,
                 )
         else:
+            targets = mb.scored_targets()  # (N, T, 1 + K): the sampled token, then the teacher's top-k; None: K = 0
             logps, entropy = completion_logps(
-                self.model, mb, with_entropy=True, chunk_size=self.logprob_chunk_size, temperature=temperature
+                self.model,
+                mb,
+                with_entropy=True,
+                chunk_size=self.logprob_chunk_size,
+                temperature=temperature,
+                targets=targets,
             )
+            if targets is not None:  # one pass scores both: the LM head and its log-softmax run once
+                logps, topk_logps = logps[..., 0], logps[..., 1:]
         ref_logps = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logps, _ = completion_logps(
                     self.ref_model, mb, chunk_size=self.logprob_chunk_size, temperature=temperature
                 )
-        return ForwardPasses(logps=logps, entropies=entropy, hidden=hidden, lm_head=head, ref_logps=ref_logps)
+        return ForwardPasses(
+            logps=logps, entropies=entropy, hidden=hidden, lm_head=head, ref_logps=ref_logps, topk_logps=topk_logps
+        )
 
     def _autocast(self):
         """bf16 autocast around the forward passes (`bf16`, TRL name), else a no-op: matmuls run in bfloat16 while
@@ -414,6 +430,8 @@ class GRPOLearner:
             torch.zeros(1, dtype=torch.bool, device=self.device),
             torch.full((1, 1), float("nan"), device=self.device),
             torch.zeros(1, device=self.device),
+            torch.zeros((1, 1, 0), dtype=torch.long, device=self.device),
+            torch.zeros((1, 1, 0), device=self.device),
         )
 
     def _dummy_pass(self) -> None:

@@ -87,6 +87,14 @@ class RolloutGroup:
         teacher_logprobs: G lists, (T_i,) the teacher's logprob (nats, temperature 1) of each sampled completion
             token given everything before it (`distillation.teacher`: vLLM prompt logprobs of prompt + completion);
             NaN where the teacher gave none. Empty (the default) when the run does not distill (no teacher).
+        teacher_topk_ids: G lists, (T_i,) lists of exactly K token ids each: the teacher's K most likely next tokens
+            at each completion position given everything before it, by rank (most likely first; vLLM prompt logprobs
+            with prompt_logprobs=K, `distillation.teacher.parse_prompt_topk`). 0 pads a position with fewer than K
+            entries, and fills every entry of a position the teacher did not score (cut at its context). Empty (the
+            default) without top-k (distillation_loss reverse_kl, or no teacher).
+        teacher_topk_logprobs: G lists, (T_i,) lists of K floats each: the logprobs (nats, temperature 1, normalized
+            over the teacher's whole vocabulary, not over the K) of `teacher_topk_ids`; NaN at every padded entry.
+            Empty (the default) without top-k.
         teacher_seconds: wall-clock seconds the teacher's request for this group took, retries included (the metric
             `distill/teacher_seconds`); 0.0 without a teacher.
 
@@ -120,12 +128,22 @@ class RolloutGroup:
     reward_seconds: dict[str, float] = field(default_factory=dict)
     spans: list[list[EpisodeSpan]] = field(default_factory=list)
     teacher_logprobs: list[list[float]] = field(default_factory=list)
+    teacher_topk_ids: list[list[list[int]]] = field(default_factory=list)
+    teacher_topk_logprobs: list[list[list[float]]] = field(default_factory=list)
     teacher_seconds: float = 0.0
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle (a checkpoint's replay buffer, `torch.load(weights_only=True)`): a group pickled before a field
         existed gets that field's default."""
-        self.__dict__.update({"reward_seconds": {}, "spans": [], "teacher_logprobs": [], "teacher_seconds": 0.0})
+        defaults = {
+            "reward_seconds": {},
+            "spans": [],
+            "teacher_logprobs": [],
+            "teacher_topk_ids": [],
+            "teacher_topk_logprobs": [],
+            "teacher_seconds": 0.0,
+        }
+        self.__dict__.update(defaults)
         self.__dict__.update(state)
 
     def __post_init__(self) -> None:
@@ -156,18 +174,46 @@ class RolloutGroup:
                 raise ValueError(f"RolloutGroup.rollout_stats[{name!r}] has {len(values)} values for {g} completions")
         if self.spans and len(self.spans) != g:
             raise ValueError(f"RolloutGroup.spans has {len(self.spans)} rows for {g} completions")
-        if self.teacher_logprobs:
+        if self.teacher_logprobs or self.teacher_topk_ids or self.teacher_topk_logprobs:
             self.check_teacher_logprobs()
 
     def check_teacher_logprobs(self) -> None:
-        """Check `teacher_logprobs`' shape: G rows of T_i values (the teacher sets it after construction).
+        """Check the teacher's fields' shapes (the teacher sets them after construction): `teacher_logprobs` G rows
+        of T_i values; `teacher_topk_ids` and `teacher_topk_logprobs`, when either is non-empty, G rows of T_i rows of
+        one common K > 0 entries each, in both fields.
 
         Raises:
-            ValueError: a wrong number of rows, or a row whose length is not its completion's.
+            ValueError: naming the field: a wrong number of rows, a row whose length is not its completion's, a
+                position whose top-k row is not a list of K entries (K differing between positions or fields, or 0),
+                or one top-k field given without the other.
         """
         lengths = [len(ids) for ids in self.completion_ids]
         if [len(row) for row in self.teacher_logprobs] != lengths:
             raise ValueError("RolloutGroup.teacher_logprobs rows must have one entry per completion token")
+        if not self.teacher_topk_ids and not self.teacher_topk_logprobs:
+            return
+        widths = {}  # field -> its K
+        for name in ("teacher_topk_ids", "teacher_topk_logprobs"):
+            rows = getattr(self, name)
+            if [len(row) if isinstance(row, list) else -1 for row in rows] != lengths:
+                raise ValueError(
+                    f"RolloutGroup.{name} must have G={len(lengths)} rows of one top-k list per completion token "
+                    f"(completion lengths {lengths}). Fix: set teacher_topk_ids and teacher_topk_logprobs together, "
+                    "as `TeacherClient.score_group` returns them"
+                )
+            ks = {len(position) if isinstance(position, list) else -1 for row in rows for position in row}
+            if len(ks) > 1 or ks & {0, -1}:
+                raise ValueError(
+                    f"RolloutGroup.{name} must hold a list of one common K > 0 entries at every completion position "
+                    f"(got lengths {sorted(ks)}; -1: not a list). Fix: pad a position with fewer than K entries "
+                    "(id 0, logprob NaN)"
+                )
+            widths[name] = next(iter(ks), None)
+        if len(set(widths.values()) - {None}) > 1:
+            raise ValueError(
+                f"RolloutGroup.teacher_topk_ids holds K={widths['teacher_topk_ids']} entries per position but "
+                f"teacher_topk_logprobs K={widths['teacher_topk_logprobs']}. Fix: one logprob per top-k id"
+            )
 
     @property
     def size(self) -> int:

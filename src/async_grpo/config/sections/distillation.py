@@ -42,11 +42,24 @@ class DistillationConfig(Section):
         description="The teacher's served model id; None: the server's first model (GET /models).",
         json_schema_extra=tenant(),
     )
-    distillation_loss: Literal["reverse_kl"] = Field(
+    distillation_loss: Literal["reverse_kl", "forward_kl"] = Field(
         "reverse_kl",
-        description="The divergence the student minimizes on its own samples: reverse_kl, KL(student || teacher) "
-        "estimated per sampled token as log p_student - log p_teacher (Thinking Machines' on-policy distillation; "
-        "TRL GKD with lmbda=1, beta=1).",
+        description="The divergence the student minimizes on its own samples. reverse_kl: KL(student || teacher) "
+        "estimated per sampled token as log p_student - log p_teacher and given to that token as an advantage "
+        "(Thinking Machines' on-policy distillation; TRL GKD with lmbda=1, beta=1). forward_kl: KL(teacher || student) "
+        "at every trained position over the teacher's distillation_topk most likely tokens (renormalized), added to the "
+        "loss as TRL adds its KL term: dense, every position moves the student toward the teacher's whole top-k "
+        "(NeMo RL's top-k distillation, kl_type=forward; TRL GKD with lmbda=1, beta=0, on the top-k).",
+        json_schema_extra=tenant(),
+    )
+    distillation_topk: int = Field(
+        20,
+        ge=1,
+        le=256,
+        description="With distillation_loss: forward_kl, how many of the teacher's most likely tokens each position "
+        "is compared on (vLLM prompt_logprobs=k; NeMo RL's topk_logits_k). A launched teacher is served with "
+        "--max-logprobs of at least this; a teacher_url must allow it (vLLM's default is 20). The rollout queue holds 2 x k more numbers per completion "
+        "token.",
         json_schema_extra=tenant(),
     )
     distillation_weight: float = Field(
@@ -80,12 +93,28 @@ class DistillationConfig(Section):
         "unscored is dropped and counted (`drops/teacher_error`, `drops/teacher_timeout`) as a reward failure is.",
         json_schema_extra=tenant(),
     )
+    teacher_batch_wait_s: float = Field(
+        0.02,
+        ge=0.0,
+        le=5.0,
+        description="How long a group's teacher request waits for other groups' to share one /completions request "
+        "with (seconds): groups finish generating in bursts, and the teacher's server pays a fixed cost per request "
+        "(one request of 16 groups took a quarter of the time of 16 requests on vLLM CPU; distillation/batching.py). "
+        "The groups of one request are dropped together if it fails. 0: each group is sent alone, at once.",
+        json_schema_extra=tenant(),
+    )
     teacher_max_concurrency: int = Field(
         8,
         ge=1,
         description="Teacher requests in flight at once (one request scores one whole group).",
         json_schema_extra=tenant(),
     )
+
+    @property
+    def topk(self) -> int:
+        """The teacher's top-k logprobs each request asks for: `distillation_topk` with forward_kl, else 0 (only the
+        sampled token's logprob, prompt_logprobs=0)."""
+        return self.distillation_topk if self.distillation_loss == "forward_kl" else 0
 
     @property
     def enabled(self) -> bool:
