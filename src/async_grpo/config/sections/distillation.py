@@ -93,16 +93,6 @@ class DistillationConfig(Section):
         "unscored is dropped and counted (`drops/teacher_error`, `drops/teacher_timeout`) as a reward failure is.",
         json_schema_extra=tenant(),
     )
-    teacher_batch_wait_s: float = Field(
-        0.02,
-        ge=0.0,
-        le=5.0,
-        description="How long a group's teacher request waits for other groups' to share one /completions request "
-        "with (seconds): groups finish generating in bursts, and the teacher's server pays a fixed cost per request "
-        "(one request of 16 groups took a quarter of the time of 16 requests on vLLM CPU; distillation/batching.py). "
-        "The groups of one request are dropped together if it fails. 0: each group is sent alone, at once.",
-        json_schema_extra=tenant(),
-    )
     teacher_max_concurrency: int = Field(
         8,
         ge=1,
