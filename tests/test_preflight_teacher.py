@@ -27,7 +27,6 @@ from async_grpo.preflight.teacher import (
     check_teacher_url,
     probe_text,
     server_root,
-    teacher_server_args,
     tokenizer_mismatch,
 )
 from async_grpo.tiny_model import IM_END_TOKEN, build_tiny_tokenizer
@@ -251,12 +250,15 @@ def test_a_top_k_teacher_url_must_answer_prompt_logprobs_of_k(tmp_path):
 
 
 def test_the_launched_teacher_gets_max_logprobs_only_above_vllms_default(tmp_path):
-    assert teacher_server_args(_config(tmp_path, teacher_url=TEACHER_URL)) == []
+    assert _config(tmp_path, teacher_url=TEACHER_URL).distillation.teacher_serve_args == []
     forward = _config(tmp_path, teacher_url=TEACHER_URL, distillation_loss="forward_kl", distillation_topk=20)
-    assert teacher_server_args(forward) == []
-    assert teacher_server_args(forward.model_copy(update={"distillation_topk": 64})) == ["--max-logprobs", "64"]
+    assert forward.distillation.teacher_serve_args == []
+    assert forward.model_copy(update={"distillation_topk": 64}).distillation.teacher_serve_args == [
+        "--max-logprobs",
+        "64",
+    ]
     reverse = forward.model_copy(update={"distillation_loss": "reverse_kl", "distillation_topk": 64})
-    assert teacher_server_args(reverse) == []  # reverse_kl asks no top-k
+    assert reverse.distillation.teacher_serve_args == []  # reverse_kl asks no top-k
 
 
 def test_a_teacher_model_the_server_does_not_serve_is_refused(tmp_path):

@@ -17,7 +17,7 @@ keys, as strings in JSON. Prompt positions skip vLLM's sampling processors, so t
 log-softmax over the whole vocabulary at temperature 1 (not renormalized over the K), whatever ``--logprobs-mode``
 (raw_ or processed_logprobs) the server runs; vLLM writes -inf as -9999.0 (`clamp_prompt_logprobs`). vLLM refuses a
 K above its ``--max-logprobs`` (default 20) with HTTP 400: the launcher serves its teacher with ``--max-logprobs K``
-when K > 20 (`preflight.teacher.teacher_server_args`), and preflight asks a `teacher_url` for K once.
+when K > 20 (`DistillationConfig.teacher_serve_args`), and preflight asks a `teacher_url` for K once.
 
 vLLM refuses a prompt of ``max_model_len`` tokens or more (HTTP 400: ``max_tokens`` must be at least 1, measured on
 vLLM 0.32), so a sequence that fills the teacher's whole context cannot be sent whole. The launcher serves the teacher

@@ -22,7 +22,6 @@ from async_grpo.launch.k8s_served import (
     served_base_url,
 )
 from async_grpo.launch.k8s_settings import ClusterSettings
-from async_grpo.preflight.teacher import teacher_server_args
 
 TEACHER = "teacher"  # component label, container name and object-name suffix
 
@@ -48,7 +47,7 @@ def teacher_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     weights never change), the run's dtype and seed, `--max-model-len` of the policy's (`distillation.teacher` says
     why not one more), the CPU flags on cpu, `--tensor-parallel-size` for several `teacher_gpus`, the bearer-token
     middleware (every route but /health), and `--max-logprobs K` when top-k distillation asks for more than vLLM's
-    default of 20 (`preflight.teacher.teacher_server_args`). The model is served under its path, the `teacher_model`
+    default of 20 (`DistillationConfig.teacher_serve_args`). The model is served under its path, the `teacher_model`
     the trainer's config names. The policy's `vllm_extra_args` are not passed (they size the policy's server).
 
     Raises:
@@ -66,7 +65,7 @@ def teacher_command(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
         weight_transfer_backend=None,
         tensor_parallel_size=settings.teacher_gpus,
     )
-    return command + teacher_server_args(config)
+    return command + config.distillation.teacher_serve_args
 
 
 def build_teacher_deployment(

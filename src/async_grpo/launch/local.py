@@ -31,7 +31,6 @@ from async_grpo.inference.server import (
 )
 from async_grpo.launch.base import LaunchResult
 from async_grpo.preflight import check_config
-from async_grpo.preflight.teacher import teacher_server_args
 from async_grpo.rewards.contract import JUDGE_SPEC
 from async_grpo.runner import GRPORecipe, RunSummary
 from async_grpo.runner.builders import collective_timeout_s
@@ -191,7 +190,7 @@ def start_teacher_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | N
     `<output_dir>/vllm-teacher.log`): a plain server (no weight transfer: the teacher's weights never change) whose
     --max-model-len is the policy's (one more would exceed the position limit of a model whose whole context the
     policy uses; the teacher's client cuts the rare sequence that fills it: `distillation.teacher`), and with
-    `--max-logprobs K` when top-k distillation asks for more than vLLM's default of 20 (`teacher_server_args`). Returns
+    `--max-logprobs K` when top-k distillation asks for more than vLLM's default of 20 (`DistillationConfig.teacher_serve_args`). Returns
     the config with `teacher_url` pointing at it and `teacher_model` naming the model it serves, with the server to
     close after the run (`run_local` watches it with a `ServerWatchdog`, which starts it again if it dies). Unchanged
     config and None when the run has no teacher model to serve.
@@ -203,7 +202,7 @@ def start_teacher_server(config: GRPOConfig) -> tuple[GRPOConfig, VLLMServer | N
     if model is None:
         return config, None
     port = free_port()
-    cmd = local_server_command(config, model, port, teacher_server_args(config), plain=True)
+    cmd = local_server_command(config, model, port, config.distillation.teacher_serve_args, plain=True)
     server = _start_served_model(config, model, "teacher", cmd, port)
     try:
         served = config.model_copy(

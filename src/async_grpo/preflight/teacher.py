@@ -19,7 +19,7 @@ same tokens on both sides: a teacher of another vocabulary would score other wor
   (`distillation_loss: forward_kl`, K = `distillation_topk`), one tiny `/completions` request (a few prompt tokens,
   ``max_tokens`` 1) must come back with ``prompt_logprobs=K``'s K entries a position: vLLM refuses a K above its
   ``--max-logprobs`` (default 20, `VLLM_DEFAULT_MAX_LOGPROBS`) with HTTP 400. A teacher the launcher serves gets
-  ``--max-logprobs K`` for a K above that default (`teacher_server_args`).
+  ``--max-logprobs K`` for a K above that default (`DistillationConfig.teacher_serve_args`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ import httpx
 
 from async_grpo import hub
 from async_grpo.config import GRPOConfig
-from async_grpo.config.sections.distillation import TEACHER_API_KEY_ENV
+from async_grpo.config.sections.distillation import TEACHER_API_KEY_ENV, VLLM_DEFAULT_MAX_LOGPROBS
 from async_grpo.preflight.report import Problem
 
 MODEL_FIELD = "distillation.teacher_model_name_or_path"
 URL_FIELD = "distillation.teacher_url"
 TOPK_FIELD = "distillation.distillation_topk"
-VLLM_DEFAULT_MAX_LOGPROBS = 20  # vLLM 0.32's --max-logprobs default (ModelConfig.max_logprobs): the largest K it serves
 TOPK_PROBE_PROMPT = "3 + 4 = 7"  # the top-k request's prompt: a few tokens in any vocabulary
 TEACHER_TIMEOUT_S = 5.0  # longest preflight waits for one answer of a served teacher
 PROBE_VOCAB_SAMPLE = 256  # vocabulary entries spread over the student's ids, in the /tokenize probe
@@ -169,15 +168,6 @@ def check_teacher_model(config: GRPOConfig, local: bool) -> tuple[list[Problem],
 
 
 # ------------------------------------------------------------------------------------------------ a served teacher
-def teacher_server_args(config: GRPOConfig) -> list[str]:
-    """The vLLM flags a teacher the launcher serves needs beyond `build_server_command`'s (locally
-    `launch.local.start_teacher_server`, on Kubernetes `launch.k8s_teacher.teacher_command`): ``--max-logprobs K``
-    when the run asks the teacher for its K = `DistillationConfig.topk` most likely tokens and K is above vLLM's
-    default of VLLM_DEFAULT_MAX_LOGPROBS (vLLM refuses a larger ``prompt_logprobs`` with HTTP 400); none otherwise."""
-    k = config.distillation.topk
-    return ["--max-logprobs", str(k)] if k > VLLM_DEFAULT_MAX_LOGPROBS else []
-
-
 def server_root(teacher_url: str) -> str:
     """The server's root URL, where vLLM answers /tokenize and /health: `teacher_url` without its trailing /v1."""
     url = teacher_url.rstrip("/")

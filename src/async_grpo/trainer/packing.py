@@ -146,18 +146,16 @@ def pack_batch(batch: TrainBatch, pad_token_id: int, mask_truncated: bool = Fals
 
 def _pack_topk(rows: list[tuple], t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, t, K) top-k ids (0 where none) and logprobs (NaN where none) from each row's `teacher_topk_ids` (index 8)
-    and `teacher_topk_logprobs` (index 9); K is the widest row's (0 when no row has a top-k)."""
+    and `teacher_topk_logprobs` (index 9), padded as lists and made one tensor each (as `pack_batch` does); K is the
+    rows' (0 when no row has a top-k)."""
     k = max((len(pos) for r in rows for pos in r[8][:1]), default=0)
-    ids = torch.zeros((len(rows), t, k), dtype=torch.long)
-    logps = torch.full((len(rows), t, k), float("nan"), dtype=torch.float32)
-    if k == 0:
-        return ids, logps
-    for i, r in enumerate(rows):
-        if r[8]:
-            n = len(r[8])
-            ids[i, :n] = torch.tensor(r[8], dtype=torch.long)
-            logps[i, :n] = torch.tensor(r[9], dtype=torch.float32)
-    return ids, logps
+    no_ids, no_logps = [[0] * k], [[float("nan")] * k]
+    ids = [list(r[8]) + no_ids * (t - len(r[8])) for r in rows]  # a row without a top-k: all padding
+    logps = [list(r[9]) + no_logps * (t - len(r[9])) for r in rows]
+    return (
+        torch.tensor(ids, dtype=torch.long).reshape(len(rows), t, k),
+        torch.tensor(logps, dtype=torch.float32).reshape(len(rows), t, k),
+    )
 
 
 def completion_logps(

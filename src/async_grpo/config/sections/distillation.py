@@ -17,6 +17,7 @@ from async_grpo.config.sections.base import Section
 from async_grpo.config.trust import policy_list, tenant, volume_path
 
 TEACHER_API_KEY_ENV = "ASYNC_GRPO_TEACHER_API_KEY"  # the teacher's bearer token, when its server wants one
+VLLM_DEFAULT_MAX_LOGPROBS = 20  # vLLM 0.32's --max-logprobs default (ModelConfig.max_logprobs): the largest K it serves
 
 
 class DistillationConfig(Section):
@@ -105,6 +106,15 @@ class DistillationConfig(Section):
         """The teacher's top-k logprobs each request asks for: `distillation_topk` with forward_kl, else 0 (only the
         sampled token's logprob, prompt_logprobs=0)."""
         return self.distillation_topk if self.distillation_loss == "forward_kl" else 0
+
+    @property
+    def teacher_serve_args(self) -> list[str]:
+        """Flags a teacher the launcher serves needs beyond the launcher's own (as `GRPOConfig.vllm_serve_args` for
+        the policy; locally `launch.local.start_teacher_server`, on Kubernetes `launch.k8s_teacher.teacher_command`):
+        ``--max-logprobs K`` when the run asks for the teacher's K = `topk` most likely tokens and K is above vLLM's
+        default of VLLM_DEFAULT_MAX_LOGPROBS (vLLM refuses a larger ``prompt_logprobs`` with HTTP 400); none
+        otherwise."""
+        return ["--max-logprobs", str(self.topk)] if self.topk > VLLM_DEFAULT_MAX_LOGPROBS else []
 
     @property
     def enabled(self) -> bool:
