@@ -42,6 +42,8 @@ ALLOWED = {
         "transports",
         "user_code",
     },
+    # an agent's spec and program, the OpenAI-compatible endpoint, and the rollout that runs the agent (issue 51)
+    "agents": {"data", "inference", "orchestrator", "rewards", "tools", "transports", "user_code"},
     # the teacher's client and the training rollout that asks it (on-policy distillation, issue 52)
     "distillation": {"config", "data", "inference", "orchestrator", "transports"},
     "trainer": {"algorithms", "transports"},
@@ -51,6 +53,7 @@ ALLOWED = {
     "lifecycle": {"__init__", "config", "shared_volume"},
     "step_secrets": set(),  # a KFP step's mounted Secret files -> its environment (stdlib only)
     "preflight": {
+        "agents",
         "checkpoint_layout",
         "config",
         "data",
@@ -63,6 +66,7 @@ ALLOWED = {
         "user_code",
     },
     "runner": {
+        "agents",
         "algorithms",
         "checkpoint_layout",
         "config",

@@ -26,6 +26,7 @@ BROKEN = {
     "streaming_chunks_fit": {"streaming_min_groups": 3, "per_device_train_batch_size": 16, "num_generations": 4},
     "streaming_overlaps_generation": {"streaming_min_groups": 1, "resource_sharing": "time_slice"},
     "user_producer_replaces_the_orchestrator": {"data_producer": "x.py:f", "dynamic_sampling": True},
+    "one_agent_drives_the_episodes": {"agent": "a.py:run", "environment": "builtin:guess"},
     "determinism_launches_by_schedule": {"full_determinism": True, "dynamic_sampling": True},
     "one_warmup_knob": {"warmup_ratio": 0.1, "warmup_steps": 5},
     "overlong_penalty_has_its_buffer": {"reward_funcs": ["builtin:soft_overlong_penalty"]},

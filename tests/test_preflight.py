@@ -22,6 +22,7 @@ CPU_EXAMPLES = [
     "tiny_cpu.yaml",
     "tools_cpu.yaml",
     "guess_cpu.yaml",
+    "agent_cpu.yaml",
     "trl_qwen_gsm8k.yaml",
     "lora_cpu.yaml",
     "reward_model_cpu.yaml",

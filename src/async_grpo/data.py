@@ -28,6 +28,7 @@ FILE_LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 RESERVED_COLUMNS = (
     "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
     "env_reward", "env_state",  # what an environment rollout passes (orchestrator.env_rollout)
+    "agent_reward",  # what an agent rollout passes (agents.rollout)
 )  # fmt: skip
 # Roles a prompt's messages may have (the chat-template roles TRL's conversational format uses).
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -20,13 +20,14 @@ import torch
 
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient
-from async_grpo.orchestrator.batching import env_metrics, reward_correlations, tool_metrics
+from async_grpo.orchestrator.batching import agent_metrics, env_metrics, reward_correlations, tool_metrics
 from async_grpo.orchestrator.rollout import Rollout, SamplingSettings, completion_display
 from async_grpo.transports.messages import RolloutGroup
 
 logger = logging.getLogger(__name__)
 
 EVAL_CONCURRENCY = 32  # groups in flight at once
+ROLLOUT_CLOSE_TIMEOUT_S = 10.0  # the longest a rollout's `aclose` may take when the evaluation's loop ends
 
 
 class EvaluationError(RuntimeError):
@@ -52,6 +53,10 @@ async def _run_groups(
         return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)), return_exceptions=True)
     finally:
         await client.aclose()
+        try:  # what the rollout built on this loop (an agent rollout's endpoint): the loop ends here
+            await asyncio.wait_for(rollout.aclose(), ROLLOUT_CLOSE_TIMEOUT_S)
+        except Exception:
+            logger.warning("the rollout's aclose failed on the evaluation loop", exc_info=True)
 
 
 @dataclass
@@ -62,7 +67,7 @@ class HeldOutScores:
         metrics: `eval/reward` (the weighted reward nansum, mean over every scored completion), `eval/reward_se`
             (its noise: the standard error of the mean over the scored prompts' group means, with two or more),
             `eval/rewards/<func>/mean`, `eval/rewards/<a>/correlation/<b>` (`orchestrator.batching.reward_correlations`),
-            `eval/dropped_groups` (groups that failed, counted and logged) and, for a multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`) or `eval/env/*` (`env_metrics`).
+            `eval/dropped_groups` (groups that failed, counted and logged) and, for a multi-turn rollout, `eval/tools/*` (`orchestrator.batching.tool_metrics`) or `eval/env/*` (`env_metrics`), and for an agent rollout `eval/agent/*` (`agent_metrics`); an agent episode of several rows counts once.
         rows: (prompt, completion, reward) dicts, one per scored completion.
         per_prompt: (N,) mean weighted reward of each prompt's group, in the order of the items; NaN where the
             group failed. Two models scored with the same items, sampling and seed pair up prompt by prompt
@@ -118,7 +123,8 @@ def score_held_out(
             per_prompt.append(math.nan)
             continue
         group_totals = []
-        for text, scores in zip(grp.completions, grp.rewards_per_func, strict=True):
+        for i in grp.episode_rows():  # an agent episode of several rows (segments) counts once
+            text, scores = grp.completions[i], grp.rewards_per_func[i]
             total = sum(w * r for w, r in zip(reward_weights, scores, strict=True) if not math.isnan(r))
             group_totals.append(total)
             for j, r in enumerate(scores):
@@ -133,10 +139,11 @@ def score_held_out(
         metrics["eval/reward_se"] = statistics.stdev(scored) / math.sqrt(len(scored))
     metrics.update({f"eval/{k}": v for k, v in tool_metrics(groups).items()})
     metrics.update({f"eval/{k}": v for k, v in env_metrics(groups).items()})
+    metrics.update({f"eval/{k}": v for k, v in agent_metrics(groups).items()})
     for name, vals in zip(reward_names, per_func, strict=True):
         if vals:
             metrics[f"eval/rewards/{name}/mean"] = sum(vals) / len(vals)
-    scored_rows = [scores for grp in groups for scores in grp.rewards_per_func]
+    scored_rows = [grp.rewards_per_func[i] for grp in groups for i in grp.episode_rows()]
     if scored_rows:
         matrix = torch.tensor(scored_rows, dtype=torch.float64)  # (completions, functions)
         metrics.update({f"eval/{k}": v for k, v in reward_correlations(matrix, list(reward_names)).items()})

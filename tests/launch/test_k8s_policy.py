@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from async_grpo.config import ConfigError, GRPOConfig
+from async_grpo.config.trust import Trust
 from async_grpo.launch.k8s_policy import (
     PLACEHOLDER_DIGEST,
     EgressRule,
@@ -125,6 +126,43 @@ def test_an_adapters_file_is_judged_as_the_file_it_names(gpu_config, gpu_setting
     check_run(module, gpu_settings, PlatformPolicy(code_modules=["mypkg.envs"]))
     taskset = gpu_config.model_copy(update={"environment": "verifiers:antigravity"})  # the id names its module
     assert "imports module 'antigravity'" in refused(taskset, gpu_settings)
+
+
+def test_an_agent_is_judged_as_an_environment_its_file_refused_its_module_only_when_listed(gpu_config, gpu_settings):
+    msg = refused(gpu_config.model_copy(update={"agent": "/workspace/agents/react.py:run"}), gpu_settings)
+    assert "agent='/workspace/agents/react.py:run' is a file" in msg and "pkg.module:function" in msg
+    msg = refused(gpu_config.model_copy(update={"agent": "agents/react.py:run"}), gpu_settings)
+    assert "agent='agents/react.py'" in msg and "shared volume" in msg  # a file off the volume
+    module = gpu_config.model_copy(update={"agent": "acme_agents.react:run"})
+    assert "agent='acme_agents.react:run' imports module 'acme_agents.react'" in refused(module, gpu_settings)
+    check_run(module, gpu_settings, PlatformPolicy(code_modules=["acme_agents.*"]))
+    trusted = PlatformPolicy(user_code_with_credentials=True)
+    check_run(gpu_config.model_copy(update={"agent": "/workspace/agents/react.py:run"}), gpu_settings, trusted)
+    msg = refused(gpu_config.model_copy(update={"agent": "agents/react.py:run"}), gpu_settings, trusted)
+    assert "shared volume" in msg  # the volume rule holds whatever the policy trusts
+
+
+def test_an_agent_command_runs_only_where_the_policy_allows_code_beside_credentials(gpu_config, gpu_settings):
+    config = gpu_config.model_copy(update={"agent_command": ["python", "/workspace/agents/run.py"]})
+    msg = refused(config, gpu_settings)
+    assert "agent_command=['python', '/workspace/agents/run.py'] is refused on Kubernetes" in msg
+    assert "would run in the trainer pod, which holds the MLflow credentials" in msg
+    assert "sandboxed placement in the reward pods is not built yet" in msg and "user_code_with_credentials" in msg
+    check_run(config, gpu_settings, PlatformPolicy(user_code_with_credentials=True))
+    check_run(config, gpu_settings, PlatformPolicy(user_code_with_credentials=True, code_modules=[]))
+
+
+def test_a_code_field_the_gate_has_no_placement_for_fails_closed(gpu_config, gpu_settings):
+    from async_grpo.config.trust import TrustClass
+    from async_grpo.launch.k8s_policy import FieldValue, RunContext, code_problems
+
+    ctx = RunContext(gpu_config, gpu_settings, POLICY, allow_placeholders=False)
+    grown = FieldValue("config", "new_feature_hook", "pkg.mod:f", None, TrustClass(Trust.CODE))
+    (problem,) = code_problems(grown, ctx)
+    assert problem.startswith("new_feature_hook='pkg.mod:f' is refused on Kubernetes") and "Fix:" in problem
+    assert code_problems(FieldValue("config", "new_feature_hook", None, None, TrustClass(Trust.CODE)), ctx) == []
+    trusted = RunContext(gpu_config, gpu_settings, PlatformPolicy(user_code_with_credentials=True), False)
+    assert code_problems(grown, trusted) == []
 
 
 def test_an_external_reward_service_must_be_allowed(gpu_config):

@@ -21,7 +21,8 @@ def test_the_reasons_are_the_metric_names_in_use():
     assert DROP_REASONS == (
         "stale", "queue_timeout", "shutdown", "unconsumed_at_end", "prompt_too_long", "aborted",
         "tool_service_error", "inference_unavailable", "generation_error", "rollout_error", "zero_std",
-        "reward_error", "reward_bad_output", "reward_timeout", "teacher_error", "teacher_timeout",
+        "reward_error", "reward_bad_output", "reward_timeout", "teacher_error", "teacher_timeout", "agent_no_call",
+        "agent_no_shared_prompt",
     )  # fmt: skip
     assert set(NOT_LAUNCHED_DROPS) <= set(DROP_REASONS)
 

@@ -1,7 +1,7 @@
 """The one run configuration: a pydantic model in sections, loaded from YAML, overridable from the CLI.
 
 Sections (prime-rl style). `GRPOConfig` has five top-level fields (`model_name_or_path`, `seed`,
-`output_dir`, `trust_remote_code`, `model_init_kwargs`) and eighteen sections, one pydantic model each (`sections/`, a
+`output_dir`, `trust_remote_code`, `model_init_kwargs`) and nineteen sections, one pydantic model each (`sections/`, a
 module per section), in the order below:
 
     data           training / held-out prompts, evaluation, supervised warm start
@@ -20,6 +20,7 @@ module per section), in the order below:
     checkpoint     what the run saves
     tools          tool calling
     environments   multi-turn environments the model acts in
+    agents         an unmodified agent (a function or a program) trained on its own episodes
     peft           LoRA training and adapter-only weight sync
 
 A field that moved to another section keeps its old dotted and nested spellings (`sections.FORMER_SECTIONS`:

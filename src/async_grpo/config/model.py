@@ -1,4 +1,4 @@
-"""`GRPOConfig`: the top-level fields, the eighteen sections, the flat-key mapper, the validator that runs the
+"""`GRPOConfig`: the top-level fields, the nineteen sections, the flat-key mapper, the validator that runs the
 cross-field rules (`config.rules`) and the values derived from several sections."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from async_grpo.config.keys import ALIASES, FIELDS, flatten_mapping, nest_mappin
 from async_grpo.config.rules import check_rules
 from async_grpo.config.sections import (
     SECTIONS,
+    AgentsConfig,
     BatchConfig,
     BatchShapingConfig,
     CheckpointConfig,
@@ -68,6 +69,7 @@ class GRPOConfig(RunFields):
     checkpoint: CheckpointConfig = _section(CheckpointConfig)
     tools: ToolsConfig = _section(ToolsConfig)
     environments: EnvironmentsConfig = _section(EnvironmentsConfig)
+    agents: AgentsConfig = _section(AgentsConfig)
     peft: PeftConfig = _section(PeftConfig)
     distillation: DistillationConfig = _section(DistillationConfig)
 

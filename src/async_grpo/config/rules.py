@@ -251,6 +251,38 @@ def user_producer_replaces_the_orchestrator(c: GRPOConfig) -> str | None:
     return None
 
 
+def one_agent_drives_the_episodes(c: GRPOConfig) -> str | None:
+    """An agent (`agent` or `agent_command`) runs each episode itself against the model endpoint: one agent per run,
+    and no environment, tools or user data_producer beside it (their rollouts, and a producer's, would replace it)."""
+    a = c.agents
+    if a.agent is not None and a.agent_command is not None:
+        return (
+            "agent and agent_command are both set; a run trains one agent. Fix: keep agent (a Python function) or "
+            "agent_command (a program), and unset the other."
+        )
+    field = "agent" if a.agent is not None else "agent_command" if a.agent_command is not None else None
+    if field is None:
+        return None
+    if c.environments.environment is not None:
+        return (
+            f"{field} and environment are both set; the agent runs its own episodes against the model endpoint, so no "
+            f"environment rollout would run. Fix: unset environment (the agent drives its own environment), or unset "
+            f"{field}."
+        )
+    if c.tools.tools:
+        return (
+            f"{field} and tools are both set; the agent runs its own episodes, sending its own tool definitions with "
+            f"its model calls and running the tools itself. Fix: unset tools (give the tools to the agent), or unset "
+            f"{field}."
+        )
+    if c.producer.data_producer is not None:
+        return (
+            f"{field} and data_producer are both set; data_producer replaces the builtin orchestrator, which is what "
+            f"runs the agent's episodes. Fix: unset data_producer, or unset {field}."
+        )
+    return None
+
+
 def determinism_launches_by_schedule(c: GRPOConfig) -> str | None:
     """Under full_determinism the schedule, not the outcome of earlier groups, picks the next launch."""
     s = c.batch_shaping
@@ -430,6 +462,7 @@ RULES: tuple[Rule, ...] = (
         ),
         user_producer_replaces_the_orchestrator,
     ),  # fmt: skip
+    Rule(("agent", "agent_command", "environment", "tools", "data_producer"), one_agent_drives_the_episodes),
     Rule(("full_determinism", "dynamic_sampling", "reroll_start_fraction"), determinism_launches_by_schedule),
     Rule(("warmup_ratio", "warmup_steps"), one_warmup_knob),
     Rule(("reward_funcs", "overlong_buffer_len", "max_completion_length"), overlong_penalty_has_its_buffer),

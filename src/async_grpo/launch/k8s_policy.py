@@ -190,14 +190,15 @@ class PlatformPolicy(BaseModel):
         default_factory=lambda: ["trl.rewards"],
         description="Image modules (exact names or fnmatch patterns, e.g. `acme_rewards.*`) whose code a run may run "
         "in the trainer pod, which holds the MLflow credentials: a data_producer, an environment (a verifiers "
-        "taskset id names its module), and reward functions or tools when reward_replicas=0. A module is image "
-        "code, but any function of any module can be named, so only the listed ones run beside credentials.",
+        "taskset id names its module), an agent function, and reward functions or tools when reward_replicas=0. "
+        "A module is image code, but any function of any module can be named, so only the listed ones run beside "
+        "credentials.",
     )
     user_code_with_credentials: bool = Field(
         False,
         description="Allow submitter code to run where credentials "
-        "are: reward functions or a data producer loaded from files in the "
-        "trainer pod, or the local backend inside a pipeline pod.",
+        "are: reward functions, a data producer, an environment or an agent loaded from files in the "
+        "trainer pod, an agent_command (run in the trainer pod), or the local backend inside a pipeline pod.",
     )
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
     dns_pod_labels: dict[str, str] = Field(
@@ -558,11 +559,23 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
     return problems
 
 
+# How each `code` field is placed, by name (`code_problems`). A `code` field named in none of these is refused on a
+# cluster unless the policy allows `user_code_with_credentials`: a field added without a placement fails closed.
+SCORED_CODE_FIELDS = ("reward_funcs", "tools")  # lists of specs run in the reward pods (or the trainer, with none)
+TRAINER_CODE_FIELDS = ("data_producer", "environment", "agent")  # one spec each, run in the trainer pod
+FLAG_CODE_FIELDS = ("trust_remote_code", "model_init_kwargs")  # load the model's own code, in the trainer pod
+# Why a `code` field without a placement runs only beside credentials, in its refusal (`unplaced_code_problems`).
+UNPLACED_CODE_REASONS = {
+    "agent_command": "the command would run in the trainer pod, which holds the MLflow credentials; sandboxed "
+    "placement in the reward pods is not built yet",
+}
+
+
 def _code_specs(field: FieldValue) -> list[str]:
-    """The code specs a `code` field holds (strings naming code; empty for the flags)."""
-    if field.name in ("reward_funcs", "tools"):
+    """The code specs a `code` field holds (strings naming code; empty for the flags and commands)."""
+    if field.name in SCORED_CODE_FIELDS:
         return list(field.value)
-    if field.name in ("data_producer", "environment"):
+    if field.name in TRAINER_CODE_FIELDS:
         return [field.value] if field.value else []
     return []
 
@@ -607,7 +620,9 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
     """A `code` field: the files it names lie on the volume (`code_file_problems`), and code runs only where no
     credential is: in the reward pods (reward functions and tools, with reward_replicas >= 1), or in the trainer pod
     only when it is image code the policy lists (`code_modules`) or the policy allows `user_code_with_credentials`.
-    Model-written code (`builtin:python`) always needs the reward pods and the bwrap sandbox."""
+    Model-written code (`builtin:python`) always needs the reward pods and the bwrap sandbox. A `code` field with no
+    placement here (`agent_command`, or one added later) is refused unless `user_code_with_credentials`
+    (`unplaced_code_problems`)."""
     problems = code_file_problems(field, ctx)
     config, settings, policy = ctx.config, ctx.settings, ctx.policy
     if field.name == "tools" and PYTHON_TOOL in field.value:
@@ -625,7 +640,7 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
     if policy.user_code_with_credentials:
         return problems
     where = "in the trainer pod, which holds the MLflow credentials"
-    if field.name in ("reward_funcs", "tools") and _scored_in_trainer(ctx):
+    if field.name in SCORED_CODE_FIELDS and _scored_in_trainer(ctx):
         files = [s for s in field.value if is_file_spec(s)]
         if files:
             problems.append(
@@ -643,14 +658,15 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
                 f"{field.name} {modules} name modules the policy does not list (code_modules: {policy.code_modules}) "
                 f"and reward_replicas=0 would run them {where}. Fix: set reward_replicas >= 1. {FIX} (code_modules)."
             )
-    if field.name in ("data_producer", "environment") and field.value:
+    if field.name in TRAINER_CODE_FIELDS and field.value:
         adapter, inner = split_adapter(field.value)
         if isinstance(inner, str) and inner.startswith("builtin:") and adapter is None:
             return problems
         if is_file_spec(inner):
+            form = "pkg.module:function" if field.name == "agent" else "pkg.module:factory"
             problems.append(
                 f"{field.name}={field.value!r} is a file: it would run {where}. Fix: install it in the trainer image "
-                "and name it as pkg.module:factory, or ask your platform engineer to set user_code_with_credentials."
+                f"and name it as {form}, or ask your platform engineer to set user_code_with_credentials."
             )
         else:  # a module (or a verifiers taskset id, which names the module to import) runs in the trainer pod
             module = str(inner).rsplit(":", 1)[0] if ":" in str(inner) else str(inner).split("+", 1)[0]
@@ -674,7 +690,24 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
                 f"{where}. Fix: use only {list(SAFE_INIT_KWARGS)}, with attn_implementation one of "
                 f"{list(BUILTIN_ATTENTION)}."
             )
-    return problems
+    return problems + unplaced_code_problems(field)
+
+
+def unplaced_code_problems(field: FieldValue) -> list[str]:
+    """A `code` field that none of SCORED_CODE_FIELDS, TRAINER_CODE_FIELDS and FLAG_CODE_FIELDS places (e.g.
+    `agent_command`), set to anything but its default: its code would run in the trainer pod, beside the
+    credentials, so it is refused (the caller lets it through when the policy allows `user_code_with_credentials`).
+    The reason given is UNPLACED_CODE_REASONS' entry for the field, else a generic one."""
+    placed = (*SCORED_CODE_FIELDS, *TRAINER_CODE_FIELDS, *FLAG_CODE_FIELDS)
+    if field.name in placed or field.value is None or field.value == field.default:
+        return []
+    reason = UNPLACED_CODE_REASONS.get(
+        field.name, "it names code that would run in the trainer pod, which holds the MLflow credentials"
+    )
+    return [
+        f"{field.name}={field.value!r} is refused on Kubernetes: {reason}. Fix: unset {field.name}, or ask your "
+        "platform engineer to set user_code_with_credentials."
+    ]
 
 
 def platform_problems(field: FieldValue, ctx: RunContext) -> list[str]:

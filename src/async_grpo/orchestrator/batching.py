@@ -56,10 +56,17 @@ def make_train_batch(
 def _advantages_and_metrics(
     groups, reward_names, reward_weights, scale_rewards, multi_objective_aggregation, assign: bool
 ) -> dict[str, float]:
-    g = groups[0].size
+    # one reward row per episode: an agent episode of several rows (segments) counts once, and each of its rows
+    # gets the episode's advantage (RolloutGroup.episode_index)
+    firsts = [grp.episode_rows() for grp in groups]
+    g = len(firsts[0])
+    if any(len(f) != g for f in firsts):
+        raise ValueError(
+            f"every group of a batch must have the same number of episodes; got {[len(f) for f in firsts]}"
+        )
     rewards_per_func = torch.tensor(
-        [row for grp in groups for row in grp.rewards_per_func], dtype=torch.float32
-    )  # (B, F)
+        [grp.rewards_per_func[i] for grp, rows in zip(groups, firsts, strict=True) for i in rows], dtype=torch.float32
+    )  # (B * G, F)
     out = compute_advantages(
         rewards_per_func,
         torch.tensor(reward_weights, dtype=torch.float32),
@@ -71,8 +78,9 @@ def _advantages_and_metrics(
         adv = out.advantages.tolist()
         rewards = out.rewards.tolist()
         for i, grp in enumerate(groups):
-            grp.advantages = adv[i * g : (i + 1) * g]
-            grp.rewards = rewards[i * g : (i + 1) * g]
+            episodes = grp.episode_index or range(grp.size)
+            grp.advantages = [adv[i * g + e] for e in episodes]
+            grp.rewards = [rewards[i * g + e] for e in episodes]
     metrics: dict[str, float] = {}
     for key, value in out.metrics.items():
         for idx, name in enumerate(reward_names):  # rewards/<i>/... -> rewards/<func name>/...
@@ -91,8 +99,43 @@ def _advantages_and_metrics(
     metrics.update(reward_time_metrics(groups))
     metrics.update(tool_metrics(groups))
     metrics.update(env_metrics(groups))
+    metrics.update(agent_metrics(groups))
     metrics.update(teacher_metrics(groups))
     return {k: v for k, v in metrics.items() if not math.isnan(v)}
+
+
+def agent_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """Agent metrics over the episodes of `groups` that an agent rollout produced ({} when none did;
+    `agents.rollout`), each episode counted once (its first row's `rollout_stats`):
+
+    `agent/calls_per_episode/mean|max` (model calls served), `agent/segments_per_episode` (rows trained per
+    episode), `agent/history_rewrites` (calls that started a new segment, per episode), `agent/seconds` (mean
+    wall-clock seconds of an episode), `agent/truncated_frac` (episodes cut by the token budget),
+    `agent/faults/<kind>` (episodes with that fault, per episode: exception, timeout, bad_return, no_call,
+    max_turns), `agent/fault_frac` (episodes with any fault) and `agent/refused/<kind>` (calls the endpoint refused,
+    per episode: unsupported, max_turns, budget, rejected_by_vllm).
+    """
+    stats = [(grp.rollout_stats, grp.episode_rows()) for grp in groups if "agent/calls" in grp.rollout_stats]
+    if not stats:
+        return {}
+
+    def values(key: str) -> list[float]:
+        return [st[key][i] for st, rows in stats for i in rows if key in st]
+
+    calls = values("agent/calls")
+    n = len(calls)
+    out = {
+        "agent/calls_per_episode/mean": sum(calls) / n,
+        "agent/calls_per_episode/max": max(calls),
+        "agent/segments_per_episode": sum(values("agent/segments")) / n,
+        "agent/history_rewrites": sum(values("agent/history_rewrites")) / n,
+        "agent/seconds": sum(values("agent/seconds")) / n,
+        "agent/truncated_frac": sum(values("agent/truncated")) / n,
+        "agent/fault_frac": sum(1 for v in values("agent/faults") if v > 0) / n,
+    }
+    for key in {k for st, _ in stats for k in st if k.startswith(("agent/faults/", "agent/refused/"))}:
+        out[key] = sum(values(key)) / n
+    return out
 
 
 def teacher_metrics(groups: list[RolloutGroup]) -> dict[str, float]:

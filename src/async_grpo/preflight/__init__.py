@@ -18,6 +18,9 @@ backend run it with target cluster.
 - environment (all; on a cluster files are read, never run): a spec that does not resolve, a factory that raises or
   returns no environment (`reset(row, state)`, `step(action, state)`), a reset that raises, hangs or returns no
   Observation on the dataset's first row (where the dataset was read here).
+- agent (all; on a cluster files are read, never run, and a command's program is looked up in the image): an `agent`
+  spec that does not resolve, or a function whose signature cannot take `(row, base_url=, api_key=)`; an
+  `agent_command` whose program is no executable file or is not on PATH.
 - dataset (local; on a cluster builtin tasks): a missing or unreadable file, no `prompt` column, malformed messages
   or unknown roles, reserved column names, no rows.
 - prompt_lengths (where the dataset was read and the tokenizer is at hand): conversational prompts without a chat
@@ -66,6 +69,7 @@ CHECKS = (
     "tools",
     "dataset",
     "environment",
+    "agent",
     "prompt_lengths",
     "reward_models",
     "reward_probe",
@@ -186,6 +190,10 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         dataset = _check_datasets(config, local, report)
     if wanted("environment"):
         problems, notes = inputs.check_environment(config, local, None if dataset is None else dict(dataset[0]))
+        add(problems)
+        report.skipped += notes
+    if wanted("agent"):
+        problems, notes = inputs.check_agent(config, local)
         add(problems)
         report.skipped += notes
     if (

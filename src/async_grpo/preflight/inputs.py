@@ -1,5 +1,5 @@
-"""Preflight checks of the run's own inputs: the prompt datasets, the tokenizer, the reward functions and a user
-data producer (reward models: `preflight.reward_models`).
+"""Preflight checks of the run's own inputs: the prompt datasets, the tokenizer, the reward functions, a user
+data producer, the tools, an environment and an agent (reward models: `preflight.reward_models`).
 
 The reward functions are resolved, their signatures bound to TRL's call, and each is called once on one group
 built from the dataset's first row with dummy completions, under a timeout, so a function that cannot score
@@ -315,6 +315,52 @@ def check_environment(config: GRPOConfig, local: bool, row: dict[str, Any] | Non
     return [], []
 
 
+def check_agent(config: GRPOConfig, local: bool) -> tuple[list[Problem], list[str]]:
+    """The agent (`agent` or `agent_command`), checked as `check_environment` checks an environment. `agent`: on the
+    local target the function is imported and its signature must take `(row, base_url=, api_key=)`
+    (`agents.load_agent`); off it a file is only read (`user_code.check_file_statically`: it exists, parses and
+    defines the function; none of its code runs, since this process may hold credentials) and a module is left to
+    the image that runs the episodes. `agent_command`: on the local target its program must resolve to an executable
+    (`agents.check_agent_command`); off it the program is looked up in the image, not on this machine. Neither is
+    called here (that needs the model endpoint). Returns (problems, skip notes)."""
+    agents = config.agents
+    if agents.agent is None and agents.agent_command is None:
+        return [], []
+    from async_grpo.agents import AgentSpecError, check_agent_command, load_agent, parse_agent_spec
+    from async_grpo.user_code import check_file_statically
+
+    problems, notes = [], []
+    if agents.agent is not None:
+        spec, field = agents.agent, "agents.agent"
+        try:
+            parsed = parse_agent_spec(spec)
+            if local:
+                load_agent(spec)
+            elif not parsed.is_file:
+                notes.append(f"agent: {spec!r} is resolved in the image that runs the episodes")
+            elif not os.path.lexists(parsed.target):
+                notes.append(f"agent: {spec!r} is not on this machine; it is read where it runs")
+            else:
+                problem = check_file_statically(parsed, what="agent spec")
+                problems += [Problem(field, problem)] if problem else []
+        except AgentSpecError as err:
+            message = str(err)
+            problems.append(Problem(field, message, None if "Fix:" in message else f"give {_AGENT_FORMS}"))
+    if agents.agent_command is not None:
+        if local:
+            try:
+                check_agent_command(agents.agent_command)
+            except AgentSpecError as err:
+                problems.append(Problem("agents.agent_command", str(err)))
+        else:
+            notes.append(
+                f"agent_command: {agents.agent_command[0]!r} is looked up in the image that runs the episodes, not "
+                "on this machine"
+            )
+    return problems, notes
+
+
+_AGENT_FORMS = "pkg.module:function or path/to/file.py:function, defined as def agent(row, base_url, api_key)"
 _ENV_FORMS = (
     "builtin:<name>, pkg.module:factory or path/to/file.py:factory returning an environment, or "
     "openenv:pkg.module:factory returning an OpenEnv environment, or verifiers:pkg.module:factory returning a "
@@ -392,6 +438,8 @@ def probe_rewards(
     prompts, completions, ids, columns = probe_group(row)
     if config.environments.environment is not None:  # what the environment rollout passes per completion
         columns.update({"env_reward": [0.0] * len(completions), "env_state": [{} for _ in completions]})
+    if config.agents.agent is not None or config.agents.agent_command is not None:  # the agent's return value
+        columns["agent_reward"] = [0.0] * len(completions)
     bound = bound_kwargs(config)
     problems = check_signatures(funcs, list(columns), bound)
     if problems:

@@ -86,10 +86,11 @@ def resolve_reward_func(spec: str) -> Callable[..., Any]:
     parsed = parse_reward_spec(spec)
     target, name = parsed.target, parsed.name
     if parsed.kind == "builtin":
+        from async_grpo.rewards.agent_reward import agent_reward
         from async_grpo.rewards.judge import llm_judge
         from async_grpo.tasks import builtin_reward_funcs
 
-        funcs = {**builtin_reward_funcs(), "llm_judge": llm_judge}
+        funcs = {**builtin_reward_funcs(), "llm_judge": llm_judge, "agent_reward": agent_reward}
         if name not in funcs:
             raise RewardSpecError(
                 f"reward function spec {spec!r}: no builtin reward {name!r}. "

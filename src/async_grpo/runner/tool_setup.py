@@ -1,6 +1,7 @@
-"""The rollout a run uses, and the tool-calling and environment parts of its set-up.
+"""The rollout a run uses, and the tool-calling, environment and agent parts of its set-up.
 
-With `environment` set, the run's rollout is `EnvironmentRollout`, driving the environment the spec names
+With `agent` or `agent_command` set, the run's rollout is `AgentRollout`: the user's agent, called once per episode
+against an OpenAI-compatible endpoint in front of vLLM (docs/agents.md). With `environment` set, the run's rollout is `EnvironmentRollout`, driving the environment the spec names
 (`environments.load_environment`). With `tools` declared, the run's rollout is the same `EnvironmentRollout` driving
 the tool environment (`environments.tools.ToolEnvironment`), its tool calls running in a local `ToolExecutor`
 (spawned workers) or, when rewards are scored on the reward service, on that service. Everything
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 
     from async_grpo.tasks.base import Task
 
+from async_grpo.agents.execution import AgentRunner, CommandAgent, FunctionAgent
+from async_grpo.agents.loading import check_agent_command, load_agent
+from async_grpo.agents.rollout import AgentRollout
 from async_grpo.config import GRPOConfig
 from async_grpo.data import PromptItem
 from async_grpo.environments import EnvironmentCaller, load_environment
@@ -83,7 +87,8 @@ def build_rollout(
     items: Sequence[PromptItem],
     tool_service: tuple[str, str | None] | None = None,
 ) -> Rollout:
-    """The run's rollout: `EnvironmentRollout` when `environment` is set or `tools` are declared (tools as an
+    """The run's rollout: `AgentRollout` when `agent` or `agent_command` is set (`build_agent_rollout`);
+    `EnvironmentRollout` when `environment` is set or `tools` are declared (tools as an
     environment, `EnvironmentRollout.for_tools`; both: the environment with tools, `ToolEnvironment(inner=...)`,
     under `max_turns`), else `SingleTurnRollout`. Each records its episodes' spans (`RolloutGroup.spans`) only when
     the run traces episodes (`tracking.log_traces_steps` > 0).
@@ -95,8 +100,10 @@ def build_rollout(
     Raises:
         ValueError: bad tools (ToolSpecError), string prompts, a tool format the tokenizer cannot parse
             (ToolFormatError) or a chat template that cannot carry tool calls (ChatTemplateError), a bad
-            `environment` (EnvironmentSpecError); each names the fix.
+            `environment` (EnvironmentSpecError), a bad `agent` or `agent_command` (AgentSpecError); each names the fix.
     """
+    if config.agents.agent is not None or config.agents.agent_command is not None:
+        return build_agent_rollout(config, scorer, tokenizer)
     env = config.environments
     record_spans = config.tracking.log_traces_steps > 0
     inner = None
@@ -130,6 +137,27 @@ def build_rollout(
         if backend is not None:
             backend.close()
         raise
+
+
+AGENT_THREADS = 256  # most plain-function agent episodes running at once (threads are made as episodes need them)
+
+
+def build_agent_rollout(config: GRPOConfig, scorer: Scorer, tokenizer: PreTrainedTokenizerBase) -> AgentRollout:
+    """The agent rollout: `agent` (a function, `agents.execution.FunctionAgent`) or `agent_command` (a program,
+    `CommandAgent`), at most `max_turns` model calls and `agent_timeout_s` seconds per episode.
+
+    Raises:
+        AgentSpecError: the function does not resolve or has the wrong signature, or the program is not executable
+            (a ValueError naming the field and the fix).
+    """
+    a = config.agents
+    runner: AgentRunner
+    if a.agent is not None:
+        runner = FunctionAgent(load_agent(a.agent), num_threads=AGENT_THREADS)
+    else:
+        check_agent_command(a.agent_command)
+        runner = CommandAgent(a.agent_command)
+    return AgentRollout(scorer, tokenizer, runner, max_turns=config.environments.max_turns, timeout_s=a.agent_timeout_s)
 
 
 def warm_start_pairs(

@@ -204,9 +204,13 @@ def _rows(group, lo: int, hi: int):
         "token_versions",
     ]
     per_completion += [
-        f for f in ("teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs", "spans") if getattr(group, f)
+        f
+        for f in ("teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs", "spans", "episode_index")
+        if getattr(group, f)
     ]
     sliced = {f: getattr(group, f)[lo:hi] for f in per_completion}
+    if sliced.get("episode_index"):  # renumbered from 0: a rank's share may start inside an episode
+        sliced["episode_index"] = [e - sliced["episode_index"][0] for e in sliced["episode_index"]]
     for f in ("rollout_stats", "reward_extra"):  # name -> (G,) values
         sliced[f] = {name: values[lo:hi] for name, values in getattr(group, f).items()}
     return dataclasses.replace(group, **sliced)

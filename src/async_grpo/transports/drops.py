@@ -47,6 +47,9 @@ DropReason = Literal[
     # distillation (distillation/teacher.py: RewardError subclasses, handled as reward failures)
     "teacher_error",  # the teacher's server answered with an error or a malformed body after every retry
     "teacher_timeout",  # the teacher did not answer within teacher_timeout_s, after every retry
+    # agents (agents/rollout.py)
+    "agent_no_call",  # no episode of an agent rollout's group made a model call
+    "agent_no_shared_prompt",  # the agent episodes' first prompts share no token (no group prompt to train under)
 ]
 """Every reason a group is dropped for; the value is the suffix of the metric ``dropped_groups/<reason>``."""
 

@@ -97,6 +97,10 @@ class RolloutGroup:
             Empty (the default) without top-k.
         teacher_seconds: wall-clock seconds the teacher's request for this group took, retries included (the metric
             `distill/teacher_seconds`); 0.0 without a teacher.
+        episode_index: (rows,) the episode each row belongs to, 0 .. G-1, non-decreasing from 0 in steps of at most
+            one: an agent episode whose history was rewritten is several rows (segments, `agents.trajectory`), each
+            trained with the episode's advantage (the batcher computes advantages over the G episodes, from each
+            episode's first row). Empty (the default): row i is episode i, and G is the number of rows.
 
     After construction `nonfinite_logprob_tokens` counts the trained tokens whose sampling logprob was NaN or
     infinite: their `loss_mask` is set to 0 (a NaN ratio would poison the step), and the batcher logs the count as
@@ -131,6 +135,7 @@ class RolloutGroup:
     teacher_topk_ids: list[list[list[int]]] = field(default_factory=list)
     teacher_topk_logprobs: list[list[list[float]]] = field(default_factory=list)
     teacher_seconds: float = 0.0
+    episode_index: list[int] = field(default_factory=list)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle (a checkpoint's replay buffer, `torch.load(weights_only=True)`): a group pickled before a field
@@ -142,6 +147,7 @@ class RolloutGroup:
             "teacher_topk_ids": [],
             "teacher_topk_logprobs": [],
             "teacher_seconds": 0.0,
+            "episode_index": [],
         }
         self.__dict__.update(defaults)
         self.__dict__.update(state)
@@ -176,6 +182,19 @@ class RolloutGroup:
             raise ValueError(f"RolloutGroup.spans has {len(self.spans)} rows for {g} completions")
         if self.teacher_logprobs or self.teacher_topk_ids or self.teacher_topk_logprobs:
             self.check_teacher_logprobs()
+        if self.episode_index:
+            steps = [b - a for a, b in zip(self.episode_index, self.episode_index[1:], strict=False)]
+            if len(self.episode_index) != g or self.episode_index[0] != 0 or any(d not in (0, 1) for d in steps):
+                raise ValueError(
+                    f"RolloutGroup.episode_index {self.episode_index} must give each of the {g} rows its episode, "
+                    "counting 0, 1, ... in row order (a row's episode is the one before it or the next)"
+                )
+
+    def episode_rows(self) -> list[int]:
+        """(G,) the index of each episode's first row: every row when `episode_index` is empty."""
+        if not self.episode_index:
+            return list(range(len(self.completion_ids)))
+        return [i for i, e in enumerate(self.episode_index) if i == 0 or e != self.episode_index[i - 1]]
 
     def check_teacher_logprobs(self) -> None:
         """Check the teacher's fields' shapes (the teacher sets them after construction): `teacher_logprobs` G rows
@@ -217,7 +236,7 @@ class RolloutGroup:
 
     @property
     def size(self) -> int:
-        """Number of completions G."""
+        """Number of completions (rows): G, or more when an episode is several rows (`episode_index`)."""
         return len(self.completion_ids)
 
     @property

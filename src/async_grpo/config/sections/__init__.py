@@ -15,6 +15,7 @@ params follow.
 
 from __future__ import annotations
 
+from async_grpo.config.sections.agents import AgentsConfig
 from async_grpo.config.sections.base import Section
 from async_grpo.config.sections.batch import BatchConfig
 from async_grpo.config.sections.batch_shaping import BatchShapingConfig
@@ -60,6 +61,7 @@ SECTIONS: dict[str, type[Section]] = {
     "checkpoint": CheckpointConfig,
     "tools": ToolsConfig,
     "environments": EnvironmentsConfig,
+    "agents": AgentsConfig,
     "peft": PeftConfig,
     "distillation": DistillationConfig,
 }
@@ -71,6 +73,7 @@ __all__ = [
     "SECTIONS",
     "VLLM_MAX_LORAS",
     "VLLM_MAX_LORA_RANKS",
+    "AgentsConfig",
     "BatchConfig",
     "BatchShapingConfig",
     "CheckpointConfig",

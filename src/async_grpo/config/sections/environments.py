@@ -38,7 +38,9 @@ class EnvironmentsConfig(Section):
         ge=1,
         description="Most model turns per episode (verifiers' name): after this many the episode ends (the last "
         "turn is still answered by the environment, so its reward counts). max_completion_length bounds the "
-        "generated plus observation tokens of the whole episode.",
+        "generated plus observation tokens of the whole episode. With an agent (`agent` or `agent_command`) it "
+        "bounds the agent's model calls per episode: a call beyond it is refused with an API error the agent sees, "
+        "counted as agent/faults/max_turns.",
         json_schema_extra=tenant(),
     )
     env_timeout_s: float = Field(
