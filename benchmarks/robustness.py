@@ -15,8 +15,9 @@ affinity for the whole run, started before the run and ended by PID after it: th
 then share that core with it, as beside another job on a node).
 
 The default matrix is issue 48's: the demo (`tiny_cpu`) and the tool-calling example (`tools_cpu`) x seeds 0, 1, 2
-x both conditions, and the agentic environment (`guess_cpu`), the reward model (`reward_model_cpu`) and LoRA
-(`lora_cpu`) x seed 0 under the busy neighbour. That is 15 runs, about 2 hours on 2 cores, plus about 17 minutes
+x both conditions, and the agentic environment (`guess_cpu`), the same game played by an unmodified agent
+(`agent_cpu`), the reward model (`reward_model_cpu`) and LoRA (`lora_cpu`) x seed 0 under the busy neighbour. That
+is 16 runs, about 2 hours on 2 cores, plus about 17 minutes
 to build the reward model (`runs/reverse-reward-model`) before its cell when it is not there yet. Prints a row per cell and
 a summary per example (the mean gain, its spread over the seeds, and the smallest gain), and writes
 `robustness.csv` and `robustness.md` (the table for docs/reproducibility.md) into `--out`. Exits 1 when a cell
@@ -55,6 +56,7 @@ DEFAULT_MATRIX = [
     ("tiny_cpu", (0, 1, 2), ("quiet", "busy")),
     ("tools_cpu", (0, 1, 2), ("quiet", "busy")),
     ("guess_cpu", (0,), ("busy",)),
+    ("agent_cpu", (0,), ("busy",)),
     ("reward_model_cpu", (0,), ("busy",)),
     ("lora_cpu", (0,), ("busy",)),
 ]

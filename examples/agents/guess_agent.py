@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sys
+import weakref
 
 from openai import AsyncOpenAI
 
@@ -29,6 +30,17 @@ MAX_GUESSES = 5  # binary search over 1..16 needs at most 5
 DISCOUNT = 0.9
 LOW, HIGH = 1, 16
 MAX_TOKENS = 8  # a guess is a number and the end-of-turn token
+# One client (one connection pool) per event loop and server, shared by the episodes: a new AsyncOpenAI costs ~20 ms of
+# CPU (it loads the TLS certificates), more than the calls of a short game. Each episode sends its own key.
+_CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def client_for(base_url: str, api_key: str) -> AsyncOpenAI:
+    """A client for `base_url` sending `api_key`, sharing the running loop's connection pool to that server."""
+    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    if base_url not in clients:
+        clients[base_url] = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    return clients[base_url].with_options(api_key=api_key)
 
 
 def reply_to(secret: int, text: str) -> tuple[str, bool]:
@@ -46,15 +58,15 @@ async def play(row: dict, base_url: str, api_key: str) -> float:
     """Play one game on the row's prompt against `base_url`; returns the reward (0.0 when not solved)."""
     secret = int(row["answer"])
     messages = list(row["prompt"])
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        model = (await client.models.list()).data[0].id
-        for guess in range(1, MAX_GUESSES + 1):
-            response = await client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS)
-            text = response.choices[0].message.content or ""
-            reply, solved = reply_to(secret, text)
-            if solved:
-                return DISCOUNT ** (guess - 1)
-            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": reply}]
+    client = client_for(base_url, api_key)
+    model = (await client.models.list()).data[0].id
+    for guess in range(1, MAX_GUESSES + 1):
+        response = await client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS)
+        text = response.choices[0].message.content or ""
+        reply, solved = reply_to(secret, text)
+        if solved:
+            return DISCOUNT ** (guess - 1)
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": reply}]
     return 0.0
 
 

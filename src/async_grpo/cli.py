@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    for noisy in ("httpx", "urllib3", "alembic", "mlflow"):
+    for noisy in ("httpx", "httpx2", "openai", "urllib3", "alembic", "mlflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return args.func(args)
 

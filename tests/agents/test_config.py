@@ -18,17 +18,19 @@ def refused(data: dict) -> str:
     return str(err.value)
 
 
-def test_the_section_holds_the_three_fields_with_their_defaults_and_trust():
+def test_the_section_holds_the_four_fields_with_their_defaults_and_trust():
     assert SECTIONS["agents"] is AgentsConfig
-    config = GRPOConfig()
-    assert (config.agents.agent, config.agents.agent_command, config.agents.agent_timeout_s) == (None, None, 300.0)
+    a = GRPOConfig().agents
+    assert (a.agent, a.agent_command, a.agent_timeout_s, a.agent_endpoint_port) == (None, None, 300.0, 8700)
     assert {n: lookup_field(n).path for n in AgentsConfig.model_fields} == {
         "agent": "agents.agent",
         "agent_command": "agents.agent_command",
         "agent_timeout_s": "agents.agent_timeout_s",
+        "agent_endpoint_port": "agents.agent_endpoint_port",
     }
     trust = {name: declared_trust(AgentsConfig, name).trust for name in AgentsConfig.model_fields}
-    assert trust == {"agent": Trust.CODE, "agent_command": Trust.CODE, "agent_timeout_s": Trust.TENANT}
+    assert trust == {"agent": Trust.CODE, "agent_command": Trust.CODE, "agent_timeout_s": Trust.TENANT,
+                     "agent_endpoint_port": Trust.PLATFORM}  # fmt: skip
     assert all(len(info.description or "") > 80 for info in AgentsConfig.model_fields.values())
     assert "agent/faults/max_turns" in EnvironmentsConfig.model_fields["max_turns"].description
 
@@ -87,3 +89,10 @@ def test_an_agent_with_its_limits_and_other_sections_passes():
         {"agent": "a.py:run", "agent_timeout_s": 30, "max_turns": 8, "reward_funcs": ["builtin:reverse_format"]}
     )
     assert config.agents.agent_timeout_s == 30.0 and config.environments.max_turns == 8
+
+
+def test_the_endpoint_port_range_must_fit_the_tcp_ports():
+    assert config_from_mapping({"agent_endpoint_port": 9000}).agents.agent_endpoint_port == 9000
+    for port in (80, 65534):  # a privileged port; a range past 65535
+        with pytest.raises(ConfigError, match="agent_endpoint_port"):
+            config_from_mapping({"agent_endpoint_port": port})

@@ -128,28 +128,80 @@ def test_an_adapters_file_is_judged_as_the_file_it_names(gpu_config, gpu_setting
     assert "imports module 'antigravity'" in refused(taskset, gpu_settings)
 
 
-def test_an_agent_is_judged_as_an_environment_its_file_refused_its_module_only_when_listed(gpu_config, gpu_settings):
-    msg = refused(gpu_config.model_copy(update={"agent": "/workspace/agents/react.py:run"}), gpu_settings)
-    assert "agent='/workspace/agents/react.py:run' is a file" in msg and "pkg.module:function" in msg
+def test_an_agent_runs_in_the_reward_pods_with_its_file_on_the_volume(gpu_config, gpu_settings):
+    assert gpu_settings.reward_replicas == 1  # the episodes run in the reward pods: no credential there
+    for spec in ("/workspace/agents/react.py:run", "acme_agents.react:run"):  # a file, or any module of the image
+        check_run(gpu_config.model_copy(update={"agent": spec}), gpu_settings, POLICY)
     msg = refused(gpu_config.model_copy(update={"agent": "agents/react.py:run"}), gpu_settings)
     assert "agent='agents/react.py'" in msg and "shared volume" in msg  # a file off the volume
+    msg = refused(gpu_config.model_copy(update={"agent": "/workspace/../etc/a.py:run"}), gpu_settings)
+    assert "agent='/workspace/../etc/a.py'" in msg
+
+
+def test_without_reward_pods_an_agent_is_judged_as_an_environment(gpu_config, gpu_settings):
+    settings = gpu_settings.model_copy(update={"reward_replicas": 0})
+    msg = refused(gpu_config.model_copy(update={"agent": "/workspace/agents/react.py:run"}), settings)
+    assert "agent='/workspace/agents/react.py:run' is a file: it would run in the trainer pod" in msg
+    assert "set reward_replicas >= 1" in msg and "pkg.module:function" in msg
     module = gpu_config.model_copy(update={"agent": "acme_agents.react:run"})
-    assert "agent='acme_agents.react:run' imports module 'acme_agents.react'" in refused(module, gpu_settings)
-    check_run(module, gpu_settings, PlatformPolicy(code_modules=["acme_agents.*"]))
+    assert "agent='acme_agents.react:run' imports module 'acme_agents.react'" in refused(module, settings)
+    check_run(module, settings, PlatformPolicy(code_modules=["acme_agents.*"]))
     trusted = PlatformPolicy(user_code_with_credentials=True)
-    check_run(gpu_config.model_copy(update={"agent": "/workspace/agents/react.py:run"}), gpu_settings, trusted)
-    msg = refused(gpu_config.model_copy(update={"agent": "agents/react.py:run"}), gpu_settings, trusted)
+    check_run(gpu_config.model_copy(update={"agent": "/workspace/agents/react.py:run"}), settings, trusted)
+    msg = refused(gpu_config.model_copy(update={"agent": "agents/react.py:run"}), settings, trusted)
     assert "shared volume" in msg  # the volume rule holds whatever the policy trusts
+    # an external reward service (reward_url, allowed by the policy) is no placement for an agent
+    external = gpu_config.model_copy(
+        update={"agent": "/workspace/a.py:run", "reward_url": "http://rewards.ml.svc:8080"}
+    )
+    assert "is a file: it would run in the trainer pod" in refused(
+        external, settings, PlatformPolicy(reward_urls=["http://rewards.ml.svc:8080"])
+    )
 
 
-def test_an_agent_command_runs_only_where_the_policy_allows_code_beside_credentials(gpu_config, gpu_settings):
+def test_an_agent_command_runs_sandboxed_in_the_reward_pods_its_paths_on_the_volume(gpu_config, gpu_settings):
+    for argv in (["python", "/workspace/agents/run.py"], ["/usr/bin/python3", "-u", "/workspace/a/run.py", "--x"]):
+        check_run(gpu_config.model_copy(update={"agent_command": argv}), gpu_settings, POLICY)
+    for path in ("/cache/run.py", "/workspace/../etc/passwd", "/proc/1/environ", "/usr/../workspace/a.py"):
+        msg = refused(gpu_config.model_copy(update={"agent_command": ["python", path]}), gpu_settings)
+        assert f"agent_command={path!r}: on Kubernetes each path the agent's command names must be a normalized" in msg
+    trusted = PlatformPolicy(user_code_with_credentials=True)  # the volume rule holds whatever the policy trusts
+    assert "agent_command='/cache/run.py'" in refused(
+        gpu_config.model_copy(update={"agent_command": ["python", "/cache/run.py"]}), gpu_settings, trusted
+    )
+
+
+def test_without_reward_pods_an_agent_command_runs_only_where_code_may_run_beside_credentials(gpu_config, gpu_settings):
+    settings = gpu_settings.model_copy(update={"reward_replicas": 0})
     config = gpu_config.model_copy(update={"agent_command": ["python", "/workspace/agents/run.py"]})
-    msg = refused(config, gpu_settings)
-    assert "agent_command=['python', '/workspace/agents/run.py'] is refused on Kubernetes" in msg
-    assert "would run in the trainer pod, which holds the MLflow credentials" in msg
-    assert "sandboxed placement in the reward pods is not built yet" in msg and "user_code_with_credentials" in msg
-    check_run(config, gpu_settings, PlatformPolicy(user_code_with_credentials=True))
-    check_run(config, gpu_settings, PlatformPolicy(user_code_with_credentials=True, code_modules=[]))
+    msg = refused(config, settings)
+    command = "agent_command=['python', '/workspace/agents/run.py']"
+    assert f"{command} with reward_replicas=0 would run in the trainer pod" in msg
+    assert "which holds the MLflow credentials" in msg and "set reward_replicas >= 1" in msg
+    assert "bwrap sandbox" in msg and "user_code_with_credentials" in msg
+    check_run(config, settings, PlatformPolicy(user_code_with_credentials=True))
+    check_run(config, settings, PlatformPolicy(user_code_with_credentials=True, code_modules=[]))
+
+
+def test_the_agent_endpoint_ports_must_not_overlap_the_trainers_other_listeners(gpu_config, gpu_settings):
+    config = gpu_config.model_copy(update={"agent": "/workspace/agents/react.py:run"})
+    for update, clash in (
+        ({"weight_transfer_ports": (8100, 8800)}, "weight_transfer_ports"),
+        ({"vllm_port": 8703}, "vllm_port"),
+        ({"reward_port": 8700}, "reward_port"),
+    ):
+        msg = refused(config, gpu_settings.model_copy(update=update))
+        assert "agent_endpoint_port: the agent endpoint's ports 8700-8703" in msg and f"overlap {clash}" in msg
+    check_run(config, gpu_settings.model_copy(update={"vllm_port": 8704, "reward_port": 8699}), POLICY)
+    # no agent: nothing is opened, nothing to clash with
+    check_run(gpu_config, gpu_settings.model_copy(update={"vllm_port": 8700}), POLICY)
+
+
+def test_the_agent_endpoint_port_is_the_platforms(gpu_config, gpu_settings):
+    # torchrun's rendezvous port: it would be opened to tenant code
+    config = gpu_config.model_copy(update={"agent": "/workspace/a.py:run", "agent_endpoint_port": 29500})
+    assert config.agents.agent_endpoint_port == 29500
+    assert "agent_endpoint_port=29500 is set by the platform only" in refused(config, gpu_settings)
 
 
 def test_a_code_field_the_gate_has_no_placement_for_fails_closed(gpu_config, gpu_settings):

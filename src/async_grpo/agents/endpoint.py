@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 MODEL_NAME = "policy"  # what /v1/models lists; any model name in a request is accepted (there is one policy)
 START_TIMEOUT_S = 30.0  # most seconds `start` waits for the server to listen
 STOP_TIMEOUT_S = 10.0  # most seconds `aclose` waits for the server to stop
+LISTEN_BACKLOG = 2048  # uvicorn's default backlog
 DRAIN_TIMEOUT_S = 10.0  # most seconds `EpisodeSession.drain` waits for cancelled requests to end
 UNSUPPORTED_FIELDS = ("echo", "best_of", "suffix", "logit_bias", "functions", "function_call")
 _PREFIX_TOKENS = 32  # prompt tokens decoded as the tool-call parser's prefix (enough for the assistant header)
@@ -300,6 +301,26 @@ def openai_tool_calls(message: Mapping[str, Any], call_ids: list[str]) -> list[d
     return out
 
 
+def _listen(host: str, ports: list[int]) -> socket.socket:
+    """A socket listening on `host` on the first port of `ports` that is free (0: any); it listens at once, so two
+    endpoints starting together never share a port. Raises OSError when none is free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for port in ports:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(LISTEN_BACKLOG)
+        except OSError:
+            sock.close()
+            continue
+        return sock
+    raise OSError(
+        f"agent_endpoint_port: the agent endpoint found no free port of {ports[0]}-{ports[-1]} on {host}. Fix: end "
+        "what listens there, or (on your own machine) set agent_endpoint_port to a free range."
+    )
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, leaving the process's signal handlers to the run (it serves inside the rollout's loop)."""
 
@@ -313,15 +334,28 @@ class AgentEndpoint:
 
     Args:
         tokenizer: the policy's tokenizer (chat template, response parsing, decoding).
-        host: the address to listen on (127.0.0.1: agents run on this machine).
+        host: the address to listen on (127.0.0.1: agents run on this machine; "0.0.0.0" or "::": they run
+            elsewhere, on the reward service, `agents.remote.endpoint_binding`).
+        port: the first port to try; 0 (default): any free port.
+        port_count: how many ports from `port` to try, in order (>= 1; ignored with port 0): the first free one is
+            used (one endpoint per event loop may listen at once, all within the range a NetworkPolicy opens).
+        advertise_host: the host written in `url` (the pod's IP when listening on all interfaces); None: `host`.
 
     Attributes:
-        url: the OpenAI base URL, `http://<host>:<port>/v1` (set by `start`).
+        url: the OpenAI base URL, `http://<advertise_host or host>:<port>/v1` (set by `start`).
+        port: the port listened on (set by `start`; 0 before).
+
+    Raises:
+        ValueError: port out of 0-65535, or port_count < 1.
     """
 
-    def __init__(self, tokenizer: Any, host: str = "127.0.0.1"):
-        self.tokenizer, self.host = tokenizer, host
-        self.url = ""
+    def __init__(self, tokenizer: Any, host: str = "127.0.0.1", *, port: int = 0, port_count: int = 1,
+                 advertise_host: str | None = None):  # fmt: skip
+        if not 0 <= port <= 65535 or port_count < 1:
+            raise ValueError(f"agent_endpoint_port={port} (x{port_count}) must be a TCP port (0: any free one).")
+        self.tokenizer, self.host, self.advertise_host = tokenizer, host, advertise_host
+        self._ports = [0] if port == 0 else list(range(port, min(port + port_count, 65536)))
+        self.url, self.port = "", 0
         self._sessions: dict[bytes, EpisodeSession] = {}
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
@@ -332,14 +366,13 @@ class AgentEndpoint:
         self.app = self._build_app()
 
     async def start(self) -> None:
-        """Listen on a free port and serve on the running loop.
+        """Listen on a free port (the first free one of the given range) and serve on the running loop.
 
         Raises:
+            OSError: no port of the range is free (the message names agent_endpoint_port and the fix).
             TimeoutError: the server did not start within START_TIMEOUT_S.
         """
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
+        sock = _listen(self.host, self._ports)
         port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
         self._server = _Server(config)
@@ -351,7 +384,8 @@ class AgentEndpoint:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the agent endpoint did not start within {START_TIMEOUT_S:g} s")
             await asyncio.sleep(0.01)
-        self.url = f"http://{self.host}:{port}/v1"
+        shown = self.advertise_host or self.host
+        self.url, self.port = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/v1", port
 
     async def aclose(self) -> None:
         """Stop serving (every session is revoked first); waits at most STOP_TIMEOUT_S."""

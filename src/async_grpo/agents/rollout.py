@@ -94,7 +94,11 @@ class AgentRollout:
             `close`.
         max_turns: most model calls per episode (verifiers' name), >= 1.
         timeout_s: wall-clock limit of one episode (agent_timeout_s, seconds).
-        endpoint_host: where the endpoint listens (127.0.0.1: the agents run on this machine).
+        endpoint_host: where the endpoint listens (127.0.0.1: the agents run on this machine; all interfaces when
+            they run on the reward service, `agents.remote.endpoint_binding`).
+        endpoint_port, endpoint_port_count, advertise_host: the endpoint's ports (the first free one of
+            endpoint_port .. + endpoint_port_count - 1; 0: any free port) and the host its URL names (None:
+            endpoint_host); see `agents.endpoint.AgentEndpoint`.
 
     Raises:
         ValueError: max_turns < 1 or timeout_s <= 0.
@@ -109,6 +113,9 @@ class AgentRollout:
         max_turns: int,
         timeout_s: float,
         endpoint_host: str = "127.0.0.1",
+        endpoint_port: int = 0,
+        endpoint_port_count: int = 1,
+        advertise_host: str | None = None,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1. Fix: allow the agent at least one model call.")
@@ -116,9 +123,9 @@ class AgentRollout:
             raise ValueError(f"agent_timeout_s={timeout_s} must be > 0 seconds.")
         self.scorer, self.tokenizer, self.runner = scorer, tokenizer, runner
         self.max_turns, self.timeout_s, self.endpoint_host = max_turns, timeout_s, endpoint_host
+        self._binding = {"port": endpoint_port, "port_count": endpoint_port_count, "advertise_host": advertise_host}
         self.tool_schemas: list[dict] = []  # the agent offers its own tools, in its requests
         self._endpoints: dict[asyncio.AbstractEventLoop, AgentEndpoint] = {}
-        self._lock: asyncio.Lock | None = None
 
     def without_tools(self) -> None:
         """None: the run offers no tools of its own (the agent's are its business; `Rollout.without_tools`)."""
@@ -140,10 +147,11 @@ class AgentRollout:
 
         Raises:
             TimeoutError: it did not start (`AgentEndpoint.start`).
+            OSError: no port of its range is free.
         """
         loop = asyncio.get_running_loop()
         if loop not in self._endpoints:
-            endpoint = AgentEndpoint(self.tokenizer, host=self.endpoint_host)
+            endpoint = AgentEndpoint(self.tokenizer, host=self.endpoint_host, **self._binding)
             await endpoint.start()
             if loop in self._endpoints:  # another group started one meanwhile
                 await endpoint.aclose()

@@ -5,7 +5,9 @@ the trainer reaches its own ranks, vLLM, the reward service, MLflow and DNS; vLL
 trainer's weight-transfer ports and DNS; reward pods reach nothing unless the platform opens it (and the
 run's LLM judge, when it serves one: the judge admits only the pods that ask it and reaches nothing). A
 distillation teacher the run serves is asked by the orchestrator, in trainer rank 0: it admits only the trainer
-pods and reaches nothing, and the trainer's egress gains it.
+pods and reaches nothing, and the trainer's egress gains it. A run that trains an agent (`agent`, `agent_command`) runs
+its episodes in the reward pods, which call the agent endpoint in the trainer pod: the reward pods may reach the
+trainer pods on the endpoint's ports (`agent_endpoint_ports`) and the trainer pods admit them there, nothing else.
 No rule names the Kubernetes API or any address outside the cluster, so neither is reachable (the
 platform's extra egress ranges always have the cloud metadata addresses carved out).
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from async_grpo.config import GRPOConfig
+from async_grpo.config.sections.agents import AGENT_ENDPOINT_PORT_COUNT
 from async_grpo.launch.k8s_pods import Manifest, meta, selector
 from async_grpo.launch.k8s_policy import EgressRule, PlatformPolicy
 from async_grpo.launch.k8s_settings import ClusterSettings
@@ -65,6 +69,20 @@ def _policy(
     }
 
 
+def agent_endpoint_ports(config: GRPOConfig) -> tuple[int, int] | None:
+    """The inclusive port range of the agent endpoint (`agent_endpoint_port` and the next
+    AGENT_ENDPOINT_PORT_COUNT - 1) when the run trains an agent (`agent` or `agent_command`), else None."""
+    a = config.agents
+    if a.agent is None and a.agent_command is None:
+        return None
+    return a.agent_endpoint_port, a.agent_endpoint_port + AGENT_ENDPOINT_PORT_COUNT - 1
+
+
+def _port_range(ports: tuple[int, int]) -> dict[str, Any]:
+    lo, hi = ports
+    return {"protocol": "TCP", "port": lo, "endPort": hi} if hi > lo else {"protocol": "TCP", "port": lo}
+
+
 def reward_policy(
     settings: ClusterSettings,
     run_name: str,
@@ -74,13 +92,18 @@ def reward_policy(
     clients: dict[str, Any] | None = None,
     owner: dict[str, Any] | None = None,
     judge: bool = False,
+    agent_ports: tuple[int, int] | None = None,
 ) -> Manifest:
     """The reward pods' policy: ingress from `clients` (a peer; default this run's trainer) on the reward
-    port only; egress to the platform's `reward_egress` ranges only (none by default, not even DNS), and with
-    `judge` to the run's judge pods on the vLLM port."""
+    port only; egress to the platform's `reward_egress` ranges only (none by default, not even DNS), with
+    `judge` to the run's judge pods on the vLLM port, and with `agent_ports` (the agent endpoint's inclusive range,
+    `agent_endpoint_ports`) to the `clients` pods on those ports (the agent's episodes call the endpoint there)."""
     clients = clients or {"podSelector": {"matchLabels": selector(run_name, "trainer")}}
     ingress = [{"from": [clients], "ports": [{"protocol": "TCP", "port": settings.reward_port}]}]
-    egress = ([judge_egress(settings, run_name)] if judge else []) + _extra(policy.reward_egress)
+    egress = [judge_egress(settings, run_name)] if judge else []
+    if agent_ports is not None:
+        egress.append({"to": [clients], "ports": [_port_range(agent_ports)]})
+    egress += _extra(policy.reward_egress)
     return _policy(settings, run_name, component, ingress, egress, owner)
 
 
@@ -138,6 +161,7 @@ def build_network_policies(
     *,
     judge_clients: str | None = None,
     teacher: bool = False,
+    agent_ports: tuple[int, int] | None = None,
 ) -> list[Manifest]:
     """The run's policies: vllm, trainer, (with reward_replicas > 0) reward, (with `judge_clients`) judge and (with
     `teacher`) teacher.
@@ -152,6 +176,9 @@ def build_network_policies(
             `k8s_judge.judge_clients`): the judge admits only them and only they reach it; None: no judge.
         teacher: the run serves a distillation teacher (`k8s_teacher.serves_teacher`): it admits only the trainer
             pods (the orchestrator asks it from rank 0), and only they reach it.
+        agent_ports: the agent endpoint's inclusive port range (`agent_endpoint_ports`) when the run trains an
+            agent: with reward_replicas > 0 its episodes run in the reward pods, which may then reach the trainer
+            pods on these ports, and the trainer pods admit them there; None: no agent.
     """
     policy = policy or PlatformPolicy()
     lo, hi = settings.weight_transfer_ports
@@ -185,6 +212,10 @@ def build_network_policies(
         )
     if settings.trainer_api == "trainjob" and policy.trainjob_status_namespace:  # the run's progress (KEP-2779)
         trainer_egress.insert(len(trainer_egress) - len(policy.trainer_egress), trainjob_status_egress(policy))
+    trainer_ingress = [{"from": [trainer_peer]}, {"from": [vllm_peer], "ports": [wt_ports]}]
+    if settings.reward_replicas and agent_ports is not None:  # the agent's episodes call the endpoint beside rank 0
+        reward_peer = {"podSelector": {"matchLabels": selector(run_name, "reward")}}
+        trainer_ingress.append({"from": [reward_peer], "ports": [_port_range(agent_ports)]})
     policies = [
         _policy(
             settings,
@@ -198,13 +229,17 @@ def build_network_policies(
             settings,
             run_name,
             "trainer",
-            [{"from": [trainer_peer]}, {"from": [vllm_peer], "ports": [wt_ports]}],
+            trainer_ingress,
             trainer_egress,
             owner,
         ),
     ]
     if settings.reward_replicas:
-        policies.append(reward_policy(settings, run_name, policy, owner=owner, judge=judge_clients == "reward"))
+        policies.append(
+            reward_policy(
+                settings, run_name, policy, owner=owner, judge=judge_clients == "reward", agent_ports=agent_ports
+            )
+        )
     if judge_clients:
         policies.append(judge_policy(settings, run_name, judge_clients, owner))
     if teacher:

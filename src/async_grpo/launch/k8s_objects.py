@@ -27,7 +27,7 @@ from async_grpo.launch.k8s_judge import (
     judge_url,
     serves_judge,
 )
-from async_grpo.launch.k8s_network import EVALUATOR_LABELS, build_network_policies, reward_policy
+from async_grpo.launch.k8s_network import EVALUATOR_LABELS, agent_endpoint_ports, build_network_policies, reward_policy
 from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names other modules import from here
     CACHE_DIR,
     COMPONENT_LABEL,
@@ -437,7 +437,9 @@ def build_reward_deployment(
     Reward code is submitter code, so these pods hold no credentials: no MLflow secret, no HF token, no
     ServiceAccount token; only the reward service's own bearer token, and the judge's when the run serves an LLM
     judge (the reward pods ask it; they wait for it in an init container). The shared volume is mounted,
-    read-only, only when a reward function or a tool is a file (`/workspace/rewards/x.py:fn`).
+    read-only, only when a reward function, a tool or the agent is a file (`/workspace/rewards/x.py:fn`), or the
+    agent's command names a path on it (`agent_command: [python, /workspace/agents/run.py]`): the reward pods run the
+    run's agent (`rewards.agent_routes`).
 
     Args:
         component: "reward" (the run's service) or "eval-reward" (the evaluate step's).
@@ -447,7 +449,9 @@ def build_reward_deployment(
     vols, mounts = scratch_volumes(settings, shm=False)
     vols.append({"name": "config", "configMap": {"name": config_map or f"{run_name}-config"}})
     mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
-    if any(is_file_spec(spec) for spec in [*config.rewards.reward_funcs, *config.tools.tools]):
+    agent = [config.agents.agent] if config.agents.agent is not None else []
+    files = any(is_file_spec(spec) for spec in [*config.rewards.reward_funcs, *config.tools.tools, *agent])
+    if files or any(on_volume(arg, settings) for arg in config.agents.agent_command or []):
         data_vol, data_mount = data_volume(settings, read_only=True)
         vols.append(data_vol)
         mounts.append(data_mount)
@@ -518,7 +522,9 @@ def build_eval_reward_objects(
 ) -> list[Manifest]:
     """The evaluate step's own reward service, so held-out scoring runs reward code in a pod without
     credentials too: ConfigMap and Secret `<run>-eval-*`, Deployment, Service and NetworkPolicy
-    `<run>-eval-reward` (ingress only from pods labelled EVALUATOR_LABELS), in creation order."""
+    `<run>-eval-reward` (ingress only from pods labelled EVALUATOR_LABELS), in creation order. A run that trains an
+    agent has its held-out episodes run there too (the service gets the `agents` fields), and the service's pods may
+    reach the evaluating pods on the agent endpoint's ports (`k8s_network.agent_endpoint_ports`)."""
     component = "eval-reward"
     fields = {
         "reward_funcs": list(config.rewards.reward_funcs),
@@ -526,9 +532,20 @@ def build_eval_reward_objects(
         "reward_num_workers": config.rewards.reward_num_workers,
         "reward_timeout_s": config.rewards.reward_timeout_s,
     }
+    agent_ports = agent_endpoint_ports(config)
+    if agent_ports is not None:
+        a = config.agents
+        fields.update(agent=a.agent, agent_command=a.agent_command, agent_timeout_s=a.agent_timeout_s)
     clients = {"podSelector": {"matchLabels": dict(EVALUATOR_LABELS)}}
     return [
-        reward_policy(settings, run_name, policy or PlatformPolicy(), component=component, clients=clients),
+        reward_policy(
+            settings,
+            run_name,
+            policy or PlatformPolicy(),
+            component=component,
+            clients=clients,
+            agent_ports=agent_ports,
+        ),
         _config_map(f"{run_name}-eval-config", run_name, component, settings, fields, None),
         build_tokens_secret(settings, run_name, tokens, component="eval-tokens"),
         build_reward_deployment(
@@ -586,7 +603,10 @@ def build_run_objects(
         build_pytorchjob(config, settings, run_name, mlflow_run_id),
         build_tokens_secret(settings, run_name, tokens, owner=owner, judge=bool(asks_judge), teacher=teacher),
     ]
-    objs += build_network_policies(settings, run_name, policy, owner, judge_clients=asks_judge, teacher=teacher)
+    objs += build_network_policies(
+        settings, run_name, policy, owner, judge_clients=asks_judge, teacher=teacher,
+        agent_ports=agent_endpoint_ports(config),
+    )  # fmt: skip
     if asks_judge:  # the Service first: the launcher pins its address into the reward pods (`k8s_judge`)
         objs += [
             build_judge_service(settings, run_name, owner),

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from async_grpo.config import ConfigError, GRPOConfig, format_validation_error
 from async_grpo.config.sections import SECTIONS, RunFields
+from async_grpo.config.sections.agents import AGENT_ENDPOINT_PORT_COUNT
 from async_grpo.config.sections.tools import PYTHON_TOOL
 from async_grpo.config.trust import Trust, TrustClass, trust_markdown, trust_table
 from async_grpo.launch.image_refs import BadImageReference, parse_image_ref, prefix_covers
@@ -190,15 +191,16 @@ class PlatformPolicy(BaseModel):
         default_factory=lambda: ["trl.rewards"],
         description="Image modules (exact names or fnmatch patterns, e.g. `acme_rewards.*`) whose code a run may run "
         "in the trainer pod, which holds the MLflow credentials: a data_producer, an environment (a verifiers "
-        "taskset id names its module), an agent function, and reward functions or tools when reward_replicas=0. "
+        "taskset id names its module), and an agent function, reward functions or tools when reward_replicas=0. "
         "A module is image code, but any function of any module can be named, so only the listed ones run beside "
         "credentials.",
     )
     user_code_with_credentials: bool = Field(
         False,
         description="Allow submitter code to run where credentials "
-        "are: reward functions, a data producer, an environment or an agent loaded from files in the "
-        "trainer pod, an agent_command (run in the trainer pod), or the local backend inside a pipeline pod.",
+        "are: a data producer or an environment loaded from files in the trainer pod; with reward_replicas=0, "
+        "reward functions, tools or an agent loaded from files, or an agent_command, in the trainer pod; or the "
+        "local backend inside a pipeline pod.",
     )
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
     dns_pod_labels: dict[str, str] = Field(
@@ -562,22 +564,35 @@ def path_problems(config: GRPOConfig, settings: ClusterSettings) -> list[str]:
 # How each `code` field is placed, by name (`code_problems`). A `code` field named in none of these is refused on a
 # cluster unless the policy allows `user_code_with_credentials`: a field added without a placement fails closed.
 SCORED_CODE_FIELDS = ("reward_funcs", "tools")  # lists of specs run in the reward pods (or the trainer, with none)
-TRAINER_CODE_FIELDS = ("data_producer", "environment", "agent")  # one spec each, run in the trainer pod
+TRAINER_CODE_FIELDS = ("data_producer", "environment")  # one spec each, run in the trainer pod
+# The agent (a function spec, or a command's argv): with reward_replicas >= 1 its episodes run in the reward pods (a
+# function in the reward server's process, a command in its bwrap sandbox: `rewards.agent_routes`), else in the
+# trainer pod, where a function is judged as TRAINER_CODE_FIELDS are and a command runs only beside credentials.
+AGENT_CODE_FIELDS = ("agent", "agent_command")
 FLAG_CODE_FIELDS = ("trust_remote_code", "model_init_kwargs")  # load the model's own code, in the trainer pod
-# Why a `code` field without a placement runs only beside credentials, in its refusal (`unplaced_code_problems`).
-UNPLACED_CODE_REASONS = {
-    "agent_command": "the command would run in the trainer pod, which holds the MLflow credentials; sandboxed "
-    "placement in the reward pods is not built yet",
-}
+# Why a `code` field without a placement runs only beside credentials, in its refusal (`unplaced_code_problems`);
+# none today: a field added later gets the generic reason, or its own here.
+UNPLACED_CODE_REASONS: dict[str, str] = {}
 
 
 def _code_specs(field: FieldValue) -> list[str]:
     """The code specs a `code` field holds (strings naming code; empty for the flags and commands)."""
     if field.name in SCORED_CODE_FIELDS:
         return list(field.value)
-    if field.name in TRAINER_CODE_FIELDS:
+    if field.name in (*TRAINER_CODE_FIELDS, "agent"):
         return [field.value] if field.value else []
     return []
+
+
+# The image's system directories, which the agent command's sandbox shows read-only (`tools.sandbox.SYSTEM_DIRS`,
+# which launch may not import; tests/agents/test_sandbox.py holds them equal)
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+
+
+def _system_path(path: str) -> bool:
+    """A normalized absolute path under the image's system directories (SYSTEM_DIRS: /usr, /bin, /lib, ...), which
+    the agent command's sandbox shows read-only (a program such as /usr/bin/python3)."""
+    return posixpath.normpath(path) == path and any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
 
 
 def _reward_model_location(spec: str) -> str | None:
@@ -603,6 +618,14 @@ def code_file_problems(field: FieldValue, ctx: RunContext) -> list[str]:
                 f"{field.name}={location!r}: on Kubernetes the file or model folder of {spec!r} must be a normalized "
                 f"path on the shared volume (run pods reach no hub). {_volume_fix(ctx.settings)}."
             )
+    if field.name == "agent_command":
+        for arg in field.value or []:
+            if arg.startswith("/") and not _system_path(arg) and not on_volume(arg, ctx.settings):
+                problems.append(
+                    f"agent_command={arg!r}: on Kubernetes each path the agent's command names must be a normalized "
+                    "path on the shared volume (its sandbox sees only those, read-only, and the image's system "
+                    f"directories {list(SYSTEM_DIRS)}). {_volume_fix(ctx.settings)}."
+                )
     return problems
 
 
@@ -618,11 +641,12 @@ def _module_allowed(module: str, policy: PlatformPolicy) -> bool:
 
 def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
     """A `code` field: the files it names lie on the volume (`code_file_problems`), and code runs only where no
-    credential is: in the reward pods (reward functions and tools, with reward_replicas >= 1), or in the trainer pod
-    only when it is image code the policy lists (`code_modules`) or the policy allows `user_code_with_credentials`.
-    Model-written code (`builtin:python`) always needs the reward pods and the bwrap sandbox. A `code` field with no
-    placement here (`agent_command`, or one added later) is refused unless `user_code_with_credentials`
-    (`unplaced_code_problems`)."""
+    credential is: in the reward pods (reward functions, tools and the agent, `agent` or `agent_command`, with
+    reward_replicas >= 1; the agent's command in their bwrap sandbox, and its endpoint ports clear of the trainer's
+    other listeners, `agent_port_problems`), or in the trainer pod only when it is image code the policy lists
+    (`code_modules`) or the policy allows `user_code_with_credentials`. Model-written code (`builtin:python`) always
+    needs the reward pods and the bwrap sandbox. A `code` field with no placement here (one added later) is refused
+    unless `user_code_with_credentials` (`unplaced_code_problems`)."""
     problems = code_file_problems(field, ctx)
     config, settings, policy = ctx.config, ctx.settings, ctx.policy
     if field.name == "tools" and PYTHON_TOOL in field.value:
@@ -637,6 +661,8 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
                 f"python_tool_sandbox={config.tools.python_tool_sandbox!r}: on Kubernetes {PYTHON_TOOL} runs only in "
                 "the bwrap sandbox. Fix: drop python_tool_sandbox."
             )
+    if field.name in AGENT_CODE_FIELDS and field.value is not None and settings.reward_replicas:
+        return problems + agent_port_problems(ctx)  # placed: the episodes run in the reward pods
     if policy.user_code_with_credentials:
         return problems
     where = "in the trainer pod, which holds the MLflow credentials"
@@ -658,15 +684,20 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
                 f"{field.name} {modules} name modules the policy does not list (code_modules: {policy.code_modules}) "
                 f"and reward_replicas=0 would run them {where}. Fix: set reward_replicas >= 1. {FIX} (code_modules)."
             )
-    if field.name in TRAINER_CODE_FIELDS and field.value:
+    if field.name in (*TRAINER_CODE_FIELDS, "agent") and field.value:
         adapter, inner = split_adapter(field.value)
         if isinstance(inner, str) and inner.startswith("builtin:") and adapter is None:
             return problems
         if is_file_spec(inner):
-            form = "pkg.module:function" if field.name == "agent" else "pkg.module:factory"
+            fix = "install it in the trainer image and name it as pkg.module:factory"
+            if field.name == "agent":
+                fix = (
+                    "set reward_replicas >= 1 (it then runs in the reward pods, without credentials), or install it "
+                    "in the trainer image and name it as pkg.module:function"
+                )
             problems.append(
-                f"{field.name}={field.value!r} is a file: it would run {where}. Fix: install it in the trainer image "
-                f"and name it as {form}, or ask your platform engineer to set user_code_with_credentials."
+                f"{field.name}={field.value!r} is a file: it would run {where}. Fix: {fix}, or ask your platform "
+                "engineer to set user_code_with_credentials."
             )
         else:  # a module (or a verifiers taskset id, which names the module to import) runs in the trainer pod
             module = str(inner).rsplit(":", 1)[0] if ":" in str(inner) else str(inner).split("+", 1)[0]
@@ -675,6 +706,12 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
                     f"{field.name}={field.value!r} imports module {module!r} {where}, and the policy does not list "
                     f"it (code_modules: {policy.code_modules}). {FIX} (code_modules)."
                 )
+    if field.name == "agent_command" and field.value is not None:
+        problems.append(
+            f"agent_command={field.value!r} with reward_replicas=0 would run {where}. Fix: set reward_replicas >= 1 "
+            "(it then runs in the reward pods' bwrap sandbox, without credentials), or ask your platform engineer to "
+            "set user_code_with_credentials."
+        )
     if field.name == "trust_remote_code" and field.value:
         problems.append(
             f"trust_remote_code=true would run the model folder's Python code {where}. Fix: use a model that "
@@ -694,11 +731,11 @@ def code_problems(field: FieldValue, ctx: RunContext) -> list[str]:
 
 
 def unplaced_code_problems(field: FieldValue) -> list[str]:
-    """A `code` field that none of SCORED_CODE_FIELDS, TRAINER_CODE_FIELDS and FLAG_CODE_FIELDS places (e.g.
-    `agent_command`), set to anything but its default: its code would run in the trainer pod, beside the
-    credentials, so it is refused (the caller lets it through when the policy allows `user_code_with_credentials`).
-    The reason given is UNPLACED_CODE_REASONS' entry for the field, else a generic one."""
-    placed = (*SCORED_CODE_FIELDS, *TRAINER_CODE_FIELDS, *FLAG_CODE_FIELDS)
+    """A `code` field that none of SCORED_CODE_FIELDS, TRAINER_CODE_FIELDS, AGENT_CODE_FIELDS and FLAG_CODE_FIELDS
+    places, set to anything but its default: its code would run in the trainer pod, beside the credentials, so it is
+    refused (the caller lets it through when the policy allows `user_code_with_credentials`). The reason given is
+    UNPLACED_CODE_REASONS' entry for the field, else a generic one."""
+    placed = (*SCORED_CODE_FIELDS, *TRAINER_CODE_FIELDS, *AGENT_CODE_FIELDS, *FLAG_CODE_FIELDS)
     if field.name in placed or field.value is None or field.value == field.default:
         return []
     reason = UNPLACED_CODE_REASONS.get(
@@ -707,6 +744,27 @@ def unplaced_code_problems(field: FieldValue) -> list[str]:
     return [
         f"{field.name}={field.value!r} is refused on Kubernetes: {reason}. Fix: unset {field.name}, or ask your "
         "platform engineer to set user_code_with_credentials."
+    ]
+
+
+def agent_port_problems(ctx: RunContext) -> list[str]:
+    """The agent endpoint's ports (`agent_endpoint_port` .. + AGENT_ENDPOINT_PORT_COUNT - 1), which the NetworkPolicies
+    open from the reward pods (tenant code) into the trainer pods, must not hold another listener of those pods: they
+    may not overlap `weight_transfer_ports` (the weight-transfer rendezvous and NCCL sockets, which trust their peers,
+    and the pods' ephemeral range), `vllm_port` or `reward_port`."""
+    a, s = ctx.config.agents, ctx.settings
+    lo, hi = a.agent_endpoint_port, a.agent_endpoint_port + AGENT_ENDPOINT_PORT_COUNT - 1
+    taken = {
+        "weight_transfer_ports": s.weight_transfer_ports,
+        "vllm_port": (s.vllm_port, s.vllm_port),
+        "reward_port": (s.reward_port, s.reward_port),
+    }
+    clashes = [name for name, (b_lo, b_hi) in taken.items() if b_lo <= hi and lo <= b_hi]
+    if not clashes:
+        return []
+    return [
+        f"agent_endpoint_port: the agent endpoint's ports {lo}-{hi}, which the reward pods may reach in the trainer "
+        f"pods, overlap {', '.join(clashes)}. Fix: move {' and '.join(clashes)} off {lo}-{hi} (kubernetes_options)."
     ]
 
 

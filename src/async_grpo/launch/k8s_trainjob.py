@@ -22,6 +22,7 @@ from typing import Any
 
 from async_grpo.config import GRPOConfig
 from async_grpo.launch.k8s_judge import serves_judge
+from async_grpo.launch.k8s_network import agent_endpoint_ports
 from async_grpo.launch.k8s_objects import (
     CACHE_DIR,
     CONFIG_DIR,
@@ -416,7 +417,7 @@ def build_trainjob_run_objects(
         build_trainjob_config_map(config, settings, run_name, owner),
         build_trainjob(config, settings, run_name, mlflow_run_id),
         build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner),
-        *build_network_policies(settings, run_name, policy, owner),
+        *build_network_policies(settings, run_name, policy, owner, agent_ports=agent_endpoint_ports(config)),
     ]
 
 

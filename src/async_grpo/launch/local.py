@@ -91,7 +91,7 @@ def run_local(config: GRPOConfig, progress: bool = True, *, skip_checks: Iterabl
             f"streaming_min_groups needs a single trainer rank (WORLD_SIZE={world_size}). "
             "Fix: unset streaming_min_groups."
         )
-    for noisy in ("httpx", "urllib3"):  # one INFO line per generation request would drown the run's own logs
+    for noisy in ("httpx", "httpx2", "openai", "urllib3"):  # one INFO line per request would drown the run's logs
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
     if config.compute.torch_num_threads:
         torch.set_num_threads(config.compute.torch_num_threads)

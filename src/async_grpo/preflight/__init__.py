@@ -164,7 +164,11 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         problems, notes = inputs.check_data_producer(config, local)
         add(problems)
         report.skipped += notes
-    if wanted("tools"):
+    # with a reward service (a trainer pod, which holds credentials) the submitter's code is loaded where it runs
+    remote_rewards = local and services.reward_service_url(config) is not None
+    if remote_rewards and config.tools.tools:
+        report.skipped.append("tools: the reward service loads them and serves their schemas (never imported here)")
+    elif wanted("tools"):
         problems, notes = inputs.check_tools(config, local)
         add(problems)
         report.skipped += notes
@@ -178,7 +182,6 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
             "reward_url: ASYNC_GRPO_REWARD_URL (set by the kubernetes launcher) is waited for at launch"
         )
     funcs: dict = {}
-    remote_rewards = local and services.reward_service_url(config) is not None
     if remote_rewards:
         report.skipped.append("reward_funcs, reward_models, reward_probe: the reward service resolves and runs them")
     elif wanted("reward_funcs"):
@@ -192,7 +195,10 @@ def preflight(config: GRPOConfig, *, target: Target = "local", skip: Iterable[st
         problems, notes = inputs.check_environment(config, local, None if dataset is None else dict(dataset[0]))
         add(problems)
         report.skipped += notes
-    if wanted("agent"):
+    if remote_rewards and (config.agents.agent is not None or config.agents.agent_command is not None):
+        # the trainer pod holds credentials: the agent is imported (or its program looked up) where it runs
+        report.skipped.append("agent: the reward service loads and runs it (its server refuses to start otherwise)")
+    elif wanted("agent"):
         problems, notes = inputs.check_agent(config, local)
         add(problems)
         report.skipped += notes

@@ -2,7 +2,9 @@
 
 FastAPI serves and validates the requests; all scoring, timeouts and worker replacement stay in the
 `RewardPool` the trainer would otherwise run in-process, so a group scored here fails exactly as it
-would there (the same RewardError reasons travel back in the error body, see `wire`).
+would there (the same RewardError reasons travel back in the error body, see `wire`). A run's tools run here too
+(`tool_routes`), and so do its agent's episodes (`agent_routes`: a function in this process, a command in a bwrap
+sandbox), so on Kubernetes they run where the reward functions run: in these credential-free pods.
 
     python -m async_grpo.rewards.server --config CONFIG.yaml [--host 0.0.0.0] [--port 8080] [--num-workers N]
 """
@@ -29,7 +31,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from async_grpo import __version__
+from async_grpo.agents.remote import AGENT_RUN_PATH
 from async_grpo.config import ConfigError, load_config
+from async_grpo.rewards.agent_routes import ServedAgent, add_agent_routes, served_agent
 from async_grpo.rewards.pool import RewardPool
 from async_grpo.rewards.tool_routes import add_tool_routes, tool_executor
 from async_grpo.rewards.wire import (
@@ -58,12 +62,18 @@ def _status(err: RewardError) -> int:
     return 504 if isinstance(err, RewardTimeout) else 500
 
 
-def _validation_message(err: RequestValidationError) -> str:
-    """One line per bad field, e.g. `completion_ids.0.1: Input should be a valid integer`."""
+def _validation_message(err: RequestValidationError, path: str = SCORE_PATH) -> str:
+    """One line per bad field, e.g. `completion_ids.0.1: Input should be a valid integer`, and the body `path`
+    takes."""
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "(body)"
         parts.append(f"{loc}: {str(e.get('msg', '')).removeprefix('Value error, ')}")
+    if path == AGENT_RUN_PATH:
+        return (
+            f'invalid agent episode request: {"; ".join(parts)}. Fix: POST {{"row": {{...}}, "base_url": str, '
+            '"api_key": str, "timeout_s": seconds > 0}.'
+        )
     return (
         f'invalid score request: {"; ".join(parts)}. Fix: POST {{"prompts": [G], "completions": [G], '
         f'"completion_ids": [G lists of ints], "columns": {{name: [G]}}}}.'
@@ -75,9 +85,11 @@ def build_app(
     request_margin_s: float = REQUEST_MARGIN_S,
     token: str | None = None,
     tools: ToolExecutor | None = None,
+    agent: ServedAgent | None = None,
 ) -> FastAPI:
     """The reward service's FastAPI app, scoring with `pool` (and running `tools` when the run declares tools, see
-    `tool_routes`); the app owns both and closes them on shutdown.
+    `tool_routes`, and the run's `agent` when it declares one, see `agent_routes`); the app owns them and closes
+    them on shutdown.
 
     Routes:
         GET /health: 200 {"status": "ok"} while the pool is open (the readiness probe).
@@ -95,6 +107,7 @@ def build_app(
         token: when set, every route but /health answers 401 {"reason": "unauthorized"} unless the request
             carries `Authorization: Bearer <token>` (a second layer under the NetworkPolicy).
         tools: the run's tool executor: adds GET /v1/tools and POST /v1/tools/call (`tool_routes`).
+        agent: the run's agent (`agent_routes.served_agent`): adds GET /v1/agents and POST /v1/agents/run.
     """
 
     @asynccontextmanager
@@ -103,6 +116,8 @@ def build_app(
         await asyncio.to_thread(pool.close)
         if tools is not None:
             await asyncio.to_thread(tools.close)
+        if agent is not None:
+            agent.runner.close()
 
     app = FastAPI(title="async-grpo reward service", version=__version__, lifespan=lifespan)
     max_wait_s = pool.timeout_s + request_margin_s
@@ -130,7 +145,8 @@ def build_app(
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
         return JSONResponse(
-            {"reason": "bad_request", "function": None, "message": _validation_message(err)}, status_code=422
+            {"reason": "bad_request", "function": None, "message": _validation_message(err, request.url.path)},
+            status_code=422,
         )
 
     @app.get(HEALTH_PATH)
@@ -169,6 +185,8 @@ def build_app(
 
     if tools is not None:
         add_tool_routes(app, tools, request_margin_s)
+    if agent is not None:
+        add_agent_routes(app, agent)
     return app
 
 
@@ -196,7 +214,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--config",
         required=True,
         help="run config YAML; its reward_funcs, reward_weights and "
-        "reward_timeout_s are served, and its tools (with their limits) when it declares any",
+        "reward_timeout_s are served, its tools (with their limits) when it declares any, and its agent (agent, or "
+        "agent_command in a bwrap sandbox) when it declares one",
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a pod)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
@@ -213,7 +232,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the config, validate the reward functions, serve until SIGTERM/SIGINT, then close the pool.
 
-    With env ASYNC_GRPO_REWARD_TOKEN set, scoring requires that bearer token (see `build_app`).
+    With env ASYNC_GRPO_REWARD_TOKEN set, scoring requires that bearer token (see `build_app`). A config with
+    `agent_command` needs its bwrap sandbox to run here (`agent_routes.served_agent`): without it the server exits 2,
+    naming agent_command.
 
     A server without a token listens only on a loopback address: it refuses any other `--host` (exit 2), since
     anyone who reaches the port could then run the rewards and tools, and read their answers.
@@ -224,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = parse_args(argv)
     token = os.environ.pop(AUTH_TOKEN_ENV, "") or None  # popped: the reward workers (user code) never inherit it
-    pool = tools = None
+    pool = tools = agent = None
     try:
         try:
             if token is None and not is_loopback(args.host):
@@ -238,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--port {args.port} is not a TCP port. Fix: give 1-65535.")
             pool = RewardPool.from_config(config, num_workers)
             tools = tool_executor(config)
-        except (ConfigError, ValueError) as err:  # RewardSpecError is a ValueError
+            agent = served_agent(config)
+        except (ConfigError, ValueError) as err:  # RewardSpecError, AgentSpecError, SandboxUnavailable: ValueErrors
             print(f"error: {err}", file=sys.stderr)
             return 2
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -254,8 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.host,
             args.port,
         )
+        if agent is not None:
+            logger.info("running the agent's episodes: %s", agent.agent or agent.agent_command)
         uvicorn.run(
-            build_app(pool, token=token, tools=tools),
+            build_app(pool, token=token, tools=tools, agent=agent),
             host=args.host,
             port=args.port,
             log_level=args.log_level,
@@ -270,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pool.close()
         if tools is not None:
             tools.close()
+        if agent is not None:
+            agent.runner.close()
     return 0
 
 

@@ -1,10 +1,11 @@
 """The rollout a run uses, and the tool-calling, environment and agent parts of its set-up.
 
 With `agent` or `agent_command` set, the run's rollout is `AgentRollout`: the user's agent, called once per episode
-against an OpenAI-compatible endpoint in front of vLLM (docs/agents.md). With `environment` set, the run's rollout is `EnvironmentRollout`, driving the environment the spec names
-(`environments.load_environment`). With `tools` declared, the run's rollout is the same `EnvironmentRollout` driving
-the tool environment (`environments.tools.ToolEnvironment`), its tool calls running in a local `ToolExecutor`
-(spawned workers) or, when rewards are scored on the reward service, on that service. Everything
+against an OpenAI-compatible endpoint in front of vLLM (docs/agents.md); its episodes run where the tool calls run
+(here, or on the reward service when one is used). With `environment` set, the run's rollout is `EnvironmentRollout`,
+driving the environment the spec names (`environments.load_environment`). With `tools` declared, the run's rollout is
+the same `EnvironmentRollout` driving the tool environment (`environments.tools.ToolEnvironment`), its tool calls
+running in a local `ToolExecutor` (spawned workers) or, when rewards are scored on the reward service, on that service. Everything
 here runs before vLLM or any worker starts, so bad tools, a chat template that cannot carry tool calls and
 non-conversational prompts are refused first.
 """
@@ -22,8 +23,10 @@ if TYPE_CHECKING:
 
 from async_grpo.agents.execution import AgentRunner, CommandAgent, FunctionAgent
 from async_grpo.agents.loading import check_agent_command, load_agent
+from async_grpo.agents.remote import RemoteAgentRunner, endpoint_binding
 from async_grpo.agents.rollout import AgentRollout
 from async_grpo.config import GRPOConfig
+from async_grpo.config.sections.agents import AGENT_ENDPOINT_PORT_COUNT
 from async_grpo.data import PromptItem
 from async_grpo.environments import EnvironmentCaller, load_environment
 from async_grpo.environments.tools import ToolCallingSettings, ToolEnvironment
@@ -95,7 +98,8 @@ def build_rollout(
 
     Args:
         items: the training and held-out prompts (checked to be conversational for tools or an environment).
-        tool_service: (URL, bearer token) of a reward service to run the tool calls on (see `build_tool_backend`).
+        tool_service: (URL, bearer token) of a reward service to run the tool calls (and an agent's episodes) on
+            (see `build_tool_backend`, `build_agent_rollout`).
 
     Raises:
         ValueError: bad tools (ToolSpecError), string prompts, a tool format the tokenizer cannot parse
@@ -103,7 +107,7 @@ def build_rollout(
             `environment` (EnvironmentSpecError), a bad `agent` or `agent_command` (AgentSpecError); each names the fix.
     """
     if config.agents.agent is not None or config.agents.agent_command is not None:
-        return build_agent_rollout(config, scorer, tokenizer)
+        return build_agent_rollout(config, scorer, tokenizer, tool_service)
     env = config.environments
     record_spans = config.tracking.log_traces_steps > 0
     inner = None
@@ -142,22 +146,45 @@ def build_rollout(
 AGENT_THREADS = 256  # most plain-function agent episodes running at once (threads are made as episodes need them)
 
 
-def build_agent_rollout(config: GRPOConfig, scorer: Scorer, tokenizer: PreTrainedTokenizerBase) -> AgentRollout:
-    """The agent rollout: `agent` (a function, `agents.execution.FunctionAgent`) or `agent_command` (a program,
-    `CommandAgent`), at most `max_turns` model calls and `agent_timeout_s` seconds per episode.
+def build_agent_rollout(
+    config: GRPOConfig,
+    scorer: Scorer,
+    tokenizer: PreTrainedTokenizerBase,
+    service: tuple[str, str | None] | None = None,
+) -> AgentRollout:
+    """The agent rollout: at most `max_turns` model calls and `agent_timeout_s` seconds per episode, run where the
+    tool calls run (`build_tool_backend`'s rule). With a reward service (`service` = (URL, bearer token), else
+    `reward_url` or env ASYNC_GRPO_REWARD_URL with env ASYNC_GRPO_REWARD_TOKEN; on Kubernetes) the episodes run there
+    (`agents.remote.RemoteAgentRunner`: a function in the service's process, a command in its bwrap sandbox), this
+    process never imports the agent, and the endpoint listens where the service reaches it
+    (`agents.remote.endpoint_binding`: all interfaces on `agent_endpoint_port` .. + AGENT_ENDPOINT_PORT_COUNT - 1,
+    advertising the pod's IP; 127.0.0.1 for a service on loopback). Without one: `agent` (a function,
+    `agents.execution.FunctionAgent`) or `agent_command` (a program, `CommandAgent`) here, the endpoint on 127.0.0.1.
 
     Raises:
-        AgentSpecError: the function does not resolve or has the wrong signature, or the program is not executable
-            (a ValueError naming the field and the fix).
+        AgentSpecError: (here) the function does not resolve or has the wrong signature, or the program is not
+            executable (a ValueError naming the field and the fix).
+        AgentServiceError: (reward service) it cannot be asked, or runs another agent or none.
+        OSError: (reward service) this pod's address cannot be found (`agents.remote.advertised_host`).
     """
     a = config.agents
+    url, token = service if service is not None else (reward_service_url(config), None)
+    options = {"max_turns": config.environments.max_turns, "timeout_s": a.agent_timeout_s}
     runner: AgentRunner
+    if url is not None:
+        logger.info("running the agent's episodes on the reward service at %s", url)
+        binding = endpoint_binding(url, a.agent_endpoint_port, AGENT_ENDPOINT_PORT_COUNT)
+        runner = RemoteAgentRunner(url, token, agent=a.agent, agent_command=a.agent_command)
+        return AgentRollout(
+            scorer, tokenizer, runner, **options, endpoint_host=binding.host, endpoint_port=binding.port,
+            endpoint_port_count=binding.port_count, advertise_host=binding.advertise_host,
+        )  # fmt: skip
     if a.agent is not None:
         runner = FunctionAgent(load_agent(a.agent), num_threads=AGENT_THREADS)
     else:
         check_agent_command(a.agent_command)
         runner = CommandAgent(a.agent_command)
-    return AgentRollout(scorer, tokenizer, runner, max_turns=config.environments.max_turns, timeout_s=a.agent_timeout_s)
+    return AgentRollout(scorer, tokenizer, runner, **options)
 
 
 def warm_start_pairs(

@@ -233,7 +233,11 @@ def locate_interpreter(settings: SandboxSettings) -> str | None:
     return None
 
 
-def _system_mounts() -> list[str]:
+def system_mounts() -> list[str]:
+    """bwrap arguments that show the host's system directories (SYSTEM_DIRS: /usr and the /bin, /lib, ... links or
+    directories) read-only, and of /etc only the dynamic loader's cache, a few read-only files (ETC_FILES) and
+    Python's own /etc/python3* folders: what a program under /usr needs to start. Shared with the agent command's
+    sandbox (`agents.sandbox`)."""
     args: list[str] = []
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
@@ -281,7 +285,7 @@ def bwrap_command(bwrap: str, interpreter: str, settings: SandboxSettings) -> li
         "--setenv",
         "PYTHONIOENCODING",
         "utf-8",
-        *_system_mounts(),
+        *system_mounts(),
         "--proc",
         "/proc",
         "--dev",

@@ -17,10 +17,14 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from async_grpo.config.sections.base import Section
-from async_grpo.config.trust import code, tenant
+from async_grpo.config.trust import code, platform_only, tenant
 from async_grpo.user_code import parse_spec, split_adapter
 
 AGENT_FORMS = "`pkg.module:function` or `path/to/file.py:function`"
+# Ports the agent endpoint may listen on when the agents run elsewhere (the reward pods): agent_endpoint_port and the
+# next ones, one per event loop serving episodes at once (the orchestrator's, an in-run evaluation's); the run's
+# NetworkPolicies open exactly this range from the reward pods to the trainer pods.
+AGENT_ENDPOINT_PORT_COUNT = 4
 
 
 class AgentsConfig(Section):
@@ -56,6 +60,20 @@ class AgentsConfig(Section):
         description="Wall-clock limit of one agent episode (seconds): past it the episode ends (the function's task "
         "is cancelled, the program killed) and is counted as agent/faults/timeout.",
         json_schema_extra=tenant(),
+    )
+    agent_endpoint_port: int = Field(
+        8700,
+        ge=1024,
+        le=65535 - (AGENT_ENDPOINT_PORT_COUNT - 1),
+        description="First TCP port of the agent endpoint when the agents run on the reward service (on Kubernetes, "
+        "the reward pods): the endpoint listens on all interfaces on the first free port of agent_endpoint_port .. "
+        f"agent_endpoint_port + {AGENT_ENDPOINT_PORT_COUNT - 1} (one per event loop serving episodes at once) and "
+        "advertises the trainer pod's IP (env POD_IP); the run's NetworkPolicies open exactly that range from its "
+        "reward pods to its trainer pods. Local runs (agents in the trainer process, or a reward service on "
+        "loopback) keep 127.0.0.1 and a free port. Platform-only on a cluster: the port is opened into the pods "
+        "that hold the credentials, so a tenant may not move it onto another listener there (torchrun's rendezvous, "
+        "the weight-transfer sockets); leave it at its default.",
+        json_schema_extra=platform_only(),
     )
 
     @field_validator("agent")
