@@ -236,7 +236,9 @@ def test_robustness_reads_gain_and_collapse_from_the_run_store(tmp_path):
     assert "| x | 1 | busy | 1.330 | 0.280 +- 0.010 | -1.050 | 1.670 | yes |" in robustness.markdown([fell])
     args = robustness.parse_args(["--examples", "tiny_cpu", "--seeds", "4", "--conditions", "busy"])
     assert robustness.matrix(args) == [("tiny_cpu", 4, "busy")]
-    assert len(robustness.matrix(robustness.parse_args([]))) == 15  # issue 48's matrix
+    assert (
+        len(robustness.matrix(robustness.parse_args([]))) == 16
+    )  # issue 48's matrix, and the agent example (issue 51)
     narrowed = robustness.matrix(robustness.parse_args(["--examples", "tiny_cpu", "lora_cpu"]))
     assert len(narrowed) == 7 and ("lora_cpu", 0, "busy") in narrowed  # each keeps its own seeds and conditions
 

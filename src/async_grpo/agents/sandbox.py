@@ -37,9 +37,9 @@ from async_grpo.agents.loading import COMMAND_FIELD, agent_environment
 from async_grpo.tools.sandbox import (
     SANDBOX_HOME,
     SANDBOX_PATH,
-    SANDBOX_UID,
     SYSTEM_DIRS,
     SandboxUnavailable,
+    isolation_args,
     locate_bwrap,
     system_mounts,
 )
@@ -112,21 +112,7 @@ def sandbox_argv(argv: Sequence[str], env: Mapping[str, str], *, bwrap: str, tmp
     binds = [arg for source, path in bound_paths(argv) for arg in ("--ro-bind", source, path)]
     return [
         bwrap,
-        "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces ...
-        "--share-net",  # ... but the network: the command calls the agent endpoint
-        "--unshare-user",
-        "--disable-userns",  # no nested user namespaces inside
-        "--uid",
-        str(SANDBOX_UID),
-        "--gid",
-        str(SANDBOX_UID),
-        "--hostname",
-        "sandbox",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--clearenv",
+        *isolation_args(share_net=True),  # the network shared: the command calls the agent endpoint
         *setenv,
         *system_mounts(),
         *etc,

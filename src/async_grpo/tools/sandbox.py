@@ -249,17 +249,15 @@ def system_mounts() -> list[str]:
     return args
 
 
-def bwrap_command(bwrap: str, interpreter: str, settings: SandboxSettings) -> list[str]:
-    """The full argv of one sandboxed run: bwrap's options, then the interpreter running BOOTSTRAP with the limits.
-
-    Args:
-        bwrap: the bwrap executable (`locate_bwrap`).
-        interpreter: the Python to run inside (`locate_interpreter`), a path visible in the sandbox.
-        settings: the limits.
-    """
+def isolation_args(*, share_net: bool = False) -> list[str]:
+    """bwrap's isolation flags, shared by every sandbox this project starts: every namespace unshared (user, ipc, pid,
+    net, uts, cgroup; with `share_net` the network is kept, for a program that must reach a service), no nested user
+    namespaces, uid/gid 65534 inside, its own hostname, tied to its parent (`--die-with-parent`), detached from any
+    terminal (`--new-session`), no capabilities, and an empty environment (`--clearenv`: the caller adds what it
+    needs with `--setenv`)."""
     return [
-        bwrap,
-        "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces: no network at all
+        "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces
+        *(["--share-net"] if share_net else []),
         "--unshare-user",
         "--disable-userns",  # no nested user namespaces inside
         "--uid",
@@ -273,6 +271,20 @@ def bwrap_command(bwrap: str, interpreter: str, settings: SandboxSettings) -> li
         "--cap-drop",
         "ALL",
         "--clearenv",
+    ]
+
+
+def bwrap_command(bwrap: str, interpreter: str, settings: SandboxSettings) -> list[str]:
+    """The full argv of one sandboxed run: bwrap's options, then the interpreter running BOOTSTRAP with the limits.
+
+    Args:
+        bwrap: the bwrap executable (`locate_bwrap`).
+        interpreter: the Python to run inside (`locate_interpreter`), a path visible in the sandbox.
+        settings: the limits.
+    """
+    return [
+        bwrap,
+        *isolation_args(),
         "--setenv",
         "PATH",
         SANDBOX_PATH,
