@@ -21,13 +21,12 @@ import torch
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient
 from async_grpo.orchestrator.batching import agent_metrics, env_metrics, reward_correlations, tool_metrics
-from async_grpo.orchestrator.rollout import Rollout, SamplingSettings, completion_display
+from async_grpo.orchestrator.rollout import Rollout, SamplingSettings, aclose_rollout, completion_display
 from async_grpo.transports.messages import RolloutGroup
 
 logger = logging.getLogger(__name__)
 
 EVAL_CONCURRENCY = 32  # groups in flight at once
-ROLLOUT_CLOSE_TIMEOUT_S = 10.0  # the longest a rollout's `aclose` may take when the evaluation's loop ends
 
 
 class EvaluationError(RuntimeError):
@@ -53,10 +52,7 @@ async def _run_groups(
         return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)), return_exceptions=True)
     finally:
         await client.aclose()
-        try:  # what the rollout built on this loop (an agent rollout's endpoint): the loop ends here
-            await asyncio.wait_for(rollout.aclose(), ROLLOUT_CLOSE_TIMEOUT_S)
-        except Exception:
-            logger.warning("the rollout's aclose failed on the evaluation loop", exc_info=True)
+        await aclose_rollout(rollout)  # what the rollout built on this loop (an agent rollout's endpoint)
 
 
 @dataclass

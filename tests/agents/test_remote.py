@@ -181,7 +181,7 @@ def test_the_runner_refuses_a_service_that_runs_another_agent_or_none(service):
 def test_the_rollout_sends_its_episodes_to_the_service(tok, service):
     config = GRPOConfig(reward_funcs=["builtin:agent_reward"], agent=SPEC, agent_timeout_s=AGENT_TIMEOUT_S)
     ro = build_agent_rollout(config, AgentRewardScorer(), tok, service=(service, TOKEN))
-    assert isinstance(ro.runner, RemoteAgentRunner) and ro.endpoint_host == "127.0.0.1"  # a service on loopback
+    assert isinstance(ro.runner, RemoteAgentRunner) and ro.binding.host == "127.0.0.1"  # a service on loopback
     it = item(tok)
     it = type(it)(PROMPT, it.prompt_ids, {"answer": "42"})
     group = run(ro, TextClient(tok, ["42<|im_end|>", "41<|im_end|>"]), it, g=2)

@@ -49,7 +49,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from async_grpo.agents.trajectory import ModelCall, build_segments, extends
+from async_grpo.agents.trajectory import ModelCall, Segment, add_call, extends
 from async_grpo.inference.client import GenerationClient, GenerationError, RejectedRequestError
 from async_grpo.orchestrator.rollout import SamplingSettings
 from async_grpo.tools.parsing import ToolFormatError, parse_turn, response_template
@@ -103,7 +103,8 @@ class EpisodeSession:
         version: returns the policy version vLLM serves now; read when each call is sent.
         max_turns: most model calls (verifiers' name); the next one is refused, counted `max_turns`.
         seed: the rollout's sampling seed (evaluation), or None; call k is sampled with seed + k.
-        calls: the recorded calls, in the order they were sent.
+        calls: the recorded calls, in the order they were served.
+        segments: `calls` joined into segments as they arrive (`agents.trajectory.add_call`): the trained rows.
         refused: refusal kind -> count (`REFUSAL_KINDS`).
         error: the first generation failure (vLLM unreachable, erroring or aborting), re-raised by the rollout.
         budget_exhausted: a call was refused because the segment's budget was spent (the episode is truncated).
@@ -121,6 +122,7 @@ class EpisodeSession:
     max_turns: int
     seed: int | None = None
     calls: list[ModelCall] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
     refused: Counter = field(default_factory=Counter)
     error: BaseException | None = None
     budget_exhausted: bool = False
@@ -143,10 +145,9 @@ class EpisodeSession:
     def budget_left(self, prompt_ids: list[int]) -> int:
         """Tokens `prompt_ids` may still generate: max_completion_length minus the tokens already after its
         segment's first prompt (a call that starts a new segment has the whole budget)."""
-        segments = build_segments(self.calls)
-        if segments and extends(segments[-1].held, prompt_ids):
-            used = len(prompt_ids) - len(segments[-1].prompt_ids)
-            return self.sampling.max_completion_length - used
+        segment = self.segments[-1] if self.segments else None
+        if segment is not None and extends(segment.held, prompt_ids):
+            return self.sampling.max_completion_length - (len(prompt_ids) - len(segment.prompt_ids))
         return self.sampling.max_completion_length
 
     async def generate(self, prompt_ids: list[int], max_tokens: int | None, extra: Mapping[str, Any]) -> ModelCall:
@@ -210,6 +211,7 @@ class EpisodeSession:
             list(prompt_ids), list(completion.token_ids), list(completion.logprobs), version, completion.finish_reason
         )
         self.calls.append(call)
+        add_call(self.segments, call)
         return call
 
 
@@ -319,6 +321,23 @@ def _listen(host: str, ports: list[int]) -> socket.socket:
         f"agent_endpoint_port: the agent endpoint found no free port of {ports[0]}-{ports[-1]} on {host}. Fix: end "
         "what listens there, or (on your own machine) set agent_endpoint_port to a free range."
     )
+
+
+@dataclass(frozen=True)
+class EndpointBinding:
+    """Where the agent endpoint listens and the host its URL names (`agents.endpoint.AgentEndpoint`'s arguments).
+
+    Attributes:
+        host: the address to listen on.
+        port: the first port to try (0: any free port).
+        port_count: how many ports from `port` to try.
+        advertise_host: the host written in the endpoint's URL (None: `host`).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    port_count: int = 1
+    advertise_host: str | None = None
 
 
 class _Server(uvicorn.Server):

@@ -40,6 +40,7 @@ from async_grpo.agents.loading import agent_environment
 LOG_TAIL_CHARS = 2000  # characters of an agent's output (or exception) kept for the completions table
 READ_CHUNK_BYTES = 65536
 KILL_WAIT_S = 5.0  # most seconds to wait for a killed command to be reaped
+FUNCTION_THREADS = 256  # most plain-function episodes running at once (threads are made as episodes need them)
 
 
 @dataclass
@@ -92,10 +93,10 @@ class FunctionAgent:
     Args:
         fn: `fn(row, base_url=..., api_key=...)`, async or plain (`agents.loading.load_agent` checked it).
         num_threads: worker threads for a plain function's episodes (episodes beyond wait for a thread, inside
-            their time-out).
+            their time-out); FUNCTION_THREADS by default.
     """
 
-    def __init__(self, fn: Callable[..., Any], num_threads: int = 16):
+    def __init__(self, fn: Callable[..., Any], num_threads: int = FUNCTION_THREADS):
         self.fn = fn
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="async-grpo-agent")
 

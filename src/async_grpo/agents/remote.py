@@ -24,13 +24,13 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from async_grpo.agents.endpoint import EndpointBinding
 from async_grpo.agents.execution import LOG_TAIL_CHARS, AgentOutcome
 
 AGENTS_PATH = "/v1/agents"  # GET: what the service runs
@@ -111,23 +111,6 @@ def advertised_host() -> str:
         OSError: POD_IP is unset and the host name does not resolve.
     """
     return os.environ.get(POD_IP_ENV) or socket.gethostbyname(socket.gethostname())
-
-
-@dataclass(frozen=True)
-class EndpointBinding:
-    """Where the agent endpoint listens and the host its URL names (`agents.endpoint.AgentEndpoint`'s arguments).
-
-    Attributes:
-        host: the address to listen on.
-        port: the first port to try (0: any free port).
-        port_count: how many ports from `port` to try.
-        advertise_host: the host written in the endpoint's URL (None: `host`).
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    port_count: int = 1
-    advertise_host: str | None = None
 
 
 def endpoint_binding(service_url: str, port: int, port_count: int) -> EndpointBinding:

@@ -8,7 +8,7 @@ For one prompt and its G samples:
 2. Each episode runs the agent (`agents.execution`: a function or a command) on the dataset row with the endpoint's
    `base_url` and the episode's key, under `agent_timeout_s`. Every model call it makes is served by the run's vLLM
    through the rollout's generation client and recorded exactly (`agents.trajectory.ModelCall`).
-3. The episode's calls are joined into segments by token prefix (`agents.trajectory.build_segments`); each segment
+3. The episode's calls are joined into segments by token prefix as they arrive (`agents.trajectory.add_call`); each segment
    is one row of the group, and `RolloutGroup.episode_index` says whose episode it is, so the advantage is the
    episode's (the batcher computes it over the G episodes, `orchestrator.batching`). The group's `prompt_ids` are
    the longest token prefix all rows' first prompts share; a row's own remainder of its first prompt opens its
@@ -35,30 +35,36 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from async_grpo.agents.endpoint import REFUSAL_KINDS, AgentEndpoint, EpisodeSession
+from async_grpo.agents.endpoint import REFUSAL_KINDS, AgentEndpoint, EndpointBinding, EpisodeSession
 from async_grpo.agents.execution import AgentOutcome, AgentRunner
-from async_grpo.agents.trajectory import Segment, build_segments, common_prefix
+from async_grpo.agents.trajectory import Segment, common_prefix
 from async_grpo.data import PromptItem
 from async_grpo.inference.client import GenerationClient, GenerationError
 from async_grpo.orchestrator.env_rollout import all_or_none
 from async_grpo.orchestrator.rollout import RolloutDropped, SamplingSettings, score_group
 from async_grpo.rewards.agent_reward import AGENT_REWARD_COLUMN
 from async_grpo.transports.messages import RolloutGroup
+from async_grpo.transports.scorer import Scorer
 
 logger = logging.getLogger(__name__)
 
 AGENT_FAULTS = ("exception", "timeout", "bad_return", "no_call", "max_turns")
 AGENT_LOG_COLUMN = "agent_log"  # the completions table's column with the tail of each episode's output
+LOCAL_BINDING = EndpointBinding()  # 127.0.0.1, any free port: the agents run on this machine
 _SEED_STRIDE = 7919  # per-episode seed offset when the caller seeds (evaluation)
 
 
 @dataclass
 class _Episode:
-    """One finished episode: its session (the calls), its outcome and its segments."""
+    """One finished episode: its session (the calls and their segments) and its outcome."""
 
     session: EpisodeSession
     outcome: AgentOutcome
-    segments: list[Segment]
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The episode's rows (`EpisodeSession.segments`)."""
+        return self.session.segments
 
     def faults(self) -> dict[str, int]:
         out = dict.fromkeys(AGENT_FAULTS, 0)
@@ -94,11 +100,9 @@ class AgentRollout:
             `close`.
         max_turns: most model calls per episode (verifiers' name), >= 1.
         timeout_s: wall-clock limit of one episode (agent_timeout_s, seconds).
-        endpoint_host: where the endpoint listens (127.0.0.1: the agents run on this machine; all interfaces when
-            they run on the reward service, `agents.remote.endpoint_binding`).
-        endpoint_port, endpoint_port_count, advertise_host: the endpoint's ports (the first free one of
-            endpoint_port .. + endpoint_port_count - 1; 0: any free port) and the host its URL names (None:
-            endpoint_host); see `agents.endpoint.AgentEndpoint`.
+        binding: where each loop's endpoint listens and the host its URL names (the default: 127.0.0.1 and any free
+            port, the agents run on this machine; all interfaces on the platform's ports when they run on the reward
+            service, `agents.remote.endpoint_binding`).
 
     Raises:
         ValueError: max_turns < 1 or timeout_s <= 0.
@@ -106,24 +110,20 @@ class AgentRollout:
 
     def __init__(
         self,
-        scorer: Any,
+        scorer: Scorer,
         tokenizer: Any,
         runner: AgentRunner,
         *,
         max_turns: int,
         timeout_s: float,
-        endpoint_host: str = "127.0.0.1",
-        endpoint_port: int = 0,
-        endpoint_port_count: int = 1,
-        advertise_host: str | None = None,
+        binding: EndpointBinding = LOCAL_BINDING,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1. Fix: allow the agent at least one model call.")
         if timeout_s <= 0:
             raise ValueError(f"agent_timeout_s={timeout_s} must be > 0 seconds.")
         self.scorer, self.tokenizer, self.runner = scorer, tokenizer, runner
-        self.max_turns, self.timeout_s, self.endpoint_host = max_turns, timeout_s, endpoint_host
-        self._binding = {"port": endpoint_port, "port_count": endpoint_port_count, "advertise_host": advertise_host}
+        self.max_turns, self.timeout_s, self.binding = max_turns, timeout_s, binding
         self.tool_schemas: list[dict] = []  # the agent offers its own tools, in its requests
         self._endpoints: dict[asyncio.AbstractEventLoop, AgentEndpoint] = {}
 
@@ -151,7 +151,10 @@ class AgentRollout:
         """
         loop = asyncio.get_running_loop()
         if loop not in self._endpoints:
-            endpoint = AgentEndpoint(self.tokenizer, host=self.endpoint_host, **self._binding)
+            b = self.binding
+            endpoint = AgentEndpoint(
+                self.tokenizer, b.host, port=b.port, port_count=b.port_count, advertise_host=b.advertise_host
+            )
             await endpoint.start()
             if loop in self._endpoints:  # another group started one meanwhile
                 await endpoint.aclose()
@@ -197,7 +200,7 @@ class AgentRollout:
                 if isinstance(session.error, GenerationError) and "aborted" in str(session.error):
                     raise RolloutDropped("aborted", str(session.error))
                 raise session.error
-        episodes = [_Episode(s, o, build_segments(s.calls)) for s, o in zip(sessions, outcomes, strict=True)]
+        episodes = [_Episode(s, o) for s, o in zip(sessions, outcomes, strict=True)]
         group = self._group(item, episodes, version)
         columns = {AGENT_REWARD_COLUMN: [episodes[e].outcome.value for e in group.episode_index]}
         await score_group(self.scorer, group, columns)

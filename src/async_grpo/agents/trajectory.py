@@ -119,10 +119,16 @@ def build_segments(calls: Sequence[ModelCall]) -> list[Segment]:
     """
     segments: list[Segment] = []
     for call in calls:
-        if not segments or not extends(segments[-1].held, call.prompt_ids):
-            segments.append(Segment(list(call.prompt_ids)))
-        segments[-1].add(call)
+        add_call(segments, call)
     return segments
+
+
+def add_call(segments: list[Segment], call: ModelCall) -> None:
+    """Add the episode's next call to its `segments` (in place): to the last one when it extends it, else as a new
+    one (`build_segments`, one call at a time, as the calls arrive)."""
+    if not segments or not extends(segments[-1].held, call.prompt_ids):
+        segments.append(Segment(list(call.prompt_ids)))
+    segments[-1].add(call)
 
 
 def common_prefix(rows: Sequence[Sequence[int]]) -> list[int]:

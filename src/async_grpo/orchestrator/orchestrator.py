@@ -30,7 +30,7 @@ from async_grpo.orchestrator.batching import GenerationMeter, make_train_batch, 
 from async_grpo.orchestrator.determinism import ScheduleState
 from async_grpo.orchestrator.failures import DynamicSamplingError, RewardFailureWatch, RewardServiceError  # noqa: F401 - the errors are re-exported
 from async_grpo.orchestrator.progress import ProducerState, PromptLedger, draw_window
-from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings
+from async_grpo.orchestrator.rollout import Rollout, RolloutDropped, SamplingSettings, aclose_rollout
 from async_grpo.transports.drops import DropCounter
 from async_grpo.transports.messages import RolloutGroup, TrainBatch
 from async_grpo.transports.policy_version import PolicyVersion
@@ -43,7 +43,6 @@ STOP_POLL_S = 0.1
 GATE_POLL_S = 0.01  # the trainer's poll of `generated_through` before a push (full_determinism)
 THREAD_JOIN_TIMEOUT_S = 30.0
 GENERATION_ERROR_BACKOFF_S = 1.0
-ROLLOUT_CLOSE_TIMEOUT_S = 10.0  # the longest a rollout's `aclose` may take when the loop ends
 
 
 class Orchestrator:
@@ -315,7 +314,7 @@ class Orchestrator:
             if waiting:  # full_determinism: scored groups still waiting for an earlier launch index
                 self.drops.add("shutdown", waiting)
             await client.aclose()
-            await _aclose_rollout(self.rollout)
+            await aclose_rollout(self.rollout)
 
     def _launch_version(self) -> int:
         """The policy version the next launch waits for: `scheduled_version` of its launch index under
@@ -649,15 +648,6 @@ class Orchestrator:
         self._generated_for_batch = len(self._pending)
         self._step_groups = []
         return chunk
-
-
-async def _aclose_rollout(rollout: Rollout) -> None:
-    """Await `rollout.aclose()` (what it built on this loop, e.g. the teacher's client of
-    `distillation.TeacherRollout`) for at most ROLLOUT_CLOSE_TIMEOUT_S seconds; a failure is logged, not raised."""
-    try:
-        await asyncio.wait_for(rollout.aclose(), ROLLOUT_CLOSE_TIMEOUT_S)
-    except Exception as err:  # the loop is ending: what is left is dropped with it
-        logger.warning("the rollout did not close cleanly within %.0f s: %r", ROLLOUT_CLOSE_TIMEOUT_S, err)
 
 
 async def _acquire(sem: asyncio.Semaphore) -> bool:

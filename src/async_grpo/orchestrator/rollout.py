@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,8 @@ from async_grpo.inference.client import Completion, GenerationClient
 from async_grpo.transports.drops import DropReason
 from async_grpo.transports.messages import EpisodeSpan, RolloutGroup
 from async_grpo.transports.scorer import ScoredGroup, Scorer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,19 @@ class Rollout(Protocol):
         """Release what the rollout built on the event loop that calls it (the teacher's client of
         `distillation.TeacherRollout`); the orchestrator awaits it, under a time-out, as its loop ends. A no-op for a
         rollout that builds nothing there."""
+
+
+ROLLOUT_CLOSE_TIMEOUT_S = 10.0  # the longest a rollout's `aclose` may take when its loop ends
+
+
+async def aclose_rollout(rollout: Rollout) -> None:
+    """Await `rollout.aclose()` (what it built on this loop: the teacher's client of `distillation.TeacherRollout`,
+    an agent rollout's endpoint) for at most ROLLOUT_CLOSE_TIMEOUT_S seconds; a failure is logged, not raised (the
+    loop is ending: the orchestrator's, or a held-out evaluation's)."""
+    try:
+        await asyncio.wait_for(rollout.aclose(), ROLLOUT_CLOSE_TIMEOUT_S)
+    except Exception as err:  # the loop is ending: what is left is dropped with it
+        logger.warning("the rollout did not close cleanly within %.0f s: %r", ROLLOUT_CLOSE_TIMEOUT_S, err)
 
 
 class SingleTurnRollout:

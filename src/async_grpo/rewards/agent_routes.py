@@ -30,7 +30,6 @@ from async_grpo.agents.remote import AGENT_RUN_PATH, AGENTS_PATH, AgentRunReques
 from async_grpo.agents.sandbox import SandboxedCommandAgent, check_agent_sandbox
 from async_grpo.config import GRPOConfig
 
-AGENT_THREADS = 256  # most plain-function episodes running at once on the service (threads made as needed)
 DISCONNECT_POLL_S = 1.0  # how often a running episode checks that its client is still connected, seconds
 CLIENT_CLOSED = 499  # the status of an episode whose client left (nginx's "client closed request"; never read)
 
@@ -60,7 +59,7 @@ def served_agent(config: GRPOConfig) -> ServedAgent | None:
     """The run's agent for the reward service, or None when the config declares none.
 
     `agent` is imported here (`agents.loading.load_agent`: this runs the module's code, in the reward server) and
-    run in `AGENT_THREADS` threads; `agent_command` is wrapped in the sandbox, which is tried once first
+    run in `FunctionAgent`'s worker threads; `agent_command` is wrapped in the sandbox, which is tried once first
     (`agents.sandbox.check_agent_sandbox`, with the platform's `python_tool_bwrap` when set).
 
     Raises:
@@ -70,7 +69,7 @@ def served_agent(config: GRPOConfig) -> ServedAgent | None:
     """
     a = config.agents
     if a.agent is not None:
-        runner: AgentRunner = FunctionAgent(load_agent(a.agent), num_threads=AGENT_THREADS)
+        runner: AgentRunner = FunctionAgent(load_agent(a.agent))
     elif a.agent_command is not None:
         runner = SandboxedCommandAgent(a.agent_command, bwrap=check_agent_sandbox(config.tools.python_tool_bwrap))
     else:

@@ -143,9 +143,6 @@ def build_rollout(
         raise
 
 
-AGENT_THREADS = 256  # most plain-function agent episodes running at once (threads are made as episodes need them)
-
-
 def build_agent_rollout(
     config: GRPOConfig,
     scorer: Scorer,
@@ -175,12 +172,9 @@ def build_agent_rollout(
         logger.info("running the agent's episodes on the reward service at %s", url)
         binding = endpoint_binding(url, a.agent_endpoint_port, AGENT_ENDPOINT_PORT_COUNT)
         runner = RemoteAgentRunner(url, token, agent=a.agent, agent_command=a.agent_command)
-        return AgentRollout(
-            scorer, tokenizer, runner, **options, endpoint_host=binding.host, endpoint_port=binding.port,
-            endpoint_port_count=binding.port_count, advertise_host=binding.advertise_host,
-        )  # fmt: skip
+        return AgentRollout(scorer, tokenizer, runner, **options, binding=binding)
     if a.agent is not None:
-        runner = FunctionAgent(load_agent(a.agent), num_threads=AGENT_THREADS)
+        runner = FunctionAgent(load_agent(a.agent))
     else:
         check_agent_command(a.agent_command)
         runner = CommandAgent(a.agent_command)
