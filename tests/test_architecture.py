@@ -18,6 +18,7 @@ ALLOWED = {
     "errors": set(),
     "user_code": set(),
     "checkpoint_layout": set(),
+    "worker_warmup": set(),  # starting a pebble pool's spawned workers before the first request (pebble only)
     "shared_volume": set(),  # reading, copying, listing, creating on the tenant-writable volume (stdlib only)
     "config": {"user_code"},
     "hub": set(),
@@ -28,11 +29,11 @@ ALLOWED = {
     "inference": set(),
     "data": {"dataset_source", "tasks", "hub"},
     "transports": {"inference"},
-    "tools": {"user_code"},
+    "tools": {"user_code", "worker_warmup"},
     "environments": {"tasks", "tools", "user_code"},
     # agents: the reward service runs the run's agent (agents.loading, .execution, .sandbox, .remote, which import no
     # rewards module: test_no_import_cycles), as it runs the tools
-    "rewards": {"__init__", "agents", "config", "hub", "tasks", "tools", "transports", "user_code"},
+    "rewards": {"__init__", "agents", "config", "hub", "tasks", "tools", "transports", "user_code", "worker_warmup"},
     "orchestrator": {
         "algorithms",
         "data",

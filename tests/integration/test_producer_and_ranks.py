@@ -248,7 +248,7 @@ def test_run_scores_through_the_reward_service(vllm_server, tiny_model_dir, tmp_
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # ready once its workers are warm
         while True:
             assert server.poll() is None, (tmp_path / "reward.log").read_text()
             try:

@@ -33,7 +33,7 @@ NAMES = ["length_reward", "abstain_odd", "flaky_reward"]
 WEIGHTS = [1.0, 0.5, 2.0]
 TIMEOUT_S = 2.0
 RESULT_TIMEOUT_S = 30
-READY_TIMEOUT_S = 60
+READY_TIMEOUT_S = 180  # the service reports ready once its workers are warm: minutes on a loaded CI runner
 STOP_TIMEOUT_S = 20
 
 

@@ -12,6 +12,7 @@ import logging
 import math
 import multiprocessing
 import numbers
+import os
 import threading
 import time
 import traceback
@@ -24,6 +25,7 @@ from pebble import ProcessExpired, ProcessPool
 from async_grpo.rewards.contract import RewardLog, RewardTrainerState, bound_kwargs, call_reward
 from async_grpo.rewards.loading import RewardSpecError, absolute_reward_spec, resolve_reward_func, reward_func_name
 from async_grpo.transports.scorer import RewardBadOutput, RewardError, RewardTimeout, ScoredGroup
+from async_grpo.worker_warmup import warm_workers
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,13 @@ def check_group(
 @functools.cache
 def _worker_func(spec: str) -> Any:
     return resolve_reward_func(spec)
+
+
+def _warm_worker(specs: Sequence[str]) -> int:
+    """Import every reward function in this worker (`RewardPool.warm`); returns the worker's process id."""
+    for spec in specs:
+        _worker_func(spec)
+    return os.getpid()
 
 
 def _check_output(name: str, out: Any, n: int) -> list[float]:
@@ -231,6 +240,19 @@ class RewardPool:
         self._closed = False
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None  # started with the workers, at the first submit
+
+    def warm(self, timeout_s: float) -> int:
+        """Start the workers and have each import the reward functions now, not on the first group
+        (`worker_warmup.warm_workers`): the reward service calls this before it reports ready, since a request's
+        time limit there includes the wait for a free worker. Returns how many workers are warm (num_workers, or
+        fewer after `timeout_s` seconds or `close()`)."""
+        with self._lock:
+            if self._closed:
+                return 0
+            pool = self._pool
+        return warm_workers(
+            pool, _warm_worker, (self._worker_specs,), self._num_workers, timeout_s, stopped=self._stop.is_set
+        )
 
     def _new_pool(self) -> ProcessPool:
         return ProcessPool(max_workers=self._num_workers, context=multiprocessing.get_context("spawn"))

@@ -41,6 +41,9 @@ from async_grpo.transports.scorer import RewardError, RewardTimeout, ScoredGroup
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 120.0  # the reward pod may still be starting when the trainer does
+# A service answering /health with 503 {"status": "starting"} is up and warming its workers (`rewards.server.warm_up`:
+# imports that may load a model): it is waited for this long from the first poll, beyond connect_timeout_s (seconds).
+STARTING_TIMEOUT_S = 600.0
 HEALTH_POLL_S = 0.5
 PROBE_TIMEOUT_S = 5.0  # one /health or /v1/reward_functions request
 TCP_CONNECT_TIMEOUT_S = 10.0  # opening a connection for a score request
@@ -90,7 +93,8 @@ class RemoteRewardPool:
                 it at most the service's worker count, so no group waits for a worker on the server.
             expected_names: the function names this run expects (from its `reward_funcs`); None skips the check.
             expected_weights: the weights this run expects; None skips the check.
-            connect_timeout_s: how long (seconds) to wait for /health to answer 200.
+            connect_timeout_s: how long (seconds) to wait for /health to answer 200; a service that answers
+                "starting" (warming its workers) is waited for up to STARTING_TIMEOUT_S.
             request_margin_s: seconds beyond timeout_s allowed for JSON, the network and the server's queue.
             token: bearer token sent with every request; None reads env ASYNC_GRPO_REWARD_TOKEN (unset: none).
 
@@ -165,23 +169,28 @@ class RemoteRewardPool:
 
     # -------------------------------------------------------------------------------------------- connect
     def _connect(self, timeout_s: float) -> dict[str, Any]:
-        """Poll /health until 200 within `timeout_s`, then read /v1/reward_functions (validated)."""
-        deadline = time.monotonic() + timeout_s
-        last = "no answer"
+        """Poll /health until 200 within `timeout_s` (STARTING_TIMEOUT_S while it answers "starting"), then read
+        /v1/reward_functions (validated)."""
+        t0 = time.monotonic()
+        last, starting = "no answer", False
         with httpx.Client(base_url=self.url, timeout=PROBE_TIMEOUT_S, headers=self._headers) as http:
             while True:
+                limit = max(timeout_s, STARTING_TIMEOUT_S) if starting else timeout_s
+                probe_s = max(0.1, min(PROBE_TIMEOUT_S, limit - (time.monotonic() - t0)))
                 try:
-                    resp = http.get(HEALTH_PATH, timeout=max(0.1, min(PROBE_TIMEOUT_S, deadline - time.monotonic())))
+                    resp = http.get(HEALTH_PATH, timeout=probe_s)
                     if resp.status_code == 200:
                         break
                     last = f"HTTP {resp.status_code} {resp.text[:200]!r}"
+                    starting = resp.status_code == 503 and _health_status(resp) == "starting"
                 except httpx.HTTPError as err:
-                    last = f"{type(err).__name__}: {err}"
-                left = deadline - time.monotonic()
+                    last, starting = f"{type(err).__name__}: {err}", False
+                waited = time.monotonic() - t0
+                limit = max(timeout_s, STARTING_TIMEOUT_S) if starting else timeout_s
+                left = limit - waited
                 if left <= 0:
                     raise RewardError(
-                        f"the reward service at {self.url} was not ready within {timeout_s:g} s "
-                        f"(last: {last}). {_URL_FIX}"
+                        f"the reward service at {self.url} was not ready within {limit:g} s (last: {last}). {_URL_FIX}"
                     )
                 time.sleep(min(HEALTH_POLL_S, left))
             try:
@@ -379,6 +388,15 @@ class RemoteRewardPool:
 def reward_service_url(config: GRPOConfig, url: str | None = None) -> str | None:
     """The reward service to use: `url`, else `config.reward_url`, else env ASYNC_GRPO_REWARD_URL, else None."""
     return url or config.rewards.reward_url or os.environ.get(REWARD_URL_ENV) or None
+
+
+def _health_status(resp: httpx.Response) -> str | None:
+    """The "status" of a /health answer, or None when the body is not the service's JSON."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get("status") if isinstance(body, dict) else None
 
 
 def make_reward_pool(

@@ -20,6 +20,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import FrameType
@@ -34,7 +36,7 @@ from async_grpo import __version__
 from async_grpo.agents.remote import AGENT_RUN_PATH
 from async_grpo.config import ConfigError, load_config
 from async_grpo.rewards.agent_routes import ServedAgent, add_agent_routes, served_agent
-from async_grpo.rewards.pool import RewardPool
+from async_grpo.rewards.pool import CLOSE_TIMEOUT_S, RewardPool
 from async_grpo.rewards.tool_routes import add_tool_routes, tool_executor
 from async_grpo.rewards.wire import (
     AUTH_TOKEN_ENV,
@@ -56,6 +58,9 @@ DEFAULT_PORT = 8080
 # closes first races the client reusing the connection, which then reads ReadError('') on a live server.
 KEEPALIVE_S = 75.0
 SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long after SIGTERM before uvicorn cancels them
+# The workers get this long to start and import the user code before the service reports ready anyway (seconds;
+# `warm_up`). Generous: an import that loads a model may take minutes, and the readiness probe just waits.
+WARM_TIMEOUT_S = 600.0
 
 
 def _status(err: RewardError) -> int:
@@ -86,13 +91,15 @@ def build_app(
     token: str | None = None,
     tools: ToolExecutor | None = None,
     agent: ServedAgent | None = None,
+    ready: threading.Event | None = None,
 ) -> FastAPI:
     """The reward service's FastAPI app, scoring with `pool` (and running `tools` when the run declares tools, see
     `tool_routes`, and the run's `agent` when it declares one, see `agent_routes`); the app owns them and closes
     them on shutdown.
 
     Routes:
-        GET /health: 200 {"status": "ok"} while the pool is open (the readiness probe).
+        GET /health: 200 {"status": "ok"} while the pool is open and `ready` is set, 503 {"status": "starting"}
+            before, 503 {"status": "closed"} after (the readiness probe).
         GET /v1/reward_functions: {"names": [F], "weights": [F], "timeout_s": s, "version": package version}.
         POST /v1/score: a `wire.ScoreRequest` -> 200 {"rewards": G x F numbers, null where a function
             returned None, "extra", "metrics" (what the functions logged), "seconds": {function name: wall-clock
@@ -108,6 +115,7 @@ def build_app(
             carries `Authorization: Bearer <token>` (a second layer under the NetworkPolicy).
         tools: the run's tool executor: adds GET /v1/tools and POST /v1/tools/call (`tool_routes`).
         agent: the run's agent (`agent_routes.served_agent`): adds GET /v1/agents and POST /v1/agents/run.
+        ready: set once the workers are warm (`warm_up`, started by `main`); None: ready at once.
     """
 
     @asynccontextmanager
@@ -153,6 +161,8 @@ def build_app(
     async def health() -> JSONResponse:
         if pool.closed:
             return JSONResponse({"status": "closed"}, status_code=503)
+        if ready is not None and not ready.is_set():
+            return JSONResponse({"status": "starting"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get(FUNCTIONS_PATH)
@@ -229,6 +239,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def warm_up(pool: RewardPool, tools: ToolExecutor | None, ready: threading.Event, timeout_s: float) -> None:
+    """Start the reward (and tool) workers and have each import the user code, then set `ready` (the service's
+    /health turns 200). A request's time limit includes its wait for a free worker, so a cold pool would fail the
+    first requests (`worker_warmup`). Runs in a thread of its own beside the server; `ready` is set even when the
+    warm-up falls short (the cause is logged), since requests are still served, only slower to start."""
+    t0 = time.monotonic()
+    warm = pool.warm(timeout_s)
+    if tools is not None:
+        warm_tools = tools.warm(max(timeout_s - (time.monotonic() - t0), 1.0))
+        logger.info("%d tool workers warm", warm_tools)
+    logger.info("%d reward workers warm after %.1f s", warm, time.monotonic() - t0)
+    ready.set()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the config, validate the reward functions, serve until SIGTERM/SIGINT, then close the pool.
 
@@ -245,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = parse_args(argv)
     token = os.environ.pop(AUTH_TOKEN_ENV, "") or None  # popped: the reward workers (user code) never inherit it
-    pool = tools = agent = None
+    pool = tools = agent = warming = None
     try:
         try:
             if token is None and not is_loopback(args.host):
@@ -278,8 +302,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if agent is not None:
             logger.info("running the agent's episodes: %s", agent.agent or agent.agent_command)
+        ready = threading.Event()
+        warming = threading.Thread(
+            target=warm_up, args=(pool, tools, ready, WARM_TIMEOUT_S), name="reward-warm-up", daemon=True
+        )
+        warming.start()
         uvicorn.run(
-            build_app(pool, token=token, tools=tools, agent=agent),
+            build_app(pool, token=token, tools=tools, agent=agent, ready=ready),
             host=args.host,
             port=args.port,
             log_level=args.log_level,
@@ -296,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tools.close()
         if agent is not None:
             agent.runner.close()
+        if warming is not None:
+            warming.join(CLOSE_TIMEOUT_S)  # closing the pools ends the warm-up
     return 0
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import resource
 import signal
 import threading
@@ -36,6 +37,7 @@ from async_grpo.tools.failures import FAILURE_KINDS, MAX_ERROR_CHARS, ToolFailur
 from async_grpo.tools.loading import Tool, resolve_tool
 from async_grpo.tools.sandbox import SandboxSettings
 from async_grpo.tools.sandbox import configure as configure_sandbox
+from async_grpo.worker_warmup import warm_workers
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +160,13 @@ def _worker_tool(spec: str) -> Any:
     return resolve_tool(spec)
 
 
+def _warm_worker(specs: Sequence[str]) -> int:
+    """Import every tool in this worker (`ToolExecutor.warm`); returns the worker's process id."""
+    for spec in specs:
+        _worker_tool(spec)
+    return os.getpid()
+
+
 def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -230,6 +239,7 @@ class ToolExecutor:
         self.tools = list(tools)
         self._by_name = {t.name: t for t in self.tools}
         self.timeout_s, self.cpu_seconds = float(timeout_s), cpu_seconds
+        self._num_workers = num_workers
         memory = int(memory_mb * 2**20) if memory_mb else None
         self._pool = ProcessPool(
             max_workers=num_workers,
@@ -239,6 +249,15 @@ class ToolExecutor:
         )
         self._lock = threading.Lock()
         self._closed = False
+
+    def warm(self, timeout_s: float) -> int:
+        """Start the workers and have each import the tools now, not on the first call
+        (`worker_warmup.warm_workers`; the reward service calls this before it reports ready). Returns how many
+        workers are warm (all of them, or fewer after `timeout_s` seconds or `close()`)."""
+        specs = tuple(t.worker_spec for t in self.tools)
+        return warm_workers(
+            self._pool, _warm_worker, (specs,), self._num_workers, timeout_s, stopped=lambda: self._closed
+        )
 
     @property
     def closed(self) -> bool:
