@@ -1,25 +1,33 @@
 """Wall-clock seconds until the held-out reward first reaches a target, after the same warm start for every system.
 
-Users buy time until the model is good, not seconds per step. On the demo task (examples/tiny_cpu.yaml: the tiny
-byte-level model, `builtin:reverse`, its reward functions and weights, G=8 completions of up to 12 tokens at
-temperature 1, dapo, beta 0, epsilon 0.2 / 0.28, learning rate 3e-4 constant, 128 completions per optimizer step,
-float32, its torch threads) this measures, per system and seed, how many seconds of training it takes for the
-held-out reward to first reach `--target`:
+Users buy time until the model is good, not seconds per step. On a workload (`--workload`: a run config every
+system mirrors, and the model it starts from) this measures, per system and seed, how many seconds of training it
+takes for the held-out reward to first reach `--target`:
 
-- `ours_async`: async-grpo as tiny_cpu.yaml runs it (max_staleness 2, a real vLLM CPU server beside the trainer);
+- `demo`: examples/tiny_cpu.yaml (the 0.5M-parameter tiny byte-level model, `builtin:reverse`, its reward functions
+  and weights, G=8 completions of up to 12 tokens at temperature 1, dapo, beta 0, epsilon 0.2 / 0.28, learning rate
+  3e-4 constant, 128 completions per optimizer step, float32, one torch thread). Its step is bound by vLLM's one core,
+  so every system ties there (docs/performance.md).
+- `add18m`: benchmarks/time_to_reward_add.yaml on the 18M-parameter Qwen2 of `benchmarks/vs_trl.py` (hidden 512, 8
+  layers, 16 heads, 4 KV heads, intermediate 1024, the tiny tokenizer), built here with seed 0: `builtin:add`, 64
+  completions of up to 8 tokens per step, the trainer on both cores. The trainer is most of a step there.
+
+The systems:
+
+- `ours_async`: async-grpo as the workload's config runs it (max_staleness 2, a real vLLM CPU server beside the trainer);
 - `ours_on_policy`: the same with max_staleness 0 (the trainer waits for each step's rollouts);
 - `trl_grpo`: TRL 1.16's synchronous `trl.GRPOTrainer` (use_vllm=False: generation with transformers on the CPU),
   with the same model, prompts (the task's train split for the seed), G, max_completion_length, temperature, loss,
   beta, epsilon / epsilon_high, learning rate and scheduler, completions per optimizer step (per_device 64 x
   gradient_accumulation 2: one generation of 16 prompts x 8 per step), reward functions and weights, float32
   (bf16=False), gradient checkpointing off (async-grpo's default; TRL's default is on) and torch threads;
-- `trl_async` (HOOK, opt-in): TRL's `AsyncGRPOTrainer`, run through `benchmarks/trl_async_cpu.py` (the CPU
-  adapter built on another branch). Skipped with a message when that file is missing or does not import, or lacks
-  the names `run_trl_async` uses.
+- `trl_async`: TRL's `AsyncGRPOTrainer`, run through `benchmarks/trl_async_cpu.py` (its CPU seams: weight pushes
+  through our gloo backend into a real vLLM CPU server, an SDPA stand-in for its FA3 tree attention). Skipped with a
+  message when that file does not import, or lacks the names `run_trl_async` uses.
 
-The same warm start for everyone: the tiny model (`builtin:tiny`, seed 0) gets the runner's own supervised warm start
-(`runner.builders.warm_start`: tiny_cpu.yaml's `warmup_sft_steps` at `warmup_sft_learning_rate`) ONCE, in this
-process, and is saved as a Hugging Face folder; every run starts from that folder with `warmup_sft_steps=0`.
+The same warm start for everyone: the workload's model gets the runner's own supervised warm start
+(`runner.builders.warm_start`: the config's `warmup_sft_steps` at `warmup_sft_learning_rate`) ONCE, in this process,
+and is saved as a Hugging Face folder; every run starts from that folder with `warmup_sft_steps=0`.
 
 Timing. Each run is a child process with a wall-clock budget (`--budget-s`) counted from its training start
 (async-grpo: the MLflow timestamp of its step-0 held-out reward, logged right before the orchestrator starts, on one
@@ -41,11 +49,12 @@ So the reported seconds exclude checkpoint saving itself for both. async-grpo sa
 
 Scoring. One vLLM CPU server (`build_server_command` / `server_env`, as a run's) starts on the warm-started model;
 each checkpoint is loaded and pushed into it with `WeightPusher` (gloo), and `evaluation.evaluate_reward` scores it
-with the run's own rollout and reward functions on the task's held-out split: `--eval-prompts` prompts (tiny_cpu.yaml's
+with the run's own rollout and reward functions on the task's held-out split: `--eval-prompts` prompts (the config's
 `eval_num_prompts`) x `--eval-generations` samples (its `num_generations_eval`) at the training temperature, the same
 per-prompt seeds for every checkpoint. The warm start itself is scored the same way (time 0).
 
-Target: `--target`, else the warm start's held-out reward + `--margin`. The default margin 0.04 comes from a pilot
+Target: `--target`, else the warm start's held-out reward + `--margin` (the workload's default). The demo's 0.04
+comes from a pilot
 on 2026-11-28 (seeds 0-2, 70 s budgets, 5 s grid, ours_async with --ours-set vllm_sync_interval=2, and trl_grpo):
 from today's warm start of 0.880, every run of both systems was above +0.05 after 70 s and below +0.07, and all six
 first reached +0.04 within 20-55 s; a target at +0.04 is reached by every run well inside the budget. The margin was
@@ -60,7 +69,8 @@ run that never reached it), and the ratios our default / the faster TRL trainer 
 writes `time_to_reward.csv` (system, seed, wall_s, step, heldout_reward) and `time_to_reward.png` (held-out reward
 against seconds, one line per system and seed, the target as a horizontal line) into `--out`.
 
-    .venv/bin/python benchmarks/time_to_reward.py [--seeds 0 1 2] [--budget-s 100] [--checkpoint-every-s 5]
+    .venv/bin/python benchmarks/time_to_reward.py [--workload demo|add18m] [--seeds 0 1 2] [--budget-s S]
+        [--checkpoint-every-s S]
         [--systems ours_async ours_on_policy trl_grpo [trl_async]] [--target R | --margin M] [--out DIR]
         [--warm-start DIR] [--reduced]
 """
@@ -69,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import json
 import math
@@ -86,9 +97,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = ROOT / "examples" / "tiny_cpu.yaml"
+VS_TRL_DIMS = dict(hidden_size=512, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=1024)
 TRL_ASYNC_ADAPTER = ROOT / "benchmarks" / "trl_async_cpu.py"
 SYSTEMS = ("ours_async", "ours_on_policy", "trl_grpo", "trl_async")
-DEFAULT_SYSTEMS = ("ours_async", "ours_on_policy", "trl_grpo")
+DEFAULT_SYSTEMS = SYSTEMS  # trl_async is skipped, with the reason, when its CPU adapter does not load
 OURS_STALENESS = {"ours_async": 2, "ours_on_policy": 0}
 TRL_SYSTEMS = ("trl_grpo", "trl_async")
 UNBOUNDED_STEPS = 1_000_000  # max_steps of a run the budget stops (the demo's schedule is constant)
@@ -112,36 +124,91 @@ class Checkpoint:
     path: str
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What every system trains in one invocation.
+
+    Attributes:
+        name: the `--workload` name.
+        config: the run config (YAML) async-grpo runs and the TRL systems mirror (model, task, rewards, batch, loss,
+            optimizer, threads).
+        model_dims: `tiny_model.build_tiny_model` dimensions of the model to build (seed 0) and warm-start; None: the
+            config's own `builtin:tiny`.
+        title: the figure's title.
+        budget_s, checkpoint_every_s, margin: the defaults of `--budget-s`, `--checkpoint-every-s` and `--margin`.
+        overrides: `key=value` overrides of `config` for every system (`--set`: a learning-rate sweep, say).
+    """
+
+    name: str
+    config: Path
+    model_dims: dict[str, int] | None
+    title: str
+    budget_s: float
+    checkpoint_every_s: float
+    margin: float
+    overrides: tuple[str, ...] = ()
+
+
+WORKLOADS = {
+    "demo": Workload(
+        "demo", DEMO_CONFIG, None, "tiny_cpu.yaml's reverse task (the 0.5M-parameter tiny model)", 100.0, 5.0, 0.04
+    ),
+    "add18m": Workload(
+        "add18m",
+        ROOT / "benchmarks" / "time_to_reward_add.yaml",
+        VS_TRL_DIMS,
+        "builtin:add on the 18M-parameter Qwen2 of vs_trl.py",
+        900.0,
+        60.0,
+        0.10,
+    ),  # fmt: skip
+}
+
+
 # ---------------------------------------------------------------------------------------------------------- config
-def demo_config(overrides: list[str] | None = None):
-    """examples/tiny_cpu.yaml as a `GRPOConfig`, with `key=value` overrides (the CLI's syntax).
+def workload_config(workload: Workload, overrides: list[str] | None = None):
+    """The workload's run config as a `GRPOConfig`: its YAML, its `overrides`, then `overrides` (`key=value`, the
+    CLI's syntax).
 
     Raises:
         ConfigError: an override names no field or fails validation.
     """
     from async_grpo.config.io import load_config
 
-    return load_config(DEMO_CONFIG, overrides or [])
+    return load_config(workload.config, [*workload.overrides, *(overrides or [])])
 
 
-def make_warm_start(out: Path, sft_steps: int | None = None) -> tuple[Path, dict[str, float]]:
-    """The tiny model after the runner's supervised warm start, saved once as a Hugging Face folder `out/model`.
+def make_warm_start(
+    out: Path, workload: Workload, sft_steps: int | None = None, sft_learning_rate: float | None = None
+) -> tuple[Path, dict[str, float]]:
+    """The workload's model after the runner's supervised warm start, saved once as a Hugging Face folder
+    `out/model`.
 
-    Exactly what `GRPORecipe.setup` does before GRPO on tiny_cpu.yaml (`runner.warm_model.save_warm_started_model`:
-    `builtin:tiny` built with the config's seed, loaded in float32, `torch.manual_seed(seed)`, then
-    `builders.warm_start` on the task's reference answers on the config's torch threads).
+    Exactly what `GRPORecipe.setup` does before GRPO on the workload's config
+    (`runner.warm_model.save_warm_started_model`: the model loaded in float32, `torch.manual_seed(seed)`, then
+    `builders.warm_start` on the task's reference answers on the config's torch threads), from `builtin:tiny` built
+    with the config's seed, or from the workload's `model_dims` built under `out/base-model` with seed 0.
 
     Args:
-        out: a folder; the tiny model is built under `out/base`, the result goes to `out/model`.
-        sft_steps: warm-start steps instead of the config's (the reduced run's shorter one).
+        out: a folder; the result goes to `out/model`.
+        workload: the config and model to warm-start.
+        sft_steps, sft_learning_rate: warm-start steps and learning rate instead of the config's.
 
     Returns:
         (model folder, metrics): the `warmup/*` metrics of `builders.warm_start` plus `warmup/seconds`.
     """
     from async_grpo.runner.warm_model import save_warm_started_model
+    from async_grpo.tiny_model import build_tiny_model
 
-    overrides = [f"output_dir={out / 'base'}"] + ([] if sft_steps is None else [f"warmup_sft_steps={sft_steps}"])
-    return save_warm_started_model(demo_config(overrides), out / "model")
+    overrides = [f"output_dir={out / 'base'}"]
+    if workload.model_dims is not None:
+        base = build_tiny_model(out / "base-model", seed=0, **workload.model_dims)
+        overrides.append(f"model_name_or_path={base}")
+    if sft_steps is not None:
+        overrides.append(f"warmup_sft_steps={sft_steps}")
+    if sft_learning_rate is not None:
+        overrides.append(f"warmup_sft_learning_rate={sft_learning_rate}")
+    return save_warm_started_model(workload_config(workload, overrides), out / "model")
 
 
 # ---------------------------------------------------------------------------------------------------------- processes
@@ -236,10 +303,10 @@ def metric_history(db: Path, key: str) -> list[tuple[int, float, float]]:
 
 
 def run_ours(system: str, seed: int, model: Path, args: argparse.Namespace, out: Path) -> list[Checkpoint]:
-    """One async-grpo run (`async-grpo train examples/tiny_cpu.yaml ...` in a child process) from the warm-started
+    """One async-grpo run (`async-grpo train <the workload's config> ...` in a child process) from the warm-started
     `model`, stopped by SIGTERM once `args.budget_s` seconds of training (checkpoint saving excluded) have passed.
 
-    Overrides of tiny_cpu.yaml: the model folder, no warm start, max_staleness (`OURS_STALENESS[system]`), seed, no
+    Overrides of the workload's config: the model folder, no warm start, max_staleness (`OURS_STALENESS[system]`), seed, no
     periodic held-out evaluation (the step-0 one on one prompt marks the training start), a checkpoint every
     `args.ours_save_steps` steps, no final model, max_steps unbounded (the schedule is constant), `args.threads`
     torch threads when given.
@@ -261,7 +328,8 @@ def run_ours(system: str, seed: int, model: Path, args: argparse.Namespace, out:
     if args.threads:
         overrides.append(f"torch_num_threads={args.threads}")
     overrides += args.ours_set
-    command = [sys.executable, "-m", "async_grpo.cli", "train", str(DEMO_CONFIG), *overrides]
+    command = [sys.executable, "-m", "async_grpo.cli", "train", str(args.workload.config), *args.workload.overrides]
+    command += overrides
     child = Child(command, out / "run.log", child_env())
     started = time.time()
     t0: float | None = None
@@ -315,11 +383,12 @@ def ours_checkpoints(out: Path, t0: float) -> list[Checkpoint]:
 
 # ---------------------------------------------------------------------------------------------------------- TRL
 def trl_spec(system: str, seed: int, model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """What a TRL child run needs (JSON): the demo config's values TRL takes, the budget and the checkpoint grid."""
-    config = demo_config()
+    """What a TRL child run needs (JSON): the workload config's values TRL takes, the budget and the checkpoint
+    grid."""
+    config = workload_config(args.workload)
     o, b, c, s, loss = config.optim, config.batch, config.compute, config.sampling, config.loss
     return {
-        "system": system, "seed": seed, "model": str(model), "out": str(out), "budget_s": args.budget_s,
+        "config": str(args.workload.config), "config_overrides": list(args.workload.overrides), "system": system, "seed": seed, "model": str(model), "out": str(out), "budget_s": args.budget_s,
         "checkpoint_every_s": args.checkpoint_every_s, "dataset": config.data.dataset,
         "reward_funcs": list(config.rewards.reward_funcs), "reward_weights": list(config.rewards.reward_weights),
         "threads": args.threads or c.torch_num_threads, "num_generations": s.num_generations,
@@ -516,7 +585,7 @@ def load_trl_async_adapter() -> tuple[Any | None, str]:
 
 def run_trl_async(spec: dict[str, Any]) -> None:
     """HOOK: TRL's `AsyncGRPOTrainer` on a `trl_spec` through benchmarks/trl_async_cpu.py's CPU adapter, beside a
-    vLLM CPU server started by our launcher (float32, the demo's max-model-len, seed 0), max_staleness 2, a weight
+    vLLM CPU server started by our launcher (float32, the workload's max-model-len, seed 0), max_staleness 2, a weight
     push after every step, until its budget. The prompts become one user message each, rendered verbatim
     (the adapter's `as_conversational` / `verbatim_chat_tokenizer`), so the model sees the same prompt tokens.
 
@@ -526,12 +595,13 @@ def run_trl_async(spec: dict[str, Any]) -> None:
     """
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from async_grpo.config.io import load_config
     from async_grpo.inference.server import VLLMServer, build_server_command, free_port, server_env
 
     adapter, why = load_trl_async_adapter()
     if adapter is None:
         raise RuntimeError(why)
-    config = demo_config()
+    config = load_config(spec["config"], spec["config_overrides"])
     dataset, reward_funcs = trl_workload(spec)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -571,15 +641,21 @@ class CheckpointScorer:
 
     Args:
         base: the warm-started model folder (the server starts on it; every checkpoint has its shapes).
+        workload: the workload (its config: task, rewards, sampling, server flags).
         num_prompts: held-out prompts (the task's eval split, in order).
         num_generations: samples per prompt, at the training temperature.
         log_dir: where the server's log goes.
     Use as a context manager; `score(folder)` returns the held-out reward (weighted sum, mean over completions).
     """
 
-    def __init__(self, base: Path, num_prompts: int, num_generations: int, log_dir: Path):
-        self.config = demo_config(
-            [f"model_name_or_path={base}", f"eval_num_prompts={num_prompts}", f"num_generations_eval={num_generations}"]
+    def __init__(self, base: Path, workload: Workload, num_prompts: int, num_generations: int, log_dir: Path):
+        self.config = workload_config(
+            workload,
+            [
+                f"model_name_or_path={base}",
+                f"eval_num_prompts={num_prompts}",
+                f"num_generations_eval={num_generations}",
+            ],
         )
         self.base = base
         self.log_dir = log_dir
@@ -717,7 +793,7 @@ def fmt_ratio(num: float, den: float) -> str:
     return "undefined (neither reached the target)"
 
 
-def plot(rows: list[dict[str, Any]], target: float, path: Path) -> None:
+def plot(rows: list[dict[str, Any]], target: float, path: Path, title: str) -> None:
     """Held-out reward against training seconds, one line per (system, seed), the target as a horizontal line."""
     import matplotlib
 
@@ -737,7 +813,7 @@ def plot(rows: list[dict[str, Any]], target: float, path: Path) -> None:
     ax.axhline(target, color="black", linewidth=1, label=f"target {target:.3f}")
     ax.set_xlabel("training wall-clock seconds (checkpoint saving excluded)")
     ax.set_ylabel("held-out reward")
-    ax.set_title("time to reward: tiny_cpu.yaml's reverse task, same warm start")
+    ax.set_title(f"time to reward: {title}, same warm start")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -778,34 +854,54 @@ def summarize(times: dict[str, list[float]], systems: list[str], budget_s: float
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring); `--reduced` fills in the CI sizes."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="demo", help="what every system trains")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(DEFAULT_SYSTEMS))
-    p.add_argument("--budget-s", type=float, default=100.0, help="training seconds per run")
-    p.add_argument("--checkpoint-every-s", type=float, default=5.0, help="the scored checkpoints' grid (seconds)")
+    p.add_argument("--budget-s", type=float, default=None, help="training seconds per run (default: the workload's)")
+    p.add_argument(
+        "--checkpoint-every-s", type=float, default=None, help="the scored checkpoints' grid (seconds; the workload's)"
+    )
     p.add_argument("--ours-save-steps", type=int, default=2, help="async-grpo's save_steps (scored on the grid)")
     p.add_argument("--target", type=float, default=None, help="held-out reward to reach (default: warm start + margin)")
-    p.add_argument("--margin", type=float, default=0.04, help="the default target's margin over the warm start")
+    p.add_argument("--margin", type=float, default=None, help="the target's margin over the warm start (workload's)")
     p.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts (default: eval_num_prompts)")
     p.add_argument("--eval-generations", type=int, default=None, help="samples each (default: num_generations_eval)")
     p.add_argument("--warmup-sft-steps", type=int, default=None, help="warm-start steps (default: the config's)")
+    p.add_argument("--warmup-sft-learning-rate", type=float, default=None, help="warm-start rate (the config's)")
     p.add_argument("--warm-start", type=Path, default=None, help="reuse this warm-started model folder")
     p.add_argument("--threads", type=int, default=None, help="torch threads of every trainer (default: config's)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: a new temporary one)")
     p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="workload_set",
+        help="overrides of the workload's config for every system (warm start, ours, TRL, scoring)",
+    )
+    p.add_argument(
         "--ours-set", nargs="+", default=[], metavar="KEY=VALUE",
-        help="further tiny_cpu.yaml overrides for both async-grpo systems, after the benchmark's own",
+        help="further overrides of the workload's config for both async-grpo systems, after the benchmark's own",
     )  # fmt: skip
-    p.add_argument("--reduced", action="store_true", help="CI size: 1 seed, ours_async + trl_grpo, short budgets")
+    p.add_argument(
+        "--reduced", action="store_true", help="CI size: 1 seed, ours_async + trl_grpo, short budgets, a 0.5M model"
+    )
     p.add_argument("--child-trl", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.workload = dataclasses.replace(WORKLOADS[args.workload], overrides=tuple(args.workload_set))
+    args.budget_s = args.workload.budget_s if args.budget_s is None else args.budget_s
+    args.checkpoint_every_s = args.checkpoint_every_s or args.workload.checkpoint_every_s
+    args.margin = args.workload.margin if args.margin is None else args.margin
     if args.reduced:
         args.seeds, args.budget_s, args.checkpoint_every_s = [args.seeds[0]], 10.0, 5.0
+        if args.workload.model_dims is not None:  # the built model at builtin:tiny's size: the plumbing, not the speed
+            args.workload = dataclasses.replace(args.workload, model_dims={})
         if args.systems == list(DEFAULT_SYSTEMS):
             args.systems = ["ours_async", "trl_grpo"]
         args.eval_prompts = args.eval_prompts or 16
         args.eval_generations = args.eval_generations or 2
         args.warmup_sft_steps = args.warmup_sft_steps if args.warmup_sft_steps is not None else 100
-    config = demo_config(args.ours_set)  # a bad --ours-set fails here, before the warm start
+    config = workload_config(args.workload, args.ours_set)  # a bad --ours-set fails here, before the warm start
     args.eval_prompts = args.eval_prompts or config.data.eval_num_prompts
     args.eval_generations = args.eval_generations or config.data.num_generations_eval
     return args
@@ -827,11 +923,14 @@ def main(argv: list[str] | None = None) -> None:
         if adapter is None:
             print(f"trl_async: skipped: {why}")
             systems.remove("trl_async")
+    print(f"workload {args.workload.name}: {args.workload.title} ({args.workload.config.relative_to(ROOT)})")
     if args.warm_start is not None:
         model, warm = args.warm_start, {}
         print(f"warm start: reusing {model}")
     else:
-        model, warm = make_warm_start(out / "warm-start", args.warmup_sft_steps)
+        model, warm = make_warm_start(
+            out / "warm-start", args.workload, args.warmup_sft_steps, args.warmup_sft_learning_rate
+        )
         print(
             f"warm start: {model} ({warm['warmup/steps']:.0f} SFT steps at lr {warm['warmup/learning_rate']:g} in "
             f"{warm['warmup/seconds']:.0f} s; held-out sequence accuracy "
@@ -855,7 +954,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    with CheckpointScorer(model, args.eval_prompts, args.eval_generations, out) as scorer:
+    with CheckpointScorer(model, args.workload, args.eval_prompts, args.eval_generations, out) as scorer:
         warm_reward = scorer.score(model)
         for (system, seed), checkpoints in runs.items():
             rows.append(dict(system=system, seed=seed, wall_s=0.0, step=0, heldout_reward=warm_reward))
@@ -886,9 +985,9 @@ def main(argv: list[str] | None = None) -> None:
         writer = csv.DictWriter(f, fieldnames=["system", "seed", "wall_s", "step", "heldout_reward"])
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, target, png_path)
+    plot(rows, target, png_path, args.workload.title)
     (out / "summary.json").write_text(
-        json.dumps({"target": target, "warm_start_reward": warm_reward, "warm": warm,
+        json.dumps({"workload": args.workload.name, "target": target, "warm_start_reward": warm_reward, "warm": warm,
                     "times": {k: [t if math.isfinite(t) else None for t in v] for k, v in times.items()},
                     "runs": {f"{s}-seed{k}": [asdict(c) for c in v] for (s, k), v in runs.items()}}, indent=1)
     )  # fmt: skip

@@ -4,6 +4,7 @@ cores: the numbers are not checked, only that each script still measures what it
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -137,7 +138,10 @@ def test_gpu_sh_reduced_cpu_mode(tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow(seconds=121)
 def test_time_to_reward_reduced(tmp_path):
-    stdout = run("time_to_reward.py", "--reduced", "--out", str(tmp_path), timeout_s=500)
+    """The add18m workload's plumbing at CI size (its config, a built model warm-started, every system on it)."""
+    stdout = run("time_to_reward.py", "--workload", "add18m", "--reduced", "--out", str(tmp_path), timeout_s=500)
+    assert "workload add18m: builtin:add" in stdout and "SFT steps" in stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["workload"] == "add18m"
     assert "warm start: " in stdout and "held-out reward of the warm start: " in stdout and "target " in stdout
     assert "ours_async: time to target median " in stdout and "trl_grpo: time to target median " in stdout
     assert "ratio our default / trl_grpo (median time to target): " in stdout and "checkpoint saving excluded" in stdout
