@@ -265,3 +265,21 @@ def test_robustness_builds_an_examples_missing_prerequisite_once(tmp_path, monke
     assert (tmp_path / "model").is_dir() and builds.read_text() == "x"
     with pytest.raises(RuntimeError, match="exit code 3(.|\n)*no room left"):
         robustness.prepare("broken", timeout_s=60)
+
+
+def test_time_to_reward_scores_the_grid_and_the_runs_end():
+    """The checkpoints scored: the first at or after each grid mark up to the budget; a run whose last checkpoint
+    (written at the stop signal) stamped just under the budget has that one scored as its end."""
+    ttr = _load_benchmark("time_to_reward")
+
+    def ckpts(*times: float):
+        return [ttr.Checkpoint(step=i + 1, wall_s=t, path=f"c{i + 1}") for i, t in enumerate(times)]
+
+    grid = ttr.on_grid(ckpts(20, 59, 61, 90, 119, 121, 130), every_s=60, budget_s=120)
+    assert [c.wall_s for c in grid] == [61, 121]
+    ended = ttr.on_grid(ckpts(30, 61, 100, 117.6), every_s=60, budget_s=120)
+    assert [c.wall_s for c in ended] == [61, 117.6]
+    assert ttr.on_grid([], every_s=60, budget_s=120) == []
+    args = ttr.parse_args(["--workload", "add18m", "--set", "learning_rate=1e-4"])
+    assert (args.budget_s, args.checkpoint_every_s, args.ours_save_steps) == (900.0, 60.0, 5)
+    assert ttr.trl_spec("trl_grpo", 0, "m", args, ROOT)["learning_rate"] == 1e-4  # --set reaches TRL too
