@@ -16,9 +16,11 @@ the deadline passes or the caller stops it.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Callable
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Callable, Sequence
+from concurrent.futures import wait
+from typing import Any
 
 from pebble import ProcessPool
 
@@ -27,27 +29,36 @@ logger = logging.getLogger(__name__)
 ROUND_PAUSE_S = 0.1  # between rounds, while some workers are still starting (seconds)
 
 
+def import_in_worker(resolve: Callable[[str], Any], specs: Sequence[str]) -> int:
+    """The warm-up task, run in a worker: call `resolve` (the pool's cached, module-level resolver) on every spec, so the
+    worker imports the user code now; returns the worker's process id."""
+    for spec in specs:
+        resolve(spec)
+    return os.getpid()
+
+
 def warm_workers(
     pool: ProcessPool,
-    task: Callable[..., int],
-    args: tuple,
+    resolve: Callable[[str], Any],
+    specs: Sequence[str],
     num_workers: int,
     timeout_s: float,
     stopped: Callable[[], bool],
 ) -> int:
-    """Run `task(*args)` in the pool until `num_workers` distinct workers have run it; returns how many did.
+    """Have `num_workers` distinct workers of `pool` run `import_in_worker(resolve, specs)`; returns how many did.
 
     Args:
         pool: the pebble pool to warm (its workers start on the first task).
-        task: a module-level function run in a worker: imports the user code and returns `os.getpid()`.
-        args: its arguments (picklable: spec strings, not functions).
+        resolve: the pool's worker-side resolver of a spec (module-level and cached, so pickled by reference and
+            imported once per worker).
+        specs: the spec strings the workers resolve (picklable: strings, not functions).
         num_workers: the pool's `max_workers`.
         timeout_s: seconds for the whole warm-up; each task also runs under it (pebble kills a worker whose import
             hangs).
         stopped: polled between tasks; True (the pool is closing) ends the warm-up at once.
 
     Returns:
-        The number of distinct workers that ran `task` (== num_workers when the pool is warm; fewer after the
+        The number of distinct workers that ran the task (== num_workers when the pool is warm; fewer after the
         deadline, a stop, or a task that raised: the cause is logged, and requests then pay the rest of the
         start-up, as without a warm-up).
     """
@@ -55,17 +66,15 @@ def warm_workers(
     ready: set[int] = set()
     while len(ready) < num_workers and not stopped():
         try:
-            futures = [pool.schedule(task, args=args, timeout=timeout_s) for _ in range(num_workers)]
+            futures = [
+                pool.schedule(import_in_worker, args=(resolve, tuple(specs)), timeout=timeout_s)
+                for _ in range(num_workers)
+            ]
         except RuntimeError:  # the pool was stopped meanwhile
             return len(ready)
         for future in futures:
             while not future.done() and not stopped() and time.monotonic() < deadline:
-                try:
-                    future.result(timeout=ROUND_PAUSE_S)
-                except (FutureTimeout, TimeoutError):
-                    continue
-                except Exception:  # reported below, once
-                    break
+                wait([future], timeout=ROUND_PAUSE_S)
             if not future.done():
                 for f in futures:
                     f.cancel()

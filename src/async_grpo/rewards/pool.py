@@ -12,7 +12,6 @@ import logging
 import math
 import multiprocessing
 import numbers
-import os
 import threading
 import time
 import traceback
@@ -64,13 +63,6 @@ def check_group(
 @functools.cache
 def _worker_func(spec: str) -> Any:
     return resolve_reward_func(spec)
-
-
-def _warm_worker(specs: Sequence[str]) -> int:
-    """Import every reward function in this worker (`RewardPool.warm`); returns the worker's process id."""
-    for spec in specs:
-        _worker_func(spec)
-    return os.getpid()
 
 
 def _check_output(name: str, out: Any, n: int) -> list[float]:
@@ -251,7 +243,7 @@ class RewardPool:
                 return 0
             pool = self._pool
         return warm_workers(
-            pool, _warm_worker, (self._worker_specs,), self._num_workers, timeout_s, stopped=self._stop.is_set
+            pool, _worker_func, self._worker_specs, self._num_workers, timeout_s, stopped=self._stop.is_set
         )
 
     def _new_pool(self) -> ProcessPool:

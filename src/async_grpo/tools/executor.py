@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import multiprocessing
-import os
 import resource
 import signal
 import threading
@@ -160,13 +159,6 @@ def _worker_tool(spec: str) -> Any:
     return resolve_tool(spec)
 
 
-def _warm_worker(specs: Sequence[str]) -> int:
-    """Import every tool in this worker (`ToolExecutor.warm`); returns the worker's process id."""
-    for spec in specs:
-        _worker_tool(spec)
-    return os.getpid()
-
-
 def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -255,9 +247,7 @@ class ToolExecutor:
         (`worker_warmup.warm_workers`; the reward service calls this before it reports ready). Returns how many
         workers are warm (all of them, or fewer after `timeout_s` seconds or `close()`)."""
         specs = tuple(t.worker_spec for t in self.tools)
-        return warm_workers(
-            self._pool, _warm_worker, (specs,), self._num_workers, timeout_s, stopped=lambda: self._closed
-        )
+        return warm_workers(self._pool, _worker_tool, specs, self._num_workers, timeout_s, stopped=lambda: self._closed)
 
     @property
     def closed(self) -> bool:
