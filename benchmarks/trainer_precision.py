@@ -98,7 +98,8 @@ def synthetic_batch(
 
 def build(variant: str, model, micro: int, max_completion: int, max_tokens: int | None = None):
     """The `GRPOLearner` of `variant` ("float32" / "bf16", then "+liger", "+flat", "+budget", "+sorted": the
-    config's default `group_by_length`, "+shared": `share_prompt_prefix`), dapo loss."""
+    config's default `group_by_length`, "+shared": `share_prompt_prefix: true`, "+auto": `share_prompt_prefix: auto`,
+    the config's default), dapo loss."""
     from async_grpo.algorithms import LossSettings
     from async_grpo.trainer.trainer import GRPOLearner
 
@@ -114,7 +115,7 @@ def build(variant: str, model, micro: int, max_completion: int, max_tokens: int 
         batch_flattening="+flat" in variant,
         max_tokens_per_microbatch=max_tokens if "+budget" in variant else None,
         group_by_length="+sorted" in variant,
-        share_prompt_prefix="+shared" in variant,
+        share_prompt_prefix="auto" if "+auto" in variant else "+shared" in variant,
     )
 
 
@@ -206,17 +207,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reduced", action="store_true", help="tiny model, small batch (default without CUDA)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant (after one warm-up step)")
-    p.add_argument("--groups", type=int, default=8)
-    p.add_argument("--generations", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--max-completion", type=int, default=512)
-    p.add_argument("--micro", type=int, default=8, help="completions per micro-batch")
+    p.add_argument("--groups", type=int, default=None, help="prompts per step (default 8, or the shape's)")
+    p.add_argument("--generations", type=int, default=None, help="completions per prompt (default 8, or the shape's)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128, or the shape's)")
+    p.add_argument("--max-completion", type=int, default=None, help="default 512, or the shape's")
+    p.add_argument("--micro", type=int, default=None, help="completions per micro-batch (default 8, or the shape's)")
     p.add_argument(
         "--shape",
-        choices=["qwen0.5b", "medium", "tiny", "demo"],
+        choices=["qwen0.5b", "medium", "add18m", "tiny", "demo"],
         default=None,
-        help="model shape (default: qwen0.5b on CUDA, tiny otherwise); medium = vs_trl.py's 18M workload; demo = "
-        "the embedded demo's step on the tiny model",
+        help="model shape (default: qwen0.5b on CUDA, tiny otherwise); medium = vs_trl.py's 18M workload; add18m = "
+        "time_to_reward.py's add18m step on the same model; demo = the embedded demo's step on the tiny model; "
+        "--groups, --generations, --prompt-len, --max-completion and --micro change a shape's batch",
     )
     p.add_argument(
         "--max-tokens",
@@ -247,15 +249,23 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     reduced = args.reduced or (not cuda and args.shape is None)
-    shape = {"qwen0.5b": QWEN_0_5B, "medium": MEDIUM, "tiny": TINY, "demo": TINY}[
+    shape = {"qwen0.5b": QWEN_0_5B, "medium": MEDIUM, "add18m": MEDIUM, "tiny": TINY, "demo": TINY}[
         args.shape or ("tiny" if reduced else "qwen0.5b")
     ]
+    # (groups, generations, prompt length, max completion, micro-batch); an argument given on the command line wins
+    preset = (8, 8, 128, 512, 8)
     if reduced:
-        args.groups, args.generations, args.prompt_len, args.max_completion, args.micro = 2, 4, 16, 32, 4
+        preset = (2, 4, 16, 32, 4)
     elif args.shape == "medium":  # vs_trl.py: 8 prompts x 8 generations, up to 128 tokens, micro-batches of 16
-        args.groups, args.generations, args.prompt_len, args.max_completion, args.micro = 8, 8, 24, 128, 16
+        preset = (8, 8, 24, 128, 16)
+    elif args.shape == "add18m":  # time_to_reward_add.yaml: 8 x 8, <= 8 tokens after ~11, micro-batches of 64
+        preset = (8, 8, 11, 8, 64)
     elif args.shape == "demo":  # examples/tiny_cpu.yaml: 16 prompts x 8, <= 12 tokens after ~37, micro-batches of 64
-        args.groups, args.generations, args.prompt_len, args.max_completion, args.micro = 16, 8, 37, 12, 64
+        preset = (16, 8, 37, 12, 64)
+    names = ("groups", "generations", "prompt_len", "max_completion", "micro")
+    for name, value in zip(names, preset, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     max_tokens = args.max_tokens or args.micro * (args.prompt_len + args.max_completion)
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(0)

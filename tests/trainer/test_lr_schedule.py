@@ -81,10 +81,9 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)  # noqa: E731
-    plain = build_local_learner(config(), load(), PAD)
-    saver = build_local_learner(
-        config(), prepare_policy(load(), gradient_checkpointing=True, disable_dropout=True), PAD
-    )
+    padded = config(share_prompt_prefix=False)  # the same layout on both sides (auto shares only without checkpointing)
+    plain = build_local_learner(padded, load(), PAD)
+    saver = build_local_learner(padded, prepare_policy(load(), gradient_checkpointing=True, disable_dropout=True), PAD)
     assert saver.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
     a, b = plain.step(batch()), saver.step(batch())
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)

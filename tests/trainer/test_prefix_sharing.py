@@ -235,3 +235,97 @@ def test_a_lora_step_with_a_kl_reference_has_the_padded_step(tiny_model):
     assert len(trained) == len(others) > 0
     for (name, a), b in zip(trained, others, strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# ------------------------------------------------------------------ share_prompt_prefix: auto
+def long_prompt_batch() -> TrainBatch:
+    """Two groups of 4 completions of 1-3 tokens after 12-token prompts: sharing covers far fewer positions."""
+    return TrainBatch(groups=[
+        make_group(list(range(1, 13)), [[20], [21, 22], [23, 24, 25], [26]], [1.0, -1.0, 0.5, -0.5]),
+        make_group(list(range(30, 42)), [[43, 44], [45], [46, 47, 48], [49]], [0.5, -0.5, 1.0, -1.0]),
+    ])  # fmt: skip
+
+
+def long_completion_batch() -> TrainBatch:
+    """Two groups of 2 completions of 3-20 tokens after 2-token prompts: sharing would save under 10 %."""
+    return TrainBatch(groups=[
+        make_group([1, 2], [list(range(10, 30)), [31, 32, 33]], [1.0, -1.0]),
+        make_group([3, 4], [list(range(40, 58)), [60, 61, 62, 63]], [0.5, -0.5]),
+    ])  # fmt: skip
+
+
+def positions(micro_batches) -> int:
+    """Model positions of the micro-batches as the trainer runs them (distinct prompts once when shared)."""
+    return sum(
+        mb.sharing.prompt_ids.numel() + mb.completion_ids.numel() if isinstance(mb, SharedPromptBatch)
+        else mb.input_ids.numel()
+        for mb in micro_batches
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("micro", [2, 4, 8])
+@pytest.mark.parametrize("budget", [None, 40])
+def test_auto_shares_exactly_when_it_saves_positions(micro, budget):
+    for batch, expect_shared in ((long_prompt_batch, True), (long_completion_batch, False)):
+        cuts = {}
+        for mode in (False, True, "auto"):
+            batching = MicroBatching(micro, budget, group_by_length=True, share_prompt_prefix=mode)
+            cuts[mode] = (batching, list(batching.cut(pack_batch(batch(), PAD))))
+        padded, shared = positions(cuts[False][1]), positions(cuts[True][1])
+        auto_batching, auto = cuts["auto"]
+        # auto's plan estimates what the cut then runs, and picks the layout with fewer positions
+        assert auto_batching.plan(pack_batch(batch(), PAD)).positions == positions(auto)
+        assert positions(auto) == (shared if shared <= 0.9 * padded else padded)
+        assert (positions(auto) < padded) == expect_shared
+        assert auto_batching.shared_microbatches == sum(isinstance(mb, SharedPromptBatch) for mb in auto)
+        assert sum(map(len, auto)) == (8 if batch is long_prompt_batch else 4)  # every completion, once
+
+
+def test_auto_plans_the_rows_by_length_when_it_does_not_share():
+    packed = pack_batch(long_completion_batch(), PAD)
+    plan = MicroBatching(2, group_by_length=True, share_prompt_prefix="auto").plan(packed)
+    assert not plan.shared
+    lengths = plan.packed.attention_mask.sum(1).tolist()
+    assert lengths == sorted(lengths)  # `by_length`: no prompt-ordered padding paid for nothing
+
+
+def test_an_auto_step_has_the_padded_loss_and_gradients_and_counts_its_shared_micro_batches(tiny_model):
+    other = copy.deepcopy(tiny_model)
+    kw = dict(loss_type="dapo", beta=0.05)
+    want = learner(tiny_model, share=False, **kw).step(long_prompt_batch())
+    auto = learner(other, share="auto", **kw)
+    got = auto.step(long_prompt_batch())
+    assert auto.batching.share_prompt_prefix == "auto"
+    assert got["shared_prompt_microbatches"] == 2.0 and want["shared_prompt_microbatches"] == 0.0
+    assert_same_step(tiny_model, want, other, got)
+
+
+def test_auto_falls_back_to_padding_where_sharing_cannot_run(tiny_model, caplog):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    flat = padded_learner(copy.deepcopy(tiny_model), flattening=True, micro=4, share_prompt_prefix="auto")
+    assert flat.batching.share_prompt_prefix is False
+    sliding = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, use_sliding_window=True, sliding_window=4, max_window_layers=0,
+        layer_types=["sliding_attention", "full_attention"],
+    ))  # fmt: skip
+    with caplog.at_level("INFO", logger="async_grpo.trainer.trainer"):
+        assert learner(sliding, share="auto").batching.share_prompt_prefix is False
+        tiny_model.gradient_checkpointing_enable()
+        checkpointed = learner(tiny_model, share="auto")
+    assert checkpointed.batching.share_prompt_prefix is False
+    assert "DynamicSlidingWindowLayer" in caplog.text and "gradient_checkpointing=false" in caplog.text
+    got = checkpointed.step(long_prompt_batch())  # trains, padded
+    assert got["shared_prompt_microbatches"] == 0.0 and got["loss"] != 0.0
+
+
+def test_the_config_defaults_to_auto_and_allows_it_beside_every_layout():
+    from async_grpo.config import GRPOConfig
+
+    assert GRPOConfig.model_validate({"model_name_or_path": "builtin:tiny"}).compute.share_prompt_prefix == "auto"
+    for other in ("gradient_checkpointing", "batch_flattening"):
+        cfg = GRPOConfig.model_validate({"model_name_or_path": "builtin:tiny", other: True})
+        assert cfg.compute.share_prompt_prefix == "auto"
+    with pytest.raises(ValueError, match="share_prompt_prefix"):
+        GRPOConfig.model_validate({"model_name_or_path": "builtin:tiny", "share_prompt_prefix": "sometimes"})

@@ -138,9 +138,10 @@ def fsdp_runs_the_same_passes(c: GRPOConfig) -> str | None:
 
 
 def prompt_sharing_layout(c: GRPOConfig) -> str | None:
-    """share_prompt_prefix needs the plain padded micro-batch layout without checkpointing or fsdp."""
+    """share_prompt_prefix=true needs the plain padded micro-batch layout without checkpointing or fsdp (auto falls
+    back to the padded layout there)."""
     compute = c.compute
-    if not compute.share_prompt_prefix:
+    if compute.share_prompt_prefix is not True:
         return None
     named = (("gradient_checkpointing", compute.gradient_checkpointing), ("batch_flattening", compute.batch_flattening),
              ("fsdp", compute.fsdp))  # fmt: skip

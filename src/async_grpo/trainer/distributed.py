@@ -393,6 +393,7 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
             "skipped_zero_adv_microbatches",
             "skipped_zero_adv_completions",
             "oversized_microbatch_sequences",
+            "shared_prompt_microbatches",
         ):  # counts add up
             out[key] = float(sum(values))
         elif key in _SAME_ON_EVERY_RANK:

@@ -31,14 +31,43 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from async_grpo.trainer.flattening import flatten
 from async_grpo.trainer.packing import PackedBatch
-from async_grpo.trainer.prefix_sharing import prompt_order, share_prompts
+from async_grpo.trainer.prefix_sharing import SharedPromptBatch, prompt_keys, prompt_order, share_prompts
 
 logger = logging.getLogger(__name__)
+
+
+AUTO_MIN_SAVING = 0.10
+"""`share_prompt_prefix: auto` runs a chunk's micro-batches with shared prompts only when that layout covers at most
+(1 - AUTO_MIN_SAVING) of the model positions the padded layout would: the shared layout's own cost (a second model
+call per micro-batch, gathering the prompt's keys and values to the rows) was within the timing noise at 1.5 % fewer
+positions on the medium shape of benchmarks/trainer_precision.py, so a 10 % saving is a clear gain."""
+
+
+@dataclass
+class CutPlan:
+    """One way to cut a packed chunk: its rows in training order, the micro-batches' row ranges and what they cost.
+
+    Attributes:
+        packed: the chunk, reordered (`by_length` or `prefix_sharing.prompt_order`) or as it came.
+        spans: [start, end) row ranges of `packed`, one per micro-batch.
+        shared: the micro-batches run each distinct prompt once (`prefix_sharing.share_prompts`).
+        positions: model positions the micro-batches cover (rows x (prompt + completion) columns padded; distinct
+            prompts x prompt columns + rows x completion columns shared); 0 when not estimated.
+        oversized: (prompt + completion) lengths, in tokens, of the sequences longer than the token budget.
+    """
+
+    packed: PackedBatch
+    spans: list[tuple[int, int]]
+    shared: bool
+    positions: int = 0
+    oversized: list[int] = field(default_factory=list)
 
 
 class MicroBatching:
@@ -58,14 +87,22 @@ class MicroBatching:
             `TrainingArguments.group_by_length`; 1.2x the trainer's steps/s on benchmarks/trainer_precision.py's
             medium shape). Same gradient for every loss but bnpo (pass False there). The token budget always
             orders by length.
-        share_prompt_prefix: run each micro-batch's distinct prompts once (`trainer.prefix_sharing`); the
+        share_prompt_prefix: True runs each micro-batch's distinct prompts once (`trainer.prefix_sharing`); the
             completions of a prompt are then kept next to each other (`prefix_sharing.prompt_order` instead of
             `by_length`, wherever the completions are reordered) so a micro-batch holds few distinct prompts.
-            Not with batch_flattening.
+            "auto" plans each chunk both ways and shares when that saves at least `AUTO_MIN_SAVING` of the model
+            positions (`CutPlan.positions`). Not with batch_flattening (True raises; "auto" leaves the flattened
+            layout alone).
+
+    Attributes:
+        oversized: cumulative count of sequences longer than the token budget (metric
+            oversized_microbatch_sequences).
+        shared_microbatches: cumulative count of micro-batches run with shared prompts (metric
+            shared_prompt_microbatches).
 
     Raises:
-        ValueError: micro_batch_size < 1, max_tokens_per_microbatch < 1, or share_prompt_prefix with
-            batch_flattening.
+        ValueError: micro_batch_size < 1, max_tokens_per_microbatch < 1, share_prompt_prefix not True, False or
+            "auto", or share_prompt_prefix=True with batch_flattening.
     """
 
     def __init__(
@@ -75,9 +112,11 @@ class MicroBatching:
         batch_flattening: bool = False,
         flat_row_tokens: int | None = None,
         group_by_length: bool = False,
-        share_prompt_prefix: bool = False,
+        share_prompt_prefix: bool | Literal["auto"] = False,
     ):
-        if share_prompt_prefix and batch_flattening:
+        if share_prompt_prefix not in (True, False, "auto"):
+            raise ValueError(f"share_prompt_prefix={share_prompt_prefix!r} must be true, false or 'auto'.")
+        if share_prompt_prefix is True and batch_flattening:
             raise ValueError(
                 "share_prompt_prefix and batch_flattening are two layouts of a micro-batch; only one applies. "
                 "Fix: set one of them to false."
@@ -94,48 +133,99 @@ class MicroBatching:
         self.batch_flattening = batch_flattening
         self.flat_row_tokens = flat_row_tokens
         self.group_by_length = group_by_length or self.by_tokens
-        self.share_prompt_prefix = share_prompt_prefix
-        self.oversized = 0  # cumulative: sequences longer than the budget, trained in a micro-batch of their own
+        self.share_prompt_prefix = False if batch_flattening else share_prompt_prefix
+        self.oversized = 0
+        self.shared_microbatches = 0
 
     @property
     def by_tokens(self) -> bool:
         """True when micro-batches are cut by the token budget (then `accumulation` weighs by completions)."""
         return self.max_tokens is not None
 
+    def plan(self, packed: PackedBatch) -> CutPlan:
+        """How `cut` cuts `packed` (one chunk: N rows of P + T columns): padded, shared, or under "auto" whichever
+        covers fewer model positions (shared only when it saves `AUTO_MIN_SAVING` of the padded positions)."""
+        if self.share_prompt_prefix != "auto":
+            return self._plan(packed, bool(self.share_prompt_prefix), estimate=False)
+        padded = self._plan(packed, False, estimate=True)
+        shared = self._plan(packed, True, estimate=True)
+        return shared if shared.positions <= (1 - AUTO_MIN_SAVING) * padded.positions else padded
+
     def cut(self, packed: PackedBatch) -> Iterator[PackedBatch]:
         """The micro-batches of `packed` (one chunk: N rows of P + T columns), in row order, or in order of length
-        (`group_by_length`, token budget).
+        (`group_by_length`, token budget), as `plan` cuts them.
 
         Yields:
             `PackedBatch` slices (row order), trimmed slices (by length), `FlattenedBatch`es (flattening), or
             `SharedPromptBatch`es (share_prompt_prefix, where rows share a prompt).
         """
-        if self.group_by_length:  # similar lengths together (the loss does not depend on the order: `accumulation`)
-            packed = take(packed, prompt_order(packed) if self.share_prompt_prefix else by_length(packed))
-        spans = (
-            self._spans(packed)
-            if self.by_tokens
-            else [
-                (start, min(start + self.micro_batch_size, len(packed)))
-                for start in range(0, len(packed), self.micro_batch_size)
-            ]
-        )
-        for start, end in spans:
-            mb = packed.slice(start, end)
+        plan = self.plan(packed)
+        if plan.oversized and not self.oversized:  # once per run; the metric counts every one
+            logger.warning(
+                "a sequence of %d tokens exceeds max_tokens_per_microbatch=%d: trained in a micro-batch of "
+                "its own (warned once; the metric oversized_microbatch_sequences counts every one). Fix: "
+                "raise max_tokens_per_microbatch to at least max_prompt_length + max_completion_length.",
+                plan.oversized[0],
+                self.max_tokens,
+            )
+        self.oversized += len(plan.oversized)
+        for start, end in plan.spans:
+            mb = plan.packed.slice(start, end)
             if self.group_by_length and not self.batch_flattening:
                 mb = trim(mb)
             if self.batch_flattening:
                 yield flatten(mb, self.flat_row_tokens)
+            elif plan.shared:
+                mb = share_prompts(mb)
+                self.shared_microbatches += isinstance(mb, SharedPromptBatch)
+                yield mb
             else:
-                yield share_prompts(mb) if self.share_prompt_prefix else mb
+                yield mb
 
-    def _spans(self, packed: PackedBatch) -> list[tuple[int, int]]:
-        """Row ranges [start, end) whose cost stays within the budget (a longer single row stands alone)."""
+    def _plan(self, packed: PackedBatch, shared: bool, estimate: bool) -> CutPlan:
+        """The plan for one layout; `estimate` fills `CutPlan.positions`."""
+        if self.group_by_length:  # similar lengths together (the loss does not depend on the order: `accumulation`)
+            packed = take(packed, prompt_order(packed) if shared else by_length(packed))
+        if self.by_tokens:
+            spans, oversized = self._spans(packed)
+        else:
+            n = len(packed)
+            spans, oversized = [(s, min(s + self.micro_batch_size, n)) for s in range(0, n, self.micro_batch_size)], []
+        plan = CutPlan(packed, spans, shared, oversized=oversized)
+        if estimate:
+            plan.positions = self._positions(plan)
+        return plan
+
+    def _positions(self, plan: CutPlan) -> int:
+        """Model positions `plan`'s micro-batches cover (`CutPlan.positions`), each trimmed as `cut` trims it; a
+        micro-batch that `share_prompts` would leave padded (no repeated prompt, an empty prompt) counts padded."""
+        packed = plan.packed
+        t_all = packed.completion_ids.size(1)
+        p_all = packed.input_ids.size(1) - t_all
+        prompt_len = packed.attention_mask[:, :p_all].sum(1)
+        comp_len = packed.attention_mask[:, p_all:].sum(1)
+        owner = prompt_keys(packed)[1] if plan.shared else None
+        total = 0
+        for start, end in plan.spans:
+            n = end - start
+            p, t = p_all, t_all
+            if self.group_by_length:
+                p, t = int(prompt_len[start:end].max()), max(int(comp_len[start:end].max()), 1)
+            distinct = n
+            if owner is not None and n > 1 and p > 0 and bool((prompt_len[start:end] > 0).all()):
+                distinct = int(owner[start:end].unique().numel())
+            total += n * (p + t) if distinct == n else distinct * p + n * t
+        return total
+
+    def _spans(self, packed: PackedBatch) -> tuple[list[tuple[int, int]], list[int]]:
+        """Row ranges [start, end) whose cost stays within the budget (a longer single row stands alone), and the
+        lengths of the rows longer than the budget."""
         t = packed.completion_ids.size(1)
         p = packed.input_ids.size(1) - t
         prompt_len = packed.attention_mask[:, :p].sum(1).tolist()
         comp_len = packed.attention_mask[:, p:].sum(1).tolist()
         spans: list[tuple[int, int]] = []
+        oversized: list[int] = []
         start = 0
         max_p = max_c = total = 0
         for i, (pl, cl) in enumerate(zip(prompt_len, comp_len, strict=True)):
@@ -145,19 +235,11 @@ class MicroBatching:
                 spans.append((start, i))
                 start, new_p, new_c, new_total = i, pl, cl, pl + cl
             if i == start and pl + cl > self.max_tokens:
-                if not self.oversized:  # once per run; the metric oversized_microbatch_sequences counts them all
-                    logger.warning(
-                        "a sequence of %d tokens exceeds max_tokens_per_microbatch=%d: trained in a micro-batch of "
-                        "its own (warned once; the metric oversized_microbatch_sequences counts every one). Fix: "
-                        "raise max_tokens_per_microbatch to at least max_prompt_length + max_completion_length.",
-                        pl + cl,
-                        self.max_tokens,
-                    )
-                self.oversized += 1
+                oversized.append(pl + cl)
             max_p, max_c, total = new_p, new_c, new_total
         if start < len(prompt_len):
             spans.append((start, len(prompt_len)))
-        return spans
+        return spans, oversized
 
     def completions_per_rank(
         self, micro: list, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor], world_size: int

@@ -124,35 +124,45 @@ def prompt_order(packed: PackedBatch) -> Tensor:
     return order
 
 
-def check_model(model: torch.nn.Module) -> None:
-    """Raise before training when `model` cannot run shared-prompt passes (see the module docstring).
-
-    Raises:
-        ValueError: gradient checkpointing is on, the model has no transformers config, or its cache has a layer
-            other than a full-attention `DynamicLayer` (sliding window, linear attention, state space); the message
-            names the fix (share_prompt_prefix=false, or gradient_checkpointing=false).
-    """
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why `model` cannot run shared-prompt passes (see the module docstring), with the fix, or None when it can:
+    gradient checkpointing is on, the model has no transformers config, or its cache has a layer other than a
+    full-attention `DynamicLayer` (sliding window, linear attention, state space)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     if getattr(model, "is_gradient_checkpointing", False):
-        raise ValueError(
+        return (
             "share_prompt_prefix needs gradient_checkpointing=false: transformers drops past_key_values inside a "
             "checkpointed layer, so completions would lose their prompt. Fix: set one of them to false."
         )
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "get_text_config"):
-        raise ValueError(
+        return (
             f"share_prompt_prefix needs a transformers model with a config; got {type(model).__name__}. "
             "Fix: set share_prompt_prefix=false."
         )
     layers = DynamicCache(config=config).layers
     other = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
     if other or not layers:
-        raise ValueError(
+        return (
             f"share_prompt_prefix needs a cache of full-attention DynamicLayers; {config.model_type} has "
             f"{', '.join(other) or 'no cache layers'} (sliding-window or recurrent layers cannot continue a "
             "shared prompt exactly). Fix: set share_prompt_prefix=false."
         )
+    return None
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """Raise before training when `model` cannot run shared-prompt passes (`unsupported_reason`).
+
+    Raises:
+        ValueError: gradient checkpointing is on, the model has no transformers config, or its cache has a layer
+            other than a full-attention `DynamicLayer` (sliding window, linear attention, state space); the message
+            names the fix (share_prompt_prefix=false, or gradient_checkpointing=false).
+    """
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def _gathered_cache(cache, owner: Tensor):

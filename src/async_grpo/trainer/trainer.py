@@ -20,6 +20,7 @@ import copy
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -29,7 +30,7 @@ from async_grpo.trainer.logprobs import chunked_token_logps
 from async_grpo.trainer.lr_schedule import LRSchedule
 from async_grpo.trainer.microbatching import MicroBatching, accumulate_metrics, take
 from async_grpo.trainer.packing import PackedBatch, pack_batch
-from async_grpo.trainer.prefix_sharing import check_model
+from async_grpo.trainer.prefix_sharing import check_model, unsupported_reason
 from async_grpo.trainer.protocol import AdapterPush
 from async_grpo.transports.messages import TrainBatch
 
@@ -90,7 +91,9 @@ class GRPOLearner:
         share_prompt_prefix: run each micro-batch's distinct prompts once and continue their completions from the
             prompt pass's KV cache (`trainer.prefix_sharing`; verl `actor.use_prefix_grouper`): the same logprobs,
             loss and gradients as the padded path up to float rounding, for U x P + N x T positions instead of
-            N x (P + T).
+            N x (P + T). "auto": where the model and layout allow it (`auto_prompt_sharing`), each chunk is cut with
+            shared prompts when that covers at least 10 % fewer positions (`microbatching.AUTO_MIN_SAVING`), else
+            padded; nothing is raised.
 
     Raises:
         ValueError: skip_zero_advantage_batches with a KL term, fsdp with options it cannot run, an unknown
@@ -118,7 +121,7 @@ class GRPOLearner:
         max_tokens_per_microbatch: int | None = None,
         batch_flattening: bool = False,
         group_by_length: bool = False,
-        share_prompt_prefix: bool = False,
+        share_prompt_prefix: bool | Literal["auto"] = False,
     ):
         if mixed_precision not in (None, "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r} is not None or 'bf16'. Fix: use bf16=true or false.")
@@ -143,6 +146,8 @@ class GRPOLearner:
             )
         self.ref_model = self.reference_model(model) if self.objective.needs_reference else None
         self.sharded = fsdp and self.world_size > 1
+        if share_prompt_prefix == "auto":
+            share_prompt_prefix = self.auto_prompt_sharing(model, batch_flattening)
         self.batching = MicroBatching(
             micro_batch_size,
             max_tokens_per_microbatch,
@@ -151,7 +156,7 @@ class GRPOLearner:
             group_by_length and self.objective.normalizer.cut_invariant,  # not bnpo: its token mean depends on the cut
             share_prompt_prefix,
         )
-        if share_prompt_prefix:
+        if share_prompt_prefix is True:
             if self.sharded:
                 raise ValueError("share_prompt_prefix with fsdp is not supported. Fix: set share_prompt_prefix=false.")
             check_model(model)  # full-attention KV cache, no gradient checkpointing
@@ -174,6 +179,22 @@ class GRPOLearner:
             eps=adam_epsilon,
         )
         self.scheduler = lr_schedule.build(self.optimizer) if lr_schedule is not None else None
+
+    def auto_prompt_sharing(self, model: torch.nn.Module, batch_flattening: bool) -> bool | Literal["auto"]:
+        """What `share_prompt_prefix: auto` stands for on `model`: "auto" (each chunk shares prompts when that saves
+        positions, `MicroBatching.plan`) where shared-prompt passes run exactly, else False (logged with the reason):
+        batch_flattening (its own padding-free layout), fsdp, or a model `prefix_sharing.unsupported_reason`
+        refuses (gradient checkpointing, a sliding-window or recurrent cache)."""
+        if batch_flattening:
+            reason = "batch_flattening is on"
+        elif self.sharded:
+            reason = "fsdp shards the model"
+        else:
+            reason = unsupported_reason(model)
+        if reason is not None:
+            logger.info("share_prompt_prefix=auto: the padded layout (%s)", reason)
+            return False
+        return "auto"
 
     def reference_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """The frozen KL reference: a copy of the initial policy (`trainer.peft.PeftLearner`: adapters off)."""
@@ -357,6 +378,7 @@ class GRPOLearner:
         metrics["skipped_zero_adv_completions"] = float(self.skipped_zero_adv_completions)
         metrics["skipped_nonfinite_steps"] = float(self.skipped_nonfinite_steps)
         metrics["oversized_microbatch_sequences"] = float(self.batching.oversized)  # longer than the budget
+        metrics["shared_prompt_microbatches"] = float(self.batching.shared_microbatches)
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = learning_rate
         metrics["num_tokens"] = float(num_items)

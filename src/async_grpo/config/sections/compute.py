@@ -7,7 +7,7 @@ policy's dropout.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -55,8 +55,8 @@ class ComputeConfig(Section):
         "step's token count (dapo, cispo); only bnpo's per-micro-batch token mean depends on the cut, by definition.",
         json_schema_extra=tenant(),
     )
-    share_prompt_prefix: bool = Field(
-        False,
+    share_prompt_prefix: bool | Literal["auto"] = Field(
+        "auto",
         description="Run each distinct prompt of a micro-batch through the model once and continue its completions "
         "from that pass's keys and values (the model's KV cache), instead of repeating the prompt in every "
         "completion's row (trainer/prefix_sharing.py; verl's `actor.use_prefix_grouper` does the same with the "
@@ -64,9 +64,14 @@ class ComputeConfig(Section):
         "float rounding (tests/trainer/test_prefix_sharing.py); the forward and backward cover U x P + N x T "
         "positions instead of N x (P + T) (U distinct prompts, N completions), so it pays when prompts are long "
         "next to completions: 2.06x the trainer's step on the demo (G = 8, 37-token prompts, <= 12 completion "
-        "tokens; benchmarks/trainer_precision.py --shape demo), about even when completions are 4x the prompt. With group_by_length the completions of a prompt are kept in the same micro-batch. "
-        "Needs a model whose cache is all full-attention layers (no sliding window, no linear attention), and "
-        "not together with gradient_checkpointing, batch_flattening or fsdp (all checked before training).",
+        "tokens; benchmarks/trainer_precision.py --shape demo), about even when completions are 4x the prompt. "
+        "With group_by_length the completions of a prompt are kept in the same micro-batch. true needs a model "
+        "whose cache is all full-attention layers (no sliding window, no linear attention), and not "
+        "gradient_checkpointing, batch_flattening or fsdp (all checked before training). auto (the default): "
+        "where the model and those settings allow it, each step's batch is planned both ways and shared when that "
+        "covers at least 10 % fewer model positions, else padded (trainer/microbatching.py AUTO_MIN_SAVING; the "
+        "metric shared_prompt_microbatches counts the shared micro-batches); elsewhere the padded layout, without "
+        "an error.",
         json_schema_extra=tenant(),
     )
     # memory, skipped work, precision, parallelism, threads (transformers / TRL names where they exist)
