@@ -97,8 +97,8 @@ class MicroBatching:
     Attributes:
         oversized: cumulative count of sequences longer than the token budget (metric
             oversized_microbatch_sequences).
-        shared_microbatches: cumulative count of micro-batches run with shared prompts (metric
-            shared_prompt_microbatches).
+        shared_microbatches: cumulative count of micro-batches run with shared prompts (the trainer logs each
+            step's share as the metric shared_prompt_microbatches).
 
     Raises:
         ValueError: micro_batch_size < 1, max_tokens_per_microbatch < 1, share_prompt_prefix not True, False or

@@ -293,6 +293,7 @@ class GRPOLearner:
         if streamed and self.world_size > 1:
             raise ValueError("streaming_min_groups with several trainer ranks is not supported. Fix: unset it.")
         counts = _ChunkCounts()  # the step's loss tokens (row-skipped completions included) and skipped completions
+        shared_before = self.batching.shared_microbatches
         micro: Iterable[PackedBatch] = self._micro_batches([batch] if not streamed else batch, counts)
         if streamed:  # normalizers unknown until the last chunk: unnormalized losses, gradients rescaled below
             num_items: torch.Tensor | float = 1.0
@@ -378,7 +379,7 @@ class GRPOLearner:
         metrics["skipped_zero_adv_completions"] = float(self.skipped_zero_adv_completions)
         metrics["skipped_nonfinite_steps"] = float(self.skipped_nonfinite_steps)
         metrics["oversized_microbatch_sequences"] = float(self.batching.oversized)  # longer than the budget
-        metrics["shared_prompt_microbatches"] = float(self.batching.shared_microbatches)
+        metrics["shared_prompt_microbatches"] = float(self.batching.shared_microbatches - shared_before)  # this step
         metrics["grad_norm"] = float(grad_norm)
         metrics["learning_rate"] = learning_rate
         metrics["num_tokens"] = float(num_items)

@@ -70,7 +70,7 @@ class ComputeConfig(Section):
         "gradient_checkpointing, batch_flattening or fsdp (all checked before training). auto (the default): "
         "where the model and those settings allow it, each step's batch is planned both ways and shared when that "
         "covers at least 10 % fewer model positions, else padded (trainer/microbatching.py AUTO_MIN_SAVING; the "
-        "metric shared_prompt_microbatches counts the shared micro-batches); elsewhere the padded layout, without "
+        "metric shared_prompt_microbatches counts each step's shared micro-batches); elsewhere the padded layout, without "
         "an error.",
         json_schema_extra=tenant(),
     )
