@@ -98,21 +98,30 @@ def test_an_overlapped_push_that_failed_is_recovered_where_it_is_settled():
 
 
 @pytest.mark.parametrize(
-    ("overrides", "world_size", "time_slice", "why"),
+    ("overrides", "world_size", "sharing", "why"),
     [
-        ({}, 1, False, None),
-        ({}, 2, False, "2 trainer ranks"),
-        ({"use_peft": True, "vllm_lora_sync": True}, 1, False, "vllm_lora_sync"),
-        ({"full_determinism": True}, 1, False, "full_determinism"),
-        ({}, 1, True, "time_slice"),
+        ({}, 1, "overlap", None),
+        ({}, 1, "adaptive", None),
+        ({}, 2, "overlap", "2 trainer ranks"),
+        ({"use_peft": True, "vllm_lora_sync": True}, 1, "overlap", "vllm_lora_sync"),
+        ({"full_determinism": True}, 1, "overlap", "full_determinism"),
+        ({}, 1, "time_slice", "time_slice"),
     ],
-    ids=["on", "ranks", "lora", "determinism", "time-slice"],
+    ids=["on", "adaptive", "ranks", "lora", "determinism", "time-slice"],
 )
-def test_weight_sync_overlap_says_why_it_is_off(overrides, world_size, time_slice, why):
-    from types import SimpleNamespace
+def test_weight_sync_overlap_says_why_it_is_off(overrides, world_size, sharing, why):
+    """With each real sharing object: adaptive's `ThreadGovernor` once crashed here (it has no `enabled`)."""
+    from async_grpo.inference.client import InferenceEndpoint
+    from async_grpo.inference.replicas import ReplicaSet
+    from async_grpo.runner.resource_sharing import ThreadGovernor, TimeSlice
 
     recipe = GRPORecipe(GRPOConfig(weight_sync_overlap=True, **overrides), DistInfo(world_size=world_size))
-    recipe.time_slice = SimpleNamespace(enabled=time_slice)
+    replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])  # nothing listens: nothing is called
+    recipe.time_slice = (
+        ThreadGovernor(replicas, 2, 1, set_threads=lambda n: None)
+        if sharing == "adaptive"
+        else TimeSlice(replicas, enabled=sharing == "time_slice")
+    )
     found = recipe.overlap_off()
     assert found is None if why is None else why in found
 

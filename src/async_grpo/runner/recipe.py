@@ -498,7 +498,7 @@ class GRPORecipe:
             return "vllm_lora_sync pushes the adapter as a LoRA module, not the weights"
         if config.full_determinism:
             return "full_determinism orders every push after the groups scheduled before it"
-        if self.time_slice is not None and self.time_slice.enabled:
+        if self.time_slice is not None and self.time_slice.pauses_inference:
             return "resource_sharing resolved to time_slice: vLLM is paused while the trainer computes"
         return None
 

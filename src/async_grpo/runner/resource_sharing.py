@@ -293,6 +293,11 @@ class TimeSlice:
             return ThreadGovernor(replicas, full, low).install(model)
         return cls(replicas, mode == "time_slice")
 
+    @property
+    def pauses_inference(self) -> bool:
+        """True when each optimizer step pauses vLLM (time_slice): a weight push cannot run beside the step."""
+        return self.enabled
+
     def metrics(self) -> dict[str, float]:
         """`inference/paused_for_training_s`: seconds the replicas were paused by the last step."""
         return {"inference/paused_for_training_s": self.paused_s}
@@ -352,6 +357,11 @@ class ThreadGovernor:
         self.reduced_s = 0.0
         self.switches = 0
         self._last: float | None = None  # inside a step: when the thread count was last checked
+
+    @property
+    def pauses_inference(self) -> bool:
+        """False: vLLM keeps generating beside every step (only the trainer's threads change)."""
+        return False
 
     def install(self, model: torch.nn.Module) -> ThreadGovernor:
         """Check the thread count before the forward of each of `model`'s decoder layers (the modules of its first
