@@ -147,7 +147,7 @@ class GRPOLearner:
         self.ref_model = self.reference_model(model) if self.objective.needs_reference else None
         self.sharded = fsdp and self.world_size > 1
         if share_prompt_prefix == "auto":
-            share_prompt_prefix = self.auto_prompt_sharing(model, batch_flattening)
+            share_prompt_prefix = self.auto_prompt_sharing(model)  # with batch_flattening MicroBatching keeps it off
         self.batching = MicroBatching(
             micro_batch_size,
             max_tokens_per_microbatch,
@@ -180,17 +180,12 @@ class GRPOLearner:
         )
         self.scheduler = lr_schedule.build(self.optimizer) if lr_schedule is not None else None
 
-    def auto_prompt_sharing(self, model: torch.nn.Module, batch_flattening: bool) -> bool | Literal["auto"]:
+    def auto_prompt_sharing(self, model: torch.nn.Module) -> bool | Literal["auto"]:
         """What `share_prompt_prefix: auto` stands for on `model`: "auto" (each chunk shares prompts when that saves
-        positions, `MicroBatching.plan`) where shared-prompt passes run exactly, else False (logged with the reason):
-        batch_flattening (its own padding-free layout), fsdp, or a model `prefix_sharing.unsupported_reason`
+        positions, `MicroBatching.plan`, which also keeps batch_flattening's own layout) where shared-prompt passes
+        run exactly, else False (logged with the reason): fsdp, or a model `prefix_sharing.unsupported_reason`
         refuses (gradient checkpointing, a sliding-window or recurrent cache)."""
-        if batch_flattening:
-            reason = "batch_flattening is on"
-        elif self.sharded:
-            reason = "fsdp shards the model"
-        else:
-            reason = unsupported_reason(model)
+        reason = "fsdp shards the model" if self.sharded else unsupported_reason(model)
         if reason is not None:
             logger.info("share_prompt_prefix=auto: the padded layout (%s)", reason)
             return False
