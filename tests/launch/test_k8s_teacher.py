@@ -10,7 +10,7 @@ import yaml
 
 from async_grpo.config import GRPOConfig, flat_dump
 from async_grpo.launch.k8s_objects import ClusterSettings, build_run_objects, trainer_config
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, check_run
+from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, check_run, load_policy
 from async_grpo.launch.k8s_teacher import teacher_command, teacher_url
 from async_grpo.launch.k8s_trainjob import build_objects_for_api, check_trainjob_run
 from async_grpo.launch.kubernetes import LAUNCHER_RBAC_RULES
@@ -159,6 +159,97 @@ def test_a_teacher_and_a_judge_each_keep_their_own_token(distilled_config, gpu_s
     labels = pods_labels(objs)
     assert not reaches(policies, labels["teacher"], pod(labels["judge"]), 8000)
     assert not admitted(policies, labels["judge"], labels["teacher"], 8000)
+
+
+BOUND = PlatformPolicy(
+    teacher_urls=["http://teacher.ml.svc:8000", "http://teacher.ml.svc:8000/v1/premium"],
+    teacher_token_secrets={
+        "http://teacher.ml.svc:8000": "teacher-token",
+        "http://teacher.ml.svc:8000/v1/premium": "premium-teacher-token",
+    },
+)
+
+
+def _given_teacher(config: GRPOConfig, url: str) -> GRPOConfig:
+    return config.model_copy(update={"teacher_model_name_or_path": None, "teacher_url": url})
+
+
+def test_a_submitters_teacher_gets_the_token_the_platform_bound_to_it_in_the_trainer_only(gpu_config, gpu_settings):
+    config = _given_teacher(gpu_config, "http://teacher.ml.svc:8000/v1")
+    check_run(config, gpu_settings, BOUND)
+    objs = build_run_objects(config, gpu_settings, RUN, policy=BOUND)
+    pods = _pods(objs)
+    for trainer in ("trainer-Master", "trainer-Worker"):
+        env = _env(pods[trainer]["containers"][0])
+        assert env["ASYNC_GRPO_TEACHER_API_KEY"]["secretKeyRef"] == {
+            "name": "teacher-token",
+            "key": "ASYNC_GRPO_TEACHER_API_KEY",
+        }, trainer
+        assert "optional" not in env["ASYNC_GRPO_TEACHER_API_KEY"]["secretKeyRef"]  # a missing key stops the pod
+    for other in ("reward", "vllm"):
+        assert not [s for s, _ in _secrets_used(pods[other]) if "teacher" in s], other
+    # the run's own Secret holds no teacher token, and nothing waits for a teacher the run does not serve
+    assert "teacher-api-key" not in _by_kind(objs)[("Secret", TOKENS)]["stringData"]
+    assert [c["name"] for c in pods["trainer-Master"]["initContainers"]] == ["wait-for-vllm"]
+
+
+def test_the_longest_bound_entry_wins_and_an_unbound_teacher_gets_no_token(gpu_config, gpu_settings):
+    def token_secret(url: str, policy: PlatformPolicy = BOUND) -> object:
+        objs = build_run_objects(_given_teacher(gpu_config, url), gpu_settings, RUN, policy=policy)
+        env = _env(_pods(objs)["trainer-Master"]["containers"][0])
+        return env.get("ASYNC_GRPO_TEACHER_API_KEY", {"secretKeyRef": {"name": None}})["secretKeyRef"]["name"]
+
+    assert token_secret("http://teacher.ml.svc:8000/v1/premium/x") == "premium-teacher-token"
+    assert token_secret("http://teacher.ml.svc:8000/v1") == "teacher-token"
+    assert token_secret("http://teacher.ml.svc:8001/v1") is None  # another port: not covered, no token leaves
+    assert BOUND.teacher_token_secret("http://teacher.ml.svc:8000@evil.com/v1") is None  # unsafe: covered by nothing
+    unbound = PlatformPolicy(teacher_urls=["http://teacher.ml.svc:8000"])
+    assert token_secret("http://teacher.ml.svc:8000/v1", unbound) is None
+    assert token_secret("http://teacher.ml.svc:8000/v1", None) is None  # the built-in policy binds nothing
+
+
+def test_a_served_teacher_keeps_the_runs_own_token_whatever_the_policy_binds(distilled_config, gpu_settings):
+    objs = build_run_objects(distilled_config, gpu_settings, RUN, policy=BOUND)
+    env = _env(_pods(objs)["trainer-Master"]["containers"][0])
+    assert env["ASYNC_GRPO_TEACHER_API_KEY"]["secretKeyRef"] == {"name": TOKENS, "key": "teacher-api-key"}
+
+
+def test_the_trainjob_trainer_gets_the_bound_teacher_token(gpu_config, gpu_settings):
+    settings = gpu_settings.model_copy(update={"trainer_api": "trainjob"})
+    config = _given_teacher(gpu_config, "http://teacher.ml.svc:8000/v1")
+    objs = build_objects_for_api(config, settings, RUN, policy=BOUND)
+    (job,) = [o for o in objs if o["kind"] == "TrainJob"]
+    env = _env(job["spec"]["trainer"])
+    assert env["ASYNC_GRPO_TEACHER_API_KEY"]["secretKeyRef"]["name"] == "teacher-token"
+    unbound = build_objects_for_api(config, settings, RUN, policy=PlatformPolicy(teacher_urls=BOUND.teacher_urls))
+    (job,) = [o for o in unbound if o["kind"] == "TrainJob"]
+    assert "ASYNC_GRPO_TEACHER_API_KEY" not in _env(job["spec"]["trainer"])
+
+
+@pytest.mark.parametrize(
+    "bindings, names",
+    [
+        ({"http://other.ml.svc:8000": "t"}, "which is not an entry of teacher_urls"),
+        ({"http://teacher.ml.svc:8000": "Teacher_Token"}, "is not a Secret name"),
+        ({"http://teacher.ml.svc:8000": "../x"}, "is not a Secret name"),
+    ],
+)
+def test_a_bad_teacher_token_binding_is_refused_naming_the_field(bindings, names):
+    with pytest.raises(ValueError, match="teacher_token_secrets") as info:
+        PlatformPolicy(teacher_urls=["http://teacher.ml.svc:8000"], teacher_token_secrets=bindings)
+    assert names in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_the_policy_file_binds_teacher_tokens(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "teacher_urls: [http://teacher.ml.svc:8000]\n"
+        "teacher_token_secrets: {http://teacher.ml.svc:8000: teacher-token}\n"
+    )
+    policy, source = load_policy(path)
+    assert source == str(path)
+    assert policy.teacher_token_secret("http://teacher.ml.svc:8000/v1") == "teacher-token"
+    assert policy.teacher_token_secret("http://judge.ml.svc:8000/v1") is None
 
 
 # ------------------------------------------------------------------------------------------------ network

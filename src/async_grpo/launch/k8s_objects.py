@@ -214,12 +214,22 @@ def build_config_map(
 
 
 def trainer_pod(
-    config: GRPOConfig, settings: ClusterSettings, run_name: str, mlflow_run_id: str | None
+    config: GRPOConfig,
+    settings: ClusterSettings,
+    run_name: str,
+    mlflow_run_id: str | None,
+    policy: PlatformPolicy | None = None,
 ) -> dict[str, Any]:
     """The trainer's pod template (PyTorchJob Master and Workers; `k8s_trainjob` splits it between the runtime
     and the TrainJob): torchrun in container PYTORCH_CONTAINER, an init container waiting for vLLM (and for the
-    judge or the reward pods, and for the teacher, when the run serves them). With a teacher the run serves, the
-    teacher's token as ASYNC_GRPO_TEACHER_API_KEY: the orchestrator, beside rank 0, asks it."""
+    judge or the reward pods, and for the teacher, when the run serves them). The orchestrator, beside rank 0,
+    asks the distillation teacher, so the trainer pods hold its token as ASYNC_GRPO_TEACHER_API_KEY: for a teacher
+    the run serves, the run's own (`<run>-tokens`); for a submitter's `teacher_url`, the key of that name in the
+    Secret the platform policy binds to it (`PlatformPolicy.teacher_token_secret`; none: no token).
+
+    Args:
+        policy: the platform policy (None: the built-in one, which binds no teacher token).
+    """
     vols, mounts = scratch_volumes(settings, shm=True)
     data_vol, data_mount = data_volume(settings, read_only=False)
     vols += [data_vol, {"name": "config", "configMap": {"name": f"{run_name}-config"}}]
@@ -243,6 +253,10 @@ def trainer_pod(
         env += token_env(secret, (JUDGE_API_KEY_ENV, JUDGE_TOKEN_KEY))
     if serves_teacher(config):  # the orchestrator, beside rank 0, asks the teacher
         env += token_env(secret, (TEACHER_API_KEY_ENV, TEACHER_TOKEN_KEY))
+    elif config.distillation.teacher_url:  # a submitter's teacher: the token the platform bound to it, if any
+        bound = (policy or PlatformPolicy()).teacher_token_secret(config.distillation.teacher_url)
+        if bound:
+            env += token_env(bound, (TEACHER_API_KEY_ENV, TEACHER_API_KEY_ENV))
     if mlflow_run_id:
         env.append({"name": "MLFLOW_RUN_ID", "value": mlflow_run_id})  # the Tracker resumes this run
     gpus = settings.nproc_per_node if settings.device == "gpu" else 0
@@ -290,14 +304,19 @@ def wait_container(name: str, image: str, url: str, timeout_s: float) -> dict[st
 
 
 def build_pytorchjob(
-    config: GRPOConfig, settings: ClusterSettings, run_name: str, mlflow_run_id: str | None = None
+    config: GRPOConfig,
+    settings: ClusterSettings,
+    run_name: str,
+    mlflow_run_id: str | None = None,
+    policy: PlatformPolicy | None = None,
 ) -> Manifest:
     """The trainer as a Training Operator v1 PyTorchJob: one Master plus `trainer_nodes - 1` Workers.
 
     Args:
         mlflow_run_id: an MLflow run created beforehand; the trainer logs into it (env MLFLOW_RUN_ID).
+        policy: the platform policy (`trainer_pod`: a submitter's teacher's token).
     """
-    pod = trainer_pod(config, settings, run_name, mlflow_run_id)
+    pod = trainer_pod(config, settings, run_name, mlflow_run_id, policy)
     replicas = {"Master": {"replicas": 1, "restartPolicy": settings.restart_policy, "template": pod}}
     if settings.trainer_nodes > 1:
         replicas["Worker"] = {
@@ -600,7 +619,7 @@ def build_run_objects(
     tokens = tokens or RunTokens.generate()
     objs = [
         build_config_map(config, settings, run_name, owner),
-        build_pytorchjob(config, settings, run_name, mlflow_run_id),
+        build_pytorchjob(config, settings, run_name, mlflow_run_id, policy),
         build_tokens_secret(settings, run_name, tokens, owner=owner, judge=bool(asks_judge), teacher=teacher),
     ]
     objs += build_network_policies(

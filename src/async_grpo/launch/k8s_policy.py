@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from async_grpo.config import ConfigError, GRPOConfig, format_validation_error
 from async_grpo.config.sections import SECTIONS, RunFields
 from async_grpo.config.sections.agents import AGENT_ENDPOINT_PORT_COUNT
+from async_grpo.config.sections.distillation import TEACHER_API_KEY_ENV
 from async_grpo.config.sections.tools import PYTHON_TOOL
 from async_grpo.config.trust import Trust, TrustClass, trust_markdown, trust_table
 from async_grpo.launch.image_refs import BadImageReference, parse_image_ref, prefix_covers
@@ -39,6 +40,7 @@ POLICY_FILE_ENV = "ASYNC_GRPO_POLICY_FILE"
 POLICY_CONFIG_MAP = "async-grpo-policy"
 POLICY_MOUNT_DIR = "/etc/async-grpo/policy"  # where the pipeline mounts the ConfigMap
 POLICY_KEY = "policy.yaml"
+SECRET_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"  # a DNS-1123 subdomain
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # marks "set your image's digest here" in the manifests
 METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")  # cloud metadata endpoints, never reachable
 FIX = f"Fix: change it, or ask your platform engineer to allow it in ConfigMap {POLICY_CONFIG_MAP}"
@@ -178,6 +180,14 @@ class PlatformPolicy(BaseModel):
         description="Distillation teachers a run may send every sampled completion to (teacher_url); the trainer "
         "asks them, so the platform also opens their range in trainer_egress.",
     )
+    teacher_token_secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Bearer tokens of the teachers in teacher_urls: an entry of teacher_urls -> the name of a Secret "
+        f"in the run's namespace whose key {TEACHER_API_KEY_ENV} holds that teacher's token. A run whose teacher_url "
+        "lies under the entry (the longest one, when several cover it) gets that key in its trainer pods as "
+        f"{TEACHER_API_KEY_ENV}, and no other pod does. The platform binds each token to its teacher here: no run "
+        "field names a Secret, so no run can send one teacher's token to another.",
+    )
     max_gpus_per_pod: int | None = Field(
         None,
         ge=1,
@@ -308,6 +318,30 @@ class PlatformPolicy(BaseModel):
         for uri in value:
             parse_http_uri(uri)
         return value
+
+    @field_validator("teacher_token_secrets")
+    @classmethod
+    def _valid_teacher_token_secrets(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        """Each key is an entry of teacher_urls, each value a Secret name (a DNS-1123 subdomain)."""
+        allowed = info.data.get("teacher_urls", [])
+        for url, secret in value.items():
+            if url not in allowed:
+                raise ValueError(
+                    f"teacher_token_secrets names {url!r}, which is not an entry of teacher_urls ({allowed}). Fix: "
+                    "key each Secret by the teacher_urls entry it is the token of."
+                )
+            if len(secret) > 253 or not re.fullmatch(SECRET_NAME, secret):
+                raise ValueError(
+                    f"teacher_token_secrets[{url!r}]={secret!r} is not a Secret name (a DNS-1123 subdomain: lowercase "
+                    "letters, digits, '-' and '.'). Fix: name the Secret holding that teacher's token."
+                )
+        return value
+
+    def teacher_token_secret(self, teacher_url: str) -> str | None:
+        """The Secret holding the bearer token of `teacher_url`: the value of the longest `teacher_token_secrets`
+        entry that covers it (`uris.uri_allowed`), or None (no token: the teacher is asked without one)."""
+        covering = [url for url in self.teacher_token_secrets if uri_allowed(teacher_url, [url])]
+        return self.teacher_token_secrets[max(covering, key=len)] if covering else None
 
     @field_validator("data_mount_paths")
     @classmethod

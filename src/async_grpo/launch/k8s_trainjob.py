@@ -322,7 +322,11 @@ def _patch(
 
 
 def build_trainjob(
-    config: GRPOConfig, settings: ClusterSettings, run_name: str, mlflow_run_id: str | None = None
+    config: GRPOConfig,
+    settings: ClusterSettings,
+    run_name: str,
+    mlflow_run_id: str | None = None,
+    policy: PlatformPolicy | None = None,
 ) -> Manifest:
     """The run's TrainJob on the ClusterTrainingRuntime `settings.trainer_runtime`.
 
@@ -333,6 +337,7 @@ def build_trainjob(
 
     Args:
         mlflow_run_id: an MLflow run created beforehand; the trainer logs into it (env MLFLOW_RUN_ID).
+        policy: the platform policy (`k8s_objects.trainer_pod`: a submitter's teacher's token).
 
     Raises:
         ValueError: what `check_trainjob_run` or `k8s_objects.trainer_config` refuse.
@@ -342,7 +347,7 @@ def build_trainjob(
     rt_pods = {
         j["name"]: j["template"]["spec"]["template"] for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
     }
-    trainer = trainer_pod(config, settings, run_name, mlflow_run_id)
+    trainer = trainer_pod(config, settings, run_name, mlflow_run_id, policy)
     node = trainer["spec"]["containers"][0]
     wait_env = [  # the arguments today's wait-for-vllm container gets on its command line
         {"name": VLLM_URL_ENV, "value": vllm_url(run_name, settings)},
@@ -415,7 +420,7 @@ def build_trainjob_run_objects(
     The ClusterTrainingRuntime is the cluster's (`build_cluster_training_runtime`), never created per run."""
     return [
         build_trainjob_config_map(config, settings, run_name, owner),
-        build_trainjob(config, settings, run_name, mlflow_run_id),
+        build_trainjob(config, settings, run_name, mlflow_run_id, policy),
         build_tokens_secret(settings, run_name, tokens or RunTokens.generate(), owner=owner),
         *build_network_policies(settings, run_name, policy, owner, agent_ports=agent_endpoint_ports(config)),
     ]
