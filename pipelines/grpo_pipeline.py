@@ -24,8 +24,8 @@ from kfp import compiler, dsl, kubernetes
 
 from async_grpo.config import FIELDS, flatten_mapping
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS
-from async_grpo.launch.k8s_policy import POLICY_CONFIG_MAP, POLICY_MOUNT_DIR
 from async_grpo.launch.k8s_settings import DEFAULT_DATA_MOUNT_PATH
+from async_grpo.launch.platform_policy import POLICY_CONFIG_MAP, POLICY_MOUNT_DIR
 from async_grpo.step_secrets import HF_SECRET_DIR, MLFLOW_SECRET_DIR
 from components import ASYNC_GRPO_CPU_IMAGE
 from components.cleanup.component import cleanup

@@ -14,8 +14,9 @@ from async_grpo.config import GRPOConfig
 from async_grpo.config.sections import SECTIONS, RunFields
 from async_grpo.config.trust import Trust, declared_trust, tenant, trust_table
 from async_grpo.launch import k8s_policy
-from async_grpo.launch.k8s_policy import POLICY_CHECKS, PlatformPolicy, declared_fields, trust_markdown_table
+from async_grpo.launch.k8s_policy import POLICY_CHECKS, declared_fields, trust_markdown_table
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.platform_policy import PlatformPolicy
 
 MODELS: list[type[BaseModel]] = [RunFields, *SECTIONS.values(), ClusterSettings]
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "security.md"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from async_grpo.config import ConfigError
 from async_grpo.errors import print_user_error
-from async_grpo.launch.k8s_policy import PolicyViolation, in_cluster_pod, load_policy, step_problems
+from async_grpo.launch.k8s_policy import PolicyViolation, in_cluster_pod, step_problems
+from async_grpo.launch.platform_policy import load_policy
 from async_grpo.lifecycle.registry import (
     ANY,
     CHAMPION_ALIAS,

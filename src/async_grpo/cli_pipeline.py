@@ -22,8 +22,9 @@ import yaml
 
 from async_grpo.config import ConfigError, GRPOConfig, flatten_mapping, load_config, lookup_field
 from async_grpo.errors import print_user_error
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, load_policy, prepare_run, work_dir_problems
+from async_grpo.launch.k8s_policy import PolicyViolation, prepare_run, work_dir_problems
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.platform_policy import PlatformPolicy, load_policy
 from async_grpo.pipeline_local import (
     DEFAULT_OUTPUT_DIR,
     find_repo_root,

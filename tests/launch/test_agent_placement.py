@@ -10,8 +10,9 @@ from async_grpo.config import GRPOConfig
 from async_grpo.config.sections.agents import AGENT_ENDPOINT_PORT_COUNT
 from async_grpo.launch.k8s_network import EVALUATOR_LABELS, agent_endpoint_ports
 from async_grpo.launch.k8s_objects import POD_IP_ENV, RunTokens, build_eval_reward_objects, build_run_objects
-from async_grpo.launch.k8s_policy import PlatformPolicy, check_run
+from async_grpo.launch.k8s_policy import check_run
 from async_grpo.launch.k8s_trainjob import build_objects_for_api
+from async_grpo.launch.platform_policy import PlatformPolicy
 
 from ._k8s_validate import validate_any
 from .conftest import RUN

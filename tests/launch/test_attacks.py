@@ -27,14 +27,9 @@ from async_grpo.config import ConfigError, GRPOConfig
 from async_grpo.launch import k8s_objects
 from async_grpo.launch.image_refs import BadImageReference, parse_image_ref
 from async_grpo.launch.k8s_api import LAUNCHER_RBAC_RULES
-from async_grpo.launch.k8s_policy import (
-    PlatformPolicy,
-    PolicyViolation,
-    check_run,
-    check_work_dir,
-    prepare_run,
-)
+from async_grpo.launch.k8s_policy import PolicyViolation, check_run, check_work_dir, prepare_run
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.platform_policy import PlatformPolicy
 from async_grpo.launch.uris import UnsafeURI, canonical_http_uri, parse_http_uri, uri_allowed
 from async_grpo.preflight import preflight
 from async_grpo.runner.state import TrainState, load_checkpoint, save_checkpoint

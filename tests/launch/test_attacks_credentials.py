@@ -29,7 +29,8 @@ from async_grpo import cli, hub, step_secrets
 from async_grpo.config import GRPOConfig, dump_config
 from async_grpo.data import load_prompt_dataset
 from async_grpo.launch import k8s_policy
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, registered_model_problems
+from async_grpo.launch.k8s_policy import PolicyViolation, registered_model_problems
+from async_grpo.launch.platform_policy import PlatformPolicy
 from components.cleanup.component import cleanup
 from components.evaluate.component import evaluate
 from components.prepare_dataset.component import prepare_dataset

@@ -15,8 +15,9 @@ from kfp import dsl
 
 from async_grpo.config import ConfigError, GRPOConfig, load_config
 from async_grpo.launch import k8s_objects
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, check_run, prepare_run
+from async_grpo.launch.k8s_policy import PolicyViolation, check_run, prepare_run
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.platform_policy import PlatformPolicy
 from components.train_grpo.component import train_grpo
 
 from ._k8s_validate import REPO

@@ -11,9 +11,10 @@ from async_grpo.config import GRPOConfig, flat_dump
 from async_grpo.inference.server import build_server_command
 from async_grpo.launch.k8s_judge import judge_url
 from async_grpo.launch.k8s_objects import ClusterSettings, build_run_objects, trainer_config
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, check_run
+from async_grpo.launch.k8s_policy import PolicyViolation, check_run
 from async_grpo.launch.k8s_trainjob import build_objects_for_api, check_trainjob_run
 from async_grpo.launch.kubernetes import LAUNCHER_RBAC_RULES
+from async_grpo.launch.platform_policy import PlatformPolicy
 
 from ._api_double import FakeCluster, condition, status
 from ._k8s_validate import REPO, validate_any

@@ -6,17 +6,9 @@ import pytest
 
 from async_grpo.config import ConfigError, GRPOConfig
 from async_grpo.config.trust import Trust
-from async_grpo.launch.k8s_policy import (
-    PLACEHOLDER_DIGEST,
-    EgressRule,
-    PlatformPolicy,
-    PolicyViolation,
-    check_run,
-    load_policy,
-    prepare_run,
-    uri_allowed,
-)
+from async_grpo.launch.k8s_policy import PLACEHOLDER_DIGEST, PolicyViolation, check_run, prepare_run, uri_allowed
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.platform_policy import EgressRule, PlatformPolicy, load_policy
 
 POLICY = PlatformPolicy()
 
@@ -317,7 +309,7 @@ def test_default_images_fill_only_what_the_run_leaves_open():
 
 def test_load_policy_precedence_and_errors(tmp_path, monkeypatch):
     monkeypatch.delenv("ASYNC_GRPO_POLICY_FILE", raising=False)
-    monkeypatch.setattr("async_grpo.launch.k8s_policy.POLICY_MOUNT_DIR", str(tmp_path / "mount"))
+    monkeypatch.setattr("async_grpo.launch.platform_policy.POLICY_MOUNT_DIR", str(tmp_path / "mount"))
     assert load_policy() == (PlatformPolicy(), "built-in defaults")
     (tmp_path / "mount").mkdir()
     (tmp_path / "mount" / "policy.yaml").write_text("pvcs: [mounted]\n")

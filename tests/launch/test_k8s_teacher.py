@@ -10,10 +10,11 @@ import yaml
 
 from async_grpo.config import GRPOConfig, flat_dump
 from async_grpo.launch.k8s_objects import ClusterSettings, build_run_objects, trainer_config
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, check_run, load_policy
+from async_grpo.launch.k8s_policy import PolicyViolation, check_run
 from async_grpo.launch.k8s_teacher import teacher_command, teacher_url
 from async_grpo.launch.k8s_trainjob import build_objects_for_api, check_trainjob_run
 from async_grpo.launch.kubernetes import LAUNCHER_RBAC_RULES
+from async_grpo.launch.platform_policy import PlatformPolicy, load_policy
 
 from ._api_double import FakeCluster, condition, status
 from ._k8s_validate import REPO, validate_any

@@ -13,7 +13,7 @@ from async_grpo.launch.k8s_objects import (
     build_vllm_deployment,
     trainer_pod,
 )
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation, check_run
+from async_grpo.launch.k8s_policy import PolicyViolation, check_run
 from async_grpo.launch.k8s_trainjob import (
     NODE,
     REWARD_ARGV_KEY,
@@ -22,6 +22,7 @@ from async_grpo.launch.k8s_trainjob import (
     build_objects_for_api,
     build_trainjob,
 )
+from async_grpo.launch.platform_policy import PlatformPolicy
 
 from ._k8s_validate import validate_any, validate_trainer_object
 from .conftest import RUN

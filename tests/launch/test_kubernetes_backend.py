@@ -10,7 +10,7 @@ from kubernetes.client import ApiException
 
 from async_grpo.config import ConfigError, GRPOConfig
 from async_grpo.launch.k8s_objects import build_run_objects
-from async_grpo.launch.k8s_policy import PlatformPolicy, PolicyViolation
+from async_grpo.launch.k8s_policy import PolicyViolation
 from async_grpo.launch.kubernetes import (
     LAUNCHER_RBAC_RULES,
     KubernetesBackend,
@@ -18,6 +18,7 @@ from async_grpo.launch.kubernetes import (
     latest_condition,
     make_run_name,
 )
+from async_grpo.launch.platform_policy import PlatformPolicy
 
 from ._api_double import FakeClock, FakeCluster, FakeTracking, condition, status
 from .conftest import RUN

@@ -15,8 +15,9 @@ import yaml
 
 from async_grpo.cli_render import EXAMPLE_POLICY, write_example_manifests
 from async_grpo.launch.k8s_objects import ClusterSettings
-from async_grpo.launch.k8s_policy import PLACEHOLDER_DIGEST, PlatformPolicy
+from async_grpo.launch.k8s_policy import PLACEHOLDER_DIGEST
 from async_grpo.launch.kubernetes import LAUNCHER_RBAC_RULES
+from async_grpo.launch.platform_policy import PlatformPolicy
 
 from ._k8s_validate import REPO, kubectl_path, validate_any
 from .test_network_policy import _matches, admitted

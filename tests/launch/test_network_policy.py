@@ -9,7 +9,7 @@ import ipaddress
 import pytest
 
 from async_grpo.launch.k8s_objects import build_run_objects
-from async_grpo.launch.k8s_policy import EgressRule, PlatformPolicy
+from async_grpo.launch.platform_policy import EgressRule, PlatformPolicy
 
 from .conftest import RUN
 

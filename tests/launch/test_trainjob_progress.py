@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from async_grpo.launch.k8s_network import build_network_policies
-from async_grpo.launch.k8s_policy import PlatformPolicy
 from async_grpo.launch.k8s_trainjob import build_trainjob
+from async_grpo.launch.platform_policy import PlatformPolicy
 from async_grpo.runner.trainjob_progress import SERVER_URL_ENV, TrainJobProgress, trainer_status
 
 from ._k8s_validate import validate_trainer_object

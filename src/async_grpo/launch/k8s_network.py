@@ -19,8 +19,8 @@ from typing import Any
 from async_grpo.config import GRPOConfig
 from async_grpo.config.sections.agents import AGENT_ENDPOINT_PORT_COUNT
 from async_grpo.launch.k8s_pods import Manifest, meta, selector
-from async_grpo.launch.k8s_policy import EgressRule, PlatformPolicy
 from async_grpo.launch.k8s_settings import ClusterSettings
+from async_grpo.launch.platform_policy import EgressRule, PlatformPolicy
 
 EVALUATOR_LABELS = {"async-grpo/role": "evaluate"}  # the pipeline's evaluate step pods (reach eval-reward)
 

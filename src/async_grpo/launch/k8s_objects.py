@@ -78,7 +78,7 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     vllm_url,
 )
 from async_grpo.launch.k8s_pods import resources as _resources
-from async_grpo.launch.k8s_policy import PlatformPolicy, on_volume, path_problems
+from async_grpo.launch.k8s_policy import on_volume, path_problems
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.k8s_teacher import (
     build_teacher_deployment,
@@ -87,6 +87,7 @@ from async_grpo.launch.k8s_teacher import (
     teacher_health_url,
     teacher_url,
 )
+from async_grpo.launch.platform_policy import PlatformPolicy
 from async_grpo.launch.uris import canonical_http_uri
 from async_grpo.user_code import is_file_spec
 

@@ -54,9 +54,9 @@ from async_grpo.launch.k8s_objects import (
     vllm_url,
 )
 from async_grpo.launch.k8s_pods import from_literal, resources
-from async_grpo.launch.k8s_policy import PlatformPolicy
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.k8s_teacher import serves_teacher
+from async_grpo.launch.platform_policy import PlatformPolicy
 
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 TRAINJOB_PLURAL, RUNTIME_PLURAL = "trainjobs", "clustertrainingruntimes"

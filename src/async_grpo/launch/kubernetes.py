@@ -45,7 +45,7 @@ from async_grpo.launch.k8s_objects import (
     selector,
     trainer_config,
 )
-from async_grpo.launch.k8s_policy import PlatformPolicy, check_namespace, load_policy, prepare_run
+from async_grpo.launch.k8s_policy import check_namespace, prepare_run
 from async_grpo.launch.k8s_settings import ClusterSettings
 from async_grpo.launch.k8s_trainjob import (
     JOBSET_NAME_LABEL,
@@ -57,6 +57,7 @@ from async_grpo.launch.k8s_trainjob import (
     build_objects_for_api,
 )
 from async_grpo.launch.naming import k8s_run_name, make_run_name, resolve_run_name  # noqa: F401 - re-exported
+from async_grpo.launch.platform_policy import PlatformPolicy, load_policy
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class KubernetesBackend:
         settings: a `ClusterSettings`, or a mapping of its fields (None: defaults; in a pod, the
             namespace defaults to the pod's own, read from SA_NAMESPACE_FILE). The pipeline passes its
             `kubernetes_options` here, so a submitter reaches nothing but ClusterSettings fields.
-        policy: the platform's allow-list; None loads it (`k8s_policy.load_policy`: $ASYNC_GRPO_POLICY_FILE,
+        policy: the platform's allow-list; None loads it (`platform_policy.load_policy`: $ASYNC_GRPO_POLICY_FILE,
             the mounted ConfigMap, else the built-in defaults).
         core_api, apps_api, networking_api, custom_api: `kubernetes.client` CoreV1Api, AppsV1Api,
             NetworkingV1Api and CustomObjectsApi (or doubles); those left None are made on first use from
