@@ -920,6 +920,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends the benchmark as Ctrl-C does: the `finally` blocks stop the running child (`Child.stop`: it and
+    the descendants it started, by PID) and the scoring server, so nothing is left running."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Warm start once, run every (system, seed) with its budget, score the checkpoints, print and write the
     summary (see the module docstring)."""
@@ -927,6 +933,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child_trl is not None:
         trl_child(args.child_trl)
         return
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = args.out or Path(tempfile.mkdtemp(prefix="time-to-reward-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,35 @@ def test_time_to_reward_scores_the_grid_and_the_runs_end():
     args = ttr.parse_args(["--workload", "add18m", "--set", "learning_rate=1e-4"])
     assert (args.budget_s, args.checkpoint_every_s, args.ours_save_steps) == (900.0, 60.0, 5)
     assert ttr.trl_spec("trl_grpo", 0, "m", args, ROOT)["learning_rate"] == 1e-4  # --set reaches TRL too
+
+
+@pytest.mark.integration
+def test_time_to_reward_stopped_by_sigterm_ends_its_runs(tmp_path):
+    """A SIGTERM to the benchmark (a job's stop, `kill PID`) ends the run it is timing and every process that run
+    started, as Ctrl-C does: nothing is left training on the machine."""
+    import signal
+
+    import psutil
+
+    harness = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / "time_to_reward.py"), "--systems", "trl_grpo", "--seeds", "0",
+         "--budget-s", "300", "--warmup-sft-steps", "5", "--out", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        started: list[psutil.Process] = []
+        deadline = time.monotonic() + 300
+        while not started and time.monotonic() < deadline and harness.poll() is None:
+            time.sleep(0.5)
+            kids = psutil.Process(harness.pid).children(recursive=True)
+            started = [p for p in kids if "--child-trl" in " ".join(p.cmdline())]
+        assert started, "the benchmark never started its TRL run"
+        time.sleep(2.0)
+        assert all(p.is_running() for p in started)  # its budget is 300 s: the run is loading or training
+        harness.send_signal(signal.SIGTERM)
+        assert harness.wait(timeout=90) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(started, timeout=30)
+        assert alive == [], f"left running: {[p.pid for p in alive]}"
+    finally:
+        if harness.poll() is None:
+            harness.kill()
