@@ -229,7 +229,7 @@ def trainer_pod(
     Secret the platform policy binds to it (`PlatformPolicy.teacher_token_secret`; none: no token).
 
     Args:
-        policy: the platform policy (None: the built-in one, which binds no teacher token).
+        policy: the platform policy (None: none binds a teacher token, as the built-in one binds none).
     """
     vols, mounts = scratch_volumes(settings, shm=True)
     data_vol, data_mount = data_volume(settings, read_only=False)
@@ -254,8 +254,8 @@ def trainer_pod(
         env += token_env(secret, (JUDGE_API_KEY_ENV, JUDGE_TOKEN_KEY))
     if serves_teacher(config):  # the orchestrator, beside rank 0, asks the teacher
         env += token_env(secret, (TEACHER_API_KEY_ENV, TEACHER_TOKEN_KEY))
-    elif config.distillation.teacher_url:  # a submitter's teacher: the token the platform bound to it, if any
-        bound = (policy or PlatformPolicy()).teacher_token_secret(config.distillation.teacher_url)
+    elif config.distillation.teacher_url and policy is not None:  # a submitter's teacher: its bound token, if any
+        bound = policy.teacher_token_secret(config.distillation.teacher_url)
         if bound:
             env += token_env(bound, (TEACHER_API_KEY_ENV, TEACHER_API_KEY_ENV))
     if mlflow_run_id:
