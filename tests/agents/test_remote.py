@@ -220,8 +220,26 @@ def test_the_endpoint_listens_where_the_reward_pods_reach_it(monkeypatch):
     assert endpoint_binding("http://run-reward:8080", 8700, 4).advertise_host == "10.9.8.7"
 
 
+def _two_free_ports_in_a_row() -> int:
+    """The first of two consecutive ports that are both free on all interfaces right now.
+
+    `free_port()` vouches for one port on 127.0.0.1 only; the port after it may be held by another test's server or an
+    outgoing connection, which made this test fail once in CI (stop 65).
+    """
+    for _ in range(100):
+        first = free_port()
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("0.0.0.0", first))
+                b.bind(("0.0.0.0", first + 1))
+            except OSError:
+                continue
+        return first
+    raise AssertionError("found no two consecutive free ports in 100 tries")
+
+
 def test_endpoints_take_the_first_free_ports_of_the_range_and_advertise_the_pod_ip(tok):
-    first = free_port()
+    first = _two_free_ports_in_a_row()
 
     async def main():
         endpoints = [AgentEndpoint(tok, "0.0.0.0", port=first, port_count=2, advertise_host="127.0.0.1")
