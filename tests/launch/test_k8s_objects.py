@@ -14,8 +14,10 @@ from async_grpo.launch.k8s_objects import (
     build_run_objects,
     owner_reference,
     trainer_config,
+    trainer_pod,
     vllm_url,
 )
+from async_grpo.launch.k8s_trainjob import build_cluster_training_runtime
 
 from ._k8s_validate import validate_any, validate_builtin, validate_pytorchjob
 from .conftest import RUN
@@ -194,6 +196,25 @@ def test_single_node_job_has_no_workers(cpu_config, cpu_settings):
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
     c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_cpu_trainers_take_their_cpu_request_as_threads_per_process(api, cpu_config, cpu_settings, gpu_settings):
+    """Torch's default is one thread per core of the node, beside other tenants' pods: every core is then a cliff
+    (docs/performance.md, "A busy machine"). On a CPU cluster each trainer process gets its share of the pod's CPU
+    request, through the downward API; GPU clusters keep torchrun's defaults."""
+    settings = cpu_settings.model_copy(update={"trainer_api": api, "nproc_per_node": 2, "trainer_cpu": 3})
+    if api == "pytorchjob":
+        job = _by_kind(build_run_objects(cpu_config, settings, RUN))[("PyTorchJob", RUN)]
+        validate_pytorchjob(job)
+        env = _env(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0])
+    else:
+        runtime = build_cluster_training_runtime(settings)
+        node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == "node")
+        env = _env(node["template"]["spec"]["template"]["spec"]["containers"][0])
+    assert env["OMP_NUM_THREADS"] == {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "2"}}  # ceil(3/2)
+    gpu_pod = trainer_pod(cpu_config, gpu_settings, RUN, None)
+    assert "OMP_NUM_THREADS" not in _env(gpu_pod["spec"]["containers"][0])
 
 
 @SETUPS

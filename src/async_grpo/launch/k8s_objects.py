@@ -74,6 +74,7 @@ from async_grpo.launch.k8s_pods import (  # noqa: F401 - re-exported: the names 
     template,
     token_env,
     tokens_secret_name,
+    trainer_threads_env,
     vllm_probes,
     vllm_url,
 )
@@ -238,6 +239,7 @@ def trainer_pod(
     secret = tokens_secret_name(run_name)
     env = (
         base_env()
+        + trainer_threads_env(settings)
         + nccl_env(settings)
         + mlflow_secret_env(settings)
         + token_env(secret, (VLLM_API_KEY_ENV, VLLM_TOKEN_KEY))

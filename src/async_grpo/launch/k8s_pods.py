@@ -303,6 +303,28 @@ def nccl_env(settings: ClusterSettings) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in zip(env, literal(list(env.values())), strict=True)]
 
 
+def trainer_threads_env(settings: ClusterSettings) -> list[dict[str, Any]]:
+    """OMP_NUM_THREADS for a trainer container on a CPU cluster: its CPU request (`trainer_cpu`) per trainer process
+    (`nproc_per_node`), rounded up, read from the pod by Kubernetes' downward API (`resourceFieldRef` requests.cpu,
+    divisor nproc_per_node). GPU clusters: nothing (torchrun's own default of 1 per process beside several).
+
+    Without it, torch starts one OpenMP thread per core the node has (the affinity mask of a pod without the static
+    CPU manager is the whole node), beside other tenants' pods: every core is then a cliff, because OpenMP's threads
+    wait at every operation for the one that shares its core (on 2 cores beside one nice-19 busy loop a trainer
+    step took 10x its quiet time; docs/performance.md, "A busy machine"). A run's `torch_num_threads` still
+    overrides it (`torch.set_num_threads`).
+    """
+    if settings.device != "cpu":
+        return []
+    divisor = str(settings.nproc_per_node)
+    return [
+        {
+            "name": "OMP_NUM_THREADS",
+            "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": divisor}},
+        }
+    ]
+
+
 def resources(cpu: float, memory_gib: int, gpus: int, settings: ClusterSettings) -> dict[str, Any]:
     """Requests and limits: `cpu` cores, `memory_gib` GiB (limit = request), `gpus` GPUs on gpu clusters."""
     requests: dict[str, Any] = {"cpu": f"{cpu:g}", "memory": f"{memory_gib}Gi"}

@@ -50,6 +50,7 @@ from async_grpo.launch.k8s_objects import (
     reward_readiness_probe,
     scratch_volumes,
     trainer_pod,
+    trainer_threads_env,
     vllm_probes,
     vllm_url,
 )
@@ -111,6 +112,7 @@ def _node_pod(settings: ClusterSettings) -> dict[str, Any]:
         # torchrun reads --nnodes/--nproc-per-node/--node-rank/--master-* from the PET_* env the torch plugin sets
         "command": ["torchrun", "--module", "async_grpo.cli", "train", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         "env": base_env()
+        + trainer_threads_env(settings)
         + nccl_env(settings)
         + mlflow_secret_env(settings)
         + [{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
