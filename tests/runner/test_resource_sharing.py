@@ -252,3 +252,97 @@ class TestFasterThreads:
             resource_sharing.FasterThreads(1, 1)
         with pytest.raises(ValueError, match="probe_steps=0"):
             resource_sharing.FasterThreads(2, 1, probe_steps=0)
+
+
+class TestStepThreads:
+    """`StepThreads`: the GRPO steps keep measuring every core against one fewer, so a neighbour that arrives after
+    the warm start (on 2 cores beside one nice-19 busy loop our step took 10.1 s against 0.87 s alone) costs a probe
+    step, not the run, and a quiet machine keeps every core."""
+
+    def test_it_counts_the_padded_tokens_of_a_steps_forward_passes_only(self, tiny_model):
+        ceilings: list[int] = []
+        steps = resource_sharing.StepThreads(tiny_model, 2, ceilings.append)
+        assert ceilings == [2] and steps.ceiling == 2
+        tiny_model(input_ids=torch.ones(3, 7, dtype=torch.long))  # outside a step (evaluation): not counted
+        steps.begin()
+        tiny_model(input_ids=torch.ones(3, 7, dtype=torch.long)).logits.sum().backward()
+        tiny_model(input_ids=torch.ones(1, 20, dtype=torch.long))  # a second micro-batch, packed
+        assert steps.tokens == 3 * 7 + 20
+        steps.end()
+        assert steps.chooser.rate == {} and steps.chooser._samples != []  # one sample of the first probe
+
+    def test_a_neighbour_after_the_warm_start_narrows_the_ceiling_and_its_going_widens_it(self, tiny_model):
+        clock = FakeClock()
+        ceilings: list[int] = []
+        steps = resource_sharing.StepThreads(
+            tiny_model, 2, ceilings.append, clock=clock, block_steps=5, max_block_steps=10
+        )
+        ids = torch.ones(4, 25, dtype=torch.long)  # 100 padded tokens a step
+        used = []
+        for step in range(120):
+            busy = 30 <= step < 80  # a neighbour computes on one core during these steps
+            per_token = ({2: 0.0101, 1: 0.0014} if busy else {2: 0.00087, 1: 0.0012})[steps.ceiling]  # s, measured
+            used.append(steps.ceiling)
+            steps.begin()
+            with torch.no_grad():
+                tiny_model(input_ids=ids)
+            clock.now += per_token * 100
+            steps.end()
+        assert used[20:30].count(2) >= 7  # quiet: every core
+        assert used[45:80].count(1) >= 30  # busy: one fewer, after a probe
+        assert used[105:].count(2) >= 12  # the neighbour left: every core again
+        assert steps.metrics() == {"trainer/thread_ceiling": float(steps.ceiling)}
+        with pytest.raises(ValueError, match="full=1 leaves no choice"):
+            resource_sharing.StepThreads(tiny_model, 1, ceilings.append)
+
+    def test_the_governor_lowers_both_counts_by_one_under_a_narrowed_ceiling(self, tiny_model):
+        replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])
+        calls: list[int] = []
+        clock = FakeClock()
+        gov = ThreadGovernor(replicas, 8, 4, set_threads=calls.append, clock=clock, measure=True).install(tiny_model)
+        assert gov.steps is not None and gov.ceiling == 8
+        gov.steps.chooser._switch(7, 3)  # as a probe of one fewer does
+        gov._set_ceiling(7)
+        replica = replicas.pick()
+        with gov:
+            assert gov.threads == 3  # vLLM generating: the low count, one fewer
+            replicas.done(replica, answered=True)
+            gov.update()
+            assert gov.threads == 7
+        assert gov.threads == 7 and gov.metrics()["trainer/thread_ceiling"] == 7.0
+        unmeasured = ThreadGovernor(replicas, 2, 1, set_threads=calls.append).install(tiny_model)
+        assert unmeasured.steps is None and "trainer/thread_ceiling" not in unmeasured.metrics()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "launched", "full", "expected"),
+    [
+        ({}, True, 2, True),
+        ({}, False, 2, False),  # attached servers, Kubernetes pods
+        ({}, True, 1, False),  # nothing to choose
+        ({"full_determinism": True}, True, 2, False),  # keeps the trainer's own threads
+        ({"streaming_min_groups": 1}, True, 2, False),  # a streamed step's seconds include its chunk waits
+    ],
+)
+def test_which_runs_measure_their_step_threads(overrides, launched, full, expected):
+    config = GRPOConfig(**overrides)
+    assert resource_sharing.measure_step_threads(config, launched, full) is (expected and not torch.cuda.is_available())
+
+
+def test_for_run_measures_under_the_governor_and_the_time_slice(tiny_model):
+    replicas = ReplicaSet([InferenceEndpoint("http://127.0.0.1:9")])
+    governor = TimeSlice.for_run(GRPOConfig(torch_num_threads=2), replicas, launched_here=True, model=tiny_model)
+    assert isinstance(governor, ThreadGovernor) and governor.steps is not None
+    sliced = TimeSlice.for_run(
+        GRPOConfig(torch_num_threads=2, max_staleness=0), replicas, launched_here=True, model=tiny_model
+    )
+    assert isinstance(sliced, TimeSlice) and sliced.enabled and sliced.threads is not None
+    before = torch.get_num_threads()
+    try:
+        assert torch.get_num_threads() == 2  # the time slice's ceiling starts on every thread it was given
+    finally:
+        torch.set_num_threads(before)
+    exact = TimeSlice.for_run(
+        GRPOConfig(torch_num_threads=2, full_determinism=True), replicas, launched_here=True, model=tiny_model
+    )
+    assert isinstance(exact, ThreadGovernor) and exact.steps is None

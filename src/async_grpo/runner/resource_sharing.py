@@ -19,7 +19,9 @@ time-sliced, 7.36 s overlapped (vLLM on 1 thread, the trainer on 2) and 7.09 s o
 
 Before any generation, the supervised warm start chooses between every core and fewer (`warm_start_threads`),
 whichever `FasterThreads` measures to be faster: another process on one of the cores makes every core a cliff, not a
-gain, whether the trainer was widened to them or sits on them by default (`torch_num_threads` unset).
+gain, whether the trainer was widened to them or sits on them by default (`torch_num_threads` unset). The GRPO steps
+keep measuring the same choice (`StepThreads`, under both the time slice and the governor), since a neighbour may
+arrive at any time.
 """
 
 from __future__ import annotations
@@ -133,6 +135,24 @@ def warm_start_threads(
     return (wide, wide - 1) if wide > 1 else None
 
 
+def measure_step_threads(config, launched_here: bool, full: int) -> bool:
+    """Whether the GRPO steps of a run (`config`, a `GRPOConfig`) measure their thread ceiling (`StepThreads`).
+
+    As for the warm start (`warm_start_threads`): only a trainer on a CPU machine whose vLLM servers it launched
+    itself (a cluster pod's CPU limit, which the affinity mask does not show, is the platform's to set), with at
+    least two threads to choose from, and not under `full_determinism` (it keeps the trainer's own threads). Nor
+    when streaming (`streaming_min_groups`): a streamed step waits for its chunks inside the step, so its seconds are
+    not the trainer's rate.
+    """
+    return (
+        launched_here
+        and full >= 2
+        and not torch.cuda.is_available()
+        and not config.full_determinism
+        and config.producer.streaming_min_groups is None
+    )
+
+
 @contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
     """Run the block on `threads` torch threads and restore the count after it; None leaves the count alone."""
@@ -172,6 +192,7 @@ class FasterThreads:
         probe_steps: steps per probe (the first probe of each count, and each later one).
         block_steps, max_block_steps: steps on the chosen count before the next probe, and their cap.
         set_threads: `torch.set_num_threads` (replaceable in tests).
+        label: what the loop is, for the log line of a switch ("warm start", "GRPO steps").
 
     Raises:
         ValueError: wide <= narrow, narrow < 1, or probe_steps / block_steps < 1.
@@ -186,6 +207,7 @@ class FasterThreads:
         block_steps: int = 25,
         max_block_steps: int = 400,
         set_threads: Callable[[int], None] = torch.set_num_threads,
+        label: str = "warm start",
     ):
         if not wide > narrow >= 1:
             raise ValueError(f"FasterThreads: wide={wide} must exceed narrow={narrow}, and narrow must be >= 1")
@@ -195,6 +217,7 @@ class FasterThreads:
         self.probe_steps, self.block_steps, self.max_block_steps = probe_steps, block_steps, max_block_steps
         self._first_block_steps = block_steps
         self.set_threads = set_threads
+        self.label = label
         self.rate: dict[int, float] = {}  # thread count -> seconds per padded token, last measured
         self.current = wide
         self.chosen: int | None = None  # None while the first probes run
@@ -229,8 +252,8 @@ class FasterThreads:
             if self.chosen is not None and best != self.chosen:
                 self.switches += 1
                 logger.info(
-                    "warm start: %d torch threads are now faster than %d (%.3g against %.3g s per 1k tokens)",
-                    best, self.chosen, 1e3 * self.rate[best], 1e3 * self.rate[self.chosen],
+                    "%s: %d torch threads are now faster than %d (%.3g against %.3g s per 1k tokens)",
+                    self.label, best, self.chosen, 1e3 * self.rate[best], 1e3 * self.rate[self.chosen],
                 )  # fmt: skip
             self.block_steps = min(2 * self.block_steps, self.max_block_steps) if same else self._first_block_steps
             self.chosen = best
@@ -243,6 +266,88 @@ class FasterThreads:
             self.set_threads(threads)
             self.current = threads
         self._left = steps
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of `model`'s first `nn.ModuleList` (a transformers causal LM's decoder layers), else `[model]`."""
+    return next((list(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList)), [model])
+
+
+class StepThreads:
+    """The trainer's torch thread ceiling over GRPO optimizer steps, measured: every core it was given (`full`) or
+    one fewer, whichever computes a padded token faster now (`FasterThreads` over whole steps).
+
+    On a quiet machine every core is faster. Beside another process that computes on one of them, OpenMP's threads
+    wait at every operation for the one that shares its core, and every core becomes a cliff: on 2 cores beside one
+    `nice -n 19` busy loop our default step took 10.1 s against 0.87 s alone, and TRL `GRPOTrainer`'s (torch's
+    default threads) 14.7 s against 1.43 s (docs/performance.md, "A busy machine"). The warm start measures the same
+    choice (`warm_start_threads`); this carries it into the GRPO steps, where a neighbour may arrive at any time.
+
+    The rate is the step's wall seconds (`begin` to `end`) per padded token position the model's first decoder
+    layer saw in forward passes during it (counted by a forward pre-hook on that layer: `(batch, seq, hidden)`
+    inputs count batch x seq). A step that saw no token (every micro-batch skipped) is not a sample.
+
+    Args:
+        model: the policy; the hook goes on `decoder_layers(model)[0]`.
+        full: the ceiling's wide count (every core, or `torch_num_threads`); must be >= 2 (one thread leaves no
+            choice).
+        set_ceiling: called with the ceiling to use from now on (`torch.set_num_threads`, or a `ThreadGovernor`'s).
+        clock: `time.perf_counter` (replaceable in tests).
+        probe_steps, block_steps, max_block_steps: as in `FasterThreads`.
+
+    Raises:
+        ValueError: full < 2.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        full: int,
+        set_ceiling: Callable[[int], None],
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        probe_steps: int = 3,
+        block_steps: int = 25,
+        max_block_steps: int = 400,
+    ):
+        if full < 2:
+            raise ValueError(f"StepThreads: full={full} leaves no choice; it must be >= 2")
+        self.chooser = FasterThreads(
+            full, full - 1, set_threads=set_ceiling, label="GRPO steps",
+            probe_steps=probe_steps, block_steps=block_steps, max_block_steps=max_block_steps,
+        )  # fmt: skip
+        self.clock = clock
+        self.tokens = 0  # padded token positions of the current step's forward passes
+        self._t0: float | None = None
+        decoder_layers(model)[0].register_forward_pre_hook(self._count, with_kwargs=True)
+        self.chooser.start()
+
+    @property
+    def ceiling(self) -> int:
+        """The thread count in use now: the chosen one, or the one being probed."""
+        return self.chooser.current
+
+    def _count(self, _module, args, kwargs) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("input_ids"))
+        if self._t0 is not None and isinstance(hidden, torch.Tensor) and hidden.dim() >= 2:
+            self.tokens += hidden.numel() // (hidden.shape[-1] if hidden.is_floating_point() else 1)
+
+    def begin(self) -> None:
+        """A step starts: count its tokens and time it."""
+        self.tokens = 0
+        self._t0 = self.clock()
+
+    def end(self) -> None:
+        """The step ended: record its rate; at the end of a probe or block this may change the ceiling."""
+        if self._t0 is None:
+            return
+        seconds, self._t0 = self.clock() - self._t0, None
+        if self.tokens > 0:
+            self.chooser.after_step(seconds, self.tokens)
+
+    def metrics(self) -> dict[str, float]:
+        """`trainer/thread_ceiling`: the torch threads the step may use now (after this step's choice)."""
+        return {"trainer/thread_ceiling": float(self.ceiling)}
 
 
 def vllm_cpu_threads(mode: str, trainer_threads: int | None = None, cores: int | None = None) -> int | None:
@@ -265,15 +370,18 @@ class TimeSlice:
     Args:
         replicas: the run's vLLM replicas.
         enabled: False makes it a no-op (`resource_sharing` resolved to overlap).
+        threads: the measured thread ceiling of the steps (`StepThreads` over `torch.set_num_threads`), or None to
+            keep torch's count.
 
     Attributes:
         paused_s: seconds the replicas were paused by the last step (0 when disabled); logged as
             `inference/paused_for_training_s`.
     """
 
-    def __init__(self, replicas: ReplicaSet, enabled: bool):
+    def __init__(self, replicas: ReplicaSet, enabled: bool, threads: StepThreads | None = None):
         self.replicas = replicas
         self.enabled = enabled
+        self.threads = threads
         self.paused_s = 0.0
         self._paused: list[VLLMControlClient] = []
         self._t0 = 0.0
@@ -283,15 +391,21 @@ class TimeSlice:
         cls, config, replicas: ReplicaSet, launched_here: bool, model: torch.nn.Module | None = None
     ) -> TimeSlice | ThreadGovernor:
         """The run's sharing of the machine (logged once): a `ThreadGovernor` over `model` when `resource_sharing`
-        resolves to adaptive, else a time slice, enabled for time_slice."""
+        resolves to adaptive, else a time slice, enabled for time_slice.
+
+        Both measure the steps' thread ceiling (`StepThreads`: every core or one fewer) when `measure_step_threads`
+        says so for this run; the time slice only while it pauses vLLM (the trainer then has the cores to itself)."""
         mode = resolve_for_config(config, launched_here)
         logger.info("resource_sharing=%s -> %s", config.inference.resource_sharing, mode)
+        full = config.compute.torch_num_threads or torch.get_num_threads()
+        measure = model is not None and measure_step_threads(config, launched_here, full)
         if mode == "adaptive" and model is not None:
-            full = config.compute.torch_num_threads or torch.get_num_threads()
             cores = len(os.sched_getaffinity(0))  # low: the cores vLLM does not compute on (never oversubscribed)
             low = max(1, min(full, cores - (vllm_cpu_threads(mode, cores=cores) or 0)))
-            return ThreadGovernor(replicas, full, low).install(model)
-        return cls(replicas, mode == "time_slice")
+            return ThreadGovernor(replicas, full, low, measure=measure).install(model)
+        enabled = mode == "time_slice"
+        threads = StepThreads(model, full, torch.set_num_threads) if enabled and measure and model else None
+        return cls(replicas, enabled, threads)
 
     @property
     def pauses_inference(self) -> bool:
@@ -299,12 +413,15 @@ class TimeSlice:
         return self.enabled
 
     def metrics(self) -> dict[str, float]:
-        """`inference/paused_for_training_s`: seconds the replicas were paused by the last step."""
-        return {"inference/paused_for_training_s": self.paused_s}
+        """`inference/paused_for_training_s`: seconds the replicas were paused by the last step; with measured
+        threads also `trainer/thread_ceiling` (`StepThreads.metrics`)."""
+        return {"inference/paused_for_training_s": self.paused_s, **(self.threads.metrics() if self.threads else {})}
 
     def __enter__(self) -> TimeSlice:
         if not self.enabled:
             return self
+        if self.threads is not None:
+            self.threads.begin()
         self._t0 = time.perf_counter()
         for replica in self.replicas.live():
             control = VLLMControlClient(replica.url, timeout_s=CONTROL_TIMEOUT_S)
@@ -324,21 +441,31 @@ class TimeSlice:
                 logger.warning("time slice: could not resume vLLM at %s: %r", control.base_url, err)
         self._paused = []
         self.paused_s = time.perf_counter() - self._t0 if self.enabled else 0.0
+        if self.threads is not None and exc[0] is None:  # a failed step is not a sample
+            self.threads.end()
 
 
 class ThreadGovernor:
     """`resource_sharing: adaptive`: the trainer's torch threads follow vLLM's activity; a context manager around
     one optimizer step (vLLM is never paused).
 
+    With `measure`, the two counts are a ceiling measured over whole steps (`StepThreads`, set up by `install`):
+    every core, or one fewer for both counts (`full_threads - 1` while vLLM is idle, `low_threads - 1`, at least
+    1, while it generates) when that is faster now, e.g. beside another process computing on one of the cores.
+
     Args:
         replicas: the run's vLLM replicas; vLLM is busy while any live replica has a request in flight.
         full_threads: threads while vLLM is idle (every core, or `torch_num_threads`).
         low_threads: threads while vLLM generates (the cores `vllm_cpu_threads` left to the trainer).
         set_threads, clock: `torch.set_num_threads` and `time.perf_counter` (replaceable in tests).
+        measure: measure the ceiling over the steps (`measure_step_threads`); needs full_threads >= 2.
 
     Attributes:
-        reduced_s: seconds of the last step computed on `low_threads`; logged as `trainer/reduced_threads_s`.
+        reduced_s: seconds of the last step computed on fewer threads than the ceiling; logged as
+            `trainer/reduced_threads_s`.
         switches: thread-count changes so far.
+        ceiling: the count while vLLM is idle now (`full_threads`, or one fewer when measured to be faster).
+        steps: the `StepThreads` measuring the ceiling (None without `measure`, or before `install`).
     """
 
     def __init__(
@@ -348,12 +475,16 @@ class ThreadGovernor:
         low_threads: int,
         set_threads: Callable[[int], None] = torch.set_num_threads,
         clock: Callable[[], float] = time.perf_counter,
+        measure: bool = False,
     ):
         if not 1 <= low_threads <= full_threads:
             raise ValueError(f"low_threads={low_threads} must be in [1, full_threads={full_threads}]")
         self.replicas, self.full, self.low = replicas, full_threads, low_threads
         self._set, self._clock = set_threads, clock
+        self.measure = measure and full_threads >= 2
         self.threads = full_threads
+        self.ceiling = full_threads
+        self.steps: StepThreads | None = None
         self.reduced_s = 0.0
         self.switches = 0
         self._last: float | None = None  # inside a step: when the thread count was last checked
@@ -364,13 +495,18 @@ class ThreadGovernor:
         return False
 
     def install(self, model: torch.nn.Module) -> ThreadGovernor:
-        """Check the thread count before the forward of each of `model`'s decoder layers (the modules of its first
-        `nn.ModuleList`, else the model itself) and before the backward through each one's output."""
-        layers = next((list(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList)), [model])
-        for layer in layers:
+        """Check the thread count before the forward of each of `model`'s decoder layers (`decoder_layers`: the
+        modules of its first `nn.ModuleList`, else the model itself) and before the backward through each one's
+        output; with `measure`, time its steps (`StepThreads`)."""
+        for layer in decoder_layers(model):
             layer.register_forward_pre_hook(self._before_forward)
             layer.register_forward_hook(self._on_output)
+        if self.measure:
+            self.steps = StepThreads(model, self.full, self._set_ceiling, clock=self._clock)
         return self
+
+    def _set_ceiling(self, threads: int) -> None:
+        self.ceiling = threads  # applied at the next check
 
     def _before_forward(self, *_) -> None:
         self.update()  # returns None: a pre-hook's return value would replace the layer's inputs
@@ -390,11 +526,11 @@ class ThreadGovernor:
         if self._last is None:
             return
         now = self._clock()
-        if self.threads != self.full:
+        if self.threads != self.ceiling:
             self.reduced_s += now - self._last
         self._last = now
         busy = any(r.in_flight > 0 for r in self.replicas.live())
-        self._apply(self.low if busy else self.full)
+        self._apply(max(1, self.low - (self.full - self.ceiling)) if busy else self.ceiling)
 
     def _apply(self, threads: int) -> None:
         if threads != self.threads:
@@ -404,17 +540,26 @@ class ThreadGovernor:
 
     def __enter__(self) -> ThreadGovernor:
         self.reduced_s = 0.0
+        if self.steps is not None:
+            self.steps.begin()
         self._last = self._clock()
         self.update()
         return self
 
     def __exit__(self, *exc) -> None:
-        """Account the step's last stretch and leave `full_threads` set, whatever the step did."""
+        """Account the step's last stretch, record its rate (`measure`), and leave the ceiling set (every core
+        unless measured otherwise), whatever the step did."""
         self.update()
+        if self.steps is not None and exc[0] is None:
+            self.steps.end()
         self._last = None
-        self._apply(self.full)
+        self._apply(self.ceiling)
 
     def metrics(self) -> dict[str, float]:
-        """`trainer/reduced_threads_s` (the last step's seconds on `low_threads`) and `trainer/thread_switches`
-        (cumulative)."""
-        return {"trainer/reduced_threads_s": self.reduced_s, "trainer/thread_switches": float(self.switches)}
+        """`trainer/reduced_threads_s` (the last step's seconds below the ceiling), `trainer/thread_switches`
+        (cumulative) and, with `measure`, `trainer/thread_ceiling`."""
+        return {
+            "trainer/reduced_threads_s": self.reduced_s,
+            "trainer/thread_switches": float(self.switches),
+            **(self.steps.metrics() if self.steps is not None else {}),
+        }
