@@ -247,6 +247,18 @@ class TestFasterThreads:
         assert used[90:100].count(2) >= 8 and used[200:250].count(1) >= 40 and used[360:].count(2) >= 35
         assert chooser.switches >= 2 and chooser.chosen == 2
 
+    def test_a_neighbour_arriving_mid_block_costs_two_steps_not_the_block(self):
+        """A block on the chosen count ends at its first step twice as slow as the other count (the demo beside a
+        busy core ran 93 of 600 GRPO steps on the cliff count, 97 s, mostly in three whole blocks, before this)."""
+        chooser = resource_sharing.FasterThreads(2, 1, set_threads=lambda n: None, block_steps=100)
+
+        def cost(threads, step):
+            return ({2: 2.3, 1: 0.192} if step >= 50 else {2: 0.109, 1: 0.200})[threads] * 1e-3
+
+        used = self.drive(chooser, cost, 150)
+        assert used[6:50] == [2] * 44  # quiet: the block on every core
+        assert used[50:].count(2) <= 2 and chooser.chosen == 1
+
     def test_bad_counts_are_refused(self):
         with pytest.raises(ValueError, match="wide=1 must exceed narrow=1"):
             resource_sharing.FasterThreads(1, 1)
@@ -271,7 +283,8 @@ class TestStepThreads:
         steps.end()
         assert steps.chooser.rate == {} and steps.chooser._samples != []  # one sample of the first probe
 
-    def test_a_neighbour_after_the_warm_start_narrows_the_ceiling_and_its_going_widens_it(self, tiny_model):
+    def test_a_neighbour_after_the_warm_start_narrows_the_ceiling_and_its_going_widens_it(self, tiny_model, caplog):
+        caplog.set_level("INFO", logger="async_grpo.runner.resource_sharing")
         clock = FakeClock()
         ceilings: list[int] = []
         steps = resource_sharing.StepThreads(
@@ -291,6 +304,9 @@ class TestStepThreads:
         assert used[20:30].count(2) >= 7  # quiet: every core
         assert used[45:80].count(1) >= 30  # busy: one fewer, after a probe
         assert used[105:].count(2) >= 12  # the neighbour left: every core again
+        logged = [r.getMessage() for r in caplog.records]
+        assert logged[0].startswith("GRPO steps: 2 torch threads ({2: 0.87, 1: 1.2} s per 1k padded tokens")
+        assert any(m.startswith("GRPO steps: 1 torch threads are now faster than 2") for m in logged)
         assert steps.metrics() == {"trainer/thread_ceiling": float(steps.ceiling)}
         with pytest.raises(ValueError, match="full=1 leaves no choice"):
             resource_sharing.StepThreads(tiny_model, 1, ceilings.append)

@@ -182,7 +182,10 @@ class FasterThreads:
     padded token, the median of its probe), and runs `block_steps` steps on it. Then it probes the other count again
     and keeps the faster. A count that stays faster doubles the next block, up to `max_block_steps`, so a settled
     choice costs a few probe steps per few hundred steps. A probe step more than twice as slow as the running count
-    ends its probe at once, so a cliff costs one step per probe.
+    ends its probe at once, so a cliff costs one step per probe. A step of a block more than twice as slow as the
+    other count's last rate ends the block at once, its rate then taken from its last `probe_steps` steps: a
+    neighbour that arrives during a block (or a probe that chose the cliff by luck: beside a busy core, 2-thread
+    steps of the demo ran anywhere between 0.16 and 1.3 s per 1k tokens) costs a step or two, not the block.
 
     Use: `start()` before the loop (it sets `wide`), `after_step(seconds, tokens)` after each step (the
     `supervised_warm_start` hook). The caller restores the thread count afterwards (`torch_threads`).
@@ -237,11 +240,15 @@ class FasterThreads:
         other = self.narrow if self.current == self.wide else self.wide
         probing = self.chosen is None or self.current != self.chosen
         incumbent = self.rate.get(self.chosen if self.chosen is not None else other)
+        recent = self._samples
         if probing and incumbent is not None and per_token > 2 * incumbent:
             self._left = 0  # a clear loser: end its probe now
+        elif not probing and other in self.rate and per_token > 2 * self.rate[other]:
+            self._left = 0  # the chosen count became a cliff (a neighbour arrived): probe the other now
+            recent = self._samples[-self.probe_steps :]  # its rate now, not the block's
         if self._left > 0:
             return
-        self.rate[self.current] = sorted(self._samples)[len(self._samples) // 2]
+        self.rate[self.current] = sorted(recent)[len(recent) // 2]
         self._samples = []
         if other not in self.rate:  # first probes: now the other count
             self._switch(other, self.probe_steps)
@@ -254,6 +261,11 @@ class FasterThreads:
                 logger.info(
                     "%s: %d torch threads are now faster than %d (%.3g against %.3g s per 1k tokens)",
                     self.label, best, self.chosen, 1e3 * self.rate[best], 1e3 * self.rate[self.chosen],
+                )  # fmt: skip
+            elif self.chosen is None:
+                logger.info(
+                    "%s: %d torch threads (%s s per 1k padded tokens, first probes)",
+                    self.label, best, {n: round(1e3 * r, 4) for n, r in self.rate.items()},
                 )  # fmt: skip
             self.block_steps = min(2 * self.block_steps, self.max_block_steps) if same else self._first_block_steps
             self.chosen = best
@@ -280,8 +292,9 @@ class StepThreads:
     On a quiet machine every core is faster. Beside another process that computes on one of them, OpenMP's threads
     wait at every operation for the one that shares its core, and every core becomes a cliff: on 2 cores beside one
     `nice -n 19` busy loop our default step took 10.1 s against 0.87 s alone, and TRL `GRPOTrainer`'s (torch's
-    default threads) 14.7 s against 1.43 s (docs/performance.md, "A busy machine"). The warm start measures the same
-    choice (`warm_start_threads`); this carries it into the GRPO steps, where a neighbour may arrive at any time.
+    default threads) 14.7 s against 1.43 s. Measured, the same runs stepped 1.39 and 1.28 s, 126 of 130 and 136 of
+    140 steps on one thread (docs/performance.md, "A busy machine"). The warm start measures the same choice
+    (`warm_start_threads`); this carries it into the GRPO steps, where a neighbour may arrive at any time.
 
     The rate is the step's wall seconds (`begin` to `end`) per padded token position the model's first decoder
     layer saw in forward passes during it (counted by a forward pre-hook on that layer: `(batch, seq, hidden)`
