@@ -179,7 +179,7 @@ class FasterThreads:
     the 400-step warm start had not finished after 15 minutes, against 77 s on a quiet machine.
 
     So the loop measures. It times `probe_steps` steps on each count (`wide` first), keeps the faster (seconds per
-    padded token, the median of its probe), and runs `block_steps` steps on it. Then it probes the other count again
+    padded token, the median of its probe; `narrow` only when faster by `margin`), and runs `block_steps` steps on it. Then it probes the other count again
     and keeps the faster. A count that stays faster doubles the next block, up to `max_block_steps`, so a settled
     choice costs a few probe steps per few hundred steps. A probe step more than twice as slow as the running count
     ends its probe at once, so a cliff costs one step per probe. A step of a block more than twice as slow as the
@@ -196,9 +196,13 @@ class FasterThreads:
         block_steps, max_block_steps: steps on the chosen count before the next probe, and their cap.
         set_threads: `torch.set_num_threads` (replaceable in tests).
         label: what the loop is, for the log line of a switch ("warm start", "GRPO steps").
+        margin: `narrow` is chosen only when its rate is at least this fraction below `wide`'s (0.2: 20 % faster).
+            On a quiet machine the two can be within noise: on the add18m workload's GRPO steps the rates of 1 and
+            2 threads came out 2-17 % apart, either way round, and choosing by the coin cost about 7 % of the
+            steps. A cliff is 2-10x, far past the margin.
 
     Raises:
-        ValueError: wide <= narrow, narrow < 1, or probe_steps / block_steps < 1.
+        ValueError: wide <= narrow, narrow < 1, probe_steps / block_steps < 1, or margin outside [0, 1).
     """
 
     def __init__(
@@ -211,7 +215,10 @@ class FasterThreads:
         max_block_steps: int = 400,
         set_threads: Callable[[int], None] = torch.set_num_threads,
         label: str = "warm start",
+        margin: float = 0.2,
     ):
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"FasterThreads: margin={margin} must be in [0, 1)")
         if not wide > narrow >= 1:
             raise ValueError(f"FasterThreads: wide={wide} must exceed narrow={narrow}, and narrow must be >= 1")
         if probe_steps < 1 or block_steps < 1:
@@ -221,6 +228,7 @@ class FasterThreads:
         self._first_block_steps = block_steps
         self.set_threads = set_threads
         self.label = label
+        self.margin = margin
         self.rate: dict[int, float] = {}  # thread count -> seconds per padded token, last measured
         self.current = wide
         self.chosen: int | None = None  # None while the first probes run
@@ -254,12 +262,13 @@ class FasterThreads:
             self._switch(other, self.probe_steps)
             return
         if probing:  # a probe ended: keep the faster count for a block
-            best = min(self.rate, key=self.rate.__getitem__)
+            narrower = self.rate[self.narrow] < (1.0 - self.margin) * self.rate[self.wide]
+            best = self.narrow if narrower else self.wide
             same = best == self.chosen
             if self.chosen is not None and best != self.chosen:
                 self.switches += 1
                 logger.info(
-                    "%s: %d torch threads are now faster than %d (%.3g against %.3g s per 1k tokens)",
+                    "%s: now %d torch threads, not %d (%.3g against %.3g s per 1k tokens)",
                     self.label, best, self.chosen, 1e3 * self.rate[best], 1e3 * self.rate[self.chosen],
                 )  # fmt: skip
             elif self.chosen is None:
@@ -298,7 +307,9 @@ class StepThreads:
 
     The rate is the step's wall seconds (`begin` to `end`) per padded token position the model's first decoder
     layer saw in forward passes during it (counted by a forward pre-hook on that layer: `(batch, seq, hidden)`
-    inputs count batch x seq). A step that saw no token (every micro-batch skipped) is not a sample.
+    inputs count batch x seq). A step that saw no token (every micro-batch skipped) is not a sample, nor is the
+    first step (allocator and lazy initialisation: 1.17 s against 0.7-0.8 s for the next ones on the add18m
+    workload).
 
     Args:
         model: the policy; the hook goes on `decoder_layers(model)[0]`.
@@ -332,6 +343,7 @@ class StepThreads:
         self.clock = clock
         self.tokens = 0  # padded token positions of the current step's forward passes
         self._t0: float | None = None
+        self._unmeasured = 1  # the first step warms up; it is not a sample
         decoder_layers(model)[0].register_forward_pre_hook(self._count, with_kwargs=True)
         self.chooser.start()
 
@@ -355,7 +367,9 @@ class StepThreads:
         if self._t0 is None:
             return
         seconds, self._t0 = self.clock() - self._t0, None
-        if self.tokens > 0:
+        if self._unmeasured > 0:
+            self._unmeasured -= 1
+        elif self.tokens > 0:
             self.chooser.after_step(seconds, self.tokens)
 
     def metrics(self) -> dict[str, float]:
