@@ -179,13 +179,14 @@ class FasterThreads:
     the 400-step warm start had not finished after 15 minutes, against 77 s on a quiet machine.
 
     So the loop measures. It times `probe_steps` steps on each count (`wide` first), keeps the faster (seconds per
-    padded token, the median of its probe; `narrow` only when faster by `margin`), and runs `block_steps` steps on it. Then it probes the other count again
-    and keeps the faster. A count that stays faster doubles the next block, up to `max_block_steps`, so a settled
-    choice costs a few probe steps per few hundred steps. A probe step more than twice as slow as the running count
-    ends its probe at once, so a cliff costs one step per probe. A step of a block more than twice as slow as the
-    other count's last rate ends the block at once, its rate then taken from its last `probe_steps` steps: a
-    neighbour that arrives during a block (or a probe that chose the cliff by luck: beside a busy core, 2-thread
-    steps of the demo ran anywhere between 0.16 and 1.3 s per 1k tokens) costs a step or two, not the block.
+    padded token, the median of its probe; `narrow` only when faster by `margin`), and runs `block_steps` steps on it.
+    Then it probes the other count again and keeps the faster. A count that stays faster doubles the next block, up to
+    `max_block_steps`, so a settled choice costs a few probe steps per few hundred steps. A probe step more than twice
+    as slow as the running count ends its probe at once, so a cliff costs one step per probe. A step of a block more
+    than twice as slow as the other count's last rate ends the block at once, its rate then taken from its last
+    `probe_steps` steps: a neighbour that arrives during a block (or a probe that chose the cliff by luck: beside a busy
+    core, 2-thread steps of the demo ran anywhere between 0.16 and 1.3 s per 1k tokens) costs a step or two, not the
+    block.
 
     Use: `start()` before the loop (it sets `wide`), `after_step(seconds, tokens)` after each step (the
     `supervised_warm_start` hook). The caller restores the thread count afterwards (`torch_threads`).
@@ -198,8 +199,8 @@ class FasterThreads:
         label: what the loop is, for the log line of a switch ("warm start", "GRPO steps").
         margin: `narrow` is chosen only when its rate is at least this fraction below `wide`'s (0.2: 20 % faster).
             On a quiet machine the two can be within noise: on the add18m workload's GRPO steps the rates of 1 and
-            2 threads came out 2-17 % apart, either way round, and choosing by the coin cost about 7 % of the
-            steps. A cliff is 2-10x, far past the margin.
+            2 threads came out 2-17 % apart, either way round, and choosing by that coin looked to cost up to 7 %
+            of the steps (within one run's noise). A cliff is 2-10x, far past the margin.
 
     Raises:
         ValueError: wide <= narrow, narrow < 1, probe_steps / block_steps < 1, or margin outside [0, 1).
