@@ -39,7 +39,10 @@ class InferenceConfig(Section):
         "(CPU): vLLM is never paused; the vLLM CPU servers this run launches compute on half the cores "
         "(OMP_NUM_THREADS), and the trainer's torch threads follow vLLM's activity: the other half while a "
         "generation request is in flight, every core while vLLM is idle, checked before each decoder layer's "
-        "forward and backward (metric trainer/reduced_threads_s). `auto`: adaptive when this run launched its vLLM "
+        "forward and backward (metric trainer/reduced_threads_s). Under adaptive and time_slice, a run that "
+        "launched its vLLM servers on its own CPU machine also measures the trainer's thread ceiling over its steps: "
+        "every core, or one fewer when that is 20% faster now, e.g. beside another process (metric "
+        "trainer/thread_ceiling; not with full_determinism or streaming_min_groups). `auto`: adaptive when this run launched its vLLM "
         "servers on its own CPU machine and the trainer uses every core (torch_num_threads unset or >= the cores), "
         "else overlap (a trainer held to fewer threads leaves vLLM the other cores; attached servers, Kubernetes "
         "pods and GPUs have their own resources). streaming_min_groups cannot be combined with time_slice.",
