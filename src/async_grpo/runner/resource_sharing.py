@@ -432,7 +432,7 @@ class TimeSlice:
             low = max(1, min(full, cores - (vllm_cpu_threads(mode, cores=cores) or 0)))
             return ThreadGovernor(replicas, full, low, measure=measure).install(model)
         enabled = mode == "time_slice"
-        threads = StepThreads(model, full, torch.set_num_threads) if enabled and measure and model else None
+        threads = StepThreads(model, full, torch.set_num_threads) if enabled and measure else None
         return cls(replicas, enabled, threads)
 
     @property
